@@ -1,0 +1,351 @@
+//! Configuration: one TOML file with the spec §12.1 keys, defaults and §12.4 ranges.
+//!
+//! Parsing and validation only; finding and reading the file is the binary's job.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CoreError;
+use crate::projector::ProjectorConfig;
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The index module (spec §12.1).
+    pub index: IndexConfig,
+    /// The source-of-truth store.
+    pub store: StoreConfig,
+    /// Projector fallbacks.
+    pub projector: ProjectorConfig,
+}
+
+/// `[index]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexConfig {
+    /// `[index.worker]`.
+    pub worker: WorkerConfig,
+    /// `[index.outbox]`.
+    pub outbox: OutboxConfig,
+    /// `[index.embedding]`.
+    pub embedding: EmbeddingConfig,
+    /// `[index.vector]`.
+    pub vector: VectorConfig,
+    /// `[index.repair]`.
+    pub repair: RepairConfig,
+}
+
+/// `[index.worker]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Whether workers run.
+    pub enabled: bool,
+    /// Fallback polling interval when no wake-up hint arrives.
+    pub poll_interval_ms: u64,
+    /// Events claimed per `run_once` (10..=500).
+    pub claim_limit: u32,
+    /// Claim lease (15..=300).
+    pub lease_seconds: u32,
+    /// Lease renewal period while a batch runs.
+    pub heartbeat_seconds: u32,
+    /// Events in flight per worker (50..=2000).
+    pub max_inflight_events: u32,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            enabled: true,
+            poll_interval_ms: 500,
+            claim_limit: 100,
+            lease_seconds: 60,
+            heartbeat_seconds: 20,
+            max_inflight_events: 200,
+        }
+    }
+}
+
+/// `[index.outbox]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Retries before a delivery goes dead (3..=20).
+    pub max_retries: u32,
+    /// First backoff (1..=10).
+    pub retry_base_seconds: u32,
+    /// Backoff cap (30..=1800).
+    pub retry_max_seconds: u32,
+    /// Jitter as a fraction of the backoff (0..=1).
+    pub retry_jitter_ratio: f64,
+    /// Whether exhausted deliveries go dead (if false they keep retrying at the cap).
+    pub dead_letter_enabled: bool,
+    /// The consumers that get a delivery for every event.
+    pub consumers: Vec<String>,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            max_retries: 8,
+            retry_base_seconds: 2,
+            retry_max_seconds: 300,
+            retry_jitter_ratio: 0.2,
+            dead_letter_enabled: true,
+            consumers: vec!["vector".into(), "keyword".into(), "relation".into()],
+        }
+    }
+}
+
+/// `[index.embedding]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// Model name.
+    pub model: String,
+    /// Texts per embedding call (8..=128).
+    pub batch_size: u32,
+    /// Per-call timeout (5..=120).
+    pub timeout_seconds: u32,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        EmbeddingConfig {
+            model: "all-MiniLM-L6-v2".into(),
+            batch_size: 32,
+            timeout_seconds: 30,
+        }
+    }
+}
+
+/// `[index.vector]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VectorConfig {
+    /// Records per index write (16..=512).
+    pub upsert_batch_size: u32,
+    /// Whether the relation index is maintained.
+    pub relation_index_enabled: bool,
+}
+
+impl Default for VectorConfig {
+    fn default() -> Self {
+        VectorConfig {
+            upsert_batch_size: 128,
+            relation_index_enabled: false,
+        }
+    }
+}
+
+/// `[index.repair]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RepairConfig {
+    /// Period of the dead-event scan.
+    pub dead_event_scan_interval_minutes: u32,
+    /// Period of the index reconcile.
+    pub reconcile_interval_minutes: u32,
+}
+
+impl Default for RepairConfig {
+    fn default() -> Self {
+        RepairConfig {
+            dead_event_scan_interval_minutes: 10,
+            reconcile_interval_minutes: 60,
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Largest accepted layer text, in bytes (after an append too).
+    pub max_layer_bytes: usize,
+    /// Milliseconds a writer waits for another process's write lock before giving up.
+    pub busy_timeout_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_layer_bytes: 4 << 20,
+            busy_timeout_ms: 10_000,
+        }
+    }
+}
+
+fn range<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<(), CoreError> {
+    if v < lo || v > hi {
+        return Err(CoreError::InvalidConfig {
+            key: key.to_owned(),
+            reason: format!("{v} is outside {lo}..={hi}"),
+        });
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Parses TOML text and validates it; errors name the key.
+    pub fn from_toml(text: &str) -> Result<Config, CoreError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| CoreError::InvalidConfig {
+            key: e
+                .span()
+                .map_or_else(String::new, |s| format!("at byte {}", s.start)),
+            reason: e.message().to_owned(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every value against spec §12.4 (and our own keys' ranges).
+    pub fn validate(&self) -> Result<(), CoreError> {
+        let w = &self.index.worker;
+        range(
+            "index.worker.poll_interval_ms",
+            w.poll_interval_ms,
+            10,
+            60_000,
+        )?;
+        range("index.worker.claim_limit", w.claim_limit, 10, 500)?;
+        range("index.worker.lease_seconds", w.lease_seconds, 15, 300)?;
+        range(
+            "index.worker.heartbeat_seconds",
+            w.heartbeat_seconds,
+            1,
+            w.lease_seconds / 2,
+        )?;
+        range(
+            "index.worker.max_inflight_events",
+            w.max_inflight_events,
+            50,
+            2000,
+        )?;
+        let o = &self.index.outbox;
+        range("index.outbox.max_retries", o.max_retries, 3, 20)?;
+        range(
+            "index.outbox.retry_base_seconds",
+            o.retry_base_seconds,
+            1,
+            10,
+        )?;
+        range(
+            "index.outbox.retry_max_seconds",
+            o.retry_max_seconds,
+            30,
+            1800,
+        )?;
+        range(
+            "index.outbox.retry_jitter_ratio",
+            o.retry_jitter_ratio,
+            0.0,
+            1.0,
+        )?;
+        if o.consumers.is_empty() {
+            return Err(CoreError::InvalidConfig {
+                key: "index.outbox.consumers".into(),
+                reason: "at least one consumer is required".into(),
+            });
+        }
+        for (i, c) in o.consumers.iter().enumerate() {
+            let ok = !c.is_empty()
+                && c.len() <= 64
+                && c.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
+            if !ok || o.consumers[..i].contains(c) {
+                return Err(CoreError::InvalidConfig {
+                    key: "index.outbox.consumers".into(),
+                    reason: format!("{c:?} is not a unique name of [A-Za-z0-9_-]{{1,64}}"),
+                });
+            }
+        }
+        let e = &self.index.embedding;
+        range("index.embedding.batch_size", e.batch_size, 8, 128)?;
+        range("index.embedding.timeout_seconds", e.timeout_seconds, 5, 120)?;
+        range(
+            "index.vector.upsert_batch_size",
+            self.index.vector.upsert_batch_size,
+            16,
+            512,
+        )?;
+        let r = &self.index.repair;
+        range(
+            "index.repair.dead_event_scan_interval_minutes",
+            r.dead_event_scan_interval_minutes,
+            1,
+            10_080,
+        )?;
+        range(
+            "index.repair.reconcile_interval_minutes",
+            r.reconcile_interval_minutes,
+            1,
+            10_080,
+        )?;
+        range(
+            "store.max_layer_bytes",
+            self.store.max_layer_bytes,
+            1024,
+            256 << 20,
+        )?;
+        range(
+            "store.busy_timeout_ms",
+            self.store.busy_timeout_ms,
+            0,
+            600_000,
+        )?;
+        range(
+            "projector.l0_fallback_chars",
+            self.projector.l0_fallback_chars,
+            1,
+            100_000,
+        )?;
+        range(
+            "projector.l1_fallback_chars",
+            self.projector.l1_fallback_chars,
+            1,
+            1_000_000,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_spec() {
+        let c = Config::default();
+        c.validate().expect("defaults valid");
+        assert_eq!(c.index.outbox.max_retries, 8);
+        assert_eq!(c.index.worker.lease_seconds, 60);
+        assert_eq!(Config::from_toml("").expect("empty file"), c);
+    }
+
+    #[test]
+    fn out_of_range_names_the_key() {
+        let err = Config::from_toml("[index.worker]\nlease_seconds = 5\n").expect_err("range");
+        assert!(
+            err.to_string().contains("index.worker.lease_seconds"),
+            "{err}"
+        );
+        let err =
+            Config::from_toml("[index.outbox]\nretry_jitter_ratio = 1.5\n").expect_err("range");
+        assert!(
+            err.to_string().contains("index.outbox.retry_jitter_ratio"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Config::from_toml("[index.worker]\nleese_seconds = 60\n").expect_err("typo");
+        assert!(err.to_string().contains("leese_seconds"), "{err}");
+    }
+}

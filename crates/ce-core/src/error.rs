@@ -1,0 +1,206 @@
+//! Error codes shared by every layer, and the core's own errors.
+//!
+//! Each crate has one error enum; each variant maps, by an exhaustive match, to a stable
+//! [`ErrorCode`] (which fixes the HTTP status and the CLI exit code) and to retryable or not
+//! (spec §8.4).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::uri::UriError;
+
+/// A stable, machine-readable error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// A URI is malformed.
+    InvalidUri,
+    /// A level is not 0, 1 or 2.
+    InvalidLevel,
+    /// A field of a request has a bad value.
+    InvalidField,
+    /// An outbox event type is not one of the four known ones.
+    UnknownEventType,
+    /// An outbox event payload lacks a field or has a bad one.
+    InvalidPayload,
+    /// A configuration value is out of range or malformed.
+    InvalidConfig,
+    /// A text or request is larger than the configured limit.
+    PayloadTooLarge,
+    /// The addressed node, event or edge does not exist.
+    NotFound,
+    /// The target of a create or move already exists.
+    AlreadyExists,
+    /// `expect_version` did not match the stored version.
+    VersionConflict,
+    /// A move whose target lies inside its source, or that moves the root.
+    InvalidMove,
+    /// An outbox claim is no longer held (expired or taken over).
+    ClaimConflict,
+    /// An outbox transition is not allowed from the current state.
+    StateTransition,
+    /// The store is locked or temporarily unavailable.
+    Unavailable,
+    /// The stored data is corrupt or from an incompatible schema.
+    Corrupt,
+    /// A file-system operation failed.
+    Io,
+    /// Anything else.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The snake_case name used in JSON error bodies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidUri => "invalid_uri",
+            ErrorCode::InvalidLevel => "invalid_level",
+            ErrorCode::InvalidField => "invalid_field",
+            ErrorCode::UnknownEventType => "unknown_event_type",
+            ErrorCode::InvalidPayload => "invalid_payload",
+            ErrorCode::InvalidConfig => "invalid_config",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::AlreadyExists => "already_exists",
+            ErrorCode::VersionConflict => "version_conflict",
+            ErrorCode::InvalidMove => "invalid_move",
+            ErrorCode::ClaimConflict => "claim_conflict",
+            ErrorCode::StateTransition => "state_transition",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Corrupt => "corrupt",
+            ErrorCode::Io => "io",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status that carries this code.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidUri
+            | ErrorCode::InvalidLevel
+            | ErrorCode::InvalidField
+            | ErrorCode::UnknownEventType
+            | ErrorCode::InvalidPayload
+            | ErrorCode::InvalidConfig
+            | ErrorCode::InvalidMove => 400,
+            ErrorCode::NotFound => 404,
+            ErrorCode::AlreadyExists
+            | ErrorCode::VersionConflict
+            | ErrorCode::ClaimConflict
+            | ErrorCode::StateTransition => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The `ce` exit code (documented in the README): 2 bad input, 3 not found, 4 conflict,
+    /// 5 too large, 6 unavailable (retry), 1 anything else.
+    pub fn exit_code(self) -> i32 {
+        match self.http_status() {
+            400 => 2,
+            404 => 3,
+            409 => 4,
+            413 => 5,
+            503 => 6,
+            _ => 1,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Classification every error enum of the project implements.
+pub trait Classify {
+    /// The stable code.
+    fn code(&self) -> ErrorCode;
+    /// Whether retrying the same operation later can succeed.
+    fn is_retryable(&self) -> bool;
+}
+
+/// Errors of the core model: all are bad input, none is retryable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    /// A malformed URI.
+    #[error("invalid uri: {0}")]
+    InvalidUri(#[from] UriError),
+    /// A level outside 0..=2.
+    #[error("invalid level {level}: must be 0, 1 or 2")]
+    InvalidLevel {
+        /// The offending level.
+        level: i64,
+    },
+    /// A field with a bad value.
+    #[error("invalid {field}: {reason}")]
+    InvalidField {
+        /// The field name.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An unknown outbox event type.
+    #[error(
+        "unknown event type {found:?}: expected UPSERT_CONTEXT, DELETE_CONTEXT, MOVE_CONTEXT or UPSERT_RELATION"
+    )]
+    UnknownEventType {
+        /// The offending type.
+        found: String,
+    },
+    /// A payload that does not fit its event type.
+    #[error("invalid {event_type} payload: {reason}")]
+    InvalidPayload {
+        /// The event type.
+        event_type: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A configuration value out of range or malformed.
+    #[error("invalid config {key}: {reason}")]
+    InvalidConfig {
+        /// The dotted key, e.g. `index.worker.lease_seconds`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A text over the configured limit.
+    #[error("{field} is {len} bytes, the limit is {max}")]
+    TooLarge {
+        /// The field name.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+}
+
+impl Classify for CoreError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            CoreError::InvalidUri(_) => ErrorCode::InvalidUri,
+            CoreError::InvalidLevel { .. } => ErrorCode::InvalidLevel,
+            CoreError::InvalidField { .. } => ErrorCode::InvalidField,
+            CoreError::UnknownEventType { .. } => ErrorCode::UnknownEventType,
+            CoreError::InvalidPayload { .. } => ErrorCode::InvalidPayload,
+            CoreError::InvalidConfig { .. } => ErrorCode::InvalidConfig,
+            CoreError::TooLarge { .. } => ErrorCode::PayloadTooLarge,
+        }
+    }
+
+    fn is_retryable(&self) -> bool {
+        match self {
+            CoreError::InvalidUri(_)
+            | CoreError::InvalidLevel { .. }
+            | CoreError::InvalidField { .. }
+            | CoreError::UnknownEventType { .. }
+            | CoreError::InvalidPayload { .. }
+            | CoreError::InvalidConfig { .. }
+            | CoreError::TooLarge { .. } => false,
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! `ctx://` URIs: canonicalization (spec §2.1.1) and tree arithmetic.
+//!
+//! A canonical URI is `ctx://` followed by zero or more `/`-separated segments. The first
+//! segment is the account (DESIGN.md decision 14). The root `ctx://` is virtual: it holds
+//! accounts but is never a node itself.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The only scheme ContextEngine accepts, in canonical (lower-case) spelling.
+pub const SCHEME: &str = "ctx://";
+
+/// Longest accepted canonical URI, in bytes.
+pub const MAX_URI_BYTES: usize = 4096;
+
+/// Segment names that the node layout (spec §2.2) uses for a node's own files; a child node
+/// with one of these names could not be exported, so such URIs are rejected.
+pub const RESERVED_SEGMENTS: [&str; 5] = [
+    ".abstract.md",
+    ".overview.md",
+    "content.md",
+    ".meta.json",
+    ".relations.json",
+];
+
+/// Why a string is not a valid `ctx://` URI.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UriError {
+    /// The input is empty or only whitespace.
+    #[error("uri is empty")]
+    Empty,
+    /// The input does not start with `ctx://` (in any letter case).
+    #[error("uri {uri:?} must start with ctx://")]
+    UnsupportedScheme {
+        /// The offending input (trimmed).
+        uri: String,
+    },
+    /// The input contains a control character.
+    #[error("uri {uri:?} contains a control character at byte {position}")]
+    ControlCharacter {
+        /// The offending input (trimmed, control characters escaped by `Debug`).
+        uri: String,
+        /// Byte offset of the character in the trimmed input.
+        position: usize,
+    },
+    /// A segment is `.` or `..`.
+    #[error("uri {uri:?} contains the relative segment {segment:?}")]
+    DotSegment {
+        /// The offending input.
+        uri: String,
+        /// `.` or `..`.
+        segment: String,
+    },
+    /// Two slashes in a row, or a slash right after the scheme.
+    #[error("uri {uri:?} contains an empty segment")]
+    EmptySegment {
+        /// The offending input.
+        uri: String,
+    },
+    /// A segment is one of the node layout's file names.
+    #[error("uri {uri:?} uses the reserved segment name {segment:?}")]
+    ReservedSegment {
+        /// The offending input.
+        uri: String,
+        /// The reserved name.
+        segment: String,
+    },
+    /// A segment holds a backslash, which the on-disk layout cannot represent portably.
+    #[error("uri {uri:?} contains a backslash")]
+    Backslash {
+        /// The offending input.
+        uri: String,
+    },
+    /// The canonical form is longer than [`MAX_URI_BYTES`].
+    #[error("uri is {len} bytes long, the limit is {max}")]
+    TooLong {
+        /// Length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Canonicalizes a `ctx://` URI (spec §2.1.1).
+///
+/// Trims surrounding whitespace, lower-cases the scheme, drops a trailing `/` except at the
+/// root and keeps the case of the path. Rejects empty input, other schemes, control
+/// characters, `.`/`..`, empty segments, backslashes and reserved layout names.
+pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
+    let trimmed = input.trim();
+    if trimmed.is_empty() {
+        return Err(UriError::Empty);
+    }
+    if let Some(position) = trimmed.find(char::is_control) {
+        return Err(UriError::ControlCharacter {
+            uri: trimmed.to_owned(),
+            position,
+        });
+    }
+    let rest = match trimmed.get(..SCHEME.len()) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(SCHEME) => &trimmed[SCHEME.len()..],
+        _ => {
+            return Err(UriError::UnsupportedScheme {
+                uri: trimmed.to_owned(),
+            });
+        }
+    };
+    let path = rest.strip_suffix('/').unwrap_or(rest);
+    let mut canonical = String::with_capacity(SCHEME.len() + path.len());
+    canonical.push_str(SCHEME);
+    if !path.is_empty() {
+        for (i, segment) in path.split('/').enumerate() {
+            check_segment(trimmed, segment)?;
+            if i > 0 {
+                canonical.push('/');
+            }
+            canonical.push_str(segment);
+        }
+    }
+    if canonical.len() > MAX_URI_BYTES {
+        return Err(UriError::TooLong {
+            len: canonical.len(),
+            max: MAX_URI_BYTES,
+        });
+    }
+    Ok(canonical)
+}
+
+fn check_segment(uri: &str, segment: &str) -> Result<(), UriError> {
+    match segment {
+        "" => Err(UriError::EmptySegment {
+            uri: uri.to_owned(),
+        }),
+        "." | ".." => Err(UriError::DotSegment {
+            uri: uri.to_owned(),
+            segment: segment.to_owned(),
+        }),
+        s if RESERVED_SEGMENTS.contains(&s) => Err(UriError::ReservedSegment {
+            uri: uri.to_owned(),
+            segment: s.to_owned(),
+        }),
+        s if s.contains('\\') => Err(UriError::Backslash {
+            uri: uri.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A canonical `ctx://` URI. Construct it with [`CtxUri::parse`]; every value is canonical.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CtxUri(String);
+
+impl CtxUri {
+    /// Parses and canonicalizes `input`.
+    pub fn parse(input: &str) -> Result<Self, UriError> {
+        canonicalize_uri(input).map(CtxUri)
+    }
+
+    /// The virtual root `ctx://`.
+    pub fn root() -> Self {
+        CtxUri(SCHEME.to_owned())
+    }
+
+    /// The canonical text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The path after `ctx://` (empty at the root).
+    pub fn path(&self) -> &str {
+        &self.0[SCHEME.len()..]
+    }
+
+    /// Whether this is the virtual root `ctx://`.
+    pub fn is_root(&self) -> bool {
+        self.path().is_empty()
+    }
+
+    /// The path segments, account first.
+    pub fn segments(&self) -> impl Iterator<Item = &str> {
+        self.path().split('/').filter(|s| !s.is_empty())
+    }
+
+    /// Number of segments (0 at the root, 1 for an account).
+    pub fn depth(&self) -> usize {
+        self.segments().count()
+    }
+
+    /// The account id: the first segment; empty at the root.
+    pub fn account_id(&self) -> &str {
+        self.segments().next().unwrap_or("")
+    }
+
+    /// The last segment; empty at the root.
+    pub fn name(&self) -> &str {
+        self.path().rsplit('/').next().unwrap_or("")
+    }
+
+    /// The parent URI; the root for an account, `None` for the root.
+    pub fn parent(&self) -> Option<CtxUri> {
+        if self.is_root() {
+            return None;
+        }
+        match self.path().rfind('/') {
+            Some(i) => Some(CtxUri(format!("{SCHEME}{}", &self.path()[..i]))),
+            None => Some(CtxUri::root()),
+        }
+    }
+
+    /// Every proper ancestor that is a node (accounts included, the root excluded), nearest
+    /// last: `ctx://a/b/c` gives `[ctx://a, ctx://a/b]`.
+    pub fn ancestors(&self) -> Vec<CtxUri> {
+        let mut out = Vec::new();
+        let mut cur = self.parent();
+        while let Some(p) = cur {
+            if p.is_root() {
+                break;
+            }
+            cur = p.parent();
+            out.push(p);
+        }
+        out.reverse();
+        out
+    }
+
+    /// Appends one segment (validated).
+    pub fn join(&self, segment: &str) -> Result<CtxUri, UriError> {
+        if self.is_root() {
+            CtxUri::parse(&format!("{SCHEME}{segment}"))
+        } else {
+            CtxUri::parse(&format!("{}/{segment}", self.0))
+        }
+    }
+
+    /// Whether `self` equals `other` or lies below it.
+    pub fn is_within(&self, other: &CtxUri) -> bool {
+        if other.is_root() {
+            return true;
+        }
+        self.0 == other.0
+            || (self.0.starts_with(&other.0) && self.0.as_bytes().get(other.0.len()) == Some(&b'/'))
+    }
+
+    /// Rewrites the prefix `from` into `to` (spec §6.3): `None` when `self` is not within
+    /// `from`.
+    pub fn rebase(&self, from: &CtxUri, to: &CtxUri) -> Option<CtxUri> {
+        if !self.is_within(from) {
+            return None;
+        }
+        let rest = &self.0[from.0.len()..];
+        if to.is_root() {
+            let rest = rest.trim_start_matches('/');
+            return Some(CtxUri(format!("{SCHEME}{rest}")));
+        }
+        Some(CtxUri(format!("{}{rest}", to.0)))
+    }
+
+    /// The path of `self` relative to `base` (`""` when equal), or `None` when not within.
+    pub fn relative_to(&self, base: &CtxUri) -> Option<&str> {
+        if !self.is_within(base) {
+            return None;
+        }
+        Some(self.0[base.0.len()..].trim_start_matches('/'))
+    }
+}
+
+impl fmt::Display for CtxUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for CtxUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl TryFrom<String> for CtxUri {
+    type Error = UriError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        CtxUri::parse(&value)
+    }
+}
+
+impl From<CtxUri> for String {
+    fn from(value: CtxUri) -> Self {
+        value.0
+    }
+}
+
+impl std::str::FromStr for CtxUri {
+    type Err = UriError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CtxUri::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn canonicalizes_spellings() {
+        let c = |s| canonicalize_uri(s).expect("valid");
+        assert_eq!(c("  CTX://acc1/Users/u1/  "), "ctx://acc1/Users/u1");
+        assert_eq!(c("Ctx://acc1"), "ctx://acc1");
+        assert_eq!(c("ctx://"), "ctx://");
+        assert_eq!(c("ctx:///"), "ctx://");
+        assert_eq!(c("ctx://a/b c/d"), "ctx://a/b c/d");
+    }
+
+    #[test]
+    fn rejects_each_problem_with_its_own_error() {
+        let e = |s| canonicalize_uri(s).expect_err(s);
+        assert_eq!(e(""), UriError::Empty);
+        assert_eq!(e("   \t"), UriError::Empty);
+        assert!(matches!(
+            e("http://a/b"),
+            UriError::UnsupportedScheme { .. }
+        ));
+        assert!(matches!(e("a/b"), UriError::UnsupportedScheme { .. }));
+        assert!(matches!(
+            e("ctx://a/\u{7}b"),
+            UriError::ControlCharacter { position: 8, .. }
+        ));
+        assert!(matches!(
+            e("ctx://a/\nb"),
+            UriError::ControlCharacter { .. }
+        ));
+        assert!(matches!(e("ctx://a/../b"), UriError::DotSegment { .. }));
+        assert!(matches!(e("ctx://a/./b"), UriError::DotSegment { .. }));
+        assert!(matches!(e("ctx://a//b"), UriError::EmptySegment { .. }));
+        assert!(matches!(e("ctx:////a"), UriError::EmptySegment { .. }));
+        assert!(matches!(e("ctx://a/b//"), UriError::EmptySegment { .. }));
+        assert!(matches!(
+            e("ctx://a/content.md"),
+            UriError::ReservedSegment { .. }
+        ));
+        assert!(matches!(e("ctx://a/b\\c"), UriError::Backslash { .. }));
+        let long = format!("ctx://a/{}", "x".repeat(MAX_URI_BYTES));
+        assert!(matches!(e(&long), UriError::TooLong { .. }));
+    }
+
+    #[test]
+    fn tree_arithmetic() {
+        let u = CtxUri::parse("ctx://acc1/users/u1/memories").expect("valid");
+        assert_eq!(u.account_id(), "acc1");
+        assert_eq!(u.name(), "memories");
+        assert_eq!(u.depth(), 4);
+        assert_eq!(u.parent().expect("parent").as_str(), "ctx://acc1/users/u1");
+        let acc = CtxUri::parse("ctx://acc1").expect("valid");
+        assert_eq!(acc.parent(), Some(CtxUri::root()));
+        assert_eq!(CtxUri::root().parent(), None);
+        let anc: Vec<_> = u.ancestors().iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            anc,
+            ["ctx://acc1", "ctx://acc1/users", "ctx://acc1/users/u1"]
+        );
+        let ab = CtxUri::parse("ctx://acc1/users").expect("valid");
+        let abx = CtxUri::parse("ctx://acc1/usersx").expect("valid");
+        assert!(u.is_within(&ab));
+        assert!(!abx.is_within(&ab));
+        assert!(u.is_within(&CtxUri::root()));
+        let to = CtxUri::parse("ctx://acc2/people").expect("valid");
+        assert_eq!(
+            u.rebase(&ab, &to).expect("within").as_str(),
+            "ctx://acc2/people/u1/memories"
+        );
+        assert_eq!(u.relative_to(&ab), Some("u1/memories"));
+        assert_eq!(ab.relative_to(&ab), Some(""));
+        assert_eq!(abx.rebase(&ab, &to), None);
+    }
+
+    fn spelling() -> impl Strategy<Value = String> {
+        let seg = "[A-Za-z0-9_\\-]{1,6}";
+        (
+            prop_oneof![Just("ctx://"), Just("CTX://"), Just("Ctx://")],
+            proptest::collection::vec(seg, 0..5),
+            prop_oneof![Just(""), Just("/")],
+            prop_oneof![Just(""), Just("  "), Just("\t")],
+        )
+            .prop_map(|(scheme, segs, slash, pad)| {
+                format!("{pad}{scheme}{}{slash}{pad}", segs.join("/"))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(crate::test_cases(2000)))]
+
+        #[test]
+        fn never_panics_and_is_idempotent(input in "\\PC{0,40}|ctx://[\\PC/]{0,40}") {
+            if let Ok(c) = canonicalize_uri(&input) {
+                prop_assert_eq!(canonicalize_uri(&c), Ok(c.clone()));
+                prop_assert!(c.starts_with(SCHEME));
+                prop_assert!(c == SCHEME || !c.ends_with('/'));
+            }
+        }
+
+        #[test]
+        fn equivalent_spellings_give_one_key(s in spelling()) {
+            let lower = s.trim().replacen("CTX://", "ctx://", 1).replacen("Ctx://", "ctx://", 1);
+            let a = canonicalize_uri(&s).expect("generated uris are valid");
+            let b = canonicalize_uri(&lower).expect("generated uris are valid");
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(crate::stable_hash(&a, 0), crate::stable_hash(&b, 0));
+        }
+    }
+}
