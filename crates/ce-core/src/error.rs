@@ -34,6 +34,8 @@ pub enum ErrorCode {
     AlreadyExists,
     /// `expect_version` did not match the stored version.
     VersionConflict,
+    /// A non-recursive remove of a node that has children.
+    NotEmpty,
     /// A move whose target lies inside its source, or that moves the root.
     InvalidMove,
     /// An outbox claim is no longer held (expired or taken over).
@@ -64,6 +66,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::AlreadyExists => "already_exists",
             ErrorCode::VersionConflict => "version_conflict",
+            ErrorCode::NotEmpty => "not_empty",
             ErrorCode::InvalidMove => "invalid_move",
             ErrorCode::ClaimConflict => "claim_conflict",
             ErrorCode::StateTransition => "state_transition",
@@ -87,6 +90,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::AlreadyExists
             | ErrorCode::VersionConflict
+            | ErrorCode::NotEmpty
             | ErrorCode::ClaimConflict
             | ErrorCode::StateTransition => 409,
             ErrorCode::PayloadTooLarge => 413,

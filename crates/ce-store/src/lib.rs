@@ -1,1 +1,29 @@
-//! x
+//! ContextEngine's source of truth: nodes (ContextFS), relations (RelationStore) and the
+//! transactional outbox (OutboxStore).
+//!
+//! Every mutation writes its rows and appends its outbox events in one transaction
+//! (DESIGN.md decision 1): there is no commit without its event and no event without its
+//! commit. Indexes read from here; nothing here calls an index.
+//!
+//! - [`model`]: requests, answers and the backend traits
+//! - [`plan`]: pure write planning shared by backends (merge rules, versions, moves)
+//! - [`sqlite`]: the embedded backend (SQLite, WAL)
+//! - [`layout`]: import / export in the on-disk node layout (spec §2.2)
+
+pub mod error;
+pub mod layout;
+pub mod model;
+pub mod plan;
+pub mod sqlite;
+
+pub use error::{Result, StoreError};
+pub use model::{
+    Claim, ClaimedEvent, ConsumerStats, ContextFs, DeliveryRow, LinkRequest, NodeStat,
+    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, WriteOutcome,
+};
+pub use sqlite::SqliteStore;
+
+/// Everything a backend provides: one transactional store for nodes, relations and outbox.
+pub trait SourceStore: ContextFs + RelationStore + OutboxStore {}
+
+impl<T: ContextFs + RelationStore + OutboxStore> SourceStore for T {}

@@ -1,0 +1,197 @@
+//! Store errors, each classified by code and retryability.
+
+use std::path::PathBuf;
+
+use ce_core::{Classify, CoreError, CtxUri, ErrorCode};
+
+/// Result of a store operation.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Everything a store operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Bad input caught by the core model.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    /// The addressed node does not exist.
+    #[error("node {uri} not found")]
+    NodeNotFound {
+        /// The node.
+        uri: CtxUri,
+    },
+    /// The addressed relation does not exist.
+    #[error("relation {from} -[{relation_type}]-> {to} not found")]
+    RelationNotFound {
+        /// Source.
+        from: CtxUri,
+        /// Target.
+        to: CtxUri,
+        /// Type.
+        relation_type: String,
+    },
+    /// The addressed event does not exist.
+    #[error("event {event_id} not found")]
+    EventNotFound {
+        /// The event id (or sequence) asked for.
+        event_id: String,
+    },
+    /// The target of a move already exists.
+    #[error("node {uri} already exists")]
+    AlreadyExists {
+        /// The node.
+        uri: CtxUri,
+    },
+    /// `expect_version` did not match.
+    #[error("version conflict on {uri}: expected version {expected}, found {}", found_text(*.actual))]
+    VersionConflict {
+        /// The node.
+        uri: CtxUri,
+        /// What the caller expected (0 = must not exist).
+        expected: u64,
+        /// What is stored (`None` = no node).
+        actual: Option<u64>,
+    },
+    /// `rm` without `recursive` on a node with children.
+    #[error("node {uri} has {children} children: remove it recursively")]
+    NotEmpty {
+        /// The node.
+        uri: CtxUri,
+        /// Number of direct children.
+        children: u64,
+    },
+    /// A move that cannot be done.
+    #[error("cannot move {from} to {to}: {reason}")]
+    InvalidMove {
+        /// Source.
+        from: CtxUri,
+        /// Target.
+        to: CtxUri,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The root `ctx://` is virtual and cannot be written.
+    #[error("the root ctx:// is not a node: write below an account, e.g. ctx://acc1/...")]
+    RootNotWritable,
+    /// A consumer name that the configuration does not list.
+    #[error("unknown consumer {name:?}: configured consumers are {configured:?}")]
+    UnknownConsumer {
+        /// The name asked for.
+        name: String,
+        /// The configured names.
+        configured: Vec<String>,
+    },
+    /// The claim is no longer held: expired, taken over, or never existed.
+    #[error("claim on event {event_id} for consumer {consumer} is no longer held ({state})")]
+    ClaimConflict {
+        /// Event id.
+        event_id: String,
+        /// Consumer.
+        consumer: String,
+        /// What the delivery looks like now.
+        state: String,
+    },
+    /// A transition the delivery state machine does not allow.
+    #[error("event {event_id} for consumer {consumer} is {status}: {reason}")]
+    StateTransition {
+        /// Event id.
+        event_id: String,
+        /// Consumer.
+        consumer: String,
+        /// Current status.
+        status: String,
+        /// What was refused.
+        reason: &'static str,
+    },
+    /// Another process holds the database's write lock for longer than the busy timeout.
+    #[error("the store is busy (locked by another writer): {0}")]
+    Busy(rusqlite::Error),
+    /// Stored data does not decode (corruption or a foreign schema).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The database file was written by a newer ContextEngine.
+    #[error("the store at {path} has schema version {found}, this build knows up to {known}")]
+    SchemaTooNew {
+        /// Database path.
+        path: PathBuf,
+        /// Version found.
+        found: i64,
+        /// Highest version this build knows.
+        known: i64,
+    },
+    /// Any other SQLite failure.
+    #[error("sqlite: {0}")]
+    Sqlite(rusqlite::Error),
+    /// A file-system failure (`fs-err` names the path).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+fn found_text(actual: Option<u64>) -> String {
+    actual.map_or_else(|| "no node".to_owned(), |v| v.to_string())
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                StoreError::Busy(e)
+            }
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                StoreError::Corrupt(e.to_string())
+            }
+            _ => StoreError::Sqlite(e),
+        }
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError::Corrupt(format!("stored json does not decode: {e}"))
+    }
+}
+
+impl Classify for StoreError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            StoreError::Core(e) => e.code(),
+            StoreError::NodeNotFound { .. }
+            | StoreError::RelationNotFound { .. }
+            | StoreError::EventNotFound { .. } => ErrorCode::NotFound,
+            StoreError::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+            StoreError::VersionConflict { .. } => ErrorCode::VersionConflict,
+            StoreError::NotEmpty { .. } => ErrorCode::NotEmpty,
+            StoreError::InvalidMove { .. } => ErrorCode::InvalidMove,
+            StoreError::RootNotWritable => ErrorCode::InvalidUri,
+            StoreError::UnknownConsumer { .. } => ErrorCode::InvalidField,
+            StoreError::ClaimConflict { .. } => ErrorCode::ClaimConflict,
+            StoreError::StateTransition { .. } => ErrorCode::StateTransition,
+            StoreError::Busy(_) => ErrorCode::Unavailable,
+            StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
+            StoreError::Sqlite(_) => ErrorCode::Internal,
+            StoreError::Io(_) => ErrorCode::Io,
+        }
+    }
+
+    fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Core(e) => e.is_retryable(),
+            // Spec §8.1: a lost lease is retryable (the event is simply processed again).
+            StoreError::ClaimConflict { .. } | StoreError::Busy(_) => true,
+            // Transient I/O (disk full, EINTR) may clear; unknown SQLite errors are retried by
+            // default so that nothing is lost (spec §5.4).
+            StoreError::Io(_) | StoreError::Sqlite(_) => true,
+            StoreError::NodeNotFound { .. }
+            | StoreError::RelationNotFound { .. }
+            | StoreError::EventNotFound { .. }
+            | StoreError::AlreadyExists { .. }
+            | StoreError::VersionConflict { .. }
+            | StoreError::NotEmpty { .. }
+            | StoreError::InvalidMove { .. }
+            | StoreError::RootNotWritable
+            | StoreError::UnknownConsumer { .. }
+            | StoreError::StateTransition { .. }
+            | StoreError::Corrupt(_)
+            | StoreError::SchemaTooNew { .. } => false,
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Requests and answers of the store API, and the traits every backend implements.
+
+use std::str::FromStr;
+
+use ce_core::{
+    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta,
+    Millis, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+};
+use serde::Serialize;
+
+use crate::error::Result;
+
+/// How `put` combines the request with an existing node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PutMode {
+    /// The node becomes exactly the request: absent layers become empty, meta is replaced.
+    #[default]
+    Replace,
+    /// Given layers and attributes overwrite, the rest is kept; meta keys are merged (a JSON
+    /// `null` value removes a key).
+    Merge,
+    /// Given content is appended verbatim to the existing content; other fields merge.
+    Append,
+}
+
+impl FromStr for PutMode {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, CoreError> {
+        match s {
+            "replace" => Ok(PutMode::Replace),
+            "merge" => Ok(PutMode::Merge),
+            "append" => Ok(PutMode::Append),
+            _ => Err(CoreError::InvalidField {
+                field: "mode",
+                reason: format!("{s:?} is not one of replace, merge, append"),
+            }),
+        }
+    }
+}
+
+/// A write of one node.
+#[derive(Debug, Clone, Default)]
+pub struct PutRequest {
+    /// Combination mode.
+    pub mode: PutMode,
+    /// L0 text.
+    pub abstract_text: Option<String>,
+    /// L1 text.
+    pub overview: Option<String>,
+    /// L2 text.
+    pub content: Option<String>,
+    /// Context type (default: derived from the path).
+    pub context_type: Option<ContextType>,
+    /// Category (default: derived from the path).
+    pub category: Option<String>,
+    /// Owner space (default: derived from the path).
+    pub owner_space: Option<OwnerSpace>,
+    /// Metadata entries.
+    pub meta: Meta,
+    /// Optimistic concurrency: the version the caller last saw (0 = must not exist).
+    pub expect_version: Option<u64>,
+    /// Trace id (generated when absent).
+    pub trace_id: Option<String>,
+}
+
+/// What a mutation did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WriteOutcome {
+    /// The node written, removed or moved (its new URI for a move).
+    pub uri: CtxUri,
+    /// Its version after the write (for rm: the version it had when removed).
+    pub version: u64,
+    /// Whether anything changed; an unchanged write appends no event.
+    pub changed: bool,
+    /// Ids of the events appended, in order.
+    pub event_ids: Vec<String>,
+    /// Number of nodes affected (ancestors created, subtree removed or moved).
+    pub nodes_affected: u64,
+    /// The trace id of the write.
+    pub trace_id: String,
+}
+
+/// A node without its text, plus sizes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeStat {
+    /// URI.
+    pub uri: CtxUri,
+    /// Parent URI.
+    pub parent_uri: CtxUri,
+    /// Context type.
+    pub context_type: ContextType,
+    /// Category.
+    pub category: String,
+    /// Owner space.
+    pub owner_space: OwnerSpace,
+    /// Version.
+    pub version: u64,
+    /// Content hash.
+    pub content_hash: String,
+    /// Relation version.
+    pub relation_version: u64,
+    /// Byte sizes of L0, L1, L2.
+    pub layer_bytes: [u64; 3],
+    /// Number of direct children.
+    pub children: u64,
+    /// Metadata.
+    pub meta: Meta,
+    /// Creation time.
+    pub created_at_ms: Millis,
+    /// Last change.
+    pub updated_at_ms: Millis,
+}
+
+/// A node's edges in both directions.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Relations {
+    /// Edges from the node.
+    pub outgoing: Vec<RelationEdge>,
+    /// Edges into the node.
+    pub incoming: Vec<RelationEdge>,
+}
+
+/// A link request.
+#[derive(Debug, Clone)]
+pub struct LinkRequest {
+    /// Source node (must exist).
+    pub from: CtxUri,
+    /// Target node (must exist).
+    pub to: CtxUri,
+    /// Relation type.
+    pub relation_type: String,
+    /// Weight (finite; 1.0 by default).
+    pub weight: f64,
+    /// Reason.
+    pub reason: String,
+    /// Trace id (generated when absent).
+    pub trace_id: Option<String>,
+}
+
+/// Proof of a claim: the fencing token that `mark_done` / `mark_failed` / `renew` check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Claim {
+    /// Consumer the delivery belongs to.
+    pub consumer: String,
+    /// Event sequence.
+    pub seq: i64,
+    /// Event id.
+    pub event_id: String,
+    /// Worker that claimed.
+    pub worker_id: String,
+    /// Token of this claim; a later claim of the same delivery gets another.
+    pub token: String,
+    /// Lease end.
+    pub claimed_until_ms: Millis,
+}
+
+/// An event handed to a worker.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClaimedEvent {
+    /// The event.
+    pub event: OutboxEvent,
+    /// The claim to acknowledge with.
+    pub claim: Claim,
+    /// Failures so far.
+    pub retry_count: u32,
+}
+
+/// Which deliveries `list` returns.
+#[derive(Debug, Clone, Default)]
+pub struct OutboxFilter {
+    /// Only this status.
+    pub status: Option<DeliveryStatus>,
+    /// Only this consumer.
+    pub consumer: Option<String>,
+    /// Only this event type.
+    pub event_type: Option<EventType>,
+    /// Only deliveries of events after this sequence (paging).
+    pub after_seq: Option<i64>,
+    /// At most this many rows (default 100).
+    pub limit: Option<u32>,
+}
+
+/// One row of `outbox list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeliveryRow {
+    /// The event.
+    pub event: OutboxEvent,
+    /// Its delivery to one consumer.
+    pub delivery: Delivery,
+}
+
+/// Delivery counts of one consumer.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct ConsumerStats {
+    /// Consumer name.
+    pub consumer: String,
+    /// Deliveries per status (`failed` is always 0 at rest).
+    pub pending: u64,
+    /// Claimed deliveries.
+    pub claimed: u64,
+    /// Waiting to retry.
+    pub retry_wait: u64,
+    /// Done.
+    pub done: u64,
+    /// Dead.
+    pub dead: u64,
+    /// Lowest sequence not yet done or dead (the low watermark), if any.
+    pub low_watermark_seq: Option<i64>,
+    /// Append time of the oldest delivery not yet done or dead.
+    pub oldest_pending_created_at_ms: Option<Millis>,
+}
+
+/// The source of truth for nodes (spec: ContextFS).
+pub trait ContextFs: Send + Sync {
+    /// Creates or changes a node; appends its events in the same transaction.
+    fn put(&self, uri: &CtxUri, req: PutRequest) -> Result<WriteOutcome>;
+    /// Removes a node (or its subtree); appends `DELETE_CONTEXT` in the same transaction.
+    fn rm(
+        &self,
+        uri: &CtxUri,
+        recursive: bool,
+        expect_version: Option<u64>,
+        trace_id: Option<String>,
+    ) -> Result<WriteOutcome>;
+    /// Moves a node and its subtree; appends `MOVE_CONTEXT` in the same transaction.
+    fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome>;
+    /// Reads a node, `None` when absent.
+    fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
+    /// Reads several nodes in one snapshot (absent ones are skipped).
+    fn read_nodes(&self, uris: &[CtxUri]) -> Result<Vec<ContextNode>>;
+    /// Stats a node.
+    fn stat(&self, uri: &CtxUri) -> Result<NodeStat>;
+    /// Lists the direct children of `uri` (the root lists accounts), by URI.
+    fn ls(&self, uri: &CtxUri) -> Result<Vec<NodeStat>>;
+    /// Lists `uri` and its descendants down to `depth` levels below it, in URI order.
+    fn tree(&self, uri: &CtxUri, depth: Option<u32>) -> Result<Vec<NodeStat>>;
+    /// Reads every node of a subtree (for export and reconcile), in URI order.
+    fn read_subtree(&self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+}
+
+/// The source of truth for relations (spec: RelationStore).
+pub trait RelationStore: Send + Sync {
+    /// Adds or updates an edge; appends `UPSERT_RELATION` for `from` in the same transaction.
+    fn link(&self, req: LinkRequest) -> Result<WriteOutcome>;
+    /// Removes an edge; appends `UPSERT_RELATION` for `from` in the same transaction.
+    fn unlink(
+        &self,
+        from: &CtxUri,
+        to: &CtxUri,
+        relation_type: &str,
+        trace_id: Option<String>,
+    ) -> Result<WriteOutcome>;
+    /// Edges from and into `uri`.
+    fn relations(&self, uri: &CtxUri) -> Result<Relations>;
+    /// Edges from `uri` (spec `get_edges`).
+    fn get_edges(&self, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
+}
+
+/// The transactional outbox: a journal plus per-consumer delivery state (spec §3, §11.1).
+///
+/// Claims carry a fencing token: `mark_done`, `mark_failed` and `renew` succeed only for the
+/// live claim that handed the event out. This is the spec's `mark_done(event_id)` with the
+/// token check the spec leaves to the implementation (§3.4.2) made explicit in the type.
+pub trait OutboxStore: Send + Sync {
+    /// Appends one event (for repair and tools; writes append theirs themselves).
+    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent>;
+    /// Appends events in one transaction.
+    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>>;
+    /// Claims up to `limit` runnable deliveries of `consumer` in sequence order: pending or
+    /// retry-wait ones that are visible, and claimed ones whose lease expired.
+    fn claim_batch(&self, consumer: &str, worker_id: &str, limit: usize)
+    -> Result<Vec<ClaimedEvent>>;
+    /// Extends a live claim's lease; returns the new lease end.
+    fn renew(&self, claim: &Claim) -> Result<Millis>;
+    /// Marks a claimed delivery done; repeating it on a done delivery succeeds unchanged.
+    fn mark_done(&self, claim: &Claim) -> Result<()>;
+    /// Records a failure: `retry_wait` with backoff, or `dead` when not retryable or out of
+    /// retries. Returns the new status.
+    fn mark_failed(
+        &self,
+        claim: &Claim,
+        error: &str,
+        error_code: &str,
+        retryable: bool,
+    ) -> Result<DeliveryStatus>;
+    /// Puts dead deliveries back to pending with a fresh retry budget; returns how many.
+    fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64>;
+    /// Lists deliveries.
+    fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>>;
+    /// An event with all its deliveries, by event id or sequence number.
+    fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)>;
+    /// Counts per consumer.
+    fn stats(&self) -> Result<Vec<ConsumerStats>>;
+    /// The configured consumers.
+    fn consumers(&self) -> Vec<String>;
+}

@@ -1,0 +1,304 @@
+//! Pure write planning shared by every backend: what a node becomes after a request.
+//!
+//! Backends read the current row, call these functions and write the result in the same
+//! transaction as the events; no backend re-implements the merge rules.
+
+use ce_core::{
+    ContextNode, CoreError, CtxUri, Layers, Meta, Millis, PathDefaults, UpsertReason,
+};
+
+use crate::error::{Result, StoreError};
+use crate::model::{PutMode, PutRequest};
+
+/// The node to write and why.
+#[derive(Debug, Clone)]
+pub struct PlannedNode {
+    /// The full new row.
+    pub node: ContextNode,
+    /// The reason recorded in `UPSERT_CONTEXT`.
+    pub reason: UpsertReason,
+}
+
+/// Generates a trace id when the caller gave none.
+pub fn trace_id_or_new(trace_id: Option<String>) -> String {
+    trace_id.filter(|t| !t.is_empty()).unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string())
+}
+
+/// Checks `expect_version` against the stored version (`None` = no node).
+pub fn check_expected(uri: &CtxUri, expected: Option<u64>, actual: Option<u64>) -> Result<()> {
+    match (expected, actual) {
+        (None, _) | (Some(0), None) => Ok(()),
+        (Some(e), Some(a)) if e == a => Ok(()),
+        (Some(e), a) => Err(StoreError::VersionConflict { uri: uri.clone(), expected: e, actual: a }),
+    }
+}
+
+/// The version a URI gets when it (re)appears: one above anything it ever had.
+pub fn next_version(current: Option<u64>, tombstone: Option<u64>) -> u64 {
+    current.unwrap_or(0).max(tombstone.unwrap_or(0)) + 1
+}
+
+/// A bare container node (an implicitly created ancestor).
+pub fn container(uri: &CtxUri, version: u64, now: Millis, trace_id: &str) -> ContextNode {
+    let d = PathDefaults::of(uri);
+    let layers = Layers::default();
+    ContextNode {
+        parent_uri: uri.parent().unwrap_or_else(CtxUri::root),
+        uri: uri.clone(),
+        context_type: d.context_type,
+        category: d.category,
+        owner_space: d.owner_space,
+        content_hash: layers.content_hash(),
+        layers,
+        meta: Meta::new(),
+        version,
+        relation_version: 0,
+        created_at_ms: now,
+        updated_at_ms: now,
+        trace_id: trace_id.to_owned(),
+    }
+}
+
+/// Plans a put: the node `uri` becomes, or `None` when the write would change nothing.
+///
+/// `tombstone` is the last version of a removed node at this URI, so versions never repeat.
+pub fn plan_put(
+    uri: &CtxUri,
+    existing: Option<&ContextNode>,
+    tombstone: Option<u64>,
+    req: PutRequest,
+    now: Millis,
+    max_layer_bytes: usize,
+    trace_id: &str,
+) -> Result<Option<PlannedNode>> {
+    if uri.is_root() {
+        return Err(StoreError::RootNotWritable);
+    }
+    check_expected(uri, req.expect_version, existing.map(|n| n.version))?;
+    for (field, v) in [
+        ("abstract", &req.abstract_text),
+        ("overview", &req.overview),
+        ("content", &req.content),
+    ] {
+        if let Some(t) = v {
+            check_size(field, t.len(), max_layer_bytes)?;
+        }
+    }
+    if let Some(c) = &req.category {
+        if c.chars().any(char::is_control) || c.len() > 256 {
+            return Err(CoreError::InvalidField {
+                field: "category",
+                reason: format!("{c:?} must be at most 256 bytes without control characters"),
+            }
+            .into());
+        }
+    }
+    for k in req.meta.keys() {
+        if k.is_empty() || k.len() > 256 || k.chars().any(char::is_control) {
+            return Err(CoreError::InvalidField {
+                field: "meta",
+                reason: format!("key {k:?} must be 1-256 bytes without control characters"),
+            }
+            .into());
+        }
+    }
+
+    let defaults = PathDefaults::of(uri);
+    let base = match (existing, req.mode) {
+        (Some(n), PutMode::Merge | PutMode::Append) => n.clone(),
+        (Some(n), PutMode::Replace) => ContextNode {
+            layers: Layers::default(),
+            meta: Meta::new(),
+            context_type: defaults.context_type,
+            category: defaults.category.clone(),
+            owner_space: defaults.owner_space.clone(),
+            ..n.clone()
+        },
+        (None, _) => container(uri, 0, now, trace_id),
+    };
+    let mut node = base;
+    if let Some(t) = req.abstract_text {
+        node.layers.abstract_text = t;
+    }
+    if let Some(t) = req.overview {
+        node.layers.overview = t;
+    }
+    if let Some(t) = req.content {
+        if req.mode == PutMode::Append {
+            check_size("content", node.layers.content.len() + t.len(), max_layer_bytes)?;
+            node.layers.content.push_str(&t);
+        } else {
+            node.layers.content = t;
+        }
+    }
+    if let Some(t) = req.context_type {
+        node.context_type = t;
+    }
+    if let Some(c) = req.category {
+        node.category = c;
+    }
+    if let Some(o) = req.owner_space {
+        node.owner_space = o;
+    }
+    for (k, v) in req.meta {
+        if v.is_null() && req.mode != PutMode::Replace {
+            node.meta.remove(&k);
+        } else {
+            node.meta.insert(k, v);
+        }
+    }
+    node.content_hash = node.layers.content_hash();
+
+    let reason = match (existing, req.mode) {
+        (None, _) => UpsertReason::Create,
+        (Some(_), PutMode::Replace) => UpsertReason::Replace,
+        (Some(_), PutMode::Merge) => UpsertReason::Merge,
+        (Some(_), PutMode::Append) => UpsertReason::Append,
+    };
+    if let Some(old) = existing {
+        let same = old.layers == node.layers
+            && old.meta == node.meta
+            && old.context_type == node.context_type
+            && old.category == node.category
+            && old.owner_space == node.owner_space;
+        if same {
+            return Ok(None);
+        }
+    }
+    node.version = next_version(existing.map(|n| n.version), tombstone);
+    node.updated_at_ms = now;
+    if existing.is_none() {
+        node.created_at_ms = now;
+    }
+    node.trace_id = trace_id.to_owned();
+    Ok(Some(PlannedNode { node, reason }))
+}
+
+fn check_size(field: &'static str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(CoreError::TooLarge { field, len, max }.into());
+    }
+    Ok(())
+}
+
+/// Rewrites a node for a move from `from` to `to`: new URI and parent, a fresh version, and
+/// path-derived attributes re-derived where they still equal the old path's defaults
+/// (explicitly set attributes are kept).
+pub fn moved(
+    node: &ContextNode,
+    from: &CtxUri,
+    to: &CtxUri,
+    dest_tombstone: Option<u64>,
+    now: Millis,
+    trace_id: &str,
+) -> ContextNode {
+    let new_uri = node.uri.rebase(from, to).unwrap_or_else(|| node.uri.clone());
+    let old_d = PathDefaults::of(&node.uri);
+    let new_d = PathDefaults::of(&new_uri);
+    let mut n = node.clone();
+    if n.context_type == old_d.context_type {
+        n.context_type = new_d.context_type;
+    }
+    if n.category == old_d.category {
+        n.category = new_d.category;
+    }
+    if n.owner_space == old_d.owner_space {
+        n.owner_space = new_d.owner_space;
+    }
+    n.parent_uri = new_uri.parent().unwrap_or_else(CtxUri::root);
+    n.uri = new_uri;
+    n.version = next_version(Some(node.version), dest_tombstone);
+    n.updated_at_ms = now;
+    n.trace_id = trace_id.to_owned();
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn uri(s: &str) -> CtxUri {
+        CtxUri::parse(s).expect("uri")
+    }
+
+    fn put(content: &str) -> PutRequest {
+        PutRequest { content: Some(content.into()), ..PutRequest::default() }
+    }
+
+    #[test]
+    fn create_takes_path_defaults_and_tombstone_version() {
+        let u = uri("ctx://a/users/u1/memories/prefs/theme");
+        let p = plan_put(&u, None, Some(7), put("x"), 5, 100, "t").expect("ok").expect("changed");
+        assert_eq!(p.reason, UpsertReason::Create);
+        assert_eq!(p.node.version, 8);
+        assert_eq!(p.node.owner_space.to_string(), "user:u1");
+        assert_eq!(p.node.category, "prefs");
+    }
+
+    #[test]
+    fn identical_write_plans_nothing() {
+        let u = uri("ctx://a/x");
+        let n = plan_put(&u, None, None, put("x"), 5, 100, "t").expect("ok").expect("new").node;
+        assert!(plan_put(&u, Some(&n), None, put("x"), 6, 100, "t2").expect("ok").is_none());
+        let merge = PutRequest { mode: PutMode::Merge, ..PutRequest::default() };
+        assert!(plan_put(&u, Some(&n), None, merge, 6, 100, "t2").expect("ok").is_none());
+    }
+
+    #[test]
+    fn merge_append_and_replace() {
+        let u = uri("ctx://a/x");
+        let mut req = put("one");
+        req.abstract_text = Some("abs".into());
+        req.meta.insert("k".into(), json!("v"));
+        let n = plan_put(&u, None, None, req, 5, 100, "t").expect("ok").expect("new").node;
+        let app = PutRequest { mode: PutMode::Append, content: Some("two".into()), ..PutRequest::default() };
+        let a = plan_put(&u, Some(&n), None, app, 6, 100, "t").expect("ok").expect("changed");
+        assert_eq!((a.node.layers.content.as_str(), a.node.version), ("onetwo", 2));
+        assert_eq!(a.node.layers.abstract_text, "abs");
+        let mut m = PutRequest { mode: PutMode::Merge, ..PutRequest::default() };
+        m.meta.insert("k".into(), serde_json::Value::Null);
+        let m = plan_put(&u, Some(&a.node), None, m, 7, 100, "t").expect("ok").expect("changed");
+        assert!(m.node.meta.is_empty());
+        assert_eq!(m.node.layers.content, "onetwo");
+        let r = plan_put(&u, Some(&m.node), None, put("z"), 8, 100, "t").expect("ok").expect("changed");
+        assert_eq!(r.node.layers.abstract_text, "");
+        assert_eq!(r.reason, UpsertReason::Replace);
+    }
+
+    #[test]
+    fn limits_and_versions_are_enforced() {
+        let u = uri("ctx://a/x");
+        let err = plan_put(&u, None, None, put("0123456789"), 5, 4, "t").expect_err("too big");
+        assert!(matches!(err, StoreError::Core(CoreError::TooLarge { field: "content", .. })));
+        let mut req = put("x");
+        req.expect_version = Some(3);
+        let err = plan_put(&u, None, None, req, 5, 100, "t").expect_err("conflict");
+        assert!(matches!(err, StoreError::VersionConflict { actual: None, expected: 3, .. }));
+        let mut req = put("x");
+        req.expect_version = Some(0);
+        assert!(plan_put(&u, None, None, req, 5, 100, "t").expect("create-only").is_some());
+        assert!(matches!(
+            plan_put(&CtxUri::root(), None, None, put("x"), 5, 100, "t"),
+            Err(StoreError::RootNotWritable)
+        ));
+    }
+
+    #[test]
+    fn move_rederives_defaults_but_keeps_explicit_attributes() {
+        let from = uri("ctx://a/users/u1/memories");
+        let to = uri("ctx://a/users/u2/memories");
+        let n = plan_put(&uri("ctx://a/users/u1/memories/prefs/theme"), None, None, put("x"), 1, 100, "t")
+            .expect("ok")
+            .expect("new")
+            .node;
+        let m = moved(&n, &from, &to, Some(4), 9, "t");
+        assert_eq!(m.uri.as_str(), "ctx://a/users/u2/memories/prefs/theme");
+        assert_eq!(m.parent_uri.as_str(), "ctx://a/users/u2/memories/prefs");
+        assert_eq!(m.owner_space.to_string(), "user:u2");
+        assert_eq!(m.version, 5);
+        let mut explicit = n.clone();
+        explicit.owner_space = ce_core::OwnerSpace::Shared;
+        assert_eq!(moved(&explicit, &from, &to, None, 9, "t").owner_space, ce_core::OwnerSpace::Shared);
+    }
+}

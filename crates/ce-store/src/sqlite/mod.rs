@@ -1,0 +1,282 @@
+//! The embedded backend: one SQLite file (`ce.db`) in WAL mode under the data directory.
+//!
+//! Durability: source writes commit with `synchronous=FULL` (the WAL is fsynced before the
+//! write is acknowledged). Outbox bookkeeping (claim, renew, done, failed) commits with
+//! `synchronous=NORMAL`: a power loss may roll such a commit back, which only means an event
+//! is delivered again (at-least-once, idempotent consumers), and because the WAL is a single
+//! append-only log, the next FULL commit makes every earlier commit durable too — recovery
+//! always yields a prefix of the commit order. A process crash (SIGKILL) loses nothing in
+//! either mode: committed WAL frames are already in the operating system's cache.
+//!
+//! Concurrency: one writer connection per process behind a mutex (no busy-waiting inside a
+//! process); across processes SQLite's write lock with `busy_timeout`. Readers use a pool of
+//! connections and see a consistent snapshot per call.
+
+mod fs;
+mod outbox;
+mod relations;
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ce_core::{
+    Clock, Config, ContextNode, ContextType, CtxUri, Layers, Meta, Millis, OwnerSpace,
+    SystemClock,
+};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
+
+use crate::error::{Result, StoreError};
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "ce.db";
+
+/// How hard a write transaction syncs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// fsync the WAL at commit: acknowledged source writes.
+    Full,
+    /// No fsync at commit: outbox bookkeeping that replays safely.
+    Normal,
+}
+
+struct Writer {
+    conn: Connection,
+    mode: Durability,
+}
+
+/// The SQLite store. Cheap to share behind an `Arc`; safe to use from many threads and,
+/// through SQLite's locking, from many processes on one data directory.
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: Mutex<Writer>,
+    readers: Mutex<Vec<Connection>>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in `data_dir` with the system clock.
+    pub fn open(data_dir: &Path, config: Config) -> Result<Self> {
+        Self::open_with_clock(data_dir, config, Arc::new(SystemClock))
+    }
+
+    /// Opens the store with an explicit clock (tests and simulations).
+    pub fn open_with_clock(data_dir: &Path, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
+        config.validate()?;
+        fs_err::create_dir_all(data_dir)?;
+        let path = data_dir.join(DB_FILE);
+        let conn = open_conn(&path, &config)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let mut writer = Writer { conn, mode: Durability::Full };
+        schema::migrate(&mut writer.conn, &path)?;
+        let store = SqliteStore {
+            path,
+            writer: Mutex::new(writer),
+            readers: Mutex::new(Vec::new()),
+            clock,
+            config,
+        };
+        store.register_consumers()?;
+        Ok(store)
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, Writer> {
+        // A panic while holding the lock leaves no half-done transaction (it rolls back on
+        // drop), so a poisoned lock is safe to reuse.
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when it returns `Ok`.
+    fn write<T>(
+        &self,
+        durability: Durability,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut w = self.lock_writer();
+        if w.mode != durability {
+            let v = match durability {
+                Durability::Full => "FULL",
+                Durability::Normal => "NORMAL",
+            };
+            w.conn.pragma_update(None, "synchronous", v)?;
+            w.mode = durability;
+        }
+        let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = f(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `f` on a pooled read connection inside one read transaction (one snapshot).
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => {
+                let c = open_conn(&self.path, &self.config)?;
+                c.pragma_update(None, "query_only", true)?;
+                c
+            }
+        };
+        conn.execute_batch("BEGIN")?;
+        let out = f(&conn);
+        // A failed COMMIT of a read-only transaction leaves nothing behind; drop the
+        // connection rather than pool one in an unknown state.
+        if conn.execute_batch("COMMIT").is_ok() {
+            self.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+        }
+        out
+    }
+}
+
+fn open_conn(path: &Path, config: &Config) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(std::time::Duration::from_millis(config.store.busy_timeout_ms))?;
+    conn.pragma_update(None, "cache_size", -32_000)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Bounds of the strict descendants of `uri` in binary collation: `(lo, hi)` exclusive.
+fn subtree_bounds(uri: &CtxUri) -> (String, String) {
+    if uri.is_root() {
+        ("ctx://".to_owned(), "ctx:/0".to_owned())
+    } else {
+        (format!("{uri}/"), format!("{uri}0"))
+    }
+}
+
+/// SQL predicate on `col` for "within the subtree `?N`" using bounds `?N+1`, `?N+2`.
+fn subtree_sql(col: &str, n: usize) -> String {
+    format!("({col} = ?{n} OR ({col} > ?{} AND {col} < ?{}))", n + 1, n + 2)
+}
+
+const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, owner_space, abstract, \
+     overview, content, meta, version, content_hash, relation_version, created_at, updated_at, \
+     trace_id";
+
+fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
+    let uri: String = row.get(0)?;
+    let parent: String = row.get(1)?;
+    let ctype: String = row.get(2)?;
+    let owner: String = row.get(4)?;
+    let meta: String = row.get(8)?;
+    let version: i64 = row.get(9)?;
+    let relation_version: i64 = row.get(11)?;
+    let layers = Layers { abstract_text: row.get(5)?, overview: row.get(6)?, content: row.get(7)? };
+    let category: String = row.get(3)?;
+    let content_hash: String = row.get(10)?;
+    let created_at_ms: i64 = row.get(12)?;
+    let updated_at_ms: i64 = row.get(13)?;
+    let trace_id: String = row.get(14)?;
+    Ok(decode_node(uri, parent, ctype, owner, meta).map(|(uri, parent_uri, t, o, m)| ContextNode {
+        uri,
+        parent_uri,
+        context_type: t,
+        category,
+        owner_space: o,
+        layers,
+        meta: m,
+        version: version as u64,
+        content_hash,
+        relation_version: relation_version as u64,
+        created_at_ms,
+        updated_at_ms,
+        trace_id,
+    }))
+}
+
+type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
+
+fn decode_node(uri: String, parent: String, t: String, o: String, meta: String) -> Result<Decoded> {
+    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("node {uri:?}: bad {what}: {e}"))
+    };
+    let u = CtxUri::parse(&uri).map_err(|e| corrupt("uri", &e))?;
+    let p = CtxUri::parse(&parent).map_err(|e| corrupt("parent_uri", &e))?;
+    let t: ContextType = t.parse().map_err(|e| corrupt("context_type", &e))?;
+    let o: OwnerSpace = o.parse().map_err(|e| corrupt("owner_space", &e))?;
+    let m: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("meta", &e))?;
+    Ok((u, p, t, o, m))
+}
+
+fn get_node(conn: &Connection, uri: &CtxUri) -> Result<Option<ContextNode>> {
+    conn.prepare_cached(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE uri = ?1"))?
+        .query_row([uri.as_str()], node_from_row)
+        .optional()?
+        .transpose()
+}
+
+fn get_tombstone(conn: &Connection, uri: &CtxUri) -> Result<Option<u64>> {
+    Ok(conn
+        .prepare_cached("SELECT version FROM tombstones WHERE uri = ?1")?
+        .query_row([uri.as_str()], |r| r.get::<_, i64>(0))
+        .optional()?
+        .map(|v| v as u64))
+}
+
+fn insert_node(tx: &Transaction<'_>, n: &ContextNode) -> Result<()> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)
+         ON CONFLICT(uri) DO UPDATE SET parent_uri=excluded.parent_uri,
+           context_type=excluded.context_type, category=excluded.category,
+           owner_space=excluded.owner_space, abstract=excluded.abstract,
+           overview=excluded.overview, content=excluded.content, meta=excluded.meta,
+           version=excluded.version, content_hash=excluded.content_hash,
+           relation_version=excluded.relation_version, created_at=excluded.created_at,
+           updated_at=excluded.updated_at, trace_id=excluded.trace_id"
+    ))?
+    .execute(rusqlite::params![
+        n.uri.as_str(),
+        n.parent_uri.as_str(),
+        n.context_type.as_str(),
+        n.category,
+        n.owner_space.to_string(),
+        n.layers.abstract_text,
+        n.layers.overview,
+        n.layers.content,
+        serde_json::to_string(&n.meta)?,
+        n.version as i64,
+        n.content_hash,
+        n.relation_version as i64,
+        n.created_at_ms,
+        n.updated_at_ms,
+        n.trace_id,
+    ])?;
+    tx.prepare_cached("DELETE FROM tombstones WHERE uri = ?1")?.execute([n.uri.as_str()])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,445 @@
+//! The outbox on SQLite: journal rows in `events`, one `deliveries` row per (consumer, event).
+//!
+//! Claiming is one short `BEGIN IMMEDIATE` transaction: an `UPDATE … WHERE seq IN (SELECT …
+//! ORDER BY seq LIMIT n) RETURNING` over the partial index of runnable deliveries, so no two
+//! live claims can ever hold one delivery. Acks are fenced by the claim token and the lease.
+
+use ce_core::{
+    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
+};
+use rand::Rng as _;
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+
+use super::{Durability, SqliteStore};
+use crate::error::{Result, StoreError};
+use crate::model::{Claim, ClaimedEvent, ConsumerStats, DeliveryRow, OutboxFilter, OutboxStore};
+
+const PENDING: i64 = 0;
+const CLAIMED: i64 = 1;
+const RETRY_WAIT: i64 = 2;
+const DONE: i64 = 3;
+const DEAD: i64 = 5;
+
+const EVENT_COLUMNS: &str = "e.seq, e.event_id, e.event_type, e.uri, e.payload, e.created_at";
+const DELIVERY_COLUMNS: &str = "d.consumer, d.seq, d.status, d.retry_count, d.visible_at, \
+     d.claimed_by, d.claim_token, d.claimed_until, d.last_error, d.error_code, d.updated_at";
+
+/// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer.
+pub(super) fn append_events_tx(
+    tx: &Transaction<'_>,
+    consumers: &[String],
+    payloads: Vec<EventPayload>,
+    now: Millis,
+) -> Result<Vec<OutboxEvent>> {
+    let mut ins_event = tx.prepare_cached(
+        "INSERT INTO events (event_id, event_type, uri, payload, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    let mut ins_delivery = tx.prepare_cached(
+        "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
+         VALUES (?1, ?2, 0, 0, ?3, ?3)",
+    )?;
+    let mut out = Vec::with_capacity(payloads.len());
+    for payload in payloads {
+        let event_id = format!("evt-{}", uuid::Uuid::now_v7().simple());
+        let event_type = payload.event_type();
+        let uri = payload.uri().clone();
+        let json = serde_json::to_string(&payload)?;
+        ins_event.execute(params![event_id, event_type.as_str(), uri.as_str(), json, now])?;
+        let seq = tx.last_insert_rowid();
+        for c in consumers {
+            ins_delivery.execute(params![c, seq, now])?;
+        }
+        out.push(OutboxEvent { seq, event_id, event_type, uri, payload, created_at_ms: now });
+    }
+    Ok(out)
+}
+
+fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Result<OutboxEvent>> {
+    let seq: i64 = row.get(0)?;
+    let event_id: String = row.get(1)?;
+    let event_type: String = row.get(2)?;
+    let payload: String = row.get(4)?;
+    let created_at_ms: i64 = row.get(5)?;
+    Ok((|| {
+        let json: serde_json::Value = serde_json::from_str(&payload)?;
+        let payload = EventPayload::parse(&event_type, &json)
+            .map_err(|e| StoreError::Corrupt(format!("event {event_id}: {e}")))?;
+        Ok(OutboxEvent {
+            seq,
+            event_type: payload.event_type(),
+            uri: payload.uri().clone(),
+            event_id,
+            payload,
+            created_at_ms,
+        })
+    })())
+}
+
+fn delivery_from_row(row: &Row<'_>, off: usize) -> rusqlite::Result<Result<Delivery>> {
+    let status: i64 = row.get(off + 2)?;
+    let Some(status) = DeliveryStatus::from_i64(status) else {
+        return Ok(Err(StoreError::Corrupt(format!("delivery status {status} is unknown"))));
+    };
+    let visible_at: Option<i64> = row.get(off + 4)?;
+    Ok(Ok(Delivery {
+        consumer: row.get(off)?,
+        seq: row.get(off + 1)?,
+        status,
+        retry_count: row.get::<_, i64>(off + 3)? as u32,
+        next_visible_at_ms: visible_at.filter(|_| status != DeliveryStatus::Claimed),
+        claimed_by: row.get(off + 5)?,
+        claim_token: row.get(off + 6)?,
+        claimed_until_ms: row.get(off + 7)?,
+        last_error: row.get(off + 8)?,
+        error_code: row.get(off + 9)?,
+        updated_at_ms: row.get(off + 10)?,
+    }))
+}
+
+/// The backoff before retry number `retry_count` (1-based): `min(base·2^(n-1), max)` plus
+/// up to `jitter_ratio` of it (spec §3.3, §8.2).
+pub fn backoff_ms(retry_count: u32, base_s: u32, max_s: u32, jitter_ratio: f64, unit: f64) -> Millis {
+    let exp = retry_count.saturating_sub(1).min(30);
+    let delay = (u64::from(base_s) * 1000).saturating_mul(1 << exp).min(u64::from(max_s) * 1000);
+    let jitter = (delay as f64 * jitter_ratio * unit.clamp(0.0, 1.0)) as u64;
+    (delay + jitter) as Millis
+}
+
+impl SqliteStore {
+    /// Records the configured consumers; a consumer seen for the first time gets a pending
+    /// delivery for every event already in the journal (back-fill).
+    pub(super) fn register_consumers(&self) -> Result<()> {
+        let now = self.now();
+        let consumers = self.config.index.outbox.consumers.clone();
+        self.write(Durability::Full, |tx| {
+            for c in &consumers {
+                let added = tx.execute(
+                    "INSERT INTO consumers (name, added_at) VALUES (?1, ?2)
+                     ON CONFLICT(name) DO NOTHING",
+                    params![c, now],
+                )?;
+                if added == 1 {
+                    tx.execute(
+                        "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
+                         SELECT ?1, seq, 0, 0, ?2, ?2 FROM events",
+                        params![c, now],
+                    )?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn check_consumer(&self, consumer: &str) -> Result<()> {
+        let configured = &self.config.index.outbox.consumers;
+        if configured.iter().any(|c| c == consumer) {
+            Ok(())
+        } else {
+            Err(StoreError::UnknownConsumer { name: consumer.to_owned(), configured: configured.clone() })
+        }
+    }
+
+    /// Applies a fenced transition: `f` runs only when `claim` is the live claim; otherwise
+    /// the delivery's current state decides between `Ok(None)` (already done) and a conflict.
+    fn fenced<T>(
+        &self,
+        claim: &Claim,
+        done_is_ok: bool,
+        f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let now = self.now();
+        self.write(Durability::Normal, |tx| {
+            let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
+                .prepare_cached(
+                    "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
+                     WHERE consumer = ?1 AND seq = ?2",
+                )?
+                .query_row(params![claim.consumer, claim.seq], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .optional()?;
+            let Some((status, token, until, retry_count)) = row else {
+                return Err(StoreError::EventNotFound { event_id: claim.event_id.clone() });
+            };
+            let live = status == CLAIMED
+                && token.as_deref() == Some(claim.token.as_str())
+                && until.is_some_and(|u| now < u);
+            if live {
+                return f(tx, now, retry_count as u32).map(Some);
+            }
+            if status == DONE && done_is_ok {
+                return Ok(None);
+            }
+            let state = match (status, token.as_deref() == Some(claim.token.as_str())) {
+                (CLAIMED, true) => "the lease expired".to_owned(),
+                (CLAIMED, false) => "claimed by a newer claim".to_owned(),
+                (s, _) => format!(
+                    "status is {}",
+                    DeliveryStatus::from_i64(s).map_or("unknown", DeliveryStatus::as_str)
+                ),
+            };
+            Err(StoreError::ClaimConflict {
+                event_id: claim.event_id.clone(),
+                consumer: claim.consumer.clone(),
+                state,
+            })
+        })
+    }
+}
+
+fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ?1"))?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        out.push(stmt.query_row([s], event_from_row)??);
+    }
+    Ok(out)
+}
+
+impl OutboxStore for SqliteStore {
+    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
+        let mut v = self.append_batch(vec![event])?;
+        v.pop().ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
+    }
+
+    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
+        let now = self.now();
+        let consumers = &self.config.index.outbox.consumers;
+        let payloads = events.into_iter().map(|e| e.payload).collect();
+        self.write(Durability::Full, |tx| append_events_tx(tx, consumers, payloads, now))
+    }
+
+    fn claim_batch(&self, consumer: &str, worker_id: &str, limit: usize) -> Result<Vec<ClaimedEvent>> {
+        self.check_consumer(consumer)?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let until = now + i64::from(self.config.index.worker.lease_seconds) * 1000;
+        let token = format!("{:032x}", rand::rng().random::<u128>());
+        self.write(Durability::Normal, |tx| {
+            let mut claimed: Vec<(i64, u32)> = tx
+                .prepare_cached(
+                    "UPDATE deliveries SET status = 1, claimed_by = ?3, claim_token = ?4,
+                        claimed_until = ?5, visible_at = ?5, updated_at = ?2
+                     WHERE consumer = ?1 AND seq IN (
+                        SELECT seq FROM deliveries
+                        WHERE consumer = ?1 AND status IN (0, 1, 2) AND visible_at <= ?2
+                        ORDER BY seq LIMIT ?6)
+                     RETURNING seq, retry_count",
+                )?
+                .query_map(params![consumer, now, worker_id, token, until, limit as i64], |r| {
+                    Ok((r.get(0)?, r.get::<_, i64>(1)? as u32))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            claimed.sort_unstable();
+            let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
+            let events = read_events(tx, &seqs)?;
+            Ok(events
+                .into_iter()
+                .zip(claimed)
+                .map(|(event, (seq, retry_count))| ClaimedEvent {
+                    claim: Claim {
+                        consumer: consumer.to_owned(),
+                        seq,
+                        event_id: event.event_id.clone(),
+                        worker_id: worker_id.to_owned(),
+                        token: token.clone(),
+                        claimed_until_ms: until,
+                    },
+                    event,
+                    retry_count,
+                })
+                .collect())
+        })
+    }
+
+    fn renew(&self, claim: &Claim) -> Result<Millis> {
+        let lease = i64::from(self.config.index.worker.lease_seconds) * 1000;
+        let renewed = self.fenced(claim, false, |tx, now, _| {
+            let until = now + lease;
+            tx.prepare_cached(
+                "UPDATE deliveries SET claimed_until = ?3, visible_at = ?3, updated_at = ?4
+                 WHERE consumer = ?1 AND seq = ?2",
+            )?
+            .execute(params![claim.consumer, claim.seq, until, now])?;
+            Ok(until)
+        })?;
+        renewed.ok_or_else(|| StoreError::Corrupt("renew of a done delivery".into()))
+    }
+
+    fn mark_done(&self, claim: &Claim) -> Result<()> {
+        self.fenced(claim, true, |tx, now, _| {
+            tx.prepare_cached(
+                "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?3
+                 WHERE consumer = ?1 AND seq = ?2",
+            )?
+            .execute(params![claim.consumer, claim.seq, now])?;
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn mark_failed(
+        &self,
+        claim: &Claim,
+        error: &str,
+        error_code: &str,
+        retryable: bool,
+    ) -> Result<DeliveryStatus> {
+        let o = &self.config.index.outbox;
+        let error: String = error.chars().take(4096).collect();
+        let status = self.fenced(claim, false, |tx, now, retry_count| {
+            let exhausted = retry_count >= o.max_retries;
+            let (status, count, visible) = if !retryable || (exhausted && o.dead_letter_enabled) {
+                (DEAD, retry_count, None)
+            } else {
+                let n = (retry_count + 1).min(o.max_retries);
+                let unit: f64 = rand::rng().random();
+                let wait = backoff_ms(n, o.retry_base_seconds, o.retry_max_seconds, o.retry_jitter_ratio, unit);
+                (RETRY_WAIT, n, Some(now + wait))
+            };
+            tx.prepare_cached(
+                "UPDATE deliveries SET status = ?3, retry_count = ?4, visible_at = ?5,
+                    last_error = ?6, error_code = ?7, updated_at = ?8
+                 WHERE consumer = ?1 AND seq = ?2",
+            )?
+            .execute(params![claim.consumer, claim.seq, status, count, visible, error, error_code, now])?;
+            Ok(if status == DEAD { DeliveryStatus::Dead } else { DeliveryStatus::RetryWait })
+        })?;
+        status.ok_or_else(|| StoreError::Corrupt("mark_failed of a done delivery".into()))
+    }
+
+    fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64> {
+        if let Some(c) = consumer {
+            self.check_consumer(c)?;
+        }
+        let now = self.now();
+        self.write(Durability::Full, |tx| {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = ?1, updated_at = ?1
+                 WHERE status = 5 AND (?2 IS NULL OR consumer = ?2) AND (?3 IS NULL OR seq = ?3)",
+            )?;
+            let mut n = 0;
+            match seqs {
+                None => n += stmt.execute(params![now, consumer, None::<i64>])?,
+                Some(seqs) => {
+                    for s in seqs {
+                        n += stmt.execute(params![now, consumer, s])?;
+                    }
+                }
+            }
+            Ok(n as u64)
+        })
+    }
+
+    fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>> {
+        if let Some(c) = &filter.consumer {
+            self.check_consumer(c)?;
+        }
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS}, {DELIVERY_COLUMNS}
+                 FROM deliveries d JOIN events e ON e.seq = d.seq
+                 WHERE (?1 IS NULL OR d.status = ?1) AND (?2 IS NULL OR d.consumer = ?2)
+                   AND (?3 IS NULL OR e.event_type = ?3) AND d.seq > ?4
+                 ORDER BY d.seq, d.consumer LIMIT ?5"
+            ))?;
+            let rows = stmt.query_map(
+                params![
+                    filter.status.map(DeliveryStatus::as_i64),
+                    filter.consumer,
+                    filter.event_type.map(EventType::as_str),
+                    filter.after_seq.unwrap_or(0),
+                    i64::from(filter.limit.unwrap_or(100)),
+                ],
+                |r| Ok((event_from_row(r)?, delivery_from_row(r, 6)?)),
+            )?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (e, d) = row?;
+                out.push(DeliveryRow { event: e?, delivery: d? });
+            }
+            Ok(out)
+        })
+    }
+
+    fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)> {
+        self.read(|conn| {
+            let by_seq = event_id.parse::<i64>().ok();
+            let event = conn
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM events e WHERE e.event_id = ?1 OR e.seq = ?2"
+                ))?
+                .query_row(params![event_id, by_seq], event_from_row)
+                .optional()?
+                .ok_or_else(|| StoreError::EventNotFound { event_id: event_id.to_owned() })??;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = ?1 ORDER BY d.consumer"
+            ))?;
+            let deliveries = stmt
+                .query_map([event.seq], |r| delivery_from_row(r, 0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+            Ok((event, deliveries))
+        })
+    }
+
+    fn stats(&self) -> Result<Vec<ConsumerStats>> {
+        self.read(|conn| {
+            let mut out = Vec::new();
+            for c in &self.config.index.outbox.consumers {
+                let mut s = ConsumerStats { consumer: c.clone(), ..ConsumerStats::default() };
+                let mut stmt = conn.prepare_cached(
+                    "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
+                )?;
+                let rows = stmt.query_map([c], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+                for row in rows {
+                    let (status, n) = row?;
+                    let n = n as u64;
+                    match status {
+                        PENDING => s.pending = n,
+                        CLAIMED => s.claimed = n,
+                        RETRY_WAIT => s.retry_wait = n,
+                        DONE => s.done = n,
+                        DEAD => s.dead = n,
+                        _ => {}
+                    }
+                }
+                let low: Option<(i64, i64)> = conn
+                    .prepare_cached(
+                        "SELECT d.seq, e.created_at FROM deliveries d JOIN events e ON e.seq = d.seq
+                         WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1",
+                    )?
+                    .query_row([c], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                s.low_watermark_seq = low.map(|l| l.0);
+                s.oldest_pending_created_at_ms = low.map(|l| l.1);
+                out.push(s);
+            }
+            Ok(out)
+        })
+    }
+
+    fn consumers(&self) -> Vec<String> {
+        self.config.index.outbox.consumers.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff_ms;
+
+    #[test]
+    fn backoff_doubles_caps_and_jitters() {
+        assert_eq!(backoff_ms(1, 2, 300, 0.2, 0.0), 2_000);
+        assert_eq!(backoff_ms(2, 2, 300, 0.2, 0.0), 4_000);
+        assert_eq!(backoff_ms(8, 2, 300, 0.2, 0.0), 256_000);
+        assert_eq!(backoff_ms(9, 2, 300, 0.2, 0.0), 300_000);
+        assert_eq!(backoff_ms(40, 2, 300, 0.2, 0.0), 300_000);
+        assert_eq!(backoff_ms(1, 2, 300, 0.2, 1.0), 2_400);
+    }
+}

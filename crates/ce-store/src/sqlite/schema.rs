@@ -1,0 +1,103 @@
+//! Versioned schema migrations, applied under the write lock so concurrent openers agree.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::error::{Result, StoreError};
+
+/// Migrations in order; `PRAGMA user_version` records how many were applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: nodes, tombstones, relations, journal, deliveries.
+    r#"
+    CREATE TABLE nodes (
+        uri              TEXT PRIMARY KEY,
+        parent_uri       TEXT NOT NULL,
+        context_type     TEXT NOT NULL,
+        category         TEXT NOT NULL,
+        owner_space      TEXT NOT NULL,
+        abstract         TEXT NOT NULL,
+        overview         TEXT NOT NULL,
+        content          TEXT NOT NULL,
+        meta             TEXT NOT NULL,
+        version          INTEGER NOT NULL,
+        content_hash     TEXT NOT NULL,
+        relation_version INTEGER NOT NULL,
+        created_at       INTEGER NOT NULL,
+        updated_at       INTEGER NOT NULL,
+        trace_id         TEXT NOT NULL
+    );
+    CREATE INDEX nodes_by_parent ON nodes (parent_uri, uri);
+
+    -- The last version of every URI that once held a node and holds none now, so a re-created
+    -- node continues the version sequence (a stale DELETE can then never hit it).
+    CREATE TABLE tombstones (
+        uri        TEXT PRIMARY KEY,
+        version    INTEGER NOT NULL,
+        deleted_at INTEGER NOT NULL
+    );
+
+    CREATE TABLE relations (
+        from_uri      TEXT NOT NULL,
+        to_uri        TEXT NOT NULL,
+        relation_type TEXT NOT NULL,
+        weight        REAL NOT NULL,
+        reason        TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        PRIMARY KEY (from_uri, to_uri, relation_type)
+    );
+    CREATE INDEX relations_by_to ON relations (to_uri);
+
+    CREATE TABLE events (
+        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id   TEXT NOT NULL UNIQUE,
+        event_type TEXT NOT NULL,
+        uri        TEXT NOT NULL,
+        payload    TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+
+    CREATE TABLE consumers (
+        name     TEXT PRIMARY KEY,
+        added_at INTEGER NOT NULL
+    );
+
+    -- status: 0 pending, 1 claimed, 2 retry_wait, 3 done, 4 failed (never at rest), 5 dead.
+    -- visible_at: when the delivery can be claimed (next_visible_at for pending/retry_wait,
+    -- the lease end for claimed); NULL once terminal.
+    CREATE TABLE deliveries (
+        consumer      TEXT NOT NULL,
+        seq           INTEGER NOT NULL,
+        status        INTEGER NOT NULL,
+        retry_count   INTEGER NOT NULL,
+        visible_at    INTEGER,
+        claimed_by    TEXT,
+        claim_token   TEXT,
+        claimed_until INTEGER,
+        last_error    TEXT,
+        error_code    TEXT,
+        updated_at    INTEGER NOT NULL,
+        PRIMARY KEY (consumer, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX deliveries_runnable ON deliveries (consumer, seq, visible_at)
+        WHERE status IN (0, 1, 2);
+    CREATE INDEX deliveries_dead ON deliveries (consumer, seq) WHERE status = 5;
+    "#,
+];
+
+/// Applies missing migrations; refuses a database from a newer build.
+pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let current: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if current > known {
+        return Err(StoreError::SchemaTooNew { path: path.to_owned(), found: current, known });
+    }
+    for sql in &MIGRATIONS[current as usize..] {
+        tx.execute_batch(sql)?;
+    }
+    tx.pragma_update(None, "user_version", known)?;
+    tx.commit()?;
+    Ok(())
+}
