@@ -121,6 +121,22 @@ pub enum StoreError {
     /// Any other SQLite failure.
     #[error("sqlite: {0}")]
     Sqlite(rusqlite::Error),
+    /// A failure tied to a file of an import or export.
+    #[error("{}: {source}", path.display())]
+    AtPath {
+        /// The file or directory.
+        path: PathBuf,
+        /// What went wrong there.
+        source: Box<StoreError>,
+    },
+    /// A file of the node layout that does not parse.
+    #[error("{}: {reason}", path.display())]
+    BadLayout {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A file-system failure (`fs-err` names the path).
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -169,6 +185,8 @@ impl Classify for StoreError {
             StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
             StoreError::Sqlite(_) => ErrorCode::Internal,
             StoreError::Io(_) => ErrorCode::Io,
+            StoreError::AtPath { source, .. } => source.code(),
+            StoreError::BadLayout { .. } => ErrorCode::InvalidField,
         }
     }
 
@@ -180,6 +198,8 @@ impl Classify for StoreError {
             // Transient I/O (disk full, EINTR) may clear; unknown SQLite errors are retried by
             // default so that nothing is lost (spec §5.4).
             StoreError::Io(_) | StoreError::Sqlite(_) => true,
+            StoreError::AtPath { source, .. } => source.is_retryable(),
+            StoreError::BadLayout { .. } => false,
             StoreError::NodeNotFound { .. }
             | StoreError::RelationNotFound { .. }
             | StoreError::EventNotFound { .. }
@@ -193,5 +213,11 @@ impl Classify for StoreError {
             | StoreError::Corrupt(_)
             | StoreError::SchemaTooNew { .. } => false,
         }
+    }
+}
+
+impl From<ce_core::UriError> for StoreError {
+    fn from(e: ce_core::UriError) -> Self {
+        StoreError::Core(CoreError::InvalidUri(e))
     }
 }

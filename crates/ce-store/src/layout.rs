@@ -1,12 +1,28 @@
-//! Import and export in the on-disk node layout (spec §2.2).
+//! Import and export in the on-disk node layout (spec §2.2, DESIGN.md decision 2).
+//!
+//! Every node is a directory: `.abstract.md` (L0), `.overview.md` (L1), `content.md` (L2),
+//! `.meta.json` (attributes and user metadata) and `.relations.json` (outgoing edges);
+//! child nodes are sub-directories. Empty layers have no file. Relation targets inside the
+//! exported tree are written relative to its root, so a tree can be imported elsewhere.
+//!
+//! Import of a plain file that is not part of the layout (e.g. `notes.md`) creates a leaf node
+//! with the file as its content, so an ordinary folder of text files imports too. Export →
+//! import → export is byte-identical.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use ce_core::CtxUri;
-use serde::Serialize;
+use ce_core::{ContextNode, ContextType, CtxUri, Level, Meta, OwnerSpace};
+use serde::{Deserialize, Serialize};
 
 use crate::SourceStore;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
+use crate::model::{LinkRequest, PutMode, PutRequest, WriteOp};
+
+/// File holding a node's attributes and user metadata.
+pub const META_FILE: &str = ".meta.json";
+/// File holding a node's outgoing relations.
+pub const RELATIONS_FILE: &str = ".relations.json";
 
 /// What an import did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -15,7 +31,7 @@ pub struct ImportReport {
     pub nodes_written: u64,
     /// Nodes already identical (no event).
     pub nodes_unchanged: u64,
-    /// Relations created or changed.
+    /// Nodes whose outgoing relations changed.
     pub relations_written: u64,
     /// Events appended.
     pub events: u64,
@@ -32,14 +48,470 @@ pub struct ExportReport {
     pub files: u64,
 }
 
-/// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction.
+/// `.meta.json`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetaFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    context_type: Option<ContextType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    category: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner_space: Option<OwnerSpace>,
+    #[serde(default, skip_serializing_if = "Meta::is_empty")]
+    meta: Meta,
+}
+
+/// One entry of `.relations.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelationEntry {
+    /// A path relative to the tree root (`""` is the root), or an absolute `ctx://` URI.
+    to: String,
+    #[serde(rename = "type")]
+    relation_type: String,
+    #[serde(default = "one")]
+    weight: f64,
+    #[serde(default)]
+    reason: String,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn at(path: &Path) -> impl FnOnce(StoreError) -> StoreError + '_ {
+    move |e| StoreError::AtPath {
+        path: path.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> StoreError {
+    StoreError::BadLayout {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    let bytes = fs_err::read(path)?;
+    String::from_utf8(bytes).map_err(|_| bad(path, "is not valid UTF-8"))
+}
+
+/// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction:
+/// either the whole tree (with its events) commits, or nothing does.
 pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<ImportReport> {
-    let _ = (store, dir, into);
-    Ok(ImportReport::default())
+    if !fs_err::metadata(dir)?.is_dir() {
+        return Err(bad(dir, "is not a directory"));
+    }
+    let mut report = ImportReport::default();
+    let mut puts = Vec::new();
+    let mut relations = Vec::new();
+    walk(dir, dir, into, into, &mut puts, &mut relations, &mut report)?;
+    let n_puts = puts.len();
+    let mut ops = puts;
+    ops.extend(relations);
+    let outcomes = store.apply_batch(ops)?;
+    for (i, o) in outcomes.iter().enumerate() {
+        report.events += o.event_ids.len() as u64;
+        match (i < n_puts, o.changed) {
+            (true, true) => report.nodes_written += 1,
+            (true, false) => report.nodes_unchanged += 1,
+            (false, true) => report.relations_written += 1,
+            (false, false) => {}
+        }
+    }
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    root_dir: &Path,
+    dir: &Path,
+    root_uri: &CtxUri,
+    uri: &CtxUri,
+    puts: &mut Vec<WriteOp>,
+    relations: &mut Vec<WriteOp>,
+    report: &mut ImportReport,
+) -> Result<()> {
+    let mut entries: Vec<_> = fs_err::read_dir(dir)?.collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    let mut req = PutRequest {
+        mode: PutMode::Replace,
+        ..PutRequest::default()
+    };
+    let mut layers: [Option<String>; 3] = [None, None, None];
+    let mut edges: Option<Vec<RelationEntry>> = None;
+    let mut subdirs = Vec::new();
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ft = entry.file_type().map_err(|e| {
+            StoreError::Io(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", path.display()),
+            ))
+        })?;
+        if ft.is_dir() {
+            subdirs.push((name, path));
+            continue;
+        }
+        let rel = || {
+            path.strip_prefix(root_dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string()
+        };
+        if !ft.is_file() {
+            report.skipped.push(rel());
+            continue;
+        }
+        match name.as_str() {
+            n if Level::ALL.iter().any(|l| l.file_name() == n) => {
+                let level = Level::ALL
+                    .iter()
+                    .position(|l| l.file_name() == n)
+                    .unwrap_or(2);
+                layers[level] = Some(read_text(&path)?);
+            }
+            META_FILE => {
+                let m: MetaFile = serde_json::from_str(&read_text(&path)?)
+                    .map_err(|e| bad(&path, format!("does not parse: {e}")))?;
+                req.context_type = m.context_type;
+                req.category = m.category;
+                req.owner_space = m.owner_space;
+                req.meta = m.meta;
+            }
+            RELATIONS_FILE => {
+                let r: Vec<RelationEntry> = serde_json::from_str(&read_text(&path)?)
+                    .map_err(|e| bad(&path, format!("does not parse: {e}")))?;
+                edges = Some(r);
+            }
+            n if n.starts_with('.') => report.skipped.push(rel()),
+            _ => match read_text(&path) {
+                Ok(text) => files.push((name, path, text)),
+                Err(StoreError::BadLayout { .. }) => report.skipped.push(rel()),
+                Err(e) => return Err(e),
+            },
+        }
+    }
+    if uri.is_root() {
+        if layers.iter().any(Option::is_some) || edges.is_some() {
+            return Err(at(dir)(StoreError::RootNotWritable));
+        }
+    } else {
+        let [a, o, c] = layers;
+        req.abstract_text = Some(a.unwrap_or_default());
+        req.overview = Some(o.unwrap_or_default());
+        req.content = Some(c.unwrap_or_default());
+        puts.push(WriteOp::Put {
+            uri: uri.clone(),
+            req,
+        });
+    }
+    if let Some(edges) = edges {
+        let mut links = Vec::with_capacity(edges.len());
+        for e in edges {
+            let to = resolve_target(root_uri, &e.to).map_err(at(&dir.join(RELATIONS_FILE)))?;
+            links.push(LinkRequest {
+                from: uri.clone(),
+                to,
+                relation_type: e.relation_type,
+                weight: e.weight,
+                reason: e.reason,
+                trace_id: None,
+            });
+        }
+        relations.push(WriteOp::SetRelations {
+            from: uri.clone(),
+            edges: links,
+            trace_id: None,
+        });
+    }
+    for (name, path, text) in files {
+        let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
+        let req = PutRequest {
+            content: Some(text),
+            ..PutRequest::default()
+        };
+        puts.push(WriteOp::Put { uri: child, req });
+    }
+    for (name, path) in subdirs {
+        let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
+        walk(root_dir, &path, root_uri, &child, puts, relations, report)?;
+    }
+    Ok(())
+}
+
+fn resolve_target(root: &CtxUri, to: &str) -> Result<CtxUri> {
+    if to.contains("://") {
+        return Ok(CtxUri::parse(to).map_err(ce_core::CoreError::from)?);
+    }
+    if to.is_empty() {
+        return Ok(root.clone());
+    }
+    let joined = if root.is_root() {
+        format!("{root}{to}")
+    } else {
+        format!("{root}/{to}")
+    };
+    Ok(CtxUri::parse(&joined).map_err(ce_core::CoreError::from)?)
 }
 
 /// Exports the subtree at `uri` into `dir` (created if missing; must be empty).
 pub fn export_tree(store: &dyn SourceStore, uri: &CtxUri, dir: &Path) -> Result<ExportReport> {
-    let _ = (store, uri, dir);
-    Ok(ExportReport::default())
+    if dir.exists() && fs_err::read_dir(dir)?.next().is_some() {
+        return Err(bad(dir, "already exists and is not empty"));
+    }
+    let nodes = store.read_subtree(uri)?;
+    if nodes.is_empty() && !uri.is_root() {
+        return Err(StoreError::NodeNotFound { uri: uri.clone() });
+    }
+    fs_err::create_dir_all(dir)?;
+    let mut report = ExportReport::default();
+    for node in &nodes {
+        let rel = node.uri.relative_to(uri).unwrap_or("");
+        let node_dir: PathBuf = if rel.is_empty() {
+            dir.to_owned()
+        } else {
+            dir.join(rel)
+        };
+        fs_err::create_dir_all(&node_dir)?;
+        report.nodes += 1;
+        report.files += write_node(store, uri, node, &node_dir)?;
+    }
+    Ok(report)
+}
+
+fn write_node(
+    store: &dyn SourceStore,
+    root: &CtxUri,
+    node: &ContextNode,
+    dir: &Path,
+) -> Result<u64> {
+    let mut files = 0;
+    for level in Level::ALL {
+        let text = node.layers.get(level);
+        if !text.is_empty() {
+            fs_err::write(dir.join(level.file_name()), text)?;
+            files += 1;
+        }
+    }
+    let meta = MetaFile {
+        context_type: Some(node.context_type),
+        category: Some(node.category.clone()),
+        owner_space: Some(node.owner_space.clone()),
+        meta: node.meta.clone(),
+    };
+    fs_err::write(dir.join(META_FILE), json_text(&meta)?)?;
+    files += 1;
+    let edges = store.get_edges(&node.uri)?;
+    if !edges.is_empty() {
+        let entries: Vec<RelationEntry> = edges
+            .into_iter()
+            .map(|e| RelationEntry {
+                to: match e.to_uri.relative_to(root) {
+                    Some(rel) if !root.is_root() => rel.to_owned(),
+                    _ => e.to_uri.to_string(),
+                },
+                relation_type: e.relation_type,
+                weight: e.weight,
+                reason: e.reason,
+            })
+            .collect();
+        fs_err::write(dir.join(RELATIONS_FILE), json_text(&entries)?)?;
+        files += 1;
+    }
+    Ok(files)
+}
+
+fn json_text<T: Serialize>(v: &T) -> Result<String> {
+    let mut s = serde_json::to_string_pretty(v)?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// Lists a directory tree as sorted `(relative path, bytes)` pairs (for comparing exports).
+pub fn snapshot_dir(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in fs_err::read_dir(&d)? {
+            let path = entry?.path();
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            if path.is_dir() {
+                out.insert(format!("{rel}/"), Vec::new());
+                stack.push(path);
+            } else {
+                out.insert(rel, fs_err::read(&path)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ContextFs, LinkRequest, OutboxFilter, OutboxStore, RelationStore};
+    use crate::sqlite::SqliteStore;
+    use ce_core::Config;
+
+    fn uri(s: &str) -> CtxUri {
+        CtxUri::parse(s).expect("uri")
+    }
+
+    fn store(dir: &Path) -> SqliteStore {
+        SqliteStore::open(dir, Config::default()).expect("open")
+    }
+
+    fn seed(s: &SqliteStore) {
+        let put = |u: &str, a: &str, c: &str| {
+            let req = PutRequest {
+                abstract_text: Some(a.into()),
+                content: Some(c.into()),
+                meta: Meta::from([("tags".into(), serde_json::json!(["x", "y"]))]),
+                ..PutRequest::default()
+            };
+            s.put(&uri(u), req).expect("put");
+        };
+        put("ctx://acc/docs/a", "A doc", "alpha\ncontent with 中文\r\n");
+        put("ctx://acc/docs/b", "", "beta");
+        put("ctx://acc/docs/b/c", "C", "");
+        put("ctx://acc/other", "outside", "");
+        for (from, to) in [
+            ("ctx://acc/docs/a", "ctx://acc/docs/b/c"),
+            ("ctx://acc/docs/a", "ctx://acc/other"),
+        ] {
+            s.link(LinkRequest {
+                from: uri(from),
+                to: uri(to),
+                relation_type: "references".into(),
+                weight: 0.25,
+                reason: "because".into(),
+                trace_id: None,
+            })
+            .expect("link");
+        }
+    }
+
+    #[test]
+    fn export_import_export_is_byte_identical_and_relocatable() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s1 = store(&tmp.path().join("s1"));
+        seed(&s1);
+        let d1 = tmp.path().join("d1");
+        let r = export_tree(&s1, &uri("ctx://acc/docs"), &d1).expect("export");
+        assert_eq!(r.nodes, 4);
+        let rel: String =
+            fs_err::read_to_string(d1.join("a").join(RELATIONS_FILE)).expect("relations");
+        assert!(
+            rel.contains("\"to\": \"b/c\"") && rel.contains("\"to\": \"ctx://acc/other\""),
+            "{rel}"
+        );
+
+        let s2 = store(&tmp.path().join("s2"));
+        s2.put(
+            &uri("ctx://acc/other"),
+            PutRequest {
+                abstract_text: Some("o".into()),
+                ..PutRequest::default()
+            },
+        )
+        .expect("target outside the tree");
+        let rep = import_dir(&s2, &d1, &uri("ctx://acc/docs")).expect("import");
+        assert_eq!((rep.nodes_written, rep.relations_written), (4, 1));
+        let d2 = tmp.path().join("d2");
+        export_tree(&s2, &uri("ctx://acc/docs"), &d2).expect("export again");
+        assert_eq!(
+            snapshot_dir(&d1).expect("d1"),
+            snapshot_dir(&d2).expect("d2")
+        );
+
+        // Into another place: in-tree relations follow, the tree is identical on re-export.
+        let rep = import_dir(&s2, &d1, &uri("ctx://acc/copy")).expect("import elsewhere");
+        assert_eq!(rep.nodes_written, 4);
+        let edges = s2.get_edges(&uri("ctx://acc/copy/a")).expect("edges");
+        assert!(
+            edges
+                .iter()
+                .any(|e| e.to_uri.as_str() == "ctx://acc/copy/b/c")
+        );
+        let d3 = tmp.path().join("d3");
+        export_tree(&s2, &uri("ctx://acc/copy"), &d3).expect("export copy");
+        assert_eq!(
+            snapshot_dir(&d1).expect("d1"),
+            snapshot_dir(&d3).expect("d3")
+        );
+
+        // Re-importing the same tree changes nothing and appends no event.
+        let before = s2
+            .list(&OutboxFilter {
+                limit: Some(100_000),
+                ..OutboxFilter::default()
+            })
+            .expect("list")
+            .len();
+        let rep = import_dir(&s2, &d1, &uri("ctx://acc/docs")).expect("re-import");
+        assert_eq!(
+            (rep.nodes_written, rep.nodes_unchanged, rep.events),
+            (0, 4, 0)
+        );
+        let after = s2
+            .list(&OutboxFilter {
+                limit: Some(100_000),
+                ..OutboxFilter::default()
+            })
+            .expect("list")
+            .len();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn import_is_all_or_nothing() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(&tmp.path().join("s"));
+        let d = tmp.path().join("d");
+        fs_err::create_dir_all(d.join("good")).expect("mkdir");
+        fs_err::write(d.join("good").join("content.md"), "fine").expect("write");
+        fs_err::create_dir_all(d.join("bad")).expect("mkdir");
+        fs_err::write(
+            d.join("bad").join(RELATIONS_FILE),
+            r#"[{"to": "missing", "type": "x"}]"#,
+        )
+        .expect("write");
+        let err = import_dir(&s, &d, &uri("ctx://acc/t")).expect_err("dangling relation");
+        assert!(matches!(err, StoreError::NodeNotFound { .. }), "{err}");
+        assert!(s.read_subtree(&CtxUri::root()).expect("read").is_empty());
+        assert!(s.list(&OutboxFilter::default()).expect("list").is_empty());
+
+        fs_err::write(d.join("bad").join(RELATIONS_FILE), "not json").expect("write");
+        let err = import_dir(&s, &d, &uri("ctx://acc/t")).expect_err("bad json");
+        assert!(matches!(err, StoreError::BadLayout { .. }), "{err}");
+        assert!(err.to_string().contains(".relations.json"), "{err}");
+    }
+
+    #[test]
+    fn plain_files_become_leaf_nodes() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(&tmp.path().join("s"));
+        let d = tmp.path().join("d");
+        fs_err::create_dir_all(&d).expect("mkdir");
+        fs_err::write(d.join("notes.md"), "# Notes\nhello").expect("write");
+        fs_err::write(d.join(".hidden"), "x").expect("write");
+        fs_err::write(d.join("blob.bin"), [0xff, 0xfe, 0x00]).expect("write");
+        let rep = import_dir(&s, &d, &uri("ctx://acc/notes")).expect("import");
+        assert_eq!(rep.skipped, [".hidden", "blob.bin"]);
+        let n = s
+            .read_node(&uri("ctx://acc/notes/notes.md"))
+            .expect("read")
+            .expect("node");
+        assert_eq!(n.layers.content, "# Notes\nhello");
+    }
 }

@@ -19,7 +19,8 @@ pub mod sqlite;
 pub use error::{Result, StoreError};
 pub use model::{
     Claim, ClaimedEvent, ConsumerStats, ContextFs, DeliveryRow, LinkRequest, NodeStat,
-    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, WriteOutcome,
+    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, WriteOp,
+    WriteOutcome,
 };
 pub use sqlite::SqliteStore;
 

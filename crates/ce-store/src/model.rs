@@ -3,8 +3,8 @@
 use std::str::FromStr;
 
 use ce_core::{
-    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta,
-    Millis, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta, Millis,
+    OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
 use serde::Serialize;
 
@@ -138,6 +138,27 @@ pub struct LinkRequest {
     pub trace_id: Option<String>,
 }
 
+/// One write of a batch applied in a single transaction ([`ContextFs::apply_batch`]).
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    /// A node write.
+    Put {
+        /// The node.
+        uri: CtxUri,
+        /// The write.
+        req: PutRequest,
+    },
+    /// Replace the whole outgoing edge set of `from` (one `UPSERT_RELATION` if it changed).
+    SetRelations {
+        /// The owner node.
+        from: CtxUri,
+        /// The new edges (their `from` is ignored).
+        edges: Vec<LinkRequest>,
+        /// Trace id (generated when absent).
+        trace_id: Option<String>,
+    },
+}
+
 /// Proof of a claim: the fencing token that `mark_done` / `mark_failed` / `renew` check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Claim {
@@ -225,6 +246,8 @@ pub trait ContextFs: Send + Sync {
     ) -> Result<WriteOutcome>;
     /// Moves a node and its subtree; appends `MOVE_CONTEXT` in the same transaction.
     fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome>;
+    /// Applies several writes atomically: all commit with their events, or none does.
+    fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>>;
     /// Reads a node, `None` when absent.
     fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
     /// Reads several nodes in one snapshot (absent ones are skipped).
@@ -269,8 +292,12 @@ pub trait OutboxStore: Send + Sync {
     fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>>;
     /// Claims up to `limit` runnable deliveries of `consumer` in sequence order: pending or
     /// retry-wait ones that are visible, and claimed ones whose lease expired.
-    fn claim_batch(&self, consumer: &str, worker_id: &str, limit: usize)
-    -> Result<Vec<ClaimedEvent>>;
+    fn claim_batch(
+        &self,
+        consumer: &str,
+        worker_id: &str,
+        limit: usize,
+    ) -> Result<Vec<ClaimedEvent>>;
     /// Extends a live claim's lease; returns the new lease end.
     fn renew(&self, claim: &Claim) -> Result<Millis>;
     /// Marks a claimed delivery done; repeating it on a done delivery succeeds unchanged.

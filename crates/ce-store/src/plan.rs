@@ -3,9 +3,7 @@
 //! Backends read the current row, call these functions and write the result in the same
 //! transaction as the events; no backend re-implements the merge rules.
 
-use ce_core::{
-    ContextNode, CoreError, CtxUri, Layers, Meta, Millis, PathDefaults, UpsertReason,
-};
+use ce_core::{ContextNode, CoreError, CtxUri, Layers, Meta, Millis, PathDefaults, UpsertReason};
 
 use crate::error::{Result, StoreError};
 use crate::model::{PutMode, PutRequest};
@@ -21,7 +19,9 @@ pub struct PlannedNode {
 
 /// Generates a trace id when the caller gave none.
 pub fn trace_id_or_new(trace_id: Option<String>) -> String {
-    trace_id.filter(|t| !t.is_empty()).unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string())
+    trace_id
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| uuid::Uuid::now_v7().simple().to_string())
 }
 
 /// Checks `expect_version` against the stored version (`None` = no node).
@@ -29,7 +29,11 @@ pub fn check_expected(uri: &CtxUri, expected: Option<u64>, actual: Option<u64>) 
     match (expected, actual) {
         (None, _) | (Some(0), None) => Ok(()),
         (Some(e), Some(a)) if e == a => Ok(()),
-        (Some(e), a) => Err(StoreError::VersionConflict { uri: uri.clone(), expected: e, actual: a }),
+        (Some(e), a) => Err(StoreError::VersionConflict {
+            uri: uri.clone(),
+            expected: e,
+            actual: a,
+        }),
     }
 }
 
@@ -125,7 +129,11 @@ pub fn plan_put(
     }
     if let Some(t) = req.content {
         if req.mode == PutMode::Append {
-            check_size("content", node.layers.content.len() + t.len(), max_layer_bytes)?;
+            check_size(
+                "content",
+                node.layers.content.len() + t.len(),
+                max_layer_bytes,
+            )?;
             node.layers.content.push_str(&t);
         } else {
             node.layers.content = t;
@@ -192,7 +200,10 @@ pub fn moved(
     now: Millis,
     trace_id: &str,
 ) -> ContextNode {
-    let new_uri = node.uri.rebase(from, to).unwrap_or_else(|| node.uri.clone());
+    let new_uri = node
+        .uri
+        .rebase(from, to)
+        .unwrap_or_else(|| node.uri.clone());
     let old_d = PathDefaults::of(&node.uri);
     let new_d = PathDefaults::of(&new_uri);
     let mut n = node.clone();
@@ -223,13 +234,18 @@ mod tests {
     }
 
     fn put(content: &str) -> PutRequest {
-        PutRequest { content: Some(content.into()), ..PutRequest::default() }
+        PutRequest {
+            content: Some(content.into()),
+            ..PutRequest::default()
+        }
     }
 
     #[test]
     fn create_takes_path_defaults_and_tombstone_version() {
         let u = uri("ctx://a/users/u1/memories/prefs/theme");
-        let p = plan_put(&u, None, Some(7), put("x"), 5, 100, "t").expect("ok").expect("changed");
+        let p = plan_put(&u, None, Some(7), put("x"), 5, 100, "t")
+            .expect("ok")
+            .expect("changed");
         assert_eq!(p.reason, UpsertReason::Create);
         assert_eq!(p.node.version, 8);
         assert_eq!(p.node.owner_space.to_string(), "user:u1");
@@ -239,10 +255,24 @@ mod tests {
     #[test]
     fn identical_write_plans_nothing() {
         let u = uri("ctx://a/x");
-        let n = plan_put(&u, None, None, put("x"), 5, 100, "t").expect("ok").expect("new").node;
-        assert!(plan_put(&u, Some(&n), None, put("x"), 6, 100, "t2").expect("ok").is_none());
-        let merge = PutRequest { mode: PutMode::Merge, ..PutRequest::default() };
-        assert!(plan_put(&u, Some(&n), None, merge, 6, 100, "t2").expect("ok").is_none());
+        let n = plan_put(&u, None, None, put("x"), 5, 100, "t")
+            .expect("ok")
+            .expect("new")
+            .node;
+        assert!(
+            plan_put(&u, Some(&n), None, put("x"), 6, 100, "t2")
+                .expect("ok")
+                .is_none()
+        );
+        let merge = PutRequest {
+            mode: PutMode::Merge,
+            ..PutRequest::default()
+        };
+        assert!(
+            plan_put(&u, Some(&n), None, merge, 6, 100, "t2")
+                .expect("ok")
+                .is_none()
+        );
     }
 
     #[test]
@@ -251,17 +281,36 @@ mod tests {
         let mut req = put("one");
         req.abstract_text = Some("abs".into());
         req.meta.insert("k".into(), json!("v"));
-        let n = plan_put(&u, None, None, req, 5, 100, "t").expect("ok").expect("new").node;
-        let app = PutRequest { mode: PutMode::Append, content: Some("two".into()), ..PutRequest::default() };
-        let a = plan_put(&u, Some(&n), None, app, 6, 100, "t").expect("ok").expect("changed");
-        assert_eq!((a.node.layers.content.as_str(), a.node.version), ("onetwo", 2));
+        let n = plan_put(&u, None, None, req, 5, 100, "t")
+            .expect("ok")
+            .expect("new")
+            .node;
+        let app = PutRequest {
+            mode: PutMode::Append,
+            content: Some("two".into()),
+            ..PutRequest::default()
+        };
+        let a = plan_put(&u, Some(&n), None, app, 6, 100, "t")
+            .expect("ok")
+            .expect("changed");
+        assert_eq!(
+            (a.node.layers.content.as_str(), a.node.version),
+            ("onetwo", 2)
+        );
         assert_eq!(a.node.layers.abstract_text, "abs");
-        let mut m = PutRequest { mode: PutMode::Merge, ..PutRequest::default() };
+        let mut m = PutRequest {
+            mode: PutMode::Merge,
+            ..PutRequest::default()
+        };
         m.meta.insert("k".into(), serde_json::Value::Null);
-        let m = plan_put(&u, Some(&a.node), None, m, 7, 100, "t").expect("ok").expect("changed");
+        let m = plan_put(&u, Some(&a.node), None, m, 7, 100, "t")
+            .expect("ok")
+            .expect("changed");
         assert!(m.node.meta.is_empty());
         assert_eq!(m.node.layers.content, "onetwo");
-        let r = plan_put(&u, Some(&m.node), None, put("z"), 8, 100, "t").expect("ok").expect("changed");
+        let r = plan_put(&u, Some(&m.node), None, put("z"), 8, 100, "t")
+            .expect("ok")
+            .expect("changed");
         assert_eq!(r.node.layers.abstract_text, "");
         assert_eq!(r.reason, UpsertReason::Replace);
     }
@@ -270,14 +319,31 @@ mod tests {
     fn limits_and_versions_are_enforced() {
         let u = uri("ctx://a/x");
         let err = plan_put(&u, None, None, put("0123456789"), 5, 4, "t").expect_err("too big");
-        assert!(matches!(err, StoreError::Core(CoreError::TooLarge { field: "content", .. })));
+        assert!(matches!(
+            err,
+            StoreError::Core(CoreError::TooLarge {
+                field: "content",
+                ..
+            })
+        ));
         let mut req = put("x");
         req.expect_version = Some(3);
         let err = plan_put(&u, None, None, req, 5, 100, "t").expect_err("conflict");
-        assert!(matches!(err, StoreError::VersionConflict { actual: None, expected: 3, .. }));
+        assert!(matches!(
+            err,
+            StoreError::VersionConflict {
+                actual: None,
+                expected: 3,
+                ..
+            }
+        ));
         let mut req = put("x");
         req.expect_version = Some(0);
-        assert!(plan_put(&u, None, None, req, 5, 100, "t").expect("create-only").is_some());
+        assert!(
+            plan_put(&u, None, None, req, 5, 100, "t")
+                .expect("create-only")
+                .is_some()
+        );
         assert!(matches!(
             plan_put(&CtxUri::root(), None, None, put("x"), 5, 100, "t"),
             Err(StoreError::RootNotWritable)
@@ -288,10 +354,18 @@ mod tests {
     fn move_rederives_defaults_but_keeps_explicit_attributes() {
         let from = uri("ctx://a/users/u1/memories");
         let to = uri("ctx://a/users/u2/memories");
-        let n = plan_put(&uri("ctx://a/users/u1/memories/prefs/theme"), None, None, put("x"), 1, 100, "t")
-            .expect("ok")
-            .expect("new")
-            .node;
+        let n = plan_put(
+            &uri("ctx://a/users/u1/memories/prefs/theme"),
+            None,
+            None,
+            put("x"),
+            1,
+            100,
+            "t",
+        )
+        .expect("ok")
+        .expect("new")
+        .node;
         let m = moved(&n, &from, &to, Some(4), 9, "t");
         assert_eq!(m.uri.as_str(), "ctx://a/users/u2/memories/prefs/theme");
         assert_eq!(m.parent_uri.as_str(), "ctx://a/users/u2/memories/prefs");
@@ -299,6 +373,9 @@ mod tests {
         assert_eq!(m.version, 5);
         let mut explicit = n.clone();
         explicit.owner_space = ce_core::OwnerSpace::Shared;
-        assert_eq!(moved(&explicit, &from, &to, None, 9, "t").owner_space, ce_core::OwnerSpace::Shared);
+        assert_eq!(
+            moved(&explicit, &from, &to, None, 9, "t").owner_space,
+            ce_core::OwnerSpace::Shared
+        );
     }
 }

@@ -14,7 +14,7 @@ use super::{
     subtree_bounds, subtree_sql,
 };
 use crate::error::{Result, StoreError};
-use crate::model::{ContextFs, NodeStat, PutRequest, WriteOutcome};
+use crate::model::{ContextFs, NodeStat, PutRequest, WriteOp, WriteOutcome};
 use crate::plan::{self, check_expected, container, next_version, plan_put, trace_id_or_new};
 
 fn upsert_event(node: &ContextNode, reason: UpsertReason) -> EventPayload {
@@ -42,21 +42,71 @@ impl SqliteStore {
             if get_node(tx, &anc)?.is_some() {
                 continue;
             }
-            let c = container(&anc, next_version(None, get_tombstone(tx, &anc)?), now, trace_id);
+            let c = container(
+                &anc,
+                next_version(None, get_tombstone(tx, &anc)?),
+                now,
+                trace_id,
+            );
             insert_node(tx, &c)?;
             events.push(upsert_event(&c, UpsertReason::Create));
         }
         Ok(events)
     }
 
-    fn commit_events(
+    /// `put` inside an open transaction.
+    pub(super) fn put_tx(
+        &self,
+        tx: &Transaction<'_>,
+        uri: &CtxUri,
+        req: PutRequest,
+        now: i64,
+    ) -> Result<WriteOutcome> {
+        let trace_id = trace_id_or_new(req.trace_id.clone());
+        let max = self.config.store.max_layer_bytes;
+        let existing = get_node(tx, uri)?;
+        let tomb = get_tombstone(tx, uri)?;
+        let Some(planned) = plan_put(uri, existing.as_ref(), tomb, req, now, max, &trace_id)?
+        else {
+            return Ok(WriteOutcome {
+                uri: uri.clone(),
+                version: existing.map_or(0, |n| n.version),
+                changed: false,
+                event_ids: Vec::new(),
+                nodes_affected: 0,
+                trace_id,
+            });
+        };
+        let mut events = if existing.is_none() {
+            self.create_ancestors(tx, uri, now, &trace_id)?
+        } else {
+            Vec::new()
+        };
+        insert_node(tx, &planned.node)?;
+        events.push(upsert_event(&planned.node, planned.reason));
+        let nodes_affected = events.len() as u64;
+        let event_ids = self.commit_events(tx, events, now)?;
+        Ok(WriteOutcome {
+            uri: uri.clone(),
+            version: planned.node.version,
+            changed: true,
+            event_ids,
+            nodes_affected,
+            trace_id,
+        })
+    }
+
+    pub(super) fn commit_events(
         &self,
         tx: &Transaction<'_>,
         events: Vec<EventPayload>,
         now: i64,
     ) -> Result<Vec<String>> {
         let consumers = &self.config.index.outbox.consumers;
-        Ok(append_events_tx(tx, consumers, events, now)?.into_iter().map(|e| e.event_id).collect())
+        Ok(append_events_tx(tx, consumers, events, now)?
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect())
     }
 }
 
@@ -85,7 +135,11 @@ fn stat_of(conn: &Connection, n: ContextNode) -> Result<NodeStat> {
     let children = count_children(conn, &n.uri)?;
     let l = &n.layers;
     Ok(NodeStat {
-        layer_bytes: [l.abstract_text.len() as u64, l.overview.len() as u64, l.content.len() as u64],
+        layer_bytes: [
+            l.abstract_text.len() as u64,
+            l.overview.len() as u64,
+            l.content.len() as u64,
+        ],
         children,
         uri: n.uri,
         parent_uri: n.parent_uri,
@@ -103,41 +157,23 @@ fn stat_of(conn: &Connection, n: ContextNode) -> Result<NodeStat> {
 
 impl ContextFs for SqliteStore {
     fn put(&self, uri: &CtxUri, req: PutRequest) -> Result<WriteOutcome> {
-        let trace_id = trace_id_or_new(req.trace_id.clone());
-        let max = self.config.store.max_layer_bytes;
+        let now = self.now();
+        self.write(Durability::Full, |tx| self.put_tx(tx, uri, req, now))
+    }
+
+    fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>> {
         let now = self.now();
         self.write(Durability::Full, |tx| {
-            let existing = get_node(tx, uri)?;
-            let tomb = get_tombstone(tx, uri)?;
-            let Some(planned) = plan_put(uri, existing.as_ref(), tomb, req, now, max, &trace_id)?
-            else {
-                let version = existing.map_or(0, |n| n.version);
-                return Ok(WriteOutcome {
-                    uri: uri.clone(),
-                    version,
-                    changed: false,
-                    event_ids: Vec::new(),
-                    nodes_affected: 0,
-                    trace_id,
-                });
-            };
-            let mut events = if existing.is_none() {
-                self.create_ancestors(tx, uri, now, &trace_id)?
-            } else {
-                Vec::new()
-            };
-            insert_node(tx, &planned.node)?;
-            events.push(upsert_event(&planned.node, planned.reason));
-            let nodes_affected = events.len() as u64;
-            let event_ids = self.commit_events(tx, events, now)?;
-            Ok(WriteOutcome {
-                uri: uri.clone(),
-                version: planned.node.version,
-                changed: true,
-                event_ids,
-                nodes_affected,
-                trace_id,
-            })
+            ops.into_iter()
+                .map(|op| match op {
+                    WriteOp::Put { uri, req } => self.put_tx(tx, &uri, req, now),
+                    WriteOp::SetRelations {
+                        from,
+                        edges,
+                        trace_id,
+                    } => self.set_relations_tx(tx, &from, edges, trace_id, now),
+                })
+                .collect()
         })
     }
 
@@ -209,7 +245,11 @@ impl ContextFs for SqliteStore {
     }
 
     fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome> {
-        let invalid = |reason| StoreError::InvalidMove { from: from.clone(), to: to.clone(), reason };
+        let invalid = |reason| StoreError::InvalidMove {
+            from: from.clone(),
+            to: to.clone(),
+            reason,
+        };
         if from.is_root() || to.is_root() {
             return Err(invalid("the root ctx:// cannot be moved or replaced"));
         }
@@ -321,7 +361,8 @@ impl ContextFs for SqliteStore {
 
     fn stat(&self, uri: &CtxUri) -> Result<NodeStat> {
         self.read(|c| {
-            let n = get_node(c, uri)?.ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
+            let n =
+                get_node(c, uri)?.ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
             stat_of(c, n)
         })
     }

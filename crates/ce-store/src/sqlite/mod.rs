@@ -21,8 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ce_core::{
-    Clock, Config, ContextNode, ContextType, CtxUri, Layers, Meta, Millis, OwnerSpace,
-    SystemClock,
+    Clock, Config, ContextNode, ContextType, CtxUri, Layers, Meta, Millis, OwnerSpace, SystemClock,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
@@ -57,7 +56,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -75,7 +76,10 @@ impl SqliteStore {
         let conn = open_conn(&path, &config)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        let mut writer = Writer { conn, mode: Durability::Full };
+        let mut writer = Writer {
+            conn,
+            mode: Durability::Full,
+        };
         schema::migrate(&mut writer.conn, &path)?;
         let store = SqliteStore {
             path,
@@ -128,7 +132,9 @@ impl SqliteStore {
             w.conn.pragma_update(None, "synchronous", v)?;
             w.mode = durability;
         }
-        let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = w
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = f(&tx)?;
         tx.commit()?;
         Ok(out)
@@ -150,7 +156,10 @@ impl SqliteStore {
         // A failed COMMIT of a read-only transaction leaves nothing behind; drop the
         // connection rather than pool one in an unknown state.
         if conn.execute_batch("COMMIT").is_ok() {
-            self.readers.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+            self.readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
         }
         out
     }
@@ -161,7 +170,9 @@ fn open_conn(path: &Path, config: &Config) -> Result<Connection> {
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
-    conn.busy_timeout(std::time::Duration::from_millis(config.store.busy_timeout_ms))?;
+    conn.busy_timeout(std::time::Duration::from_millis(
+        config.store.busy_timeout_ms,
+    ))?;
     conn.pragma_update(None, "cache_size", -32_000)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(64);
@@ -179,7 +190,11 @@ fn subtree_bounds(uri: &CtxUri) -> (String, String) {
 
 /// SQL predicate on `col` for "within the subtree `?N`" using bounds `?N+1`, `?N+2`.
 fn subtree_sql(col: &str, n: usize) -> String {
-    format!("({col} = ?{n} OR ({col} > ?{} AND {col} < ?{}))", n + 1, n + 2)
+    format!(
+        "({col} = ?{n} OR ({col} > ?{} AND {col} < ?{}))",
+        n + 1,
+        n + 2
+    )
 }
 
 const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, owner_space, abstract, \
@@ -194,27 +209,35 @@ fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
     let meta: String = row.get(8)?;
     let version: i64 = row.get(9)?;
     let relation_version: i64 = row.get(11)?;
-    let layers = Layers { abstract_text: row.get(5)?, overview: row.get(6)?, content: row.get(7)? };
+    let layers = Layers {
+        abstract_text: row.get(5)?,
+        overview: row.get(6)?,
+        content: row.get(7)?,
+    };
     let category: String = row.get(3)?;
     let content_hash: String = row.get(10)?;
     let created_at_ms: i64 = row.get(12)?;
     let updated_at_ms: i64 = row.get(13)?;
     let trace_id: String = row.get(14)?;
-    Ok(decode_node(uri, parent, ctype, owner, meta).map(|(uri, parent_uri, t, o, m)| ContextNode {
-        uri,
-        parent_uri,
-        context_type: t,
-        category,
-        owner_space: o,
-        layers,
-        meta: m,
-        version: version as u64,
-        content_hash,
-        relation_version: relation_version as u64,
-        created_at_ms,
-        updated_at_ms,
-        trace_id,
-    }))
+    Ok(
+        decode_node(uri, parent, ctype, owner, meta).map(|(uri, parent_uri, t, o, m)| {
+            ContextNode {
+                uri,
+                parent_uri,
+                context_type: t,
+                category,
+                owner_space: o,
+                layers,
+                meta: m,
+                version: version as u64,
+                content_hash,
+                relation_version: relation_version as u64,
+                created_at_ms,
+                updated_at_ms,
+                trace_id,
+            }
+        }),
+    )
 }
 
 type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
@@ -274,9 +297,7 @@ fn insert_node(tx: &Transaction<'_>, n: &ContextNode) -> Result<()> {
         n.updated_at_ms,
         n.trace_id,
     ])?;
-    tx.prepare_cached("DELETE FROM tombstones WHERE uri = ?1")?.execute([n.uri.as_str()])?;
+    tx.prepare_cached("DELETE FROM tombstones WHERE uri = ?1")?
+        .execute([n.uri.as_str()])?;
     Ok(())
 }
-
-#[cfg(test)]
-mod tests;

@@ -45,12 +45,25 @@ pub(super) fn append_events_tx(
         let event_type = payload.event_type();
         let uri = payload.uri().clone();
         let json = serde_json::to_string(&payload)?;
-        ins_event.execute(params![event_id, event_type.as_str(), uri.as_str(), json, now])?;
+        ins_event.execute(params![
+            event_id,
+            event_type.as_str(),
+            uri.as_str(),
+            json,
+            now
+        ])?;
         let seq = tx.last_insert_rowid();
         for c in consumers {
             ins_delivery.execute(params![c, seq, now])?;
         }
-        out.push(OutboxEvent { seq, event_id, event_type, uri, payload, created_at_ms: now });
+        out.push(OutboxEvent {
+            seq,
+            event_id,
+            event_type,
+            uri,
+            payload,
+            created_at_ms: now,
+        });
     }
     Ok(out)
 }
@@ -79,7 +92,9 @@ fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Result<OutboxEvent>> {
 fn delivery_from_row(row: &Row<'_>, off: usize) -> rusqlite::Result<Result<Delivery>> {
     let status: i64 = row.get(off + 2)?;
     let Some(status) = DeliveryStatus::from_i64(status) else {
-        return Ok(Err(StoreError::Corrupt(format!("delivery status {status} is unknown"))));
+        return Ok(Err(StoreError::Corrupt(format!(
+            "delivery status {status} is unknown"
+        ))));
     };
     let visible_at: Option<i64> = row.get(off + 4)?;
     Ok(Ok(Delivery {
@@ -99,9 +114,17 @@ fn delivery_from_row(row: &Row<'_>, off: usize) -> rusqlite::Result<Result<Deliv
 
 /// The backoff before retry number `retry_count` (1-based): `min(base·2^(n-1), max)` plus
 /// up to `jitter_ratio` of it (spec §3.3, §8.2).
-pub fn backoff_ms(retry_count: u32, base_s: u32, max_s: u32, jitter_ratio: f64, unit: f64) -> Millis {
+pub fn backoff_ms(
+    retry_count: u32,
+    base_s: u32,
+    max_s: u32,
+    jitter_ratio: f64,
+    unit: f64,
+) -> Millis {
     let exp = retry_count.saturating_sub(1).min(30);
-    let delay = (u64::from(base_s) * 1000).saturating_mul(1 << exp).min(u64::from(max_s) * 1000);
+    let delay = (u64::from(base_s) * 1000)
+        .saturating_mul(1 << exp)
+        .min(u64::from(max_s) * 1000);
     let jitter = (delay as f64 * jitter_ratio * unit.clamp(0.0, 1.0)) as u64;
     (delay + jitter) as Millis
 }
@@ -136,7 +159,10 @@ impl SqliteStore {
         if configured.iter().any(|c| c == consumer) {
             Ok(())
         } else {
-            Err(StoreError::UnknownConsumer { name: consumer.to_owned(), configured: configured.clone() })
+            Err(StoreError::UnknownConsumer {
+                name: consumer.to_owned(),
+                configured: configured.clone(),
+            })
         }
     }
 
@@ -160,7 +186,9 @@ impl SqliteStore {
                 })
                 .optional()?;
             let Some((status, token, until, retry_count)) = row else {
-                return Err(StoreError::EventNotFound { event_id: claim.event_id.clone() });
+                return Err(StoreError::EventNotFound {
+                    event_id: claim.event_id.clone(),
+                });
             };
             let live = status == CLAIMED
                 && token.as_deref() == Some(claim.token.as_str())
@@ -189,8 +217,9 @@ impl SqliteStore {
 }
 
 fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ?1"))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ?1"
+    ))?;
     let mut out = Vec::with_capacity(seqs.len());
     for s in seqs {
         out.push(stmt.query_row([s], event_from_row)??);
@@ -201,17 +230,25 @@ fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
 impl OutboxStore for SqliteStore {
     fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
         let mut v = self.append_batch(vec![event])?;
-        v.pop().ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
+        v.pop()
+            .ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
     }
 
     fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
         let now = self.now();
         let consumers = &self.config.index.outbox.consumers;
         let payloads = events.into_iter().map(|e| e.payload).collect();
-        self.write(Durability::Full, |tx| append_events_tx(tx, consumers, payloads, now))
+        self.write(Durability::Full, |tx| {
+            append_events_tx(tx, consumers, payloads, now)
+        })
     }
 
-    fn claim_batch(&self, consumer: &str, worker_id: &str, limit: usize) -> Result<Vec<ClaimedEvent>> {
+    fn claim_batch(
+        &self,
+        consumer: &str,
+        worker_id: &str,
+        limit: usize,
+    ) -> Result<Vec<ClaimedEvent>> {
         self.check_consumer(consumer)?;
         if limit == 0 {
             return Ok(Vec::new());
@@ -230,9 +267,10 @@ impl OutboxStore for SqliteStore {
                         ORDER BY seq LIMIT ?6)
                      RETURNING seq, retry_count",
                 )?
-                .query_map(params![consumer, now, worker_id, token, until, limit as i64], |r| {
-                    Ok((r.get(0)?, r.get::<_, i64>(1)? as u32))
-                })?
+                .query_map(
+                    params![consumer, now, worker_id, token, until, limit as i64],
+                    |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u32)),
+                )?
                 .collect::<rusqlite::Result<_>>()?;
             claimed.sort_unstable();
             let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
@@ -298,7 +336,13 @@ impl OutboxStore for SqliteStore {
             } else {
                 let n = (retry_count + 1).min(o.max_retries);
                 let unit: f64 = rand::rng().random();
-                let wait = backoff_ms(n, o.retry_base_seconds, o.retry_max_seconds, o.retry_jitter_ratio, unit);
+                let wait = backoff_ms(
+                    n,
+                    o.retry_base_seconds,
+                    o.retry_max_seconds,
+                    o.retry_jitter_ratio,
+                    unit,
+                );
                 (RETRY_WAIT, n, Some(now + wait))
             };
             tx.prepare_cached(
@@ -306,8 +350,21 @@ impl OutboxStore for SqliteStore {
                     last_error = ?6, error_code = ?7, updated_at = ?8
                  WHERE consumer = ?1 AND seq = ?2",
             )?
-            .execute(params![claim.consumer, claim.seq, status, count, visible, error, error_code, now])?;
-            Ok(if status == DEAD { DeliveryStatus::Dead } else { DeliveryStatus::RetryWait })
+            .execute(params![
+                claim.consumer,
+                claim.seq,
+                status,
+                count,
+                visible,
+                error,
+                error_code,
+                now
+            ])?;
+            Ok(if status == DEAD {
+                DeliveryStatus::Dead
+            } else {
+                DeliveryStatus::RetryWait
+            })
         })?;
         status.ok_or_else(|| StoreError::Corrupt("mark_failed of a done delivery".into()))
     }
@@ -360,7 +417,10 @@ impl OutboxStore for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (e, d) = row?;
-                out.push(DeliveryRow { event: e?, delivery: d? });
+                out.push(DeliveryRow {
+                    event: e?,
+                    delivery: d?,
+                });
             }
             Ok(out)
         })
@@ -375,7 +435,9 @@ impl OutboxStore for SqliteStore {
                 ))?
                 .query_row(params![event_id, by_seq], event_from_row)
                 .optional()?
-                .ok_or_else(|| StoreError::EventNotFound { event_id: event_id.to_owned() })??;
+                .ok_or_else(|| StoreError::EventNotFound {
+                    event_id: event_id.to_owned(),
+                })??;
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = ?1 ORDER BY d.consumer"
             ))?;
@@ -392,11 +454,15 @@ impl OutboxStore for SqliteStore {
         self.read(|conn| {
             let mut out = Vec::new();
             for c in &self.config.index.outbox.consumers {
-                let mut s = ConsumerStats { consumer: c.clone(), ..ConsumerStats::default() };
+                let mut s = ConsumerStats {
+                    consumer: c.clone(),
+                    ..ConsumerStats::default()
+                };
                 let mut stmt = conn.prepare_cached(
                     "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
                 )?;
-                let rows = stmt.query_map([c], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+                let rows =
+                    stmt.query_map([c], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
                 for row in rows {
                     let (status, n) = row?;
                     let n = n as u64;

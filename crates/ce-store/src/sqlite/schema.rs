@@ -92,7 +92,11 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     let current: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let known = MIGRATIONS.len() as i64;
     if current > known {
-        return Err(StoreError::SchemaTooNew { path: path.to_owned(), found: current, known });
+        return Err(StoreError::SchemaTooNew {
+            path: path.to_owned(),
+            found: current,
+            known,
+        });
     }
     for sql in &MIGRATIONS[current as usize..] {
         tx.execute_batch(sql)?;
