@@ -4,7 +4,7 @@
 //! - [`hash`]: stable record ids and content hashes
 //! - [`node`]: nodes, layers, levels, attributes, relation edges
 //! - [`event`]: outbox events and delivery states (spec §2.3, §3)
-//! - [`projector`]: `IndexProjector` (spec §4)
+//! - [`projector`]: the index projector (spec §4)
 //! - [`config`]: configuration keys, defaults and ranges (spec §12)
 //! - [`error`]: error codes and classification
 

@@ -88,14 +88,14 @@ pub fn plan_put(
             check_size(field, t.len(), max_layer_bytes)?;
         }
     }
-    if let Some(c) = &req.category {
-        if c.chars().any(char::is_control) || c.len() > 256 {
-            return Err(CoreError::InvalidField {
-                field: "category",
-                reason: format!("{c:?} must be at most 256 bytes without control characters"),
-            }
-            .into());
+    if let Some(c) = &req.category
+        && (c.chars().any(char::is_control) || c.len() > 256)
+    {
+        return Err(CoreError::InvalidField {
+            field: "category",
+            reason: format!("{c:?} must be at most 256 bytes without control characters"),
         }
+        .into());
     }
     for k in req.meta.keys() {
         if k.is_empty() || k.len() > 256 || k.chars().any(char::is_control) {
