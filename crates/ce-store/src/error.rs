@@ -184,6 +184,7 @@ impl Classify for StoreError {
             StoreError::Busy(_) => ErrorCode::Unavailable,
             StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
             StoreError::Sqlite(_) => ErrorCode::Internal,
+            StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => ErrorCode::NotFound,
             StoreError::Io(_) => ErrorCode::Io,
             StoreError::AtPath { source, .. } => source.code(),
             StoreError::BadLayout { .. } => ErrorCode::InvalidField,
@@ -195,9 +196,16 @@ impl Classify for StoreError {
             StoreError::Core(e) => e.is_retryable(),
             // Spec §8.1: a lost lease is retryable (the event is simply processed again).
             StoreError::ClaimConflict { .. } | StoreError::Busy(_) => true,
-            // Transient I/O (disk full, EINTR) may clear; unknown SQLite errors are retried by
-            // default so that nothing is lost (spec §5.4).
-            StoreError::Io(_) | StoreError::Sqlite(_) => true,
+            // A missing or forbidden path stays so; other I/O (disk full, EINTR) may clear.
+            StoreError::Io(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::InvalidInput
+                    | std::io::ErrorKind::AlreadyExists
+            ),
+            // Unknown SQLite errors are retried by default so that nothing is lost (spec §5.4).
+            StoreError::Sqlite(_) => true,
             StoreError::AtPath { source, .. } => source.is_retryable(),
             StoreError::BadLayout { .. } => false,
             StoreError::NodeNotFound { .. }

@@ -20,6 +20,21 @@ const RETRY_WAIT: i64 = 2;
 const DONE: i64 = 3;
 const DEAD: i64 = 5;
 
+/// Claims the first `?6` runnable deliveries of consumer `?1` at time `?2` for worker `?3`
+/// with token `?4` and lease end `?5`.
+const CLAIM_SQL: &str = "UPDATE deliveries SET status = 1, claimed_by = ?3, claim_token = ?4,
+        claimed_until = ?5, visible_at = ?5, updated_at = ?2
+     WHERE consumer = ?1 AND seq IN (
+        SELECT seq FROM deliveries
+        WHERE consumer = ?1 AND status IN (0, 1, 2) AND visible_at <= ?2
+        ORDER BY seq LIMIT ?6)
+     RETURNING seq, retry_count";
+
+/// The oldest non-terminal delivery of consumer `?1` (the low watermark).
+const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
+     JOIN events e ON e.seq = d.seq
+     WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
+
 const EVENT_COLUMNS: &str = "e.seq, e.event_id, e.event_type, e.uri, e.payload, e.created_at";
 const DELIVERY_COLUMNS: &str = "d.consumer, d.seq, d.status, d.retry_count, d.visible_at, \
      d.claimed_by, d.claim_token, d.claimed_until, d.last_error, d.error_code, d.updated_at";
@@ -258,15 +273,7 @@ impl OutboxStore for SqliteStore {
         let token = format!("{:032x}", rand::rng().random::<u128>());
         self.write(Durability::Normal, |tx| {
             let mut claimed: Vec<(i64, u32)> = tx
-                .prepare_cached(
-                    "UPDATE deliveries SET status = 1, claimed_by = ?3, claim_token = ?4,
-                        claimed_until = ?5, visible_at = ?5, updated_at = ?2
-                     WHERE consumer = ?1 AND seq IN (
-                        SELECT seq FROM deliveries
-                        WHERE consumer = ?1 AND status IN (0, 1, 2) AND visible_at <= ?2
-                        ORDER BY seq LIMIT ?6)
-                     RETURNING seq, retry_count",
-                )?
+                .prepare_cached(CLAIM_SQL)?
                 .query_map(
                     params![consumer, now, worker_id, token, until, limit as i64],
                     |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u32)),
@@ -476,10 +483,7 @@ impl OutboxStore for SqliteStore {
                     }
                 }
                 let low: Option<(i64, i64)> = conn
-                    .prepare_cached(
-                        "SELECT d.seq, e.created_at FROM deliveries d JOIN events e ON e.seq = d.seq
-                         WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1",
-                    )?
+                    .prepare_cached(LOW_WATERMARK_SQL)?
                     .query_row([c], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
                 s.low_watermark_seq = low.map(|l| l.0);
@@ -497,7 +501,28 @@ impl OutboxStore for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use super::backoff_ms;
+    use super::{CLAIM_SQL, LOW_WATERMARK_SQL, backoff_ms};
+    use crate::sqlite::SqliteStore;
+
+    /// The claim and the low watermark must walk the partial index of runnable deliveries,
+    /// never the primary key over the done history (which made claims O(history)).
+    #[test]
+    fn claim_and_watermark_use_the_runnable_index() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = SqliteStore::open(tmp.path(), ce_core::Config::default()).expect("open");
+        for sql in [CLAIM_SQL, LOW_WATERMARK_SQL] {
+            let plan = store
+                .read(|c| {
+                    let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                    let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+                    let rows = stmt
+                        .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?;
+                    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("\n"))
+                })
+                .expect("explain");
+            assert!(plan.contains("deliveries_runnable"), "{sql}\n{plan}");
+        }
+    }
 
     #[test]
     fn backoff_doubles_caps_and_jitters() {
