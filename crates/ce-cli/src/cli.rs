@@ -1,0 +1,312 @@
+//! Command-line arguments (clap derive). Values with a domain meaning (URIs, levels, types,
+//! modes, statuses) are taken as plain text here and parsed by the core types in
+//! `commands`, so that bad input gets the same typed error (and exit code) as everywhere else.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::bench::BenchOutboxArgs;
+
+/// ContextEngine: a context database for AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "ce", version)]
+pub struct Cli {
+    /// Data directory holding the store (`ce.db`) [default: ./ce-data].
+    #[arg(
+        long,
+        global = true,
+        env = "CE_DATA_DIR",
+        value_name = "DIR",
+        display_order = 900
+    )]
+    pub data_dir: Option<PathBuf>,
+    /// Configuration file [default: <data-dir>/ce.toml when it exists, else built-in defaults].
+    #[arg(
+        long,
+        global = true,
+        env = "CE_CONFIG",
+        value_name = "FILE",
+        display_order = 901
+    )]
+    pub config: Option<PathBuf>,
+    /// Print one JSON document (errors as JSON on stderr).
+    #[arg(long, global = true, display_order = 902)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The `ce` commands.
+#[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per process; boxing would only add noise"
+)]
+pub enum Command {
+    /// Create or change a node (missing ancestors are created as containers).
+    Put(PutArgs),
+    /// Print one text layer of a node.
+    Cat(CatArgs),
+    /// Print a node's attributes and sizes.
+    Stat(UriArg),
+    /// List the direct children of a node (the root lists accounts).
+    Ls(LsArgs),
+    /// Print a node and its descendants.
+    Tree(TreeArgs),
+    /// Remove a node (`-r` for a node with children).
+    Rm(RmArgs),
+    /// Move a node and its subtree.
+    Mv(MvArgs),
+    /// Add or update a typed relation between two nodes.
+    Link(LinkArgs),
+    /// Remove a typed relation.
+    Unlink(UnlinkArgs),
+    /// Print a node's outgoing and incoming relations.
+    Relations(UriArg),
+    /// Inspect or repair the outbox.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Import a directory in the node layout into a subtree.
+    Import(ImportArgs),
+    /// Export a subtree into a directory in the node layout.
+    Export(ExportArgs),
+    /// Import the shipped demo tree into ctx://demo and show it.
+    Demo(DemoArgs),
+    /// Benchmarks that print JSON figures.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// A single URI argument.
+#[derive(Debug, Args)]
+pub struct UriArg {
+    /// Node URI, e.g. ctx://acc1/users/u1/memories/preferences/theme.
+    pub uri: String,
+}
+
+/// `ce put`.
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// Node URI.
+    pub uri: String,
+    /// L0 abstract text.
+    #[arg(
+        long = "abstract",
+        value_name = "TEXT",
+        conflicts_with = "abstract_file"
+    )]
+    pub abstract_text: Option<String>,
+    /// Read the L0 abstract from a file (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub abstract_file: Option<PathBuf>,
+    /// L1 overview text.
+    #[arg(long, value_name = "TEXT", conflicts_with = "overview_file")]
+    pub overview: Option<String>,
+    /// Read the L1 overview from a file (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub overview_file: Option<PathBuf>,
+    /// L2 content text.
+    #[arg(long, value_name = "TEXT", conflicts_with = "content_file")]
+    pub content: Option<String>,
+    /// Read the L2 content from a file (`-` for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub content_file: Option<PathBuf>,
+    /// Context type: memory, resource, skill or session [default: from the path].
+    #[arg(long = "type", value_name = "TYPE")]
+    pub context_type: Option<String>,
+    /// Category [default: from the path].
+    #[arg(long, value_name = "C")]
+    pub category: Option<String>,
+    /// Owner space: user:ID, agent:ID or shared [default: from the path].
+    #[arg(long, value_name = "SPACE")]
+    pub owner_space: Option<String>,
+    /// Metadata entry with a string value (repeatable).
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
+    /// How to combine with an existing node: replace, merge or append.
+    #[arg(long, value_name = "MODE", default_value = "replace")]
+    pub mode: String,
+    /// Fail unless the stored version is N (0 = the node must not exist).
+    #[arg(long, value_name = "N")]
+    pub expect_version: Option<u64>,
+    /// Trace id recorded on the node and its events [default: generated].
+    #[arg(long, value_name = "T")]
+    pub trace_id: Option<String>,
+}
+
+/// `ce cat`.
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// Node URI.
+    pub uri: String,
+    /// Layer: 0 abstract, 1 overview, 2 content.
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        default_value_t = 2,
+        allow_negative_numbers = true
+    )]
+    pub level: i64,
+}
+
+/// `ce ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Node URI.
+    #[arg(default_value = "ctx://")]
+    pub uri: String,
+}
+
+/// `ce tree`.
+#[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// Root of the listing.
+    pub uri: String,
+    /// Levels below the root to show [default: all].
+    #[arg(long, value_name = "N")]
+    pub depth: Option<u32>,
+}
+
+/// `ce rm`.
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Node URI.
+    pub uri: String,
+    /// Remove the whole subtree.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Fail unless the stored version is N.
+    #[arg(long, value_name = "N")]
+    pub expect_version: Option<u64>,
+}
+
+/// `ce mv`.
+#[derive(Debug, Args)]
+pub struct MvArgs {
+    /// Current URI.
+    pub from: String,
+    /// New URI (must not exist; must not lie inside FROM).
+    pub to: String,
+}
+
+/// `ce link`.
+#[derive(Debug, Args)]
+pub struct LinkArgs {
+    /// Source node.
+    pub from: String,
+    /// Target node.
+    pub to: String,
+    /// Relation type, e.g. references.
+    #[arg(long = "type", value_name = "T")]
+    pub relation_type: String,
+    /// Weight.
+    #[arg(
+        long,
+        value_name = "W",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub weight: f64,
+    /// Why the relation exists.
+    #[arg(long, value_name = "R", default_value = "")]
+    pub reason: String,
+}
+
+/// `ce unlink`.
+#[derive(Debug, Args)]
+pub struct UnlinkArgs {
+    /// Source node.
+    pub from: String,
+    /// Target node.
+    pub to: String,
+    /// Relation type.
+    #[arg(long = "type", value_name = "T")]
+    pub relation_type: String,
+}
+
+/// `ce outbox ...`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List deliveries (one row per event and consumer), in sequence order.
+    List(OutboxListArgs),
+    /// Show one event and its deliveries.
+    Show(OutboxShowArgs),
+    /// Delivery counts and lag per consumer.
+    Stats,
+    /// Append an event by hand (admin / repair).
+    Append(OutboxAppendArgs),
+}
+
+/// `ce outbox list`.
+#[derive(Debug, Args)]
+pub struct OutboxListArgs {
+    /// Only this status: pending, claimed, retry_wait, done, failed or dead.
+    #[arg(long, value_name = "STATUS")]
+    pub status: Option<String>,
+    /// Only this consumer.
+    #[arg(long, value_name = "C")]
+    pub consumer: Option<String>,
+    /// Only this event type, e.g. UPSERT_CONTEXT.
+    #[arg(long = "type", value_name = "EVENT_TYPE")]
+    pub event_type: Option<String>,
+    /// Only events after this sequence number.
+    #[arg(long, value_name = "SEQ")]
+    pub after: Option<i64>,
+    /// At most N rows [default: 100].
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+}
+
+/// `ce outbox show`.
+#[derive(Debug, Args)]
+pub struct OutboxShowArgs {
+    /// Event id (evt-...) or sequence number.
+    pub id: String,
+}
+
+/// `ce outbox append`.
+#[derive(Debug, Args)]
+pub struct OutboxAppendArgs {
+    /// Event type: UPSERT_CONTEXT, DELETE_CONTEXT, MOVE_CONTEXT or UPSERT_RELATION.
+    #[arg(long = "type", value_name = "EVENT_TYPE")]
+    pub event_type: String,
+    /// Payload as a JSON object.
+    #[arg(long, value_name = "JSON")]
+    pub payload: String,
+}
+
+/// `ce import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Directory in the node layout; it becomes the node INTO.
+    pub dir: PathBuf,
+    /// Target URI.
+    #[arg(long, value_name = "URI")]
+    pub into: String,
+}
+
+/// `ce export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Subtree to export.
+    pub uri: String,
+    /// Target directory (created if missing; must be empty).
+    pub dir: PathBuf,
+}
+
+/// `ce demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Tree to import [default: examples/demo-tree].
+    #[arg(long, value_name = "DIR")]
+    pub tree: Option<PathBuf>,
+}
+
+/// `ce bench ...`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Outbox throughput and claim latency.
+    Outbox(BenchOutboxArgs),
+}

@@ -1,0 +1,464 @@
+//! Rendering: every command produces a [`Rendered`] holding both its JSON document and its
+//! human text; `main` prints one of them.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use ce_core::{
+    Classify, ContextNode, CtxUri, Delivery, Level, Millis, OutboxEvent, RelationEdge, rfc3339,
+};
+use ce_store::layout::{ExportReport, ImportReport};
+use ce_store::{ConsumerStats, DeliveryRow, NodeStat, Relations, WriteOutcome};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{CliError, Result};
+
+/// A command's answer in both forms.
+#[derive(Debug)]
+pub struct Rendered {
+    /// The `--json` document.
+    pub json: Value,
+    /// The human-readable text (ends with a newline unless empty).
+    pub human: String,
+}
+
+impl Rendered {
+    /// Pairs the JSON of `value` with `human`.
+    pub fn new(value: &impl Serialize, human: String) -> Result<Self> {
+        let json = serde_json::to_value(value).map_err(|e| CliError::Other(e.into()))?;
+        Ok(Rendered { json, human })
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe (`ce tree ... | head`) is not an error.
+pub fn print_stdout(text: &str) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+/// Prints `err` on stderr: `error: <message> [<code>]`, or a JSON object with `--json`.
+pub fn print_error(err: &CliError, json: bool) {
+    let code = err.code();
+    let text = if json {
+        let body = serde_json::json!({
+            "code": code.as_str(),
+            "message": err.to_string(),
+            "retryable": err.is_retryable(),
+        });
+        format!("{body}\n")
+    } else {
+        format!("error: {err} [{code}]\n")
+    };
+    // Nothing sensible is left to do if stderr itself is gone.
+    let _ = io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// Formats a JSON document for printing.
+pub fn json_text(value: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    s.push('\n');
+    s
+}
+
+/// Aligns `rows` under `headers` in columns separated by two spaces.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, c) in cells.enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            l.push_str(c);
+            let pad = widths
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(c.chars().count());
+            l.extend(std::iter::repeat_n(' ', pad));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut headers.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// Aligns `key  value` lines.
+pub fn kv(pairs: &[(&str, String)]) -> String {
+    let w = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k:<w$}  {v}\n"))
+        .collect()
+}
+
+/// A byte count, e.g. `812 B`, `1.4 KiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.1} {unit}")
+}
+
+fn time(ms: Millis) -> String {
+    rfc3339(ms)
+}
+
+fn opt_time(ms: Option<Millis>) -> String {
+    ms.map_or_else(|| "-".to_owned(), rfc3339)
+}
+
+fn layer_sizes(b: [u64; 3]) -> String {
+    format!("L0 {}, L1 {}, L2 {}", bytes(b[0]), bytes(b[1]), bytes(b[2]))
+}
+
+fn meta_text(meta: &ce_core::Meta) -> String {
+    if meta.is_empty() {
+        "-".to_owned()
+    } else {
+        serde_json::to_string(meta).unwrap_or_default()
+    }
+}
+
+/// The outcome of a write (put, rm, mv, link, unlink).
+pub fn outcome(o: &WriteOutcome) -> String {
+    let events = if o.event_ids.is_empty() {
+        "-".to_owned()
+    } else {
+        o.event_ids.join(" ")
+    };
+    kv(&[
+        ("uri", o.uri.to_string()),
+        ("version", o.version.to_string()),
+        ("changed", o.changed.to_string()),
+        ("nodes", o.nodes_affected.to_string()),
+        ("events", events),
+        ("trace_id", o.trace_id.clone()),
+    ])
+}
+
+/// One layer's text, newline-terminated.
+pub fn layer_text(node: &ContextNode, level: Level) -> String {
+    let mut t = node.layers.get(level).to_owned();
+    if !t.is_empty() && !t.ends_with('\n') {
+        t.push('\n');
+    }
+    t
+}
+
+/// `ce stat`.
+pub fn stat(s: &NodeStat) -> String {
+    kv(&[
+        ("uri", s.uri.to_string()),
+        ("parent", s.parent_uri.to_string()),
+        ("type", s.context_type.to_string()),
+        (
+            "category",
+            if s.category.is_empty() {
+                "-".to_owned()
+            } else {
+                s.category.clone()
+            },
+        ),
+        ("owner_space", s.owner_space.to_string()),
+        ("version", s.version.to_string()),
+        ("relation_version", s.relation_version.to_string()),
+        ("content_hash", s.content_hash.clone()),
+        ("layers", layer_sizes(s.layer_bytes)),
+        ("children", s.children.to_string()),
+        ("meta", meta_text(&s.meta)),
+        ("created", time(s.created_at_ms)),
+        ("updated", time(s.updated_at_ms)),
+    ])
+}
+
+fn display_name(s: &NodeStat) -> String {
+    let name = s.uri.name();
+    if s.children > 0 {
+        format!("{name}/")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// `ce ls`.
+pub fn ls(children: &[NodeStat]) -> String {
+    if children.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = children
+        .iter()
+        .map(|s| {
+            vec![
+                display_name(s),
+                s.context_type.to_string(),
+                format!("v{}", s.version),
+                bytes(s.layer_bytes.iter().sum()),
+                s.children.to_string(),
+                time(s.updated_at_ms),
+            ]
+        })
+        .collect();
+    table(
+        &["NAME", "TYPE", "VERSION", "SIZE", "CHILDREN", "UPDATED"],
+        &rows,
+    )
+}
+
+/// `ce tree`: box-drawn, children by name under their parent.
+pub fn tree(root: &CtxUri, nodes: &[NodeStat]) -> String {
+    let mut children: BTreeMap<&CtxUri, Vec<&NodeStat>> = BTreeMap::new();
+    let mut top = None;
+    for n in nodes {
+        if &n.uri == root {
+            top = Some(n);
+        } else {
+            children.entry(&n.parent_uri).or_default().push(n);
+        }
+    }
+    for list in children.values_mut() {
+        list.sort_by(|a, b| a.uri.name().cmp(b.uri.name()));
+    }
+    let mut out = String::new();
+    match top {
+        Some(t) => out.push_str(&format!("{}{}\n", root, tree_info(t))),
+        None => out.push_str(&format!("{root}\n")),
+    }
+    tree_children(root, &children, "", &mut out);
+    out
+}
+
+fn tree_children(
+    parent: &CtxUri,
+    children: &BTreeMap<&CtxUri, Vec<&NodeStat>>,
+    prefix: &str,
+    out: &mut String,
+) {
+    let Some(list) = children.get(parent) else {
+        return;
+    };
+    for (i, n) in list.iter().enumerate() {
+        let last = i + 1 == list.len();
+        let (branch, cont) = if last {
+            ("└── ", "    ")
+        } else {
+            ("├── ", "│   ")
+        };
+        out.push_str(&format!(
+            "{prefix}{branch}{}{}\n",
+            display_name(n),
+            tree_info(n)
+        ));
+        tree_children(&n.uri, children, &format!("{prefix}{cont}"), out);
+    }
+}
+
+fn tree_info(n: &NodeStat) -> String {
+    let size: u64 = n.layer_bytes.iter().sum();
+    if size == 0 {
+        String::new()
+    } else {
+        format!("  [{} v{}, {}]", n.context_type, n.version, bytes(size))
+    }
+}
+
+/// `ce relations`.
+pub fn relations(uri: &CtxUri, r: &Relations) -> String {
+    if r.outgoing.is_empty() && r.incoming.is_empty() {
+        return format!("{uri} has no relations\n");
+    }
+    let row = |dir: &str, other: &CtxUri, e: &RelationEdge| {
+        vec![
+            dir.to_owned(),
+            e.relation_type.clone(),
+            other.to_string(),
+            e.weight.to_string(),
+            e.reason.clone(),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    rows.extend(r.outgoing.iter().map(|e| row("->", &e.to_uri, e)));
+    rows.extend(r.incoming.iter().map(|e| row("<-", &e.from_uri, e)));
+    table(&["DIR", "TYPE", "NODE", "WEIGHT", "REASON"], &rows)
+}
+
+/// `ce outbox list`.
+pub fn outbox_list(rows: &[DeliveryRow]) -> String {
+    if rows.is_empty() {
+        return "no deliveries\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.event.seq.to_string(),
+                r.event.event_id.clone(),
+                r.event.event_type.to_string(),
+                r.delivery.consumer.clone(),
+                r.delivery.status.to_string(),
+                r.delivery.retry_count.to_string(),
+                r.event.uri.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "SEQ", "EVENT_ID", "TYPE", "CONSUMER", "STATUS", "RETRIES", "URI",
+        ],
+        &rows,
+    )
+}
+
+/// `ce outbox show`.
+pub fn outbox_show(event: &OutboxEvent, deliveries: &[Delivery]) -> String {
+    let mut out = event_kv(event);
+    out.push_str("payload\n");
+    let payload = serde_json::to_string_pretty(&event.payload).unwrap_or_default();
+    for line in payload.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    let rows: Vec<Vec<String>> = deliveries
+        .iter()
+        .map(|d| {
+            vec![
+                d.consumer.clone(),
+                d.status.to_string(),
+                d.retry_count.to_string(),
+                opt_time(d.next_visible_at_ms),
+                d.claimed_by.clone().unwrap_or_else(|| "-".to_owned()),
+                d.last_error.clone().unwrap_or_else(|| "-".to_owned()),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "CONSUMER",
+            "STATUS",
+            "RETRIES",
+            "NEXT_VISIBLE",
+            "CLAIMED_BY",
+            "LAST_ERROR",
+        ],
+        &rows,
+    ));
+    out
+}
+
+/// An event's header lines.
+pub fn event_kv(event: &OutboxEvent) -> String {
+    kv(&[
+        ("seq", event.seq.to_string()),
+        ("event_id", event.event_id.clone()),
+        ("type", event.event_type.to_string()),
+        ("uri", event.uri.to_string()),
+        ("trace_id", event.payload.trace_id().to_owned()),
+        ("created", time(event.created_at_ms)),
+    ])
+}
+
+/// `ce outbox stats`.
+pub fn outbox_stats(stats: &[ConsumerStats]) -> String {
+    let rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| {
+            vec![
+                s.consumer.clone(),
+                s.pending.to_string(),
+                s.claimed.to_string(),
+                s.retry_wait.to_string(),
+                s.done.to_string(),
+                s.dead.to_string(),
+                s.low_watermark_seq
+                    .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                opt_time(s.oldest_pending_created_at_ms),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "CONSUMER",
+            "PENDING",
+            "CLAIMED",
+            "RETRY_WAIT",
+            "DONE",
+            "DEAD",
+            "LOW_WATERMARK",
+            "OLDEST_PENDING",
+        ],
+        &rows,
+    )
+}
+
+/// `ce import`.
+pub fn import(r: &ImportReport) -> String {
+    let mut out = kv(&[
+        ("nodes_written", r.nodes_written.to_string()),
+        ("nodes_unchanged", r.nodes_unchanged.to_string()),
+        ("relations_written", r.relations_written.to_string()),
+        ("events", r.events.to_string()),
+        ("skipped", r.skipped.len().to_string()),
+    ]);
+    for s in &r.skipped {
+        out.push_str(&format!("  skipped {s}\n"));
+    }
+    out
+}
+
+/// `ce export`.
+pub fn export(r: &ExportReport) -> String {
+    kv(&[
+        ("nodes", r.nodes.to_string()),
+        ("files", r.files.to_string()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns_and_trims_line_ends() {
+        let t = table(
+            &["A", "BB"],
+            &[vec!["xxx".into(), "y".into()], vec!["z".into(), "".into()]],
+        );
+        assert_eq!(t, "A    BB\nxxx  y\nz\n");
+    }
+
+    #[test]
+    fn bytes_switch_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+    }
+}

@@ -1,0 +1,9 @@
+//! Runs the built `ce` against a fresh data directory per test.
+
+mod bad_input;
+mod demo;
+mod harness;
+mod layout;
+mod nodes;
+mod outbox;
+mod relations;

@@ -1,0 +1,141 @@
+//! link / unlink / relations, and their UPSERT_RELATION events.
+
+use serde_json::json;
+
+use super::harness::{Ce, events};
+
+#[test]
+fn link_unlink_and_relations() {
+    let ce = Ce::new();
+    ce.put("ctx://acc/skills/refund", "how to refund");
+    ce.put("ctx://acc/docs/policy", "the policy");
+    let out = ce.json(&[
+        "link",
+        "ctx://acc/skills/refund",
+        "ctx://acc/docs/policy",
+        "--type",
+        "references",
+        "--weight",
+        "0.5",
+        "--reason",
+        "eligibility rules",
+    ]);
+    assert_eq!(out["changed"], true);
+    let edge = json!({"from_uri": "ctx://acc/skills/refund", "to_uri": "ctx://acc/docs/policy",
+                      "relation_type": "references", "weight": 0.5, "reason": "eligibility rules"});
+    assert_eq!(
+        ce.json(&["relations", "ctx://acc/skills/refund"]),
+        json!({"outgoing": [edge], "incoming": []})
+    );
+    assert_eq!(
+        ce.json(&["relations", "ctx://acc/docs/policy"]),
+        json!({"outgoing": [], "incoming": [edge]})
+    );
+    let human = ce.ok(&["relations", "ctx://acc/docs/policy"]);
+    assert!(
+        human.contains("<-") && human.contains("ctx://acc/skills/refund"),
+        "{human}"
+    );
+    let last = events(&ce).pop().expect("an event");
+    assert_eq!(last["event_type"], "UPSERT_RELATION");
+    assert_eq!(last["payload"]["uri"], "ctx://acc/skills/refund");
+    assert_eq!(last["payload"]["relation_version"], 1);
+    assert_eq!(last["payload"]["mode"], "replace");
+    assert_eq!(
+        ce.json(&["stat", "ctx://acc/skills/refund"])["relation_version"],
+        1
+    );
+
+    // The default weight is 1.0.
+    ce.json(&[
+        "link",
+        "ctx://acc/docs/policy",
+        "ctx://acc/skills/refund",
+        "--type",
+        "used_by",
+    ]);
+    assert_eq!(
+        ce.json(&["relations", "ctx://acc/docs/policy"])["outgoing"][0]["weight"],
+        1.0
+    );
+
+    let out = ce.json(&[
+        "unlink",
+        "ctx://acc/skills/refund",
+        "ctx://acc/docs/policy",
+        "--type",
+        "references",
+    ]);
+    assert_eq!(out["changed"], true);
+    assert_eq!(
+        ce.json(&["relations", "ctx://acc/skills/refund"])["outgoing"],
+        json!([])
+    );
+    let last = events(&ce).pop().expect("an event");
+    assert_eq!(last["event_type"], "UPSERT_RELATION");
+    assert_eq!(last["payload"]["relation_version"], 2);
+
+    let before = ce.snapshot("ctx://acc");
+    let f = ce.fail(
+        &[
+            "unlink",
+            "ctx://acc/skills/refund",
+            "ctx://acc/docs/policy",
+            "--type",
+            "references",
+        ],
+        3,
+    );
+    assert_eq!(f.error["code"], "not_found");
+    let f = ce.fail(
+        &[
+            "link",
+            "ctx://acc/skills/refund",
+            "ctx://acc/docs/nope",
+            "--type",
+            "references",
+        ],
+        3,
+    );
+    assert_eq!(f.error["code"], "not_found");
+    let f = ce.fail(
+        &[
+            "link",
+            "ctx://acc/skills/refund",
+            "ctx://acc/docs/policy",
+            "--type",
+            "has space",
+        ],
+        2,
+    );
+    assert_eq!(f.error["code"], "invalid_field");
+    let f = ce.fail(
+        &[
+            "link",
+            "ctx://acc/skills/refund",
+            "ctx://acc/docs/policy",
+            "--type",
+            "t",
+            "--weight",
+            "inf",
+        ],
+        2,
+    );
+    assert_eq!(f.error["code"], "invalid_field");
+    assert_eq!(ce.snapshot("ctx://acc"), before);
+}
+
+#[test]
+fn mv_carries_relations_along() {
+    let ce = Ce::new();
+    ce.put("ctx://acc/a", "a");
+    ce.put("ctx://acc/b", "b");
+    ce.json(&["link", "ctx://acc/a", "ctx://acc/b", "--type", "references"]);
+    ce.json(&["mv", "ctx://acc/b", "ctx://acc/c"]);
+    let r = ce.json(&["relations", "ctx://acc/a"]);
+    assert_eq!(r["outgoing"][0]["to_uri"], "ctx://acc/c");
+    assert_eq!(
+        ce.json(&["relations", "ctx://acc/c"])["incoming"][0]["from_uri"],
+        "ctx://acc/a"
+    );
+}
