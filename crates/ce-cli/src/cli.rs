@@ -251,9 +251,13 @@ pub struct OutboxListArgs {
     /// Only this event type, e.g. UPSERT_CONTEXT.
     #[arg(long = "type", value_name = "EVENT_TYPE")]
     pub event_type: Option<String>,
-    /// Only events after this sequence number.
+    /// Only rows after this sequence number (paging: the last row's seq).
     #[arg(long, value_name = "SEQ")]
     pub after: Option<i64>,
+    /// With --after: continue after this consumer's row of that event (the last row's
+    /// consumer), so a page boundary inside one event skips nothing.
+    #[arg(long, value_name = "CONSUMER", requires = "after")]
+    pub after_consumer: Option<String>,
     /// At most N rows [default: 100].
     #[arg(long, value_name = "N")]
     pub limit: Option<u32>,

@@ -280,6 +280,7 @@ fn outbox_list(open: Open<'_>, a: &OutboxListArgs) -> Result<Rendered> {
             .map(str::parse::<EventType>)
             .transpose()?,
         after_seq: a.after,
+        after_consumer: a.after_consumer.clone(),
         limit: a.limit,
     };
     let rows = open()?.list(&filter)?;

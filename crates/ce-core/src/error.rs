@@ -44,6 +44,14 @@ pub enum ErrorCode {
     StateTransition,
     /// The store is locked or temporarily unavailable.
     Unavailable,
+    /// An embedding call took longer than its timeout.
+    EmbedTimeout,
+    /// A provider asked us to slow down (HTTP 429).
+    RateLimited,
+    /// A remote provider failed (5xx, bad response, refused request).
+    Upstream,
+    /// Stored index data does not match what this build or model expects (dimension, model).
+    SchemaMismatch,
     /// The stored data is corrupt or from an incompatible schema.
     Corrupt,
     /// A file-system operation failed.
@@ -71,6 +79,10 @@ impl ErrorCode {
             ErrorCode::ClaimConflict => "claim_conflict",
             ErrorCode::StateTransition => "state_transition",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::EmbedTimeout => "embed_timeout",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::Upstream => "upstream",
+            ErrorCode::SchemaMismatch => "schema_mismatch",
             ErrorCode::Corrupt => "corrupt",
             ErrorCode::Io => "io",
             ErrorCode::Internal => "internal",
@@ -92,7 +104,11 @@ impl ErrorCode {
             | ErrorCode::VersionConflict
             | ErrorCode::NotEmpty
             | ErrorCode::ClaimConflict
-            | ErrorCode::StateTransition => 409,
+            | ErrorCode::StateTransition
+            | ErrorCode::SchemaMismatch => 409,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::Upstream => 502,
+            ErrorCode::EmbedTimeout => 504,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::Unavailable => 503,
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 500,
@@ -100,14 +116,14 @@ impl ErrorCode {
     }
 
     /// The `ce` exit code (documented in the README): 2 bad input, 3 not found, 4 conflict,
-    /// 5 too large, 6 unavailable (retry), 1 anything else.
+    /// 5 too large, 6 unavailable or overloaded (retry), 1 anything else.
     pub fn exit_code(self) -> i32 {
         match self.http_status() {
             400 => 2,
             404 => 3,
             409 => 4,
             413 => 5,
-            503 => 6,
+            429 | 502 | 503 | 504 => 6,
             _ => 1,
         }
     }

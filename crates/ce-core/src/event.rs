@@ -225,7 +225,9 @@ impl EventPayload {
         Ok(p)
     }
 
-    fn validate(&self) -> Result<(), CoreError> {
+    /// Checks what the types cannot: the event version, a non-root URI, and that a move's
+    /// parents are the parents of its ends.
+    pub fn validate(&self) -> Result<(), CoreError> {
         let t = self.event_type().as_str();
         let bad = |reason: String| CoreError::InvalidPayload {
             event_type: t,
@@ -375,7 +377,8 @@ pub struct Delivery {
     pub seq: i64,
     /// Status.
     pub status: DeliveryStatus,
-    /// Failures so far (never above `max_retries`).
+    /// Retries scheduled so far: retryable failures that led to `retry_wait` (never above
+    /// `max_retries`; the failure that sends a delivery to `dead` does not count).
     pub retry_count: u32,
     /// When a `pending` / `retry_wait` delivery becomes claimable.
     pub next_visible_at_ms: Option<Millis>,

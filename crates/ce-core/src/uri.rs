@@ -72,6 +72,14 @@ pub enum UriError {
         /// The offending input.
         uri: String,
     },
+    /// A rebase of a URI that is not within the prefix it was asked to replace.
+    #[error("uri {uri:?} is not within {prefix:?}")]
+    NotWithin {
+        /// The URI.
+        uri: String,
+        /// The prefix.
+        prefix: String,
+    },
     /// The canonical form is longer than [`MAX_URI_BYTES`].
     #[error("uri is {len} bytes long, the limit is {max}")]
     TooLong {
@@ -243,18 +251,28 @@ impl CtxUri {
             || (self.0.starts_with(&other.0) && self.0.as_bytes().get(other.0.len()) == Some(&b'/'))
     }
 
-    /// Rewrites the prefix `from` into `to` (spec §6.3): `None` when `self` is not within
-    /// `from`.
-    pub fn rebase(&self, from: &CtxUri, to: &CtxUri) -> Option<CtxUri> {
+    /// Rewrites the prefix `from` into `to` (spec §6.3). Fails when `self` is not within
+    /// `from`, or when the result would exceed [`MAX_URI_BYTES`].
+    pub fn rebase(&self, from: &CtxUri, to: &CtxUri) -> Result<CtxUri, UriError> {
         if !self.is_within(from) {
-            return None;
+            return Err(UriError::NotWithin {
+                uri: self.0.clone(),
+                prefix: from.0.clone(),
+            });
         }
         let rest = &self.0[from.0.len()..];
-        if to.is_root() {
-            let rest = rest.trim_start_matches('/');
-            return Some(CtxUri(format!("{SCHEME}{rest}")));
+        let out = if to.is_root() {
+            format!("{SCHEME}{}", rest.trim_start_matches('/'))
+        } else {
+            format!("{}{rest}", to.0)
+        };
+        if out.len() > MAX_URI_BYTES {
+            return Err(UriError::TooLong {
+                len: out.len(),
+                max: MAX_URI_BYTES,
+            });
         }
-        Some(CtxUri(format!("{}{rest}", to.0)))
+        Ok(CtxUri(out))
     }
 
     /// The path of `self` relative to `base` (`""` when equal), or `None` when not within.
@@ -372,7 +390,16 @@ mod tests {
         );
         assert_eq!(u.relative_to(&ab), Some("u1/memories"));
         assert_eq!(ab.relative_to(&ab), Some(""));
-        assert_eq!(abx.rebase(&ab, &to), None);
+        assert!(matches!(
+            abx.rebase(&ab, &to),
+            Err(UriError::NotWithin { .. })
+        ));
+        let long = CtxUri::parse(&format!("ctx://acc2/{}", "y".repeat(MAX_URI_BYTES - 20)))
+            .expect("valid");
+        assert!(matches!(
+            u.rebase(&ab, &long),
+            Err(UriError::TooLong { .. })
+        ));
     }
 
     fn spelling() -> impl Strategy<Value = String> {

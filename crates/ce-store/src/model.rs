@@ -192,12 +192,15 @@ pub struct ClaimedEvent {
 pub struct OutboxFilter {
     /// Only this status.
     pub status: Option<DeliveryStatus>,
-    /// Only this consumer.
+    /// Only this consumer (default: every configured consumer).
     pub consumer: Option<String>,
     /// Only this event type.
     pub event_type: Option<EventType>,
-    /// Only deliveries of events after this sequence (paging).
+    /// Only rows after this sequence (paging) ...
     pub after_seq: Option<i64>,
+    /// ... or, when set, after `(after_seq, after_consumer)`: pass the last row's sequence
+    /// and consumer to get the next page without skipping rows.
+    pub after_consumer: Option<String>,
     /// At most this many rows (default 100).
     pub limit: Option<u32>,
 }

@@ -189,21 +189,16 @@ fn check_size(field: &'static str, len: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
-/// Rewrites a node for a move from `from` to `to`: new URI and parent, a fresh version, and
+/// Rewrites a node for a move to `new_uri`: new URI and parent, a fresh version, and
 /// path-derived attributes re-derived where they still equal the old path's defaults
 /// (explicitly set attributes are kept).
 pub fn moved(
     node: &ContextNode,
-    from: &CtxUri,
-    to: &CtxUri,
+    new_uri: CtxUri,
     dest_tombstone: Option<u64>,
     now: Millis,
     trace_id: &str,
 ) -> ContextNode {
-    let new_uri = node
-        .uri
-        .rebase(from, to)
-        .unwrap_or_else(|| node.uri.clone());
     let old_d = PathDefaults::of(&node.uri);
     let new_d = PathDefaults::of(&new_uri);
     let mut n = node.clone();
@@ -366,7 +361,13 @@ mod tests {
         .expect("ok")
         .expect("new")
         .node;
-        let m = moved(&n, &from, &to, Some(4), 9, "t");
+        let m = moved(
+            &n,
+            n.uri.rebase(&from, &to).expect("within"),
+            Some(4),
+            9,
+            "t",
+        );
         assert_eq!(m.uri.as_str(), "ctx://a/users/u2/memories/prefs/theme");
         assert_eq!(m.parent_uri.as_str(), "ctx://a/users/u2/memories/prefs");
         assert_eq!(m.owner_space.to_string(), "user:u2");
@@ -374,7 +375,14 @@ mod tests {
         let mut explicit = n.clone();
         explicit.owner_space = ce_core::OwnerSpace::Shared;
         assert_eq!(
-            moved(&explicit, &from, &to, None, 9, "t").owner_space,
+            moved(
+                &explicit,
+                explicit.uri.rebase(&from, &to).expect("within"),
+                None,
+                9,
+                "t"
+            )
+            .owner_space,
             ce_core::OwnerSpace::Shared
         );
     }

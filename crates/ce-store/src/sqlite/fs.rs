@@ -157,13 +157,11 @@ fn stat_of(conn: &Connection, n: ContextNode) -> Result<NodeStat> {
 
 impl ContextFs for SqliteStore {
     fn put(&self, uri: &CtxUri, req: PutRequest) -> Result<WriteOutcome> {
-        let now = self.now();
-        self.write(Durability::Full, |tx| self.put_tx(tx, uri, req, now))
+        self.write(Durability::Full, |tx, now| self.put_tx(tx, uri, req, now))
     }
 
     fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>> {
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             ops.into_iter()
                 .map(|op| match op {
                     WriteOp::Put { uri, req } => self.put_tx(tx, &uri, req, now),
@@ -188,8 +186,7 @@ impl ContextFs for SqliteStore {
             return Err(StoreError::RootNotWritable);
         }
         let trace_id = trace_id_or_new(trace_id);
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             let node = get_node(tx, uri)?.ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
             check_expected(uri, expect_version, Some(node.version))?;
             let children = count_children(tx, uri)?;
@@ -257,8 +254,7 @@ impl ContextFs for SqliteStore {
             return Err(invalid("the target lies inside the source"));
         }
         let trace_id = trace_id_or_new(trace_id);
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             let root = get_node(tx, from)?.ok_or_else(|| StoreError::NodeNotFound { uri: from.clone() })?;
             if from == to {
                 return Ok(WriteOutcome {
@@ -277,8 +273,9 @@ impl ContextFs for SqliteStore {
             let nodes = subtree_nodes(tx, from)?;
             let mut moved = Vec::with_capacity(nodes.len());
             for n in &nodes {
-                let dest = n.uri.rebase(from, to).unwrap_or_else(|| n.uri.clone());
-                moved.push(plan::moved(n, from, to, get_tombstone(tx, &dest)?, now, &trace_id));
+                let dest = n.uri.rebase(from, to)?;
+                let tomb = get_tombstone(tx, &dest)?;
+                moved.push(plan::moved(n, dest, tomb, now, &trace_id));
             }
             let (lo, hi) = subtree_bounds(from);
             tx.execute(

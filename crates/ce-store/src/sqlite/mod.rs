@@ -117,11 +117,12 @@ impl SqliteStore {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; commits when it returns `Ok`.
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the time at which the write lock was
+    /// acquired; commits when it returns `Ok`.
     fn write<T>(
         &self,
         durability: Durability,
-        f: impl FnOnce(&Transaction<'_>) -> Result<T>,
+        f: impl FnOnce(&Transaction<'_>, Millis) -> Result<T>,
     ) -> Result<T> {
         let mut w = self.lock_writer();
         if w.mode != durability {
@@ -135,7 +136,10 @@ impl SqliteStore {
         let tx = w
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
+        // The clock is read once the write lock is held, so a wait for another process's
+        // lock never leaves the transaction acting on an old time (leases, fencing).
+        let now = self.now();
+        let out = f(&tx, now)?;
         tx.commit()?;
         Ok(out)
     }

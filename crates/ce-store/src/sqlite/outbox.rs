@@ -145,25 +145,24 @@ pub fn backoff_ms(
 }
 
 impl SqliteStore {
-    /// Records the configured consumers; a consumer seen for the first time gets a pending
-    /// delivery for every event already in the journal (back-fill).
+    /// Records the configured consumers and back-fills each: a consumer seen for the first
+    /// time, or switched back on after a gap, gets a pending delivery for every journal event
+    /// after its newest delivery (an index seek when there is nothing to add).
     pub(super) fn register_consumers(&self) -> Result<()> {
-        let now = self.now();
         let consumers = self.config.index.outbox.consumers.clone();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             for c in &consumers {
-                let added = tx.execute(
+                tx.execute(
                     "INSERT INTO consumers (name, added_at) VALUES (?1, ?2)
                      ON CONFLICT(name) DO NOTHING",
                     params![c, now],
                 )?;
-                if added == 1 {
-                    tx.execute(
-                        "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
-                         SELECT ?1, seq, 0, 0, ?2, ?2 FROM events",
-                        params![c, now],
-                    )?;
-                }
+                tx.execute(
+                    "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
+                     SELECT ?1, seq, 0, 0, ?2, ?2 FROM events
+                     WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)",
+                    params![c, now],
+                )?;
             }
             Ok(())
         })
@@ -189,8 +188,7 @@ impl SqliteStore {
         done_is_ok: bool,
         f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
     ) -> Result<Option<T>> {
-        let now = self.now();
-        self.write(Durability::Normal, |tx| {
+        self.write(Durability::Normal, |tx, now| {
             let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
                 .prepare_cached(
                     "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
@@ -250,10 +248,14 @@ impl OutboxStore for SqliteStore {
     }
 
     fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
-        let now = self.now();
         let consumers = &self.config.index.outbox.consumers;
-        let payloads = events.into_iter().map(|e| e.payload).collect();
-        self.write(Durability::Full, |tx| {
+        let payloads: Vec<EventPayload> = events.into_iter().map(|e| e.payload).collect();
+        // Never store what the journal cannot read back: one bad event would block every
+        // consumer at the head of its queue.
+        for p in &payloads {
+            p.validate()?;
+        }
+        self.write(Durability::Full, |tx, now| {
             append_events_tx(tx, consumers, payloads, now)
         })
     }
@@ -268,10 +270,10 @@ impl OutboxStore for SqliteStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let now = self.now();
-        let until = now + i64::from(self.config.index.worker.lease_seconds) * 1000;
+        let lease_ms = i64::from(self.config.index.worker.lease_seconds) * 1000;
         let token = format!("{:032x}", rand::rng().random::<u128>());
-        self.write(Durability::Normal, |tx| {
+        self.write(Durability::Normal, |tx, now| {
+            let until = now + lease_ms;
             let mut claimed: Vec<(i64, u32)> = tx
                 .prepare_cached(CLAIM_SQL)?
                 .query_map(
@@ -380,8 +382,7 @@ impl OutboxStore for SqliteStore {
         if let Some(c) = consumer {
             self.check_consumer(c)?;
         }
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             let mut stmt = tx.prepare_cached(
                 "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = ?1, updated_at = ?1
                  WHERE status = 5 AND (?2 IS NULL OR consumer = ?2) AND (?3 IS NULL OR seq = ?3)",
@@ -408,7 +409,9 @@ impl OutboxStore for SqliteStore {
                 "SELECT {EVENT_COLUMNS}, {DELIVERY_COLUMNS}
                  FROM deliveries d JOIN events e ON e.seq = d.seq
                  WHERE (?1 IS NULL OR d.status = ?1) AND (?2 IS NULL OR d.consumer = ?2)
-                   AND (?3 IS NULL OR e.event_type = ?3) AND d.seq > ?4
+                   AND (?3 IS NULL OR e.event_type = ?3)
+                   AND (d.seq > ?4 OR (d.seq = ?4 AND ?6 IS NOT NULL AND d.consumer > ?6))
+                   AND d.consumer IN (SELECT value FROM json_each(?7))
                  ORDER BY d.seq, d.consumer LIMIT ?5"
             ))?;
             let rows = stmt.query_map(
@@ -418,6 +421,8 @@ impl OutboxStore for SqliteStore {
                     filter.event_type.map(EventType::as_str),
                     filter.after_seq.unwrap_or(0),
                     i64::from(filter.limit.unwrap_or(100)),
+                    filter.after_consumer,
+                    serde_json::to_string(&self.config.index.outbox.consumers)?,
                 ],
                 |r| Ok((event_from_row(r)?, delivery_from_row(r, 6)?)),
             )?;

@@ -199,8 +199,7 @@ impl RelationStore for SqliteStore {
     fn link(&self, req: LinkRequest) -> Result<WriteOutcome> {
         validate_link(&req)?;
         let trace_id = trace_id_or_new(req.trace_id.clone());
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             self.relation_write_tx(tx, &req.from, trace_id, now, |tx| {
                 require_node(tx, &req.to)?;
                 let existing: Option<(f64, String)> = tx
@@ -230,8 +229,7 @@ impl RelationStore for SqliteStore {
         trace_id: Option<String>,
     ) -> Result<WriteOutcome> {
         validate_relation_type(relation_type)?;
-        let now = self.now();
-        self.write(Durability::Full, |tx| {
+        self.write(Durability::Full, |tx, now| {
             self.relation_write_tx(tx, from, trace_id_or_new(trace_id), now, |tx| {
                 let n = tx
                     .prepare_cached(

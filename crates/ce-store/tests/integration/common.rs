@@ -1,0 +1,312 @@
+//! Shared helpers: opening a backend, seeds, whole-store snapshots and the source-of-truth
+//! invariants every suite checks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use ce_core::{
+    Classify, Clock, Config, ContextNode, CtxUri, ErrorCode, EventPayload, ManualClock,
+    OutboxEvent, RelationEdge,
+};
+use ce_store::{DeliveryRow, OutboxFilter, OutboxStore, SourceStore, SqliteStore, StoreError};
+
+/// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
+pub const T0: i64 = 1_773_482_400_000;
+
+/// Opens the backend under test. Every suite opens its store here, so a second backend
+/// (Postgres) runs the same suites by switching this function.
+pub fn open(dir: &Path, config: Config, clock: Arc<dyn Clock>) -> SqliteStore {
+    SqliteStore::open_with_clock(dir, config, clock).expect("open store")
+}
+
+/// A store in a fresh temporary directory with a manual clock at [`T0`].
+pub fn fresh(config: Config) -> (tempfile::TempDir, SqliteStore, ManualClock) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let store = open(dir.path(), config, Arc::new(clock.clone()));
+    (dir, store, clock)
+}
+
+/// The configuration of the outbox suites: two consumers, spec defaults otherwise.
+pub fn two_consumers() -> Config {
+    let mut c = Config::default();
+    c.index.outbox.consumers = vec!["vector".into(), "keyword".into()];
+    c
+}
+
+/// Parses a URI literal.
+pub fn uri(s: &str) -> CtxUri {
+    CtxUri::parse(s).expect("valid uri literal")
+}
+
+/// The seed of a randomized test: `CE_SEED` when set, else a fresh one. Printed either way
+/// (libtest shows it when the test fails).
+pub fn seed(test: &str) -> u64 {
+    let seed = match std::env::var("CE_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .expect("CE_SEED must be an unsigned 64-bit integer"),
+        Err(_) => rand::random(),
+    };
+    eprintln!("{test}: seed {seed} (replay with CE_SEED={seed})");
+    seed
+}
+
+/// Every delivery row, in (seq, consumer) order.
+pub fn all_deliveries<S: OutboxStore + ?Sized>(s: &S) -> Vec<DeliveryRow> {
+    s.list(&OutboxFilter {
+        limit: Some(u32::MAX),
+        ..OutboxFilter::default()
+    })
+    .expect("list deliveries")
+}
+
+/// Every event of the journal, by sequence.
+pub fn all_events<S: OutboxStore + ?Sized>(s: &S) -> BTreeMap<i64, OutboxEvent> {
+    all_deliveries(s)
+        .into_iter()
+        .map(|r| (r.event.seq, r.event))
+        .collect()
+}
+
+/// The whole state of a store: nodes, edges, events and deliveries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Every node, in URI order.
+    pub nodes: Vec<ContextNode>,
+    /// Every edge, by owner.
+    pub edges: Vec<RelationEdge>,
+    /// Every delivery with its event.
+    pub outbox: Vec<DeliveryRow>,
+}
+
+/// Reads the whole state.
+pub fn snapshot<S: SourceStore + ?Sized>(s: &S) -> Snapshot {
+    let nodes = s.read_subtree(&CtxUri::root()).expect("read_subtree(root)");
+    let mut edges = Vec::new();
+    for n in &nodes {
+        edges.extend(s.get_edges(&n.uri).expect("get_edges"));
+    }
+    Snapshot {
+        nodes,
+        edges,
+        outbox: all_deliveries(s),
+    }
+}
+
+/// Runs `op`, which must fail with `code` (and the given retryability), and checks that it
+/// left the store exactly as it was.
+#[track_caller]
+pub fn assert_rejected<S, T: std::fmt::Debug>(
+    s: &S,
+    code: ErrorCode,
+    retryable: bool,
+    op: impl FnOnce(&S) -> ce_store::Result<T>,
+) -> StoreError
+where
+    S: SourceStore + ?Sized,
+{
+    let before = snapshot(s);
+    let err = match op(s) {
+        Ok(v) => panic!("expected a {code} error, got Ok({:.400})", format!("{v:?}")),
+        Err(e) => e,
+    };
+    assert_eq!(err.code(), code, "code of {err}");
+    assert_eq!(
+        err.is_retryable(),
+        retryable,
+        "retryability of {err} ({code})"
+    );
+    let after = snapshot(s);
+    assert!(
+        before == after,
+        "a rejected operation ({err}) changed the store"
+    );
+    err
+}
+
+/// Checks the invariants of the source of truth against its own outbox; returns what is
+/// broken (empty when all hold).
+///
+/// - TR1: every node's parent is a node or the root, and `parent_uri` is the URI's parent.
+/// - RL1: every edge joins two existing nodes.
+/// - OB1: every node's current version is announced by an event (`UPSERT_CONTEXT` at that
+///   version, or a `MOVE_CONTEXT` that brought it to its URI); its relation version too.
+/// - OB2: no event announces a write that is absent: an `UPSERT_CONTEXT` (uri, v) has the
+///   node at ≥ v unless a later delete or move took that URI away; same for relations.
+/// - OB3: a `DELETE_CONTEXT` (uri, v) leaves the URI absent or re-created above v.
+/// - OB4: every event has exactly one delivery per configured consumer, and no delivery is
+///   `failed` at rest.
+pub fn invariant_violations<S: SourceStore + ?Sized>(s: &S) -> Vec<String> {
+    violations(&snapshot(s), &s.consumers())
+}
+
+/// [`invariant_violations`] of a snapshot taken already.
+pub fn violations(snap: &Snapshot, consumers: &[String]) -> Vec<String> {
+    let mut bad = Vec::new();
+    let nodes: BTreeMap<&CtxUri, &ContextNode> = snap.nodes.iter().map(|n| (&n.uri, n)).collect();
+    for n in &snap.nodes {
+        let parent = n.uri.parent().unwrap_or_else(CtxUri::root);
+        if n.parent_uri != parent {
+            bad.push(format!("TR1: {} has parent_uri {}", n.uri, n.parent_uri));
+        }
+        if !parent.is_root() && !nodes.contains_key(&parent) {
+            bad.push(format!("TR1: parent of {} is missing", n.uri));
+        }
+    }
+    for e in &snap.edges {
+        for end in [&e.from_uri, &e.to_uri] {
+            if !nodes.contains_key(end) {
+                bad.push(format!(
+                    "RL1: edge {} -> {} names missing {end}",
+                    e.from_uri, e.to_uri
+                ));
+            }
+        }
+    }
+
+    let consumers: BTreeSet<&str> = consumers.iter().map(String::as_str).collect();
+    let mut per_event: BTreeMap<i64, BTreeSet<&str>> = BTreeMap::new();
+    let mut events: BTreeMap<i64, &OutboxEvent> = BTreeMap::new();
+    for r in &snap.outbox {
+        if r.delivery.status == ce_core::DeliveryStatus::Failed {
+            bad.push(format!(
+                "OB4: delivery {}/{} is failed at rest",
+                r.delivery.consumer, r.event.seq
+            ));
+        }
+        if !per_event
+            .entry(r.event.seq)
+            .or_default()
+            .insert(&r.delivery.consumer)
+        {
+            bad.push(format!(
+                "OB4: two deliveries for {}/{}",
+                r.delivery.consumer, r.event.seq
+            ));
+        }
+        events.insert(r.event.seq, &r.event);
+    }
+    for (seq, cs) in &per_event {
+        if *cs != consumers {
+            bad.push(format!(
+                "OB4: event {seq} has deliveries for {cs:?}, want {consumers:?}"
+            ));
+        }
+    }
+
+    // The last delete or move that took each subtree away, and every move target.
+    let mut last_taken: BTreeMap<&CtxUri, i64> = BTreeMap::new();
+    let mut upserted: BTreeSet<(&CtxUri, u64)> = BTreeSet::new();
+    let mut related: BTreeSet<(&CtxUri, u64)> = BTreeSet::new();
+    let mut move_targets: BTreeSet<&CtxUri> = BTreeSet::new();
+    for (seq, e) in &events {
+        match &e.payload {
+            EventPayload::UpsertContext(p) => {
+                upserted.insert((&p.uri, p.expected_node_version));
+            }
+            EventPayload::UpsertRelation(p) => {
+                related.insert((&p.uri, p.relation_version));
+            }
+            EventPayload::MoveContext(p) => {
+                move_targets.insert(&p.to_uri);
+                last_taken.insert(&p.from_uri, *seq);
+            }
+            EventPayload::DeleteContext(p) => {
+                last_taken.insert(&p.uri, *seq);
+            }
+        }
+    }
+    let self_and_ancestors = |u: &CtxUri| {
+        let mut v = u.ancestors();
+        v.push(u.clone());
+        v
+    };
+    let taken_after = |seq: i64, uri: &CtxUri| {
+        self_and_ancestors(uri)
+            .iter()
+            .any(|a| last_taken.get(a).is_some_and(|s| *s > seq))
+    };
+    let moved_in = |u: &CtxUri| {
+        self_and_ancestors(u)
+            .iter()
+            .any(|a| move_targets.contains(a))
+    };
+    for n in &snap.nodes {
+        if !upserted.contains(&(&n.uri, n.version)) && !moved_in(&n.uri) {
+            bad.push(format!(
+                "OB1: {} at version {} has no event",
+                n.uri, n.version
+            ));
+        }
+        if n.relation_version > 0
+            && !related.contains(&(&n.uri, n.relation_version))
+            && !moved_in(&n.uri)
+        {
+            bad.push(format!(
+                "OB1: {} at relation version {} has no event",
+                n.uri, n.relation_version
+            ));
+        }
+    }
+    for (seq, e) in &events {
+        match &e.payload {
+            EventPayload::UpsertContext(p) => {
+                let ok = nodes
+                    .get(&p.uri)
+                    .is_some_and(|n| n.version >= p.expected_node_version)
+                    || taken_after(*seq, &p.uri);
+                if !ok {
+                    bad.push(format!(
+                        "OB2: event {seq} announces {} v{} but the node is absent or older",
+                        p.uri, p.expected_node_version
+                    ));
+                }
+            }
+            EventPayload::UpsertRelation(p) => {
+                let ok = nodes
+                    .get(&p.uri)
+                    .is_some_and(|n| n.relation_version >= p.relation_version)
+                    || taken_after(*seq, &p.uri);
+                if !ok {
+                    bad.push(format!(
+                        "OB2: event {seq} announces relations of {} v{} but the node is absent or older",
+                        p.uri, p.relation_version
+                    ));
+                }
+            }
+            EventPayload::DeleteContext(p) => {
+                if let Some(n) = nodes.get(&p.uri)
+                    && n.version <= p.expected_deleted_version
+                {
+                    bad.push(format!(
+                        "OB3: {} deleted at v{} still exists at v{}",
+                        p.uri, p.expected_deleted_version, n.version
+                    ));
+                }
+            }
+            EventPayload::MoveContext(p) => {
+                if !nodes.contains_key(&p.to_uri) && !taken_after(*seq, &p.to_uri) {
+                    bad.push(format!(
+                        "OB2: move {seq} to {} but the target is absent",
+                        p.to_uri
+                    ));
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// Panics with every broken invariant.
+#[track_caller]
+pub fn assert_invariants<S: SourceStore + ?Sized>(s: &S) {
+    let bad = invariant_violations(s);
+    assert!(
+        bad.is_empty(),
+        "store invariants broken:\n  {}",
+        bad.join("\n  ")
+    );
+}

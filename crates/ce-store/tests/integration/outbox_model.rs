@@ -1,0 +1,862 @@
+//! The outbox delivery state machine (spec §3.2–§3.4) against a `BTreeMap` model.
+//!
+//! A proptest strategy generates op sequences (append, claim, renew, done, retryable and
+//! non-retryable failure, clock moves onto and just before every deadline, requeue); after
+//! every step each delivery of the store must equal the model: status, retry count,
+//! visibility, the live claim, the last error and `updated_at` (so a refused ack provably
+//! changed nothing), plus the per-consumer stats.
+
+use std::collections::BTreeMap;
+
+use ce_core::{
+    Classify, DeliveryStatus, EVENT_VERSION, ErrorCode, EventPayload, Millis, OutboxEventCreate,
+    UpsertContextPayload, UpsertReason, test_cases,
+};
+use ce_store::{Claim, OutboxStore, SqliteStore, StoreError};
+use proptest::prelude::*;
+use proptest::test_runner::{
+    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
+};
+
+use crate::common::{self, T0};
+
+const CONSUMERS: [&str; 2] = ["vector", "keyword"];
+const WORKERS: [&str; 3] = ["w0", "w1", "w2"];
+
+/// Per-case configuration: the outbox knobs the state machine depends on.
+#[derive(Debug, Clone, Copy)]
+struct Knobs {
+    max_retries: u32,
+    retry_max_seconds: u32,
+    dead_letter_enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Advance {
+    /// A fixed step (includes the 60 s lease and the backoff cap).
+    By(Millis),
+    /// Exactly onto the nearest future deadline (a visibility time or a lease end).
+    ToNextDeadline,
+    /// One millisecond before the nearest future deadline.
+    JustBeforeNextDeadline,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Append(usize),
+    Claim {
+        consumer: usize,
+        worker: usize,
+        limit: usize,
+    },
+    /// The claim ops pick a claim from the history, counted from the newest (so stale
+    /// claims are exercised too).
+    Renew(usize),
+    Done(usize),
+    FailRetryable(usize),
+    FailNonRetryable(usize),
+    Advance(Advance),
+    Requeue(Option<usize>),
+    /// `requeue_dead(None, [seq of the n-th event])`: only dead deliveries may move.
+    RequeueSeq(usize),
+    /// A worker that keeps failing: `times` × (move the clock to the next deadline when
+    /// nothing is runnable, claim one, fail it retryably), each step checked on its own.
+    /// Reaches the retry cap and the dead letter within a short sequence.
+    FailLoop {
+        consumer: usize,
+        worker: usize,
+        times: usize,
+    },
+}
+
+fn knobs() -> impl Strategy<Value = Knobs> {
+    (
+        prop_oneof![Just(3u32), Just(8)],
+        prop_oneof![Just(30u32), Just(300)],
+        0..4u8,
+    )
+        .prop_map(|(max_retries, retry_max_seconds, d)| Knobs {
+            max_retries,
+            retry_max_seconds,
+            dead_letter_enabled: d != 0,
+        })
+}
+
+fn claim_index() -> impl Strategy<Value = usize> {
+    prop_oneof![4 => 0..2usize, 1 => 0..64usize]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let advance = prop_oneof![
+        2 => prop::sample::select(vec![
+            1, 500, 999, 1_000, 2_000, 4_000, 59_999, 60_000, 60_001, 300_000, 360_001,
+        ])
+        .prop_map(Advance::By),
+        3 => Just(Advance::ToNextDeadline),
+        1 => Just(Advance::JustBeforeNextDeadline),
+    ];
+    prop_oneof![
+        2 => (1..=4usize).prop_map(Op::Append),
+        5 => (0..2usize, 0..3usize, 1..=5usize)
+            .prop_map(|(consumer, worker, limit)| Op::Claim { consumer, worker, limit }),
+        1 => claim_index().prop_map(Op::Renew),
+        3 => claim_index().prop_map(Op::Done),
+        4 => claim_index().prop_map(Op::FailRetryable),
+        1 => claim_index().prop_map(Op::FailNonRetryable),
+        4 => advance.prop_map(Op::Advance),
+        1 => prop::option::of(0..2usize).prop_map(Op::Requeue),
+        1 => (0..64usize).prop_map(Op::RequeueSeq),
+        2 => (0..2usize, 0..3usize, 1..=24usize)
+            .prop_map(|(consumer, worker, times)| Op::FailLoop { consumer, worker, times }),
+    ]
+}
+
+/// What the model knows of one delivery.
+#[derive(Debug, Clone)]
+struct Expected {
+    status: DeliveryStatus,
+    retry_count: u32,
+    /// Claimable from (pending, retry_wait).
+    visible: Option<Millis>,
+    /// The live claim (claimed): token, worker, lease end.
+    claim: Option<(String, String, Millis)>,
+    /// Last failure, when the model knows it.
+    error: Option<(String, String)>,
+    updated_at: Millis,
+}
+
+struct Model {
+    knobs: Knobs,
+    lease_ms: Millis,
+    now: Millis,
+    /// seq → (event id, created_at).
+    events: BTreeMap<i64, (String, Millis)>,
+    deliveries: BTreeMap<(String, i64), Expected>,
+    claims: Vec<Claim>,
+}
+
+type Step = Result<(), String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+impl Model {
+    fn pick(&self, idx: usize) -> Option<Claim> {
+        let n = self.claims.len();
+        (n > 0).then(|| self.claims[n - 1 - idx % n].clone())
+    }
+
+    fn key(c: &Claim) -> (String, i64) {
+        (c.consumer.clone(), c.seq)
+    }
+
+    /// Whether `c` is the live claim of its delivery at `now` (the fencing rule).
+    fn is_live(&self, c: &Claim) -> bool {
+        self.deliveries.get(&Self::key(c)).is_some_and(|d| {
+            d.status == DeliveryStatus::Claimed
+                && d.claim
+                    .as_ref()
+                    .is_some_and(|(t, _, until)| *t == c.token && self.now < *until)
+        })
+    }
+
+    fn runnable(&self, consumer: &str) -> Vec<i64> {
+        self.deliveries
+            .iter()
+            .filter(|((c, _), _)| c == consumer)
+            .filter(|(_, d)| match d.status {
+                DeliveryStatus::Pending | DeliveryStatus::RetryWait => {
+                    d.visible.is_some_and(|v| v <= self.now)
+                }
+                DeliveryStatus::Claimed => d.claim.as_ref().is_some_and(|c| c.2 <= self.now),
+                _ => false,
+            })
+            .map(|((_, s), _)| *s)
+            .collect()
+    }
+
+    fn next_deadline(&self) -> Option<Millis> {
+        self.deliveries
+            .values()
+            .filter_map(|d| match d.status {
+                DeliveryStatus::Pending | DeliveryStatus::RetryWait => d.visible,
+                DeliveryStatus::Claimed => d.claim.as_ref().map(|c| c.2),
+                _ => None,
+            })
+            .filter(|t| *t > self.now)
+            .min()
+    }
+
+    /// The backoff bounds of retry `n` (1-based): `[min(base·2^(n-1), max), +jitter]`.
+    fn backoff_bounds(&self, n: u32) -> (Millis, Millis) {
+        let base = 2_000i64;
+        let d = (base << (n - 1).min(30)).min(i64::from(self.knobs.retry_max_seconds) * 1000);
+        (d, d + d / 5)
+    }
+}
+
+fn conflict<T: std::fmt::Debug>(what: &str, got: ce_store::Result<T>) -> Step {
+    match got {
+        Err(e @ StoreError::ClaimConflict { .. }) => {
+            ensure!(
+                e.code() == ErrorCode::ClaimConflict && e.is_retryable(),
+                "{what}: {e} misclassified"
+            );
+            Ok(())
+        }
+        other => Err(format!(
+            "{what}: the model expects ClaimConflict, the store gave {other:?}"
+        )),
+    }
+}
+
+fn apply(
+    store: &SqliteStore,
+    clock: &ce_core::ManualClock,
+    m: &mut Model,
+    op: &Op,
+    step: usize,
+) -> Step {
+    match *op {
+        Op::Append(n) => {
+            let batch = (0..n)
+                .map(|i| OutboxEventCreate {
+                    payload: EventPayload::UpsertContext(UpsertContextPayload {
+                        event_version: EVENT_VERSION,
+                        uri: common::uri(&format!("ctx://m/s{step}/e{i}")),
+                        expected_node_version: 1,
+                        reason: UpsertReason::Create,
+                        trace_id: format!("t{step}"),
+                    }),
+                })
+                .collect();
+            let got = store
+                .append_batch(batch)
+                .map_err(|e| format!("append: {e}"))?;
+            ensure!(
+                got.len() == n,
+                "append returned {} events for {n}",
+                got.len()
+            );
+            let mut last = m.events.keys().next_back().copied().unwrap_or(0);
+            for e in got {
+                ensure!(e.seq > last, "append: seq {} not above {last}", e.seq);
+                last = e.seq;
+                m.events.insert(e.seq, (e.event_id.clone(), m.now));
+                for c in CONSUMERS {
+                    m.deliveries.insert(
+                        (c.to_owned(), e.seq),
+                        Expected {
+                            status: DeliveryStatus::Pending,
+                            retry_count: 0,
+                            visible: Some(m.now),
+                            claim: None,
+                            error: None,
+                            updated_at: m.now,
+                        },
+                    );
+                }
+            }
+        }
+        Op::Claim {
+            consumer,
+            worker,
+            limit,
+        } => {
+            let (c, w) = (CONSUMERS[consumer], WORKERS[worker]);
+            let mut expected = m.runnable(c);
+            expected.truncate(limit);
+            let got = store
+                .claim_batch(c, w, limit)
+                .map_err(|e| format!("claim: {e}"))?;
+            let seqs: Vec<i64> = got.iter().map(|ce| ce.claim.seq).collect();
+            ensure!(
+                seqs == expected,
+                "claim {c} limit {limit}: got seqs {seqs:?}, model {expected:?}"
+            );
+            let until = m.now + m.lease_ms;
+            for ce in &got {
+                let key = (c.to_owned(), ce.claim.seq);
+                let d = m
+                    .deliveries
+                    .get_mut(&key)
+                    .ok_or("claim of an unknown delivery")?;
+                ensure!(
+                    ce.claim.token == got[0].claim.token,
+                    "one batch, several tokens"
+                );
+                ensure!(
+                    d.claim.as_ref().is_none_or(|old| old.0 != ce.claim.token),
+                    "re-claim of {key:?} reused the old token"
+                );
+                ensure!(
+                    ce.claim.claimed_until_ms == until,
+                    "lease ends {} not {until}",
+                    ce.claim.claimed_until_ms
+                );
+                ensure!(
+                    ce.retry_count == d.retry_count,
+                    "claim says retry_count {}, model {}",
+                    ce.retry_count,
+                    d.retry_count
+                );
+                ensure!(
+                    ce.claim.worker_id == w && ce.claim.consumer == c,
+                    "claim names {ce:?}"
+                );
+                ensure!(
+                    ce.event.event_id == m.events[&ce.claim.seq].0,
+                    "claim handed another event"
+                );
+                ensure!(
+                    ce.claim.event_id == ce.event.event_id,
+                    "claim and event ids differ"
+                );
+                d.status = DeliveryStatus::Claimed;
+                d.visible = None;
+                d.claim = Some((ce.claim.token.clone(), w.to_owned(), until));
+                d.updated_at = m.now;
+                m.claims.push(ce.claim.clone());
+            }
+        }
+        Op::Renew(i) => {
+            let Some(claim) = m.pick(i) else {
+                return Ok(());
+            };
+            let got = store.renew(&claim);
+            if m.is_live(&claim) {
+                let until = got.map_err(|e| format!("renew of a live claim: {e}"))?;
+                ensure!(
+                    until == m.now + m.lease_ms,
+                    "renew until {until}, want {}",
+                    m.now + m.lease_ms
+                );
+                let d = m
+                    .deliveries
+                    .get_mut(&Model::key(&claim))
+                    .ok_or("unknown delivery")?;
+                if let Some(c) = d.claim.as_mut() {
+                    c.2 = until;
+                }
+                d.updated_at = m.now;
+            } else {
+                conflict("renew of a dead claim", got)?;
+            }
+        }
+        Op::Done(i) => {
+            let Some(claim) = m.pick(i) else {
+                return Ok(());
+            };
+            let live = m.is_live(&claim);
+            let got = store.mark_done(&claim);
+            let now = m.now;
+            let d = m
+                .deliveries
+                .get_mut(&Model::key(&claim))
+                .ok_or("unknown delivery")?;
+            if live {
+                got.map_err(|e| format!("mark_done of a live claim: {e}"))?;
+                d.status = DeliveryStatus::Done;
+                d.claim = None;
+                d.updated_at = now;
+            } else if d.status == DeliveryStatus::Done {
+                got.map_err(|e| format!("mark_done repeated on a done delivery: {e}"))?;
+            } else {
+                conflict("mark_done of a dead claim", got)?;
+            }
+        }
+        Op::FailRetryable(i) | Op::FailNonRetryable(i) => {
+            let retryable = matches!(op, Op::FailRetryable(_));
+            let Some(claim) = m.pick(i) else {
+                return Ok(());
+            };
+            let live = m.is_live(&claim);
+            let (msg, code) = (
+                format!("boom {step}"),
+                if retryable {
+                    "timeout"
+                } else {
+                    "invalid_payload"
+                },
+            );
+            let got = store.mark_failed(&claim, &msg, code, retryable);
+            if !live {
+                return conflict("mark_failed of a dead claim", got);
+            }
+            let status = got.map_err(|e| format!("mark_failed of a live claim: {e}"))?;
+            let k = m.knobs;
+            let now = m.now;
+            let key = Model::key(&claim);
+            let count = m.deliveries[&key].retry_count;
+            let exhausted = count >= k.max_retries;
+            let want = if !retryable || (exhausted && k.dead_letter_enabled) {
+                DeliveryStatus::Dead
+            } else {
+                DeliveryStatus::RetryWait
+            };
+            ensure!(
+                status == want,
+                "mark_failed(retryable={retryable}) at retry_count {count} gave {status}, want {want}"
+            );
+            let new_count = if want == DeliveryStatus::Dead {
+                count
+            } else {
+                (count + 1).min(k.max_retries)
+            };
+            let mut visible = None;
+            if want == DeliveryStatus::RetryWait {
+                let (_, rows) = store
+                    .show(&claim.event_id)
+                    .map_err(|e| format!("show: {e}"))?;
+                let row = rows
+                    .iter()
+                    .find(|r| r.consumer == claim.consumer)
+                    .ok_or("no delivery row")?;
+                let at = row
+                    .next_visible_at_ms
+                    .ok_or("retry_wait without next_visible_at")?;
+                let (lo, hi) = m.backoff_bounds(new_count);
+                ensure!(
+                    (now + lo..=now + hi).contains(&at),
+                    "retry {new_count}: next_visible_at is now+{} ms, want within [{lo}, {hi}]",
+                    at - now
+                );
+                visible = Some(at);
+            }
+            let d = m.deliveries.get_mut(&key).ok_or("unknown delivery")?;
+            d.status = want;
+            d.retry_count = new_count;
+            d.visible = visible;
+            d.claim = None;
+            d.error = Some((msg, code.to_owned()));
+            d.updated_at = now;
+        }
+        Op::Advance(a) => {
+            let to = match a {
+                Advance::By(ms) => Some(m.now + ms),
+                Advance::ToNextDeadline => m.next_deadline(),
+                Advance::JustBeforeNextDeadline => m.next_deadline().map(|t| t - 1),
+            };
+            if let Some(t) = to.filter(|t| *t > m.now) {
+                clock.advance(t - m.now);
+                m.now = t;
+            }
+        }
+        Op::Requeue(consumer) => {
+            let c = consumer.map(|i| CONSUMERS[i]);
+            let n = store
+                .requeue_dead(c, None)
+                .map_err(|e| format!("requeue: {e}"))?;
+            let now = m.now;
+            let mut want = 0;
+            for ((dc, _), d) in m.deliveries.iter_mut() {
+                if d.status == DeliveryStatus::Dead && c.is_none_or(|c| c == dc) {
+                    want += 1;
+                    requeued(d, now);
+                }
+            }
+            ensure!(n == want, "requeue({c:?}) moved {n}, want {want}");
+        }
+        Op::RequeueSeq(i) => {
+            let Some(&seq) = m.events.keys().nth(i % m.events.len().max(1)) else {
+                return Ok(());
+            };
+            let n = store
+                .requeue_dead(None, Some(&[seq]))
+                .map_err(|e| format!("requeue: {e}"))?;
+            let now = m.now;
+            let mut want = 0;
+            for ((_, s), d) in m.deliveries.iter_mut() {
+                if *s == seq && d.status == DeliveryStatus::Dead {
+                    want += 1;
+                    requeued(d, now);
+                }
+            }
+            ensure!(n == want, "requeue(seq {seq}) moved {n}, want {want}");
+        }
+        Op::FailLoop {
+            consumer,
+            worker,
+            times,
+        } => {
+            for _ in 0..times {
+                if m.runnable(CONSUMERS[consumer]).is_empty() {
+                    apply_checked(store, clock, m, &Op::Advance(Advance::ToNextDeadline), step)?;
+                }
+                let before = m.claims.len();
+                apply_checked(
+                    store,
+                    clock,
+                    m,
+                    &Op::Claim {
+                        consumer,
+                        worker,
+                        limit: 1,
+                    },
+                    step,
+                )?;
+                if m.claims.len() == before {
+                    break;
+                }
+                apply_checked(store, clock, m, &Op::FailRetryable(0), step)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_checked(
+    store: &SqliteStore,
+    clock: &ce_core::ManualClock,
+    m: &mut Model,
+    op: &Op,
+    step: usize,
+) -> Step {
+    apply(store, clock, m, op, step)
+        .and_then(|()| compare(store, m))
+        .map_err(|e| format!("in {op:?}: {e}"))
+}
+
+fn requeued(d: &mut Expected, now: Millis) {
+    d.status = DeliveryStatus::Pending;
+    d.retry_count = 0;
+    d.visible = Some(now);
+    // Whether requeue keeps the last error is not specified: stop comparing it.
+    d.error = None;
+    d.updated_at = now;
+}
+
+fn compare(store: &SqliteStore, m: &Model) -> Step {
+    let rows = common::all_deliveries(store);
+    ensure!(
+        rows.len() == m.events.len() * CONSUMERS.len(),
+        "{} deliveries for {} events × {} consumers",
+        rows.len(),
+        m.events.len(),
+        CONSUMERS.len()
+    );
+    for r in &rows {
+        let d = &r.delivery;
+        let key = (d.consumer.clone(), d.seq);
+        let e = m
+            .deliveries
+            .get(&key)
+            .ok_or_else(|| format!("store has an unknown delivery {key:?}"))?;
+        ensure!(
+            r.event.event_id == m.events[&d.seq].0,
+            "{key:?}: event id changed"
+        );
+        ensure!(
+            d.status != DeliveryStatus::Failed,
+            "{key:?}: failed observed at rest"
+        );
+        ensure!(
+            d.status == e.status,
+            "{key:?}: status {} model {}",
+            d.status,
+            e.status
+        );
+        ensure!(
+            d.retry_count == e.retry_count,
+            "{key:?}: retry_count {} model {}",
+            d.retry_count,
+            e.retry_count
+        );
+        ensure!(
+            d.updated_at_ms == e.updated_at,
+            "{key:?}: updated_at moved ({} vs model {})",
+            d.updated_at_ms,
+            e.updated_at
+        );
+        match e.status {
+            DeliveryStatus::Pending | DeliveryStatus::RetryWait => {
+                ensure!(
+                    d.next_visible_at_ms == e.visible,
+                    "{key:?}: next_visible_at {:?} model {:?}",
+                    d.next_visible_at_ms,
+                    e.visible
+                );
+            }
+            DeliveryStatus::Claimed => {
+                let (t, w, until) = e.claim.as_ref().ok_or("model claimed without claim")?;
+                ensure!(
+                    d.claim_token.as_ref() == Some(t),
+                    "{key:?}: claim token differs"
+                );
+                ensure!(
+                    d.claimed_by.as_ref() == Some(w),
+                    "{key:?}: claimed_by {:?} model {w}",
+                    d.claimed_by
+                );
+                ensure!(
+                    d.claimed_until_ms == Some(*until),
+                    "{key:?}: claimed_until {:?} model {until}",
+                    d.claimed_until_ms
+                );
+            }
+            DeliveryStatus::Done | DeliveryStatus::Dead | DeliveryStatus::Failed => {
+                ensure!(
+                    d.next_visible_at_ms.is_none(),
+                    "{key:?}: terminal but visible at {:?}",
+                    d.next_visible_at_ms
+                );
+            }
+        }
+        if let Some((msg, code)) = &e.error {
+            ensure!(
+                d.last_error.as_ref() == Some(msg),
+                "{key:?}: last_error {:?} model {msg:?}",
+                d.last_error
+            );
+            ensure!(
+                d.error_code.as_ref() == Some(code),
+                "{key:?}: error_code {:?} model {code:?}",
+                d.error_code
+            );
+        }
+    }
+    let stats = store.stats().map_err(|e| format!("stats: {e}"))?;
+    for s in &stats {
+        let mine: Vec<(&i64, &Expected)> = m
+            .deliveries
+            .iter()
+            .filter(|((c, _), _)| *c == s.consumer)
+            .map(|((_, q), e)| (q, e))
+            .collect();
+        let count = |st| mine.iter().filter(|(_, e)| e.status == st).count() as u64;
+        let got = [s.pending, s.claimed, s.retry_wait, s.done, s.dead];
+        let want = [
+            count(DeliveryStatus::Pending),
+            count(DeliveryStatus::Claimed),
+            count(DeliveryStatus::RetryWait),
+            count(DeliveryStatus::Done),
+            count(DeliveryStatus::Dead),
+        ];
+        ensure!(
+            got == want,
+            "stats of {}: {got:?}, model {want:?}",
+            s.consumer
+        );
+        let low = mine
+            .iter()
+            .find(|(_, e)| !e.status.is_terminal())
+            .map(|(q, _)| **q);
+        ensure!(
+            s.low_watermark_seq == low,
+            "low watermark of {}: {:?} model {low:?}",
+            s.consumer,
+            s.low_watermark_seq
+        );
+        let oldest = low.map(|q| m.events[&q].1);
+        ensure!(
+            s.oldest_pending_created_at_ms == oldest,
+            "oldest pending of {}",
+            s.consumer
+        );
+    }
+    Ok(())
+}
+
+fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut config = common::two_consumers();
+    config.index.outbox.max_retries = knobs.max_retries;
+    config.index.outbox.retry_max_seconds = knobs.retry_max_seconds;
+    config.index.outbox.dead_letter_enabled = knobs.dead_letter_enabled;
+    let lease_ms = i64::from(config.index.worker.lease_seconds) * 1000;
+    assert_eq!(
+        config.index.outbox.retry_base_seconds, 2,
+        "the model assumes the default base"
+    );
+    let (_dir, store, clock) = common::fresh(config);
+    let mut m = Model {
+        knobs,
+        lease_ms,
+        now: T0,
+        events: BTreeMap::new(),
+        deliveries: BTreeMap::new(),
+        claims: Vec::new(),
+    };
+    for (step, op) in ops.iter().enumerate() {
+        apply(&store, &clock, &mut m, op, step)
+            .and_then(|()| compare(&store, &m))
+            .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn outbox_matches_model() {
+    let seed = common::seed("outbox_matches_model");
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(
+            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
+    }
+    let config = RunnerConfig {
+        cases: test_cases(64),
+        failure_persistence: None,
+        max_shrink_iters: 4096,
+        ..RunnerConfig::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let strategy = (knobs(), prop::collection::vec(op(), 1..=48));
+    match runner.run(&strategy, |(k, ops)| run_case(k, &ops)) {
+        Ok(()) => {}
+        Err(TestError::Fail(why, (k, ops))) => panic!(
+            "outbox model test failed (replay with CE_SEED={seed}): {why}\nknobs {k:?}\nminimal ops:\n{ops:#?}"
+        ),
+        Err(e) => panic!("outbox model test aborted (CE_SEED={seed}): {e}"),
+    }
+}
+
+// Outbox behaviour outside the state machine: appends, paging and consumer registration.
+
+fn upsert_event(u: &str) -> OutboxEventCreate {
+    OutboxEventCreate {
+        payload: EventPayload::UpsertContext(UpsertContextPayload {
+            event_version: EVENT_VERSION,
+            uri: common::uri(u),
+            expected_node_version: 1,
+            reason: UpsertReason::Create,
+            trace_id: String::new(),
+        }),
+    }
+}
+
+/// `append` must refuse a payload that the store itself refuses to read back: one such
+/// event would make every `list` and every `claim_batch` of every consumer fail for good.
+#[test]
+fn append_refuses_payloads_it_cannot_read_back() {
+    let bad = [
+        EventPayload::UpsertContext(UpsertContextPayload {
+            event_version: EVENT_VERSION,
+            uri: ce_core::CtxUri::root(),
+            expected_node_version: 1,
+            reason: UpsertReason::Create,
+            trace_id: String::new(),
+        }),
+        EventPayload::UpsertContext(UpsertContextPayload {
+            event_version: 2,
+            uri: common::uri("ctx://acc/x"),
+            expected_node_version: 1,
+            reason: UpsertReason::Create,
+            trace_id: String::new(),
+        }),
+        EventPayload::MoveContext(ce_core::MoveContextPayload {
+            event_version: EVENT_VERSION,
+            from_uri: common::uri("ctx://acc/x"),
+            to_uri: common::uri("ctx://acc/y/z"),
+            recursive: true,
+            old_parent_uri: common::uri("ctx://acc"),
+            new_parent_uri: common::uri("ctx://acc"),
+            trace_id: String::new(),
+        }),
+    ];
+    for payload in bad {
+        let (_d, s, _c) = common::fresh(common::two_consumers());
+        s.append(upsert_event("ctx://acc/ok")).expect("append");
+        let before = common::all_deliveries(&s);
+        let got = s.append(OutboxEventCreate {
+            payload: payload.clone(),
+        });
+        let after = s.list(&ce_store::OutboxFilter {
+            limit: Some(u32::MAX),
+            ..Default::default()
+        });
+        assert!(
+            matches!(&got, Err(e) if e.code() == ErrorCode::InvalidPayload && !e.is_retryable()),
+            "append({payload:?}) gave {got:?}; the outbox now lists as {:?}",
+            after.as_ref().map(Vec::len)
+        );
+        assert_eq!(after.expect("list still works"), before);
+        let claimed = s.claim_batch("vector", "w", 10).expect("claim still works");
+        assert_eq!(claimed.len(), 1);
+    }
+}
+
+/// Paging with `after_seq` = the last row's sequence must not skip rows: with several
+/// consumers one event has several rows, and a page may end between them.
+#[test]
+fn list_paging_returns_every_row_once() {
+    let (_d, s, _c) = common::fresh(common::two_consumers());
+    s.append_batch(
+        (0..5)
+            .map(|i| upsert_event(&format!("ctx://acc/e{i}")))
+            .collect(),
+    )
+    .expect("append");
+    let all = common::all_deliveries(&s);
+    assert_eq!(all.len(), 10);
+    let mut paged = Vec::new();
+    let mut after = None;
+    let mut after_consumer = None;
+    loop {
+        let page = s
+            .list(&ce_store::OutboxFilter {
+                after_seq: after,
+                after_consumer: after_consumer.clone(),
+                limit: Some(3),
+                ..Default::default()
+            })
+            .expect("page");
+        let Some(last) = page.last() else { break };
+        after = Some(last.event.seq);
+        after_consumer = Some(last.delivery.consumer.clone());
+        paged.extend(page);
+    }
+    let key = |r: &ce_store::DeliveryRow| (r.event.seq, r.delivery.consumer.clone());
+    assert_eq!(
+        paged.iter().map(key).collect::<Vec<_>>(),
+        all.iter().map(key).collect::<Vec<_>>(),
+        "paging by after_seq lost or repeated rows"
+    );
+}
+
+/// A consumer added to the configuration gets a delivery for every event already in the
+/// journal; one that was removed and is added back gets the events appended meanwhile.
+#[test]
+fn consumers_added_later_get_every_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock: std::sync::Arc<dyn ce_core::Clock> =
+        std::sync::Arc::new(ce_core::ManualClock::new(T0));
+    let with = |names: &[&str]| {
+        let mut c = common::two_consumers();
+        c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
+        common::open(dir.path(), c, clock.clone())
+    };
+    let count = |s: &SqliteStore, c: &str| {
+        s.list(&ce_store::OutboxFilter {
+            consumer: Some(c.into()),
+            limit: Some(u32::MAX),
+            ..Default::default()
+        })
+        .expect("list")
+        .len()
+    };
+
+    let s = with(&["vector"]);
+    s.append(upsert_event("ctx://acc/e1")).expect("append");
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(count(&s, "keyword"), 1, "back-fill of a new consumer");
+    drop(s);
+
+    // keyword is switched off for a while, then back on.
+    let s = with(&["vector"]);
+    s.append(upsert_event("ctx://acc/e2")).expect("append");
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(count(&s, "vector"), 2);
+    assert_eq!(
+        count(&s, "keyword"),
+        2,
+        "a re-enabled consumer never gets the events appended while it was off"
+    );
+}
