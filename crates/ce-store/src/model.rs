@@ -81,6 +81,17 @@ pub struct WriteOutcome {
     pub trace_id: String,
 }
 
+/// What the source knows about a URI's version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum UriVersion {
+    /// A node lives at the URI with this version.
+    Live(u64),
+    /// The node was removed (or moved away) at this version.
+    Deleted(u64),
+    /// Nothing was ever stored at the URI.
+    Unknown,
+}
+
 /// A node without its text, plus sizes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeStat {
@@ -255,6 +266,8 @@ pub trait ContextFs: Send + Sync {
     fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
     /// Reads several nodes in one snapshot (absent ones are skipped).
     fn read_nodes(&self, uris: &[CtxUri]) -> Result<Vec<ContextNode>>;
+    /// The version state of each URI, in order (one snapshot).
+    fn versions(&self, uris: &[CtxUri]) -> Result<Vec<UriVersion>>;
     /// Stats a node.
     fn stat(&self, uri: &CtxUri) -> Result<NodeStat>;
     /// Lists the direct children of `uri` (the root lists accounts), by URI.
@@ -305,6 +318,9 @@ pub trait OutboxStore: Send + Sync {
     fn renew(&self, claim: &Claim) -> Result<Millis>;
     /// Marks a claimed delivery done; repeating it on a done delivery succeeds unchanged.
     fn mark_done(&self, claim: &Claim) -> Result<()>;
+    /// Marks several claimed deliveries done in one transaction; each claim gets its own
+    /// answer (a lost claim does not stop the others).
+    fn mark_done_batch(&self, claims: &[Claim]) -> Result<Vec<Result<()>>>;
     /// Records a failure: `retry_wait` with backoff, or `dead` when not retryable or out of
     /// retries. Returns the new status.
     fn mark_failed(

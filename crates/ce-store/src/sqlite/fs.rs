@@ -5,7 +5,7 @@ use ce_core::{
     ContextNode, CtxUri, DeleteContextPayload, EVENT_VERSION, EventPayload, MoveContextPayload,
     UpsertContextPayload, UpsertReason,
 };
-use rusqlite::{Connection, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::outbox::append_events_tx;
 use super::relations::{bump_relation_versions, relation_event};
@@ -14,7 +14,7 @@ use super::{
     subtree_bounds, subtree_sql,
 };
 use crate::error::{Result, StoreError};
-use crate::model::{ContextFs, NodeStat, PutRequest, WriteOp, WriteOutcome};
+use crate::model::{ContextFs, NodeStat, PutRequest, UriVersion, WriteOp, WriteOutcome};
 use crate::plan::{self, check_expected, container, next_version, plan_put, trace_id_or_new};
 
 fn upsert_event(node: &ContextNode, reason: UpsertReason) -> EventPayload {
@@ -351,6 +351,22 @@ impl ContextFs for SqliteStore {
                 if let Some(n) = get_node(c, u)? {
                     out.push(n);
                 }
+            }
+            Ok(out)
+        })
+    }
+
+    fn versions(&self, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
+        self.read(|c| {
+            let mut live = c.prepare_cached("SELECT version FROM nodes WHERE uri = ?1")?;
+            let mut out = Vec::with_capacity(uris.len());
+            for u in uris {
+                let v: Option<i64> = live.query_row([u.as_str()], |r| r.get(0)).optional()?;
+                out.push(match (v, get_tombstone(c, u)?) {
+                    (Some(v), _) => UriVersion::Live(v as u64),
+                    (None, Some(t)) => UriVersion::Deleted(t),
+                    (None, None) => UriVersion::Unknown,
+                });
             }
             Ok(out)
         })

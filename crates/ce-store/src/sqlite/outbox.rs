@@ -189,6 +189,19 @@ impl SqliteStore {
         f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
     ) -> Result<Option<T>> {
         self.write(Durability::Normal, |tx, now| {
+            fenced_tx(tx, now, claim, done_is_ok, f)
+        })
+    }
+}
+
+/// The body of [`SqliteStore::fenced`] inside an open transaction.
+fn fenced_tx<T>(
+    tx: &Transaction<'_>,
+    now: Millis,
+    claim: &Claim,
+    done_is_ok: bool,
+    f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
+) -> Result<Option<T>> {
             let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
                 .prepare_cached(
                     "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
@@ -225,8 +238,15 @@ impl SqliteStore {
                 consumer: claim.consumer.clone(),
                 state,
             })
-        })
-    }
+        }
+
+fn done_tx(tx: &Transaction<'_>, now: Millis, claim: &Claim) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?3
+         WHERE consumer = ?1 AND seq = ?2",
+    )?
+    .execute(params![claim.consumer, claim.seq, now])?;
+    Ok(())
 }
 
 fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
@@ -318,15 +338,24 @@ impl OutboxStore for SqliteStore {
     }
 
     fn mark_done(&self, claim: &Claim) -> Result<()> {
-        self.fenced(claim, true, |tx, now, _| {
-            tx.prepare_cached(
-                "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?3
-                 WHERE consumer = ?1 AND seq = ?2",
-            )?
-            .execute(params![claim.consumer, claim.seq, now])?;
-            Ok(())
-        })?;
+        self.fenced(claim, true, |tx, now, _| done_tx(tx, now, claim))?;
         Ok(())
+    }
+
+    fn mark_done_batch(&self, claims: &[Claim]) -> Result<Vec<Result<()>>> {
+        self.write(Durability::Normal, |tx, now| {
+            let mut out = Vec::with_capacity(claims.len());
+            for claim in claims {
+                match fenced_tx(tx, now, claim, true, |tx, now, _| done_tx(tx, now, claim)) {
+                    Ok(_) => out.push(Ok(())),
+                    Err(e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. })) => {
+                        out.push(Err(e));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
     }
 
     fn mark_failed(
