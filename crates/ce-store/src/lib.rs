@@ -19,7 +19,7 @@ pub mod sqlite;
 pub use error::{Result, StoreError};
 pub use model::{
     Claim, ClaimedEvent, ConsumerStats, ContextFs, DeliveryRow, LinkRequest, NodeStat,
-    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, WriteOp,
+    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteOp,
     WriteOutcome,
 };
 pub use sqlite::SqliteStore;

@@ -226,7 +226,7 @@ impl ContextFs for SqliteStore {
                 recursive,
                 trace_id: trace_id.clone(),
             })];
-            for (owner, rv) in bump_relation_versions(tx, &owners, now)? {
+            for (owner, rv) in bump_relation_versions(tx, &owners)? {
                 events.push(relation_event(owner, rv, &trace_id));
             }
             let event_ids = self.commit_events(tx, events, now)?;
@@ -324,7 +324,7 @@ impl ContextFs for SqliteStore {
                 new_parent_uri: to.parent().unwrap_or_else(CtxUri::root),
                 trace_id: trace_id.clone(),
             }));
-            for (owner, rv) in bump_relation_versions(tx, &owners, now)? {
+            for (owner, rv) in bump_relation_versions(tx, &owners)? {
                 events.push(relation_event(owner, rv, &trace_id));
             }
             let version = moved.first().map_or(0, |n| n.version);

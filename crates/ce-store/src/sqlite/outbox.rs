@@ -202,43 +202,43 @@ fn fenced_tx<T>(
     done_is_ok: bool,
     f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
 ) -> Result<Option<T>> {
-            let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
-                .prepare_cached(
-                    "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
+    let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
+        .prepare_cached(
+            "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
                      WHERE consumer = ?1 AND seq = ?2",
-                )?
-                .query_row(params![claim.consumer, claim.seq], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })
-                .optional()?;
-            let Some((status, token, until, retry_count)) = row else {
-                return Err(StoreError::EventNotFound {
-                    event_id: claim.event_id.clone(),
-                });
-            };
-            let live = status == CLAIMED
-                && token.as_deref() == Some(claim.token.as_str())
-                && until.is_some_and(|u| now < u);
-            if live {
-                return f(tx, now, retry_count as u32).map(Some);
-            }
-            if status == DONE && done_is_ok {
-                return Ok(None);
-            }
-            let state = match (status, token.as_deref() == Some(claim.token.as_str())) {
-                (CLAIMED, true) => "the lease expired".to_owned(),
-                (CLAIMED, false) => "claimed by a newer claim".to_owned(),
-                (s, _) => format!(
-                    "status is {}",
-                    DeliveryStatus::from_i64(s).map_or("unknown", DeliveryStatus::as_str)
-                ),
-            };
-            Err(StoreError::ClaimConflict {
-                event_id: claim.event_id.clone(),
-                consumer: claim.consumer.clone(),
-                state,
-            })
-        }
+        )?
+        .query_row(params![claim.consumer, claim.seq], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    let Some((status, token, until, retry_count)) = row else {
+        return Err(StoreError::EventNotFound {
+            event_id: claim.event_id.clone(),
+        });
+    };
+    let live = status == CLAIMED
+        && token.as_deref() == Some(claim.token.as_str())
+        && until.is_some_and(|u| now < u);
+    if live {
+        return f(tx, now, retry_count as u32).map(Some);
+    }
+    if status == DONE && done_is_ok {
+        return Ok(None);
+    }
+    let state = match (status, token.as_deref() == Some(claim.token.as_str())) {
+        (CLAIMED, true) => "the lease expired".to_owned(),
+        (CLAIMED, false) => "claimed by a newer claim".to_owned(),
+        (s, _) => format!(
+            "status is {}",
+            DeliveryStatus::from_i64(s).map_or("unknown", DeliveryStatus::as_str)
+        ),
+    };
+    Err(StoreError::ClaimConflict {
+        event_id: claim.event_id.clone(),
+        consumer: claim.consumer.clone(),
+        state,
+    })
+}
 
 fn done_tx(tx: &Transaction<'_>, now: Millis, claim: &Claim) -> Result<()> {
     tx.prepare_cached(
@@ -348,7 +348,9 @@ impl OutboxStore for SqliteStore {
             for claim in claims {
                 match fenced_tx(tx, now, claim, true, |tx, now, _| done_tx(tx, now, claim)) {
                     Ok(_) => out.push(Ok(())),
-                    Err(e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. })) => {
+                    Err(
+                        e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. }),
+                    ) => {
                         out.push(Err(e));
                     }
                     Err(e) => return Err(e),

@@ -23,19 +23,19 @@ pub(super) fn relation_event(owner: CtxUri, rv: u64, trace_id: &str) -> EventPay
     })
 }
 
-/// Increments the relation version of each owner; returns (owner, new version).
+/// Increments the relation version of each owner; returns (owner, new version). The node's
+/// `updated_at` and `version` describe its content and stay as they are.
 pub(super) fn bump_relation_versions(
     tx: &Transaction<'_>,
     owners: &[String],
-    now: i64,
 ) -> Result<Vec<(CtxUri, u64)>> {
     let mut stmt = tx.prepare_cached(
-        "UPDATE nodes SET relation_version = relation_version + 1, updated_at = ?2
+        "UPDATE nodes SET relation_version = relation_version + 1
          WHERE uri = ?1 RETURNING relation_version",
     )?;
     let mut out = Vec::with_capacity(owners.len());
     for o in owners {
-        let rv: Option<i64> = stmt.query_row(params![o, now], |r| r.get(0)).optional()?;
+        let rv: Option<i64> = stmt.query_row(params![o], |r| r.get(0)).optional()?;
         if let Some(rv) = rv {
             let uri = CtxUri::parse(o)
                 .map_err(|e| StoreError::Corrupt(format!("relation owner {o:?}: {e}")))?;
@@ -136,7 +136,7 @@ impl SqliteStore {
                 trace_id,
             });
         }
-        let bumped = bump_relation_versions(tx, &[from.to_string()], now)?;
+        let bumped = bump_relation_versions(tx, &[from.to_string()])?;
         let rv = bumped.first().map_or(node.relation_version + 1, |b| b.1);
         let events = vec![relation_event(from.clone(), rv, &trace_id)];
         let event_ids = self.commit_events(tx, events, now)?;
