@@ -262,7 +262,7 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 }
 
 /// Count, mean, p50/p95/p99 and max of `samples`, in milliseconds.
-fn latency_summary(samples: &mut [Duration]) -> Value {
+pub(crate) fn latency_summary(samples: &mut [Duration]) -> Value {
     samples.sort_unstable();
     let ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
     let mean = (!ms.is_empty()).then(|| ms.iter().sum::<f64>() / ms.len() as f64);
@@ -278,7 +278,7 @@ fn latency_summary(samples: &mut [Duration]) -> Value {
 }
 
 /// What the figures were measured on, so a debug-build run is not mistaken for a release one.
-fn machine() -> Value {
+pub(crate) fn machine() -> Value {
     let cores = std::thread::available_parallelism().map(|n| n.get()).ok();
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
         s.lines()

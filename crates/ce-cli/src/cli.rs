@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::bench::BenchOutboxArgs;
+use crate::bench_pipeline::BenchPipelineArgs;
 
 /// ContextEngine: a context database for AI agents.
 #[derive(Debug, Parser)]
@@ -33,6 +34,25 @@ pub struct Cli {
     /// Print one JSON document (errors as JSON on stderr).
     #[arg(long, global = true, display_order = 902)]
     pub json: bool,
+    /// Send the command to a running `ce serve` at URL (e.g. http://127.0.0.1:7420) instead of
+    /// opening the data directory.
+    #[arg(
+        long,
+        global = true,
+        env = "CE_SERVER",
+        value_name = "URL",
+        display_order = 903
+    )]
+    pub server: Option<String>,
+    /// Log format on stderr: human or json (level from $CE_LOG, e.g. `info`, `debug`).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FORMAT",
+        default_value = "human",
+        display_order = 904
+    )]
+    pub log_format: String,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -65,9 +85,19 @@ pub enum Command {
     Unlink(UnlinkArgs),
     /// Print a node's outgoing and incoming relations.
     Relations(UriArg),
+    /// Search the vector index; hits are checked against the source of truth.
+    Search(SearchArgs),
     /// Inspect or repair the outbox.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Readiness, model, index size, and outbox progress and lag per consumer.
+    Status,
+    /// Rebuild an index from the source of truth (embedding cache makes it cheap).
+    Reindex(ReindexArgs),
+    /// Run the HTTP server (API, health, readiness, metrics) with the index workers.
+    Serve(ServeArgs),
+    /// Run index workers against the data directory (without the HTTP server).
+    Worker(WorkerArgs),
     /// Import a directory in the node layout into a subtree.
     Import(ImportArgs),
     /// Export a subtree into a directory in the node layout.
@@ -281,6 +311,68 @@ pub struct OutboxAppendArgs {
     pub payload: String,
 }
 
+/// `ce search`.
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// The query text.
+    pub query: String,
+    /// Only records of this level (0, 1 or 2).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub level: Option<i64>,
+    /// Filter KEY=VALUE, repeatable: subtree, parent_uri, context_type, category,
+    /// owner_space (repeat for any of several), account_id, level, or any metadata key.
+    #[arg(long = "filter", value_name = "KEY=VALUE")]
+    pub filters: Vec<String>,
+    /// Number of nodes to return (1-100).
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub top_k: usize,
+    /// Only nodes at or below this URI.
+    #[arg(long, value_name = "URI")]
+    pub subtree: Option<String>,
+    /// Hide hits scoring below this (cosine similarity, -1..1).
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub min_score: Option<f32>,
+}
+
+/// `ce reindex`.
+#[derive(Debug, Args)]
+pub struct ReindexArgs {
+    /// The consumer whose index to rebuild.
+    #[arg(long, value_name = "C", default_value = "vector")]
+    pub consumer: String,
+    /// Only queue the rebuild (locally: do not run the workers until it is done).
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+/// `ce serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Listen address (port 0 picks a free port; the first line on stdout names it).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7420")]
+    pub bind: String,
+    /// Index worker threads.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub workers: usize,
+    /// Largest request body in bytes [default: 3 × store.max_layer_bytes + 1 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// `ce worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The consumer to work for.
+    #[arg(long, value_name = "C", default_value = "vector")]
+    pub consumer: String,
+    /// Worker threads.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub workers: usize,
+    /// Drain the outbox (waiting for claims of crashed workers to expire) and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
 /// `ce import`.
 #[derive(Debug, Args)]
 pub struct ImportArgs {
@@ -313,4 +405,7 @@ pub struct DemoArgs {
 pub enum BenchCommand {
     /// Outbox throughput and claim latency.
     Outbox(BenchOutboxArgs),
+    /// Commit → searchable: worker throughput (hash embedder and local model), vector search
+    /// latency and recall at 100k, commit→searchable latency at a steady write rate, peak RSS.
+    Pipeline(BenchPipelineArgs),
 }

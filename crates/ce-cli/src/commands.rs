@@ -3,25 +3,32 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use ce_core::{
     Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType, Level, Meta,
     OutboxEventCreate,
 };
+use ce_retrieval::SearchRequest;
+use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
+use ce_server::wire::{CatAnswer, PutBody};
+use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError};
 use ce_store::{
-    ContextFs, LinkRequest, OutboxFilter, OutboxStore, PutRequest, RelationStore, SqliteStore,
-    StoreError, layout,
+    ContextFs, LinkRequest, OutboxFilter, OutboxStore, RelationStore, SqliteStore, StoreError,
+    layout,
 };
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::cli::{
     BenchCommand, CatArgs, Cli, Command, ExportArgs, ImportArgs, LinkArgs, LsArgs, MvArgs,
-    OutboxAppendArgs, OutboxCommand, OutboxListArgs, PutArgs, RmArgs, TreeArgs, UnlinkArgs,
+    OutboxAppendArgs, OutboxCommand, OutboxListArgs, PutArgs, ReindexArgs, RmArgs, SearchArgs,
+    ServeArgs, TreeArgs, UnlinkArgs, WorkerArgs,
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, demo};
+use crate::{bench, bench_pipeline, demo, remote};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -33,8 +40,14 @@ pub const CONFIG_FILE: &str = "ce.toml";
 /// never creates a data directory.
 type Open<'a> = &'a dyn Fn() -> Result<SqliteStore>;
 
-/// Runs the parsed command line.
+/// Most worker threads a command may ask for.
+const MAX_WORKERS: usize = 64;
+
+/// Runs the parsed command line (against `--server` when given).
 pub fn run(cli: &Cli) -> Result<Rendered> {
+    if let Some(url) = &cli.server {
+        return remote::run(cli, url);
+    }
     let open = || open_store(cli);
     match &cli.command {
         Command::Put(a) => put(&open, a),
@@ -78,10 +91,24 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         Command::Outbox(c) => outbox(&open, c),
         Command::Import(a) => import(&open, a),
         Command::Export(a) => export(&open, a),
+        Command::Search(a) => {
+            let req = search_request(a)?;
+            let engine = open_engine(cli, 1, false, "search")?;
+            let r = engine.search(&req)?;
+            Rendered::new(&r, output::search(&r))
+        }
+        Command::Status => {
+            let engine = open_engine(cli, 1, false, "status")?;
+            let s = engine.status()?;
+            Rendered::new(&s, output::status(&s))
+        }
+        Command::Reindex(a) => reindex(cli, a),
+        Command::Serve(a) => serve(cli, a),
+        Command::Worker(a) => worker(cli, a),
         Command::Demo(args) => {
             let started = Instant::now();
-            let store = open()?;
-            demo::run(&store, args, started.elapsed())
+            let engine = open_engine(cli, 2, false, "demo")?;
+            demo::run(&engine, args, started.elapsed(), cli.json)
         }
         Command::Bench(BenchCommand::Outbox(args)) => {
             let json = bench::run_outbox(args).map_err(CliError::Other)?;
@@ -90,17 +117,64 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
                 json,
             })
         }
+        Command::Bench(BenchCommand::Pipeline(args)) => {
+            let json = bench_pipeline::run_pipeline(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
     }
 }
 
-/// Resolves the data directory and configuration and opens the store.
-fn open_store(cli: &Cli) -> Result<SqliteStore> {
+/// The data directory and the configuration.
+fn resolve(cli: &Cli) -> Result<(PathBuf, Config)> {
     let data_dir = cli
         .data_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
     let config = load_config(cli.config.as_deref(), &data_dir)?;
+    Ok((data_dir, config))
+}
+
+/// Resolves the data directory and configuration and opens the store.
+fn open_store(cli: &Cli) -> Result<SqliteStore> {
+    let (data_dir, config) = resolve(cli)?;
     Ok(SqliteStore::open(&data_dir, config)?)
+}
+
+/// Opens the engine (store, embedder, vector index) with `workers` worker threads, running
+/// continuously when `run`, else on demand (`drain`).
+fn open_engine(cli: &Cli, workers: usize, run: bool, role: &str) -> Result<Engine> {
+    let (data_dir, config) = resolve(cli)?;
+    let options = EngineOptions {
+        workers,
+        run_workers: run,
+        role: role.to_owned(),
+    };
+    Ok(Engine::open_with(&data_dir, config, options)?)
+}
+
+fn check_workers(n: usize, min: usize) -> Result<()> {
+    if n < min || n > MAX_WORKERS {
+        return Err(CoreError::InvalidField {
+            field: "workers",
+            reason: format!("{n} is outside {min}..={MAX_WORKERS}"),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn check_consumer(consumer: &str) -> Result<()> {
+    if consumer != ce_server::engine::VECTOR_CONSUMER {
+        return Err(ServerError::UnsupportedConsumer {
+            name: consumer.to_owned(),
+            reason: "only the vector consumer has an index and workers so far".into(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// `--config FILE` / `CE_CONFIG`, else `<data-dir>/ce.toml` when it exists, else defaults.
@@ -121,6 +195,14 @@ pub fn parse_uri(s: &str) -> Result<CtxUri> {
 }
 
 fn put(open: Open<'_>, a: &PutArgs) -> Result<Rendered> {
+    let (uri, req) = put_body(a)?.into_request()?;
+    let o = open()?.put(&uri, req)?;
+    Rendered::new(&o, output::outcome(&o))
+}
+
+/// The `put` request as sent over HTTP (local mode converts it the same way the server
+/// does). Reads the `--*-file` arguments.
+pub fn put_body(a: &PutArgs) -> Result<PutBody> {
     let uri = parse_uri(&a.uri)?;
     let files = [&a.abstract_file, &a.overview_file, &a.content_file];
     let stdin_readers = files
@@ -133,20 +215,28 @@ fn put(open: Open<'_>, a: &PutArgs) -> Result<Rendered> {
                 .to_owned(),
         ));
     }
-    let req = PutRequest {
-        mode: a.mode.parse()?,
-        context_type: a.context_type.as_deref().map(str::parse).transpose()?,
+    // Checked before any file is read, in the order the local command always had.
+    a.mode.parse::<ce_store::PutMode>()?;
+    if let Some(t) = &a.context_type {
+        t.parse::<ce_core::ContextType>()?;
+    }
+    if let Some(o) = &a.owner_space {
+        o.parse::<ce_core::OwnerSpace>()?;
+    }
+    let meta = parse_meta(&a.meta)?;
+    Ok(PutBody {
+        uri: uri.to_string(),
+        mode: Some(a.mode.clone()),
+        context_type: a.context_type.clone(),
         category: a.category.clone(),
-        owner_space: a.owner_space.as_deref().map(str::parse).transpose()?,
-        meta: parse_meta(&a.meta)?,
+        owner_space: a.owner_space.clone(),
+        meta,
         expect_version: a.expect_version,
         trace_id: a.trace_id.clone(),
         abstract_text: text_arg(&a.abstract_text, &a.abstract_file)?,
         overview: text_arg(&a.overview, &a.overview_file)?,
         content: text_arg(&a.content, &a.content_file)?,
-    };
-    let o = open()?.put(&uri, req)?;
-    Rendered::new(&o, output::outcome(&o))
+    })
 }
 
 /// A layer given inline or from a file (`-` reads stdin).
@@ -180,21 +270,6 @@ fn parse_meta(pairs: &[String]) -> Result<Meta> {
     Ok(meta)
 }
 
-/// The `--json` answer of `ce cat`.
-#[derive(Debug, Serialize)]
-pub struct CatOutput {
-    /// Node URI.
-    pub uri: CtxUri,
-    /// The layer printed.
-    pub level: Level,
-    /// Node version.
-    pub version: u64,
-    /// Node content hash.
-    pub content_hash: String,
-    /// The layer's text (empty when the layer is empty; there is no fallback).
-    pub text: String,
-}
-
 fn cat(open: Open<'_>, a: &CatArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
     let level = Level::from_i64(a.level)?;
@@ -211,14 +286,8 @@ pub fn read_node(store: &SqliteStore, uri: &CtxUri) -> Result<ContextNode> {
 
 /// Renders one layer of `node`.
 pub fn cat_node(node: &ContextNode, level: Level) -> Result<Rendered> {
-    let out = CatOutput {
-        uri: node.uri.clone(),
-        level,
-        version: node.version,
-        content_hash: node.content_hash.clone(),
-        text: node.layers.get(level).to_owned(),
-    };
-    Rendered::new(&out, output::layer_text(node, level))
+    let out = CatAnswer::of(node, level);
+    Rendered::new(&out, output::cat_text(&out))
 }
 
 fn rm(open: Open<'_>, a: &RmArgs) -> Result<Rendered> {
@@ -288,15 +357,173 @@ fn outbox_list(open: Open<'_>, a: &OutboxListArgs) -> Result<Rendered> {
 }
 
 fn outbox_append(open: Open<'_>, a: &OutboxAppendArgs) -> Result<Rendered> {
-    let event_type: EventType = a.event_type.parse()?;
-    let json: serde_json::Value =
-        serde_json::from_str(&a.payload).map_err(|e| CoreError::InvalidPayload {
-            event_type: event_type.as_str(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
+    let (event_type, json) = append_payload(&a.event_type, &a.payload)?;
     let payload = EventPayload::parse(event_type.as_str(), &json)?;
     let event = open()?.append(OutboxEventCreate { payload })?;
     Rendered::new(&event, output::event_kv(&event))
+}
+
+/// Checks an `outbox append`'s type and payload; returns them parsed.
+pub fn append_payload(event_type: &str, payload: &str) -> Result<(EventType, Value)> {
+    let event_type: EventType = event_type.parse()?;
+    let json: Value = serde_json::from_str(payload).map_err(|e| CoreError::InvalidPayload {
+        event_type: event_type.as_str(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
+    EventPayload::parse(event_type.as_str(), &json)?;
+    Ok((event_type, json))
+}
+
+/// The search a `ce search` asks for (validated).
+pub fn search_request(a: &SearchArgs) -> Result<SearchRequest> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    if let Some(l) = a.level {
+        pairs.push(("level".into(), Level::from_i64(l)?.as_u8().to_string()));
+    }
+    if let Some(s) = &a.subtree {
+        pairs.push(("subtree".into(), s.clone()));
+    }
+    for f in &a.filters {
+        let (k, v) = f.split_once('=').ok_or_else(|| CoreError::InvalidField {
+            field: "filter",
+            reason: format!("{f:?} must be KEY=VALUE"),
+        })?;
+        pairs.push((k.to_owned(), v.to_owned()));
+    }
+    let filter =
+        ce_retrieval::filter_from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let req = SearchRequest {
+        query: a.query.clone(),
+        top_k: a.top_k,
+        filter,
+        min_score: a.min_score,
+        embed_timeout: ce_retrieval::DEFAULT_EMBED_TIMEOUT,
+    };
+    req.validate().map_err(ServerError::from)?;
+    Ok(req)
+}
+
+/// Prints drain progress on stderr at most every 200 ms (nothing with `--json`).
+pub fn progress_printer(json: bool, label: &'static str) -> impl Fn(&DrainProgress) + Sync {
+    let last = Mutex::new(None::<Instant>);
+    move |p: &DrainProgress| {
+        if json {
+            return;
+        }
+        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        eprintln!(
+            "{label}: {} events indexed, {} retried, {} dead ({:.0} ms)",
+            p.succeeded, p.retried, p.failed, p.elapsed_ms
+        );
+    }
+}
+
+/// The `--json` answer of a local `ce reindex`.
+#[derive(Debug, Serialize)]
+struct ReindexOutput<'a> {
+    #[serde(flatten)]
+    report: &'a ReindexReport,
+    /// The workers' run that rebuilt the index (absent with `--no-wait`).
+    drain: Option<&'a DrainReport>,
+}
+
+fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
+    check_consumer(&a.consumer)?;
+    let engine = open_engine(cli, ce_server::engine::DEFAULT_WORKERS, false, "reindex")?;
+    let report = engine.reindex(&a.consumer)?;
+    let drain = if a.no_wait {
+        None
+    } else {
+        Some(engine.drain(&progress_printer(cli.json, "reindex"))?)
+    };
+    engine.shutdown();
+    let out = ReindexOutput {
+        report: &report,
+        drain: drain.as_ref(),
+    };
+    Rendered::new(&out, output::reindex(&report, drain.as_ref()))
+}
+
+fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
+    check_workers(a.workers, 0)?;
+    let (data_dir, config) = resolve(cli)?;
+    let mut options = ServeOptions::for_config(&config);
+    options.bind.clone_from(&a.bind);
+    if let Some(m) = a.max_body_bytes {
+        options.max_body_bytes = m;
+    }
+    let metrics = Metrics::install()?;
+    let engine = Arc::new(Engine::open_with(
+        &data_dir,
+        config,
+        EngineOptions {
+            workers: a.workers,
+            run_workers: true,
+            role: "serve".into(),
+        },
+    )?);
+    let json = cli.json;
+    ce_server::serve(engine, Some(metrics), &options, |addr| {
+        // The first line on stdout names the bound address (port 0 picks one).
+        let line = if json {
+            format!("{}\n", serde_json::json!({ "listening": addr.to_string() }))
+        } else {
+            format!("listening on {addr}\n")
+        };
+        let _ = output::print_stdout(&line);
+    })?;
+    Ok(Rendered {
+        json: serde_json::json!({ "stopped": true }),
+        human: "stopped\n".into(),
+    })
+}
+
+fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
+    check_consumer(&a.consumer)?;
+    check_workers(a.workers, 1)?;
+    if a.once {
+        let engine = open_engine(cli, a.workers, false, "worker")?;
+        let report = engine.drain(&progress_printer(cli.json, "worker"))?;
+        engine.shutdown();
+        return Rendered::new(&report, output::drain(&report));
+    }
+    let engine = open_engine(cli, a.workers, true, "worker")?;
+    if engine.running_workers() == 0 {
+        let r = engine.readiness();
+        let reason = if r.ready {
+            "index.worker.enabled is false".to_owned()
+        } else {
+            r.reasons.join("; ")
+        };
+        return Err(ServerError::NotReady {
+            reason: format!("no worker started: {reason}"),
+            code: ce_core::ErrorCode::Unavailable,
+        }
+        .into());
+    }
+    let line = if cli.json {
+        format!(
+            "{}\n",
+            serde_json::json!({"workers": engine.running_workers(), "consumer": a.consumer})
+        )
+    } else {
+        format!(
+            "{} workers running for consumer {} (stop with Ctrl-C)\n",
+            engine.running_workers(),
+            a.consumer
+        )
+    };
+    output::print_stdout(&line)?;
+    ce_server::http::wait_for_shutdown_signal()?;
+    engine.shutdown();
+    Ok(Rendered {
+        json: serde_json::json!({ "stopped": true }),
+        human: "stopped\n".into(),
+    })
 }
 
 fn import(open: Open<'_>, a: &ImportArgs) -> Result<Rendered> {

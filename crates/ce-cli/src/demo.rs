@@ -1,16 +1,24 @@
-//! `ce demo`: imports the shipped demo tree into `ctx://demo`, then shows it the way a user
-//! would explore it (tree, two cats, outbox stats), timing each step.
+//! `ce demo`: imports the shipped demo tree into `ctx://demo`, shows it the way a user would
+//! explore it (tree, two cats), runs the index workers until the vector outbox is drained,
+//! then runs a few searches — timing each step.
+//!
+//! The demo needs the embedding model: when it is missing the demo stops before importing,
+//! with the fix (`scripts/fetch-model.sh`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ce_core::ErrorCode;
 use ce_core::{CtxUri, Level};
+use ce_retrieval::{SearchRequest, SearchResponse};
+use ce_server::status::{DrainReport, Status};
+use ce_server::{Engine, ServerError};
 use ce_store::layout::{self, ImportReport};
-use ce_store::{ConsumerStats, ContextFs, NodeStat, OutboxStore, SqliteStore};
+use ce_store::{ContextFs, NodeStat};
 use serde::Serialize;
 
 use crate::cli::DemoArgs;
-use crate::commands::{parse_uri, read_node};
+use crate::commands::{parse_uri, progress_printer, read_node};
 use crate::error::Result;
 use crate::output::{self, Rendered};
 
@@ -32,6 +40,17 @@ const SHOWCASE: [(&str, Level); 2] = [
     ("resources/docs/refund-policy", Level::L0),
 ];
 
+/// The searches run once the index has caught up.
+const QUERIES: [&str; 4] = [
+    "how does Alice like answers to be written?",
+    "customer was charged twice for one order",
+    "when should the bot hand the conversation to a person?",
+    "which projects is Alice working on?",
+];
+
+/// Hits shown per search.
+const DEMO_TOP_K: usize = 3;
+
 /// One `cat` of the demo.
 #[derive(Debug, Serialize)]
 struct DemoCat {
@@ -41,19 +60,29 @@ struct DemoCat {
     ms: f64,
 }
 
+/// One search of the demo.
+#[derive(Debug, Serialize)]
+struct DemoSearch {
+    query: String,
+    ms: f64,
+    result: SearchResponse,
+}
+
 /// The `--json` answer of `ce demo`.
 #[derive(Debug, Serialize)]
 struct DemoOutput {
     tree_dir: PathBuf,
     into: CtxUri,
     open_ms: f64,
+    model: String,
     import: ImportReport,
     import_ms: f64,
     tree: Vec<NodeStat>,
     tree_ms: f64,
     cat: Vec<DemoCat>,
-    outbox_stats: Vec<ConsumerStats>,
-    stats_ms: f64,
+    index: DrainReport,
+    searches: Vec<DemoSearch>,
+    status: Status,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -72,14 +101,37 @@ fn demo_tree(args: &DemoArgs) -> PathBuf {
     }
 }
 
-/// Runs the demo on an open store; `open` is how long opening it took.
-pub fn run(store: &SqliteStore, args: &DemoArgs, open: Duration) -> Result<Rendered> {
+/// Runs the demo on an open engine; `open` is how long opening it (and loading the model)
+/// took.
+pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Result<Rendered> {
+    let readiness = engine.readiness();
+    if !readiness.ready {
+        let code = if engine.embedder().is_ok() {
+            ErrorCode::SchemaMismatch
+        } else {
+            ErrorCode::Unavailable
+        };
+        return Err(ServerError::NotReady {
+            reason: format!(
+                "the demo needs the embedding model: {}",
+                readiness.reasons.join("; ")
+            ),
+            code,
+        }
+        .into());
+    }
+    let model = engine
+        .embedder()
+        .map(|e| ce_embed::Embedder::identity(e.as_ref()).key())
+        .unwrap_or_default();
+    let store = engine.store();
     let dir = demo_tree(args);
     let into = parse_uri(DEMO_URI)?;
 
     let t = Instant::now();
-    let import = layout::import_dir(store, &dir, &into)?;
+    let import = layout::import_dir(store.as_ref(), &dir, &into)?;
     let import_ms = ms(t.elapsed());
+    engine.wakeup().notify();
 
     let t = Instant::now();
     let tree = store.tree(&into, None)?;
@@ -98,21 +150,36 @@ pub fn run(store: &SqliteStore, args: &DemoArgs, open: Duration) -> Result<Rende
         });
     }
 
-    let t = Instant::now();
-    let outbox_stats = store.stats()?;
-    let stats_ms = ms(t.elapsed());
+    let index = engine.drain(&progress_printer(json, "indexing"))?;
+
+    let mut searches = Vec::new();
+    for q in QUERIES {
+        let mut req = SearchRequest::new(q);
+        req.top_k = DEMO_TOP_K;
+        req.filter.subtree = Some(into.clone());
+        let t = Instant::now();
+        let result = engine.search(&req)?;
+        searches.push(DemoSearch {
+            query: q.to_owned(),
+            ms: ms(t.elapsed()),
+            result,
+        });
+    }
+    let status = engine.status()?;
 
     let out = DemoOutput {
         tree_dir: dir,
         into,
         open_ms: ms(open),
+        model,
         import,
         import_ms,
         tree,
         tree_ms,
         cat,
-        outbox_stats,
-        stats_ms,
+        index,
+        searches,
+        status,
     };
     let human = human(&out);
     Rendered::new(&out, human)
@@ -141,8 +208,9 @@ fn showcase(into: &CtxUri, tree: &[NodeStat]) -> Result<Vec<(CtxUri, Level)>> {
 fn human(o: &DemoOutput) -> String {
     let i = &o.import;
     let mut s = format!(
-        "opened the store in {} ms\n\
+        "opened the store and loaded the model {} in {} ms\n\
          imported {} into {} in {} ms: {} nodes written, {} unchanged, {} relations, {} events\n",
+        o.model,
         o.open_ms,
         o.tree_dir.display(),
         o.into,
@@ -164,7 +232,16 @@ fn human(o: &DemoOutput) -> String {
             s.push('\n');
         }
     }
-    s.push_str(&format!("\n$ ce outbox stats    ({} ms)\n", o.stats_ms));
-    s.push_str(&output::outbox_stats(&o.outbox_stats));
+    s.push_str("\n$ ce worker --once    (index the outbox)\n");
+    s.push_str(&output::drain(&o.index));
+    for q in &o.searches {
+        s.push_str(&format!(
+            "\n$ ce search {:?} --top-k {DEMO_TOP_K} --subtree {}    ({} ms)\n",
+            q.query, o.into, q.ms
+        ));
+        s.push_str(&output::search(&q.result));
+    }
+    s.push_str("\n$ ce status\n");
+    s.push_str(&output::status(&o.status));
     s
 }

@@ -1,7 +1,9 @@
 //! The CLI's error: typed errors of the layers below, kept typed so that their code decides
-//! the exit status.
+//! the exit status. Errors a server returns (`--server`) keep the server's code, so a command
+//! exits the same way in both modes.
 
 use ce_core::{Classify, CoreError, ErrorCode};
+use ce_server::ServerError;
 use ce_store::StoreError;
 
 /// Everything a `ce` command can fail with.
@@ -13,15 +15,48 @@ pub enum CliError {
     /// Bad input caught by the core model.
     #[error(transparent)]
     Core(#[from] CoreError),
+    /// The engine (search, status, reindex, workers, server) refused or failed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
     /// Reading or writing a local file (the message names the path).
     #[error(transparent)]
     Io(#[from] std::io::Error),
     /// Arguments that are well-formed one by one but do not fit together.
     #[error("{0}")]
     Usage(String),
+    /// The server at `--server` answered with an error.
+    #[error("{message}")]
+    Remote {
+        /// The code, for the exit status (the server's own code when this build knows it).
+        code: ErrorCode,
+        /// The code exactly as the server sent it.
+        code_text: String,
+        /// The server's message.
+        message: String,
+        /// Whether the server said a retry can succeed.
+        retryable: bool,
+    },
+    /// The server at `--server` could not be reached, or its answer not read.
+    #[error("{url}: {message}")]
+    Transport {
+        /// The request URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A failure reported by a helper that returns `anyhow` (the benchmarks).
     #[error("{0:#}")]
     Other(anyhow::Error),
+}
+
+impl CliError {
+    /// The error code as printed (a remote error keeps the server's spelling).
+    pub fn code_text(&self) -> String {
+        match self {
+            CliError::Remote { code_text, .. } => code_text.clone(),
+            other => other.code().as_str().to_owned(),
+        }
+    }
 }
 
 impl Classify for CliError {
@@ -29,8 +64,11 @@ impl Classify for CliError {
         match self {
             CliError::Store(e) => e.code(),
             CliError::Core(e) => e.code(),
+            CliError::Server(e) => e.code(),
             CliError::Io(_) => ErrorCode::Io,
             CliError::Usage(_) => ErrorCode::InvalidField,
+            CliError::Remote { code, .. } => *code,
+            CliError::Transport { .. } => ErrorCode::Unavailable,
             CliError::Other(e) => {
                 if let Some(s) = e.downcast_ref::<StoreError>() {
                     s.code()
@@ -47,8 +85,11 @@ impl Classify for CliError {
         match self {
             CliError::Store(e) => e.is_retryable(),
             CliError::Core(e) => e.is_retryable(),
+            CliError::Server(e) => e.is_retryable(),
             // The CLI's own I/O is on the caller's files: retrying will not help.
             CliError::Io(_) | CliError::Usage(_) => false,
+            CliError::Remote { retryable, .. } => *retryable,
+            CliError::Transport { .. } => true,
             CliError::Other(e) => e
                 .downcast_ref::<StoreError>()
                 .is_some_and(Classify::is_retryable),

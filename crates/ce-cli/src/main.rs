@@ -1,35 +1,41 @@
 //! `ce`: the ContextEngine command line.
 //!
-//! Parses arguments (`cli`), runs one command against the SQLite store (`commands`, `demo`,
-//! `bench`) and prints its answer (`output`): human text by default, one JSON document with
-//! `--json`. Failures print `error: <message> [<code>]` on stderr (JSON with `--json`) and
-//! exit with the code's exit status (see the README's table).
+//! Parses arguments (`cli`), runs one command against the data directory (`commands`,
+//! `demo`, `bench`) or, with `--server URL`, against a running `ce serve` (`remote`), and
+//! prints its answer (`output`): human text by default, one JSON document with `--json`.
+//! Failures print `error: <message> [<code>]` on stderr (JSON with `--json`) and exit with
+//! the code's exit status (see the README's table).
 
 mod bench;
+mod bench_pipeline;
 mod cli;
 mod commands;
 mod demo;
 mod error;
 mod output;
+mod remote;
 
 use std::process::ExitCode;
 
 use ce_core::Classify;
+use ce_server::logging::{self, LogFormat};
 use clap::Parser;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Command};
 use crate::error::CliError;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = commands::run(&cli).and_then(|rendered| {
-        let text = if cli.json {
-            output::json_text(&rendered.json)
-        } else {
-            rendered.human
-        };
-        output::print_stdout(&text).map_err(CliError::from)
-    });
+    let result = init_logging(&cli)
+        .and_then(|()| commands::run(&cli))
+        .and_then(|rendered| {
+            let text = if cli.json {
+                output::json_text(&rendered.json)
+            } else {
+                rendered.human
+            };
+            output::print_stdout(&text).map_err(CliError::from)
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -37,4 +43,23 @@ fn main() -> ExitCode {
             ExitCode::from(u8::try_from(e.code().exit_code()).unwrap_or(1))
         }
     }
+}
+
+/// Long-running commands log at `info`; one-shot commands only errors, and nothing with
+/// `--json` (stderr then holds at most the JSON error). `CE_LOG` overrides.
+fn init_logging(cli: &Cli) -> Result<(), CliError> {
+    let format: LogFormat = cli.log_format.parse().map_err(|e| {
+        CliError::Core(ce_core::CoreError::InvalidField {
+            field: "log_format",
+            reason: e,
+        })
+    })?;
+    let default = match cli.command {
+        Command::Serve(_) => "info",
+        Command::Worker(ref w) if !w.once => "info",
+        _ if cli.json => "off",
+        _ => "error",
+    };
+    logging::init(format, default);
+    Ok(())
 }

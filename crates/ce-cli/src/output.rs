@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use ce_core::{
-    Classify, ContextNode, CtxUri, Delivery, Level, Millis, OutboxEvent, RelationEdge, rfc3339,
-};
+use ce_core::{Classify, CtxUri, Delivery, Millis, OutboxEvent, RelationEdge, rfc3339};
+use ce_retrieval::SearchResponse;
+use ce_server::status::{DrainReport, ReindexReport, Status};
+use ce_server::wire::CatAnswer;
 use ce_store::layout::{ExportReport, ImportReport};
 use ce_store::{ConsumerStats, DeliveryRow, NodeStat, Relations, WriteOutcome};
 use serde::Serialize;
@@ -42,10 +43,10 @@ pub fn print_stdout(text: &str) -> io::Result<()> {
 
 /// Prints `err` on stderr: `error: <message> [<code>]`, or a JSON object with `--json`.
 pub fn print_error(err: &CliError, json: bool) {
-    let code = err.code();
+    let code = err.code_text();
     let text = if json {
         let body = serde_json::json!({
-            "code": code.as_str(),
+            "code": code,
             "message": err.to_string(),
             "retryable": err.is_retryable(),
         });
@@ -163,13 +164,174 @@ pub fn outcome(o: &WriteOutcome) -> String {
     ])
 }
 
-/// One layer's text, newline-terminated.
-pub fn layer_text(node: &ContextNode, level: Level) -> String {
-    let mut t = node.layers.get(level).to_owned();
+/// `ce cat`: the layer's text, newline-terminated.
+pub fn cat_text(a: &CatAnswer) -> String {
+    newline_terminated(&a.text)
+}
+
+fn newline_terminated(text: &str) -> String {
+    let mut t = text.to_owned();
     if !t.is_empty() && !t.ends_with('\n') {
         t.push('\n');
     }
     t
+}
+
+/// The first line of `text`, at most `max` characters (with `…` when cut).
+pub fn one_line(text: &str, max: usize) -> String {
+    let line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    match line.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None if text.trim().lines().count() > 1 => format!("{line} …"),
+        None => line.to_owned(),
+    }
+}
+
+/// `ce search`.
+pub fn search(r: &SearchResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .hits
+        .iter()
+        .map(|h| {
+            vec![
+                format!("{:.4}", h.score),
+                format!("L{}", h.level),
+                h.uri.to_string(),
+                one_line(&h.abstract_text, 100),
+            ]
+        })
+        .collect();
+    let mut out = if rows.is_empty() {
+        "no hits\n".to_owned()
+    } else {
+        table(&["SCORE", "LEVEL", "URI", "ABSTRACT"], &rows)
+    };
+    out.push_str(&format!(
+        "({} hits from {} candidates, {} dropped by hydration, {} ms)\n",
+        r.hits.len(),
+        r.candidates,
+        r.dropped_by_hydration,
+        r.timings.total_ms
+    ));
+    out
+}
+
+/// `ce status`.
+pub fn status(s: &Status) -> String {
+    let ready = if s.ready {
+        "yes".to_owned()
+    } else {
+        format!("no: {}", s.not_ready.join("; "))
+    };
+    let model = s
+        .model
+        .as_ref()
+        .map_or_else(|| "not loaded".to_owned(), |m| m.key());
+    let index_model = s
+        .index_model
+        .as_ref()
+        .map_or_else(|| "unbound".to_owned(), |m| m.key());
+    let cache = s.embed_cache.map_or_else(
+        || "-".to_owned(),
+        |c| {
+            format!(
+                "{} hits, {} misses, {} model calls, {} texts embedded",
+                c.hits, c.misses, c.provider_calls, c.texts_embedded
+            )
+        },
+    );
+    let mut out = kv(&[
+        ("ready", ready),
+        ("data_dir", s.data_dir.clone()),
+        ("model", model),
+        (
+            "vector_index",
+            format!("{} records, model {index_model}", s.index_records),
+        ),
+        ("workers", format!("{} ({})", s.workers, s.worker_consumer)),
+        ("embed_cache", cache),
+    ]);
+    out.push('\n');
+    let rows: Vec<Vec<String>> = s
+        .consumers
+        .iter()
+        .map(|c| {
+            vec![
+                c.consumer.clone(),
+                c.pending.to_string(),
+                c.claimed.to_string(),
+                c.retry_wait.to_string(),
+                c.done.to_string(),
+                c.dead.to_string(),
+                c.lag_events.to_string(),
+                format!("{:.1}", c.lag_seconds),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "CONSUMER",
+            "PENDING",
+            "CLAIMED",
+            "RETRY_WAIT",
+            "DONE",
+            "DEAD",
+            "LAG_EVENTS",
+            "LAG_SECONDS",
+        ],
+        &rows,
+    ));
+    out
+}
+
+/// `ce worker --once` (and the indexing step of the demo and of a local reindex).
+pub fn drain(d: &DrainReport) -> String {
+    let p = &d.progress;
+    let rate = if p.elapsed_ms > 0.0 {
+        p.succeeded as f64 * 1000.0 / p.elapsed_ms
+    } else {
+        0.0
+    };
+    let mut pairs = vec![
+        ("indexed", format!("{} events", p.succeeded)),
+        ("retried", p.retried.to_string()),
+        ("dead", p.failed.to_string()),
+        ("batches", p.batches.to_string()),
+        ("workers", d.workers.to_string()),
+        ("took", format!("{} ms ({rate:.0} events/s)", p.elapsed_ms)),
+    ];
+    if let Some(r) = &d.remaining {
+        pairs.push((
+            "remaining",
+            format!(
+                "{} pending, {} claimed, {} retry_wait, {} dead",
+                r.pending, r.claimed, r.retry_wait, r.dead
+            ),
+        ));
+    }
+    kv(&pairs)
+}
+
+/// `ce reindex`.
+pub fn reindex(r: &ReindexReport, d: Option<&DrainReport>) -> String {
+    let mut out = kv(&[
+        ("consumer", r.consumer.clone()),
+        ("model", r.model.key()),
+        ("cleared", format!("{} records", r.cleared_records)),
+        ("requeued", format!("{} nodes", r.requeued)),
+        ("queued_in", format!("{} ms", r.took_ms)),
+    ]);
+    match d {
+        Some(d) => out.push_str(&drain(d)),
+        None => out.push_str(
+            "the workers rebuild the index in the background (ce status shows the lag)\n",
+        ),
+    }
+    out
 }
 
 /// `ce stat`.

@@ -101,8 +101,23 @@ impl Default for OutboxConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EmbeddingConfig {
-    /// Model name.
+    /// Which embedder: `local` (a BERT-family model on the CPU, the default), `openai` (any
+    /// OpenAI-compatible `/v1/embeddings` endpoint) or `hash` (feature hashing: tests and
+    /// benchmarks only, never semantic search).
+    pub provider: String,
+    /// Model name: for `local`, the model directory's name under the model cache (ignored
+    /// when `model_dir` or `CE_MODEL_DIR` is set); for `openai`, the model sent in requests.
     pub model: String,
+    /// `local`: the model directory (default: `$CE_MODEL_DIR`, else
+    /// `~/.cache/contextengine/models/{model}`, where `scripts/fetch-model.sh` installs it).
+    pub model_dir: Option<String>,
+    /// `openai`: the server root (a trailing `/v1` is accepted).
+    pub base_url: String,
+    /// `openai`: the environment variable holding the API key (unset: no key is sent).
+    pub api_key_env: String,
+    /// `openai`: requested vector dimension (sent as `dimensions`; needed for models whose
+    /// dimension is not known in advance). `hash`: the vector dimension (default 384).
+    pub dimensions: Option<u32>,
     /// Texts per embedding call (8..=128).
     pub batch_size: u32,
     /// Per-call timeout (5..=120).
@@ -112,7 +127,12 @@ pub struct EmbeddingConfig {
 impl Default for EmbeddingConfig {
     fn default() -> Self {
         EmbeddingConfig {
+            provider: "local".into(),
             model: "all-MiniLM-L6-v2".into(),
+            model_dir: None,
+            base_url: "https://api.openai.com".into(),
+            api_key_env: "OPENAI_API_KEY".into(),
+            dimensions: None,
             batch_size: 32,
             timeout_seconds: 30,
         }
@@ -266,6 +286,24 @@ impl Config {
             }
         }
         let e = &self.index.embedding;
+        if !matches!(e.provider.as_str(), "local" | "openai" | "hash") {
+            return Err(CoreError::InvalidConfig {
+                key: "index.embedding.provider".into(),
+                reason: format!(
+                    "{:?} is not one of \"local\", \"openai\", \"hash\"",
+                    e.provider
+                ),
+            });
+        }
+        if e.model.trim().is_empty() {
+            return Err(CoreError::InvalidConfig {
+                key: "index.embedding.model".into(),
+                reason: "must not be empty".into(),
+            });
+        }
+        if let Some(d) = e.dimensions {
+            range("index.embedding.dimensions", d, 1, 65_536)?;
+        }
         range("index.embedding.batch_size", e.batch_size, 8, 128)?;
         range("index.embedding.timeout_seconds", e.timeout_seconds, 5, 120)?;
         range(

@@ -30,7 +30,8 @@ pub use node::{
     ContextNode, ContextType, Layers, Level, Meta, OwnerSpace, PathDefaults, RelationEdge,
 };
 pub use projector::{
-    IndexProjector, IndexRecord, MoveProjection, NodeProjection, RelationIndexRecord,
+    IndexProjector, IndexRecord, MoveProjection, NodeProjection, ProjectionWarning,
+    RelationIndexRecord,
 };
 pub use uri::{CtxUri, UriError, canonicalize_uri};
 

@@ -1,10 +1,12 @@
-//! `ce demo` runs from the repository root (and from anywhere else, via the source path).
+//! `ce demo` runs from the repository root (and from anywhere else, via the source path),
+//! indexes what it imported and searches it. The tests use the hashing embedder; without a
+//! model the demo stops before importing, with the fix.
 
 use super::harness::{Ce, repo_root, success};
 
 #[test]
 fn demo_runs_from_the_repo_root() {
-    let ce = Ce::new();
+    let ce = Ce::hash("");
     let out = ce
         .command(&["demo"])
         .current_dir(repo_root())
@@ -14,7 +16,9 @@ fn demo_runs_from_the_repo_root() {
     assert!(text.contains("$ ce tree ctx://demo"), "{text}");
     assert!(text.contains("communication-style"), "{text}");
     assert!(text.contains("$ ce cat ctx://demo/"), "{text}");
-    assert!(text.contains("$ ce outbox stats"), "{text}");
+    assert!(text.contains("$ ce worker --once"), "{text}");
+    assert!(text.contains("$ ce search \""), "{text}");
+    assert!(text.contains("$ ce status"), "{text}");
 
     let report = ce.json(&["stat", "ctx://demo/users/alice/memories/preferences/food"]);
     assert_eq!(report["owner_space"], "user:alice");
@@ -23,7 +27,7 @@ fn demo_runs_from_the_repo_root() {
 
 #[test]
 fn demo_json_reports_every_step_and_is_idempotent() {
-    let ce = Ce::new();
+    let ce = Ce::hash("");
     // From a directory without examples/, the tree is found next to the sources.
     let cwd = tempfile::tempdir().expect("tempdir");
     let run = || {
@@ -53,15 +57,70 @@ fn demo_json_reports_every_step_and_is_idempotent() {
         cats.iter()
             .all(|c| !c["text"].as_str().expect("text").is_empty())
     );
-    assert_eq!(first["outbox_stats"].as_array().expect("stats").len(), 3);
-    for key in ["open_ms", "import_ms", "tree_ms", "stats_ms"] {
+    // Every event was indexed, and the searches ran on the demo subtree.
+    assert_eq!(
+        first["index"]["progress"]["succeeded"], first["import"]["events"],
+        "{}",
+        first["index"]
+    );
+    assert_eq!(first["index"]["remaining"]["pending"], 0);
+    let searches = first["searches"].as_array().expect("searches");
+    assert_eq!(searches.len(), 4);
+    for s in searches {
+        let hits = s["result"]["hits"].as_array().expect("hits");
+        assert!(!hits.is_empty() && hits.len() <= 3, "{s}");
+        assert!(
+            hits.iter().all(|h| h["uri"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("ctx://demo/"))),
+            "{s}"
+        );
+    }
+    assert_eq!(
+        first["status"]["consumers"]
+            .as_array()
+            .expect("consumers")
+            .len(),
+        3
+    );
+    for key in ["open_ms", "import_ms", "tree_ms"] {
         assert!(first[key].as_f64().is_some_and(|v| v >= 0.0), "{key}");
     }
 
-    // Importing the same tree again writes nothing and appends no event.
+    // Importing the same tree again writes nothing, appends no event, indexes nothing.
     let second = run();
     assert_eq!(second["import"]["nodes_written"], 0);
     assert_eq!(second["import"]["nodes_unchanged"], written);
     assert_eq!(second["import"]["events"], 0);
-    assert_eq!(second["outbox_stats"], first["outbox_stats"]);
+    assert_eq!(second["index"]["progress"]["claimed"], 0);
+    let counts = |v: &serde_json::Value| -> Vec<(String, u64, u64)> {
+        v["status"]["consumers"]
+            .as_array()
+            .expect("consumers")
+            .iter()
+            .map(|c| {
+                (
+                    c["consumer"].as_str().unwrap_or_default().to_owned(),
+                    c["pending"].as_u64().unwrap_or(0),
+                    c["done"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(counts(&second), counts(&first));
+}
+
+#[test]
+fn demo_without_the_model_says_how_to_get_it_and_imports_nothing() {
+    let ce = Ce::new();
+    let missing = ce.data_dir().join("no-model");
+    ce.write_config(&format!(
+        "[index.embedding]\nprovider = \"local\"\nmodel_dir = {:?}\n",
+        missing.display().to_string()
+    ));
+    let f = ce.fail(&["demo"], 6);
+    assert_eq!(f.error["code"], "unavailable");
+    let message = f.error["message"].as_str().expect("message");
+    assert!(message.contains("scripts/fetch-model.sh"), "{message}");
+    assert_eq!(ce.json(&["ls"]), serde_json::json!([]));
 }

@@ -2,7 +2,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -50,6 +51,8 @@ impl Ce {
         let mut c = Command::new(CE);
         c.env_remove("CE_DATA_DIR")
             .env_remove("CE_CONFIG")
+            .env_remove("CE_SERVER")
+            .env_remove("CE_FAILPOINT_WORKER_EMBED_DELAY_MS")
             .arg("--data-dir")
             .arg(self.data_dir());
         if let Some(cfg) = &self.config {
@@ -157,4 +160,236 @@ pub fn events(ce: &Ce) -> Vec<Value> {
         .iter()
         .map(|r| r["event"].clone())
         .collect()
+}
+
+/// The configuration line that selects the hashing embedder (no model needed; tests only).
+pub const HASH_EMBEDDER: &str = "[index.embedding]\nprovider = \"hash\"\n";
+
+impl Ce {
+    /// A fresh data directory whose `ce.toml` selects the hashing embedder, plus `extra`.
+    pub fn hash(extra: &str) -> Self {
+        let ce = Ce::new();
+        ce.write_config(&format!("{HASH_EMBEDDER}{extra}"));
+        ce
+    }
+
+    /// Replaces `<data-dir>/ce.toml`.
+    pub fn write_config(&self, toml: &str) {
+        std::fs::write(self.data_dir().join("ce.toml"), toml).expect("write ce.toml");
+    }
+
+    /// Starts `ce serve --bind 127.0.0.1:0 ARGS` and waits for its address.
+    pub fn serve(&self, args: &[&str]) -> Server {
+        let log_path = self.data_dir().join(format!(
+            "serve-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut all = vec!["serve", "--bind", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let mut child = self
+            .command(&all)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("ce serve starts");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout piped"));
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).expect("first line");
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("ce serve did not start: {line:?}\n{log}");
+        };
+        Server {
+            url: format!("http://{addr}"),
+            child,
+            stdout,
+            log_path,
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(60)))
+                .build()
+                .into(),
+        }
+    }
+
+    /// Runs `ce --server URL ARGS` (plain output).
+    pub fn remote(&self, server: &Server, args: &[&str]) -> Output {
+        let mut all = vec!["--server", server.url.as_str()];
+        all.extend_from_slice(args);
+        self.run(&all)
+    }
+}
+
+/// A running `ce serve`.
+pub struct Server {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    child: Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    log_path: PathBuf,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    /// `GET path` → (status, JSON body).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let res = self.agent.get(format!("{}{path}", self.url)).call();
+        self.answer(res)
+    }
+
+    /// `POST path` with a JSON body → (status, JSON body).
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string().into_bytes(), "application/json")
+    }
+
+    /// `POST path` with raw bytes → (status, JSON body).
+    pub fn post_raw(&self, path: &str, body: Vec<u8>, content_type: &str) -> (u16, Value) {
+        let res = self
+            .agent
+            .post(format!("{}{path}", self.url))
+            .header("Content-Type", content_type)
+            .send(&body[..]);
+        self.answer(res)
+    }
+
+    /// `GET path` as text.
+    pub fn text(&self, path: &str) -> (u16, String) {
+        let mut res = self
+            .agent
+            .get(format!("{}{path}", self.url))
+            .call()
+            .expect("request");
+        let status = res.status().as_u16();
+        (status, res.body_mut().read_to_string().expect("body"))
+    }
+
+    fn answer(&self, res: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
+        let mut res = res.unwrap_or_else(|e| panic!("request failed: {e}\n{}", self.log()));
+        let status = res.status().as_u16();
+        let text = res.body_mut().read_to_string().expect("body");
+        let v = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {text:?} (status {status})"));
+        (status, v)
+    }
+
+    /// `POST path`, asserting 200.
+    pub fn ok(&self, path: &str, body: &Value) -> Value {
+        let (status, v) = self.post(path, body);
+        assert_eq!(status, 200, "POST {path} {body}: {v}");
+        v
+    }
+
+    /// Searches with a similarity floor of 0.3 (the hashing embedder scores texts without
+    /// a shared word near 0; a hash collision of one word can reach 1/3 on short texts).
+    pub fn search(&self, query: &str) -> Vec<Value> {
+        self.search_min(query, 0.3)
+    }
+
+    /// Searches hits scoring at least `min`.
+    pub fn search_min(&self, query: &str, min: f64) -> Vec<Value> {
+        let v = self.ok(
+            "/v1/search",
+            &serde_json::json!({"query": query, "min_score": min}),
+        );
+        v["hits"].as_array().expect("hits").clone()
+    }
+
+    /// Polls `search(query)` until `check` holds (at most 20 s).
+    pub fn search_until(&self, query: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        self.search_until_min(query, 0.3, check)
+    }
+
+    /// Polls `search_min(query, min)` until `check` holds (at most 20 s).
+    pub fn search_until_min(
+        &self,
+        query: &str,
+        min: f64,
+        check: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        eventually(Duration::from_secs(20), || {
+            let hits = self.search_min(query, min);
+            check(&hits).then_some(hits)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "search {query:?} never satisfied the check; last hits {:?}\n{}",
+                self.search_min(query, min),
+                self.log()
+            )
+        })
+    }
+
+    /// Waits (at most 20 s) until the vector consumer has no lag.
+    pub fn wait_drained(&self) {
+        let drained = eventually(Duration::from_secs(20), || {
+            let (_, s) = self.get("/v1/status");
+            let lag = s["consumers"]
+                .as_array()?
+                .iter()
+                .find(|c| c["consumer"] == "vector")?["lag_events"]
+                .as_u64()?;
+            (lag == 0).then_some(())
+        });
+        assert!(
+            drained.is_some(),
+            "vector lag never reached 0\n{}",
+            self.log()
+        );
+    }
+
+    /// The value of the Prometheus sample whose line starts with `name` and contains every
+    /// `labels` fragment (0 when absent).
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let (status, text) = self.text("/metrics");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter(|l| l.starts_with(name) && labels.iter().all(|f| l.contains(f)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits; returns the exit code and the rest of stdout.
+    pub fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id().to_string();
+        let killed = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        assert!(killed.success());
+        let status = self.child.wait().expect("ce serve exits");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).expect("stdout");
+        (status.code(), rest)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Calls `f` until it returns `Some` or `timeout` passes.
+pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
 }

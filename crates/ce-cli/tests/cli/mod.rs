@@ -7,3 +7,6 @@ mod layout;
 mod nodes;
 mod outbox;
 mod relations;
+mod search;
+mod server;
+mod worker;

@@ -1,0 +1,424 @@
+//! The embedding cache (DESIGN.md decision 6: never embed the same text twice).
+//!
+//! [`EmbeddingCache`] is a SQLite file of `(model identity key, sha256(text)) → vector`;
+//! [`CachedEmbedder`] puts it in front of any [`Embedder`]:
+//!
+//! 1. hash every text and de-duplicate identical texts within the batch;
+//! 2. look the distinct hashes up in the cache;
+//! 3. send only the misses to the inner embedder, in **one** call;
+//! 4. store the new vectors and return one vector per input text, in input order.
+//!
+//! The cache is an optimisation and never a reason to fail: when it cannot be read, every
+//! text is a miss; when it cannot be written, the vectors are still returned (both are
+//! counted in [`CacheStats::cache_errors`]). A cached vector whose length is not the model's
+//! dimension is treated as a miss and overwritten.
+//!
+//! Two concurrent calls that both miss the same text may both embed it (there is no
+//! cross-call in-flight table); the second write simply replaces the first with the same
+//! vector.
+//!
+//! Entries are never evicted: a vector costs `4 × dimension` bytes plus ~100 bytes of key
+//! (about 1.6 KiB for a 384-d model). Deleting the file is always safe.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use sha2::{Digest, Sha256};
+
+use crate::{EmbedError, Embedder, ModelIdentity};
+
+/// Schema version stored in `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+/// The cache key of a text: lower-case hex sha256 of its UTF-8 bytes.
+pub fn text_key(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+fn cache_err(path: &Path, what: &str, e: impl std::fmt::Display) -> EmbedError {
+    EmbedError::Cache(format!("{what} {}: {e}", path.display()))
+}
+
+/// A persistent map `(model identity key, sha256 hex of text) → f32 vector` in one SQLite
+/// file (WAL; `synchronous = NORMAL`, so a power cut may lose the newest entries, which are
+/// simply recomputed).
+pub struct EmbeddingCache {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for EmbeddingCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddingCache")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddingCache {
+    /// Opens (creating if needed) the cache file at `path`; the parent directory is created
+    /// too.
+    pub fn open(path: &Path) -> Result<Self, EmbedError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| cache_err(parent, "cannot create directory", e))?;
+        }
+        let conn = Connection::open(path).map_err(|e| cache_err(path, "cannot open", e))?;
+        Self::init(conn, path.to_path_buf())
+    }
+
+    /// An in-memory cache (tests, or a process that must not write files).
+    pub fn open_in_memory() -> Result<Self, EmbedError> {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory().map_err(|e| cache_err(&path, "cannot open", e))?;
+        Self::init(conn, path)
+    }
+
+    fn init(conn: Connection, path: PathBuf) -> Result<Self, EmbedError> {
+        let err = |e: rusqlite::Error| cache_err(&path, "cannot initialise", e);
+        conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        // In-memory databases answer "memory" here; both are fine.
+        let _mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(err)?;
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL;
+             CREATE TABLE IF NOT EXISTS embedding_cache (
+                 model        TEXT    NOT NULL,
+                 text_sha256  TEXT    NOT NULL,
+                 vector       BLOB    NOT NULL,
+                 created_at   INTEGER NOT NULL DEFAULT (unixepoch()),
+                 PRIMARY KEY (model, text_sha256)
+             ) WITHOUT ROWID;",
+        )
+        .map_err(err)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(err)?;
+        if version == 0 {
+            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+                .map_err(err)?;
+        } else if version != SCHEMA_VERSION {
+            return Err(cache_err(
+                &path,
+                "cannot use",
+                format!(
+                    "schema version {version} is not {SCHEMA_VERSION} (delete the file; it \
+                     is only a cache)"
+                ),
+            ));
+        }
+        Ok(EmbeddingCache {
+            conn: Mutex::new(conn),
+            path,
+        })
+    }
+
+    /// The cache file (`:memory:` for an in-memory cache).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>, EmbedError> {
+        self.conn
+            .lock()
+            .map_err(|_| EmbedError::Cache(format!("{} connection poisoned", self.path.display())))
+    }
+
+    /// Looks up `keys` (from [`text_key`]) for `model` (a [`ModelIdentity::key`]); an entry
+    /// whose length is not `dimension` comes back as `None`.
+    pub fn get_many(
+        &self,
+        model: &str,
+        dimension: usize,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<f32>>>, EmbedError> {
+        let conn = self.conn()?;
+        let err = |e: rusqlite::Error| cache_err(&self.path, "cannot read", e);
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT vector FROM embedding_cache WHERE model = ?1 AND text_sha256 = ?2",
+            )
+            .map_err(err)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let blob: Option<Vec<u8>> = stmt
+                .query_row(params![model, key], |r| r.get(0))
+                .optional()
+                .map_err(err)?;
+            out.push(blob.and_then(|b| decode(&b, dimension)));
+        }
+        Ok(out)
+    }
+
+    /// Stores `(key, vector)` pairs for `model` in one transaction, replacing old entries.
+    pub fn put_many(&self, model: &str, entries: &[(&str, &[f32])]) -> Result<(), EmbedError> {
+        let mut conn = self.conn()?;
+        let err = |e: rusqlite::Error| cache_err(&self.path, "cannot write", e);
+        let tx = conn.transaction().map_err(err)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO embedding_cache (model, text_sha256, vector) \
+                     VALUES (?1, ?2, ?3)",
+                )
+                .map_err(err)?;
+            for (key, v) in entries {
+                stmt.execute(params![model, key, encode(v)]).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+
+    /// Number of entries stored for `model`.
+    pub fn count(&self, model: &str) -> Result<u64, EmbedError> {
+        let conn = self.conn()?;
+        conn.query_row(
+            "SELECT count(*) FROM embedding_cache WHERE model = ?1",
+            [model],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n.max(0) as u64)
+        .map_err(|e| cache_err(&self.path, "cannot read", e))
+    }
+
+    /// Deletes every entry of `model` (e.g. after switching models); returns how many.
+    pub fn remove_model(&self, model: &str) -> Result<u64, EmbedError> {
+        let conn = self.conn()?;
+        conn.execute("DELETE FROM embedding_cache WHERE model = ?1", [model])
+            .map(|n| n as u64)
+            .map_err(|e| cache_err(&self.path, "cannot write", e))
+    }
+}
+
+fn encode(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn decode(b: &[u8], dimension: usize) -> Option<Vec<f32>> {
+    if b.len() != dimension * 4 {
+        return None;
+    }
+    Some(
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+/// Counters of a [`CachedEmbedder`] since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Distinct texts (per call) answered from the cache.
+    pub hits: u64,
+    /// Distinct texts (per call) not in the cache, hence sent to the provider.
+    pub misses: u64,
+    /// Input texts answered by an identical text earlier in the same call.
+    pub duplicates: u64,
+    /// Calls made to the inner embedder (at most one per [`Embedder::embed_texts`]).
+    pub provider_calls: u64,
+    /// Texts the inner embedder embedded successfully.
+    pub texts_embedded: u64,
+    /// Cache reads or writes that failed (the call went on without the cache).
+    pub cache_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    duplicates: AtomicU64,
+    provider_calls: AtomicU64,
+    texts_embedded: AtomicU64,
+    cache_errors: AtomicU64,
+}
+
+/// An [`Embedder`] that answers from an [`EmbeddingCache`] first (see the module docs).
+pub struct CachedEmbedder {
+    inner: Arc<dyn Embedder>,
+    cache: Arc<EmbeddingCache>,
+    model_key: String,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for CachedEmbedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedEmbedder")
+            .field("model", &self.model_key)
+            .field("cache", &self.cache)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CachedEmbedder {
+    /// Wraps `inner`; entries are keyed by `inner.identity().key()`, so different models
+    /// (or dimensions) never share vectors.
+    pub fn new(inner: Arc<dyn Embedder>, cache: Arc<EmbeddingCache>) -> Self {
+        let model_key = inner.identity().key();
+        CachedEmbedder {
+            inner,
+            cache,
+            model_key,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            duplicates: c.duplicates.load(Ordering::Relaxed),
+            provider_calls: c.provider_calls.load(Ordering::Relaxed),
+            texts_embedded: c.texts_embedded.load(Ordering::Relaxed),
+            cache_errors: c.cache_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The wrapped embedder.
+    pub fn inner(&self) -> &Arc<dyn Embedder> {
+        &self.inner
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &Arc<EmbeddingCache> {
+        &self.cache
+    }
+}
+
+impl Embedder for CachedEmbedder {
+    fn identity(&self) -> &ModelIdentity {
+        self.inner.identity()
+    }
+
+    fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dim = self.inner.identity().dimension;
+        let c = &self.counters;
+
+        // Distinct texts, and for each input the distinct slot it reads.
+        let mut keys: Vec<String> = Vec::new();
+        let mut distinct_texts: Vec<&str> = Vec::new();
+        let mut slot_of: Vec<usize> = Vec::with_capacity(texts.len());
+        let mut seen: std::collections::HashMap<String, usize> = Default::default();
+        for t in texts {
+            let key = text_key(t);
+            let slot = match seen.get(&key) {
+                Some(&s) => {
+                    c.duplicates.fetch_add(1, Ordering::Relaxed);
+                    s
+                }
+                None => {
+                    let s = keys.len();
+                    seen.insert(key.clone(), s);
+                    keys.push(key);
+                    distinct_texts.push(t);
+                    s
+                }
+            };
+            slot_of.push(slot);
+        }
+
+        let mut vectors: Vec<Option<Vec<f32>>> =
+            match self.cache.get_many(&self.model_key, dim, &keys) {
+                Ok(found) => found,
+                Err(_) => {
+                    c.cache_errors.fetch_add(1, Ordering::Relaxed);
+                    vec![None; keys.len()]
+                }
+            };
+        let miss_slots: Vec<usize> = (0..keys.len()).filter(|&s| vectors[s].is_none()).collect();
+        c.hits
+            .fetch_add((keys.len() - miss_slots.len()) as u64, Ordering::Relaxed);
+        c.misses
+            .fetch_add(miss_slots.len() as u64, Ordering::Relaxed);
+
+        if !miss_slots.is_empty() {
+            let miss_texts: Vec<&str> = miss_slots.iter().map(|&s| distinct_texts[s]).collect();
+            c.provider_calls.fetch_add(1, Ordering::Relaxed);
+            let fresh = self.inner.embed_texts(&miss_texts, timeout)?;
+            if fresh.len() != miss_texts.len() {
+                return Err(EmbedError::InvalidResponse(format!(
+                    "{} returned {} vectors for {} texts",
+                    self.model_key,
+                    fresh.len(),
+                    miss_texts.len()
+                )));
+            }
+            if let Some(bad) = fresh.iter().find(|v| v.len() != dim) {
+                return Err(EmbedError::InvalidResponse(format!(
+                    "{} returned a {}-dimensional vector, expected {dim}",
+                    self.model_key,
+                    bad.len()
+                )));
+            }
+            c.texts_embedded
+                .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+            let entries: Vec<(&str, &[f32])> = miss_slots
+                .iter()
+                .zip(&fresh)
+                .map(|(&s, v)| (keys[s].as_str(), v.as_slice()))
+                .collect();
+            if self.cache.put_many(&self.model_key, &entries).is_err() {
+                c.cache_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            for (&s, v) in miss_slots.iter().zip(fresh) {
+                vectors[s] = Some(v);
+            }
+        }
+
+        slot_of
+            .iter()
+            .map(|&s| {
+                vectors[s].clone().ok_or_else(|| {
+                    EmbedError::InvalidResponse(format!("no vector for distinct text {s}"))
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_key_is_sha256_hex() {
+        assert_eq!(
+            text_key(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn entries_round_trip_and_wrong_lengths_are_misses() {
+        let cache = EmbeddingCache::open_in_memory().expect("open");
+        let k = text_key("a");
+        cache
+            .put_many("m:x:3", &[(&k, &[1.0, -0.5, 0.25])])
+            .expect("put");
+        assert_eq!(
+            cache
+                .get_many("m:x:3", 3, std::slice::from_ref(&k))
+                .expect("get"),
+            vec![Some(vec![1.0, -0.5, 0.25])]
+        );
+        assert_eq!(
+            cache
+                .get_many("m:x:3", 4, std::slice::from_ref(&k))
+                .expect("get"),
+            vec![None]
+        );
+        assert_eq!(cache.get_many("m:y:3", 3, &[k]).expect("get"), vec![None]);
+        assert_eq!(cache.count("m:x:3").expect("count"), 1);
+        assert_eq!(cache.remove_model("m:x:3").expect("rm"), 1);
+    }
+}

@@ -1,0 +1,49 @@
+//! Index errors, classified per spec §8.4.
+
+use ce_core::{Classify, CoreError, ErrorCode};
+
+/// Result of an index operation.
+pub type Result<T, E = IndexError> = std::result::Result<T, E>;
+
+/// Everything an index operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// Bad input caught by the core model (e.g. an invalid URI): not retryable.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    /// The index's storage is temporarily unavailable (locked, I/O hiccup): retryable.
+    #[error("vector index unavailable: {0}")]
+    Unavailable(String),
+    /// Stored vectors belong to another model, or a vector has the wrong dimension:
+    /// not retryable — rebuild with `ce reindex --consumer vector`.
+    #[error("vector schema mismatch: {0}")]
+    SchemaMismatch(String),
+    /// Stored data does not decode: not retryable.
+    #[error("vector index data is corrupt: {0}")]
+    Corrupt(String),
+    /// A query the index cannot run (e.g. a query vector of the wrong dimension).
+    #[error("invalid vector query: {0}")]
+    InvalidQuery(String),
+}
+
+impl Classify for IndexError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            IndexError::Core(e) => e.code(),
+            IndexError::Unavailable(_) => ErrorCode::Unavailable,
+            IndexError::SchemaMismatch(_) => ErrorCode::SchemaMismatch,
+            IndexError::Corrupt(_) => ErrorCode::Corrupt,
+            IndexError::InvalidQuery(_) => ErrorCode::InvalidField,
+        }
+    }
+
+    fn is_retryable(&self) -> bool {
+        match self {
+            IndexError::Core(e) => e.is_retryable(),
+            IndexError::Unavailable(_) => true,
+            IndexError::SchemaMismatch(_)
+            | IndexError::Corrupt(_)
+            | IndexError::InvalidQuery(_) => false,
+        }
+    }
+}

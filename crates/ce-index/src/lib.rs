@@ -1,0 +1,12 @@
+//! ContextEngine's derived indexes and the worker that keeps them in step with the source of
+//! truth through the outbox.
+//!
+//! - [`vector`]: the `VectorIndex` contract (spec §6) and its implementations
+//! - [`worker`]: `IndexWorker` (spec §5): claim → dispatch → read source → project → embed →
+//!   write → ack
+
+pub mod error;
+pub mod vector;
+pub mod worker;
+
+pub use error::{IndexError, Result};

@@ -1,0 +1,1118 @@
+//! Embedded vector index: SQLite holds the records and vectors (the durable state), a usearch
+//! HNSW graph held in memory answers approximate searches.
+//!
+//! Write path (every trait write): one `IMMEDIATE` SQLite transaction on the writer connection
+//! (WAL, `synchronous=FULL`) that reads the current rows, writes the new ones and records the
+//! in-memory changes it implies (add / remove an ANN key, update a key's filter data) → commit →
+//! apply those changes to the graph and the filter table. A crash between commit and apply
+//! loses only derived state: [`EmbeddedVectorIndex::open`] loads the last snapshot of the graph
+//! and catches it up with the writes committed after it, or, without a usable snapshot,
+//! rebuilds the graph from the stored vectors — never re-embedding (see `ann.rs`). If applying
+//! fails, the in-memory state is rebuilt from the database at once.
+//!
+//! One process at a time: the graph lives in this process's memory, so `open` takes an
+//! exclusive lock on `LOCK` in the directory (released by the OS if the process dies).
+//!
+//! Search path: the planner counts the records passing the filter in the in-memory filter
+//! table; small candidate sets (see [`EmbeddedOptions::exact_limit`]: 5,000, or 10 % of the
+//! records up to 32·√records) are scanned exactly; larger ones go
+//! through the graph (filtered search with the table as predicate), and if the graph returns
+//! fewer than `top_k` while at least `top_k` records pass, the search falls back to an exact
+//! scan. Hits are then read from SQLite and checked against the filter once more, so a search
+//! racing a write never returns a record that does not match.
+
+mod ann;
+pub mod bench;
+mod schema;
+mod table;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use ce_core::{CtxUri, IndexRecord};
+use ce_embed::ModelIdentity;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+use serde::Serialize;
+
+use self::ann::Ann;
+use self::schema::sql;
+use self::table::{KeyTable, Row};
+use super::memory::{
+    UriVersion, check_binding, check_move, check_node_records, check_query, check_vector, cosine,
+    metadata_version, missing_vector, moved_record,
+};
+use super::{
+    NodeRecord, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
+};
+use crate::error::{IndexError, Result};
+
+/// File name of the database inside the index directory.
+pub const DB_FILE: &str = "vectors.db";
+
+/// Tuning of the embedded index.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmbeddedOptions {
+    /// HNSW connectivity (edges per node).
+    pub connectivity: usize,
+    /// Candidate list size while inserting.
+    pub expansion_add: usize,
+    /// Candidate list size while searching (at least `top_k` is used).
+    pub expansion_search: usize,
+    /// Candidate sets up to this size are scanned exactly.
+    pub exact_max_candidates: usize,
+    /// Candidate sets up to this fraction of all records are scanned exactly…
+    pub exact_max_fraction: f64,
+    /// …but never more than this factor times √(records): an exact scan costs O(candidates)
+    /// while a filtered graph search costs about O(records / candidates), so the break-even
+    /// candidate count grows with √(records), not with records.
+    pub exact_sqrt_factor: f64,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions {
+            connectivity: 16,
+            expansion_add: 128,
+            expansion_search: 64,
+            exact_max_candidates: 5_000,
+            exact_max_fraction: 0.10,
+            exact_sqrt_factor: 32.0,
+        }
+    }
+}
+
+impl EmbeddedOptions {
+    /// The largest candidate set scanned exactly among `n` records:
+    /// `max(exact_max_candidates, min(exact_max_fraction · n, exact_sqrt_factor · √n))` —
+    /// 5,000 up to 50k records, 10 % at 100k, 32k at 1M with the defaults.
+    pub fn exact_limit(&self, n: usize) -> usize {
+        let n = n as f64;
+        let scaled = (self.exact_max_fraction * n).min(self.exact_sqrt_factor * n.sqrt());
+        self.exact_max_candidates.max(scaled as usize)
+    }
+}
+
+/// How to run one search (tests and benchmarks force a path; the trait uses `Auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SearchStrategy {
+    /// Let the planner choose.
+    Auto,
+    /// Scan every candidate exactly.
+    Exact,
+    /// Use the graph whatever the candidate count (still falling back to an exact scan when
+    /// the graph returns too few hits).
+    Ann,
+}
+
+/// Which path a search took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SearchPlan {
+    /// No record can pass the filter (or the index is empty).
+    Empty,
+    /// Exact scan of the candidates.
+    Exact,
+    /// Graph search (filtered when the filter is not trivial).
+    Ann,
+    /// Graph search returned fewer than `top_k` although enough records pass: exact scan.
+    AnnThenExact,
+}
+
+/// A search result with the planner's decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SearchReport {
+    /// Hits, best first.
+    pub hits: Vec<VectorHit>,
+    /// The path taken.
+    pub plan: SearchPlan,
+    /// Number of records passing the filter; for [`SearchPlan::Ann`] a lower bound (counting
+    /// stops once the count rules out the exact scan).
+    pub candidates: usize,
+}
+
+/// The embedded vector index (see the module documentation).
+pub struct EmbeddedVectorIndex {
+    dir: PathBuf,
+    db_id: String,
+    options: EmbeddedOptions,
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+    mem: RwLock<Mem>,
+    from_snapshot: Option<usize>,
+    /// Set by [`EmbeddedVectorIndex::close_without_snapshot`].
+    skip_snapshot: bool,
+    /// Held open for the index's lifetime: an exclusive lock on `LOCK` (one process at a time,
+    /// since the graph lives in this process's memory). The OS releases it if we die.
+    _lock: fs_err::File,
+}
+
+/// Counters of the embedded index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EmbeddedStats {
+    /// Records in the filter table (equals the stored records).
+    pub records: usize,
+    /// Vectors in the graph.
+    pub graph_vectors: usize,
+    /// Removed graph slots not yet reused.
+    pub tombstones: usize,
+    /// Database generation (bumped by every commit that adds or removes a vector).
+    pub generation: u64,
+    /// Whether the snapshot on disk matches the current generation.
+    pub snapshot_current: bool,
+    /// Whether this instance loaded its graph from a snapshot at open (else it rebuilt it from
+    /// the stored vectors).
+    pub opened_from_snapshot: bool,
+    /// Keys added to or removed from that snapshot at open to catch up with the database.
+    pub snapshot_catch_up: usize,
+}
+
+impl std::fmt::Debug for EmbeddedVectorIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedVectorIndex")
+            .field("dir", &self.dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Derived in-memory state: the graph and the filter table, as of `generation`.
+#[derive(Debug, Default)]
+struct Mem {
+    ann: Option<Ann>,
+    table: KeyTable,
+    model: Option<ModelIdentity>,
+    dimension: Option<usize>,
+    /// The database generation this state reflects.
+    generation: u64,
+    /// The generation of the snapshot on disk (the one `meta.snapshot_generation` names).
+    saved: Option<u64>,
+    /// At open: loaded from the snapshot, with this many keys changed to catch up.
+    loaded: Option<usize>,
+    /// False while changes are being applied, and after applying failed.
+    healthy: bool,
+}
+
+/// A change to the in-memory state implied by a committed write.
+enum Op {
+    Add {
+        key: u64,
+        vector: Vec<f32>,
+        row: Row,
+    },
+    Remove(u64),
+    Update {
+        key: u64,
+        row: Row,
+    },
+    Clear,
+}
+
+/// One write transaction and the changes it implies.
+struct WriteTx<'c> {
+    tx: &'c Transaction<'c>,
+    ops: Vec<Op>,
+    next_key: u64,
+    first_key: u64,
+    model: Option<ModelIdentity>,
+    dimension: Option<usize>,
+    stored_dimension: Option<usize>,
+    model_changed: bool,
+}
+
+/// What a committed write hands to the in-memory state.
+struct Committed {
+    ops: Vec<Op>,
+    generation: Option<u64>,
+    model: Option<ModelIdentity>,
+    dimension: Option<usize>,
+}
+
+impl<'c> WriteTx<'c> {
+    fn new(tx: &'c Transaction<'c>) -> Result<Self> {
+        let next_key = schema::meta_u64(tx, "next_key")?.unwrap_or(1);
+        let dimension = schema::dimension(tx)?;
+        Ok(WriteTx {
+            tx,
+            ops: Vec::new(),
+            next_key,
+            first_key: next_key,
+            model: schema::model(tx)?,
+            dimension,
+            stored_dimension: dimension,
+            model_changed: false,
+        })
+    }
+
+    fn check_vector(&mut self, id: &str, v: &[f32]) -> Result<()> {
+        check_vector(id, v, self.model.as_ref(), self.dimension)?;
+        self.dimension = Some(v.len());
+        Ok(())
+    }
+
+    /// Writes `r` with `vector`: the key is kept when the vector is bit-identical to the
+    /// stored one (a payload-only change), otherwise a fresh key replaces the old one.
+    fn put(&mut self, r: &IndexRecord, node_version: u64, vector: Vec<f32>) -> Result<()> {
+        let bytes = schema::encode_vector(&vector);
+        let row = Row::of(r);
+        match schema::key_and_vector(self.tx, &r.id)? {
+            Some((key, old)) if old == bytes => {
+                schema::put_row(self.tx, r, node_version, &bytes, key)?;
+                self.ops.push(Op::Update { key, row });
+            }
+            old => {
+                let key = self.next_key;
+                self.next_key += 1;
+                schema::put_row(self.tx, r, node_version, &bytes, key)?;
+                if let Some((old_key, _)) = old {
+                    self.ops.push(Op::Remove(old_key));
+                }
+                self.ops.push(Op::Add { key, vector, row });
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the record `id`; whether it existed.
+    fn delete(&mut self, id: &str) -> Result<bool> {
+        let key = schema::delete_row(self.tx, id)?;
+        if let Some(key) = key {
+            self.ops.push(Op::Remove(key));
+        }
+        Ok(key.is_some())
+    }
+
+    fn finish(self) -> Result<Committed> {
+        if self.next_key != self.first_key {
+            schema::set_meta(self.tx, "next_key", &self.next_key.to_string())?;
+        }
+        if self.dimension != self.stored_dimension {
+            match self.dimension {
+                Some(d) => schema::set_meta(self.tx, "dimension", &d.to_string())?,
+                None => schema::delete_meta(self.tx, "dimension")?,
+            }
+        }
+        let touches_ann = self
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Add { .. } | Op::Remove(_) | Op::Clear));
+        let generation = if touches_ann {
+            let g = schema::meta_u64(self.tx, "generation")?.unwrap_or(0) + 1;
+            schema::set_meta(self.tx, "generation", &g.to_string())?;
+            Some(g)
+        } else {
+            None
+        };
+        if self.model_changed {
+            match &self.model {
+                Some(m) => schema::set_model(self.tx, m)?,
+                None => schema::delete_meta(self.tx, "model")?,
+            }
+        }
+        Ok(Committed {
+            ops: self.ops,
+            generation,
+            model: self.model,
+            dimension: self.dimension,
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Connections hold no half-done state across a panic (transactions roll back on drop).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Mem {
+    /// Builds the in-memory state from the database: the filter table from the rows, the graph
+    /// from the snapshot `meta.snapshot_generation` names, brought up to date (AK1), when
+    /// `use_snapshot` and the snapshot checks out — else from the stored vectors.
+    fn load(
+        conn: &Connection,
+        dir: &Path,
+        db_id: &str,
+        o: &EmbeddedOptions,
+        use_snapshot: bool,
+    ) -> Result<Mem> {
+        let generation = schema::meta_u64(conn, "generation")?.unwrap_or(0);
+        let snapshot = schema::meta_u64(conn, "snapshot_generation")?;
+        let mut mem = Mem {
+            model: schema::model(conn)?,
+            dimension: schema::dimension(conn)?,
+            generation,
+            healthy: true,
+            ..Mem::default()
+        };
+        if let (true, Some(d), Some(g)) = (use_snapshot, mem.dimension, snapshot) {
+            schema::scan_rows(conn, false, |r, _| {
+                mem.table.insert(r.key, &table_row(r));
+                Ok(())
+            })?;
+            if let Ok((graph, caught_up)) =
+                Self::from_snapshot(conn, dir, db_id, g, d, o, &mem.table)
+            {
+                mem.ann = Some(graph);
+                mem.saved = Some(g);
+                mem.loaded = Some(caught_up);
+                ann::remove_other_snapshots(dir, Some((db_id, g)))?;
+                return Ok(mem);
+            }
+            mem.table = KeyTable::default();
+        }
+        Self::rebuild(conn, o, &mut mem)?;
+        if use_snapshot {
+            // At open: the snapshot is missing or failed its checks.
+            ann::remove_other_snapshots(dir, None)?;
+        } else {
+            // A rebuild while running: the snapshot on disk stays good for a later open.
+            mem.saved = snapshot;
+        }
+        Ok(mem)
+    }
+
+    /// Loads the snapshot of generation `g` and brings it up to date with the database (whose
+    /// filter table is `table`): keys it has that the database lost are removed, keys the
+    /// database gained are added from the stored vectors. Returns the graph and how many keys
+    /// changed. Any doubt (unreadable files, counts that do not add up, a sampled vector that
+    /// differs) is an error, and the caller rebuilds instead.
+    fn from_snapshot(
+        conn: &Connection,
+        dir: &Path,
+        db_id: &str,
+        g: u64,
+        dimension: usize,
+        o: &EmbeddedOptions,
+        table: &KeyTable,
+    ) -> Result<(Ann, usize)> {
+        let path = ann::snapshot_path(dir, db_id, g);
+        let mismatch =
+            |what: &str| IndexError::Corrupt(format!("snapshot {}: {what}", path.display()));
+        let mut graph = Ann::load(&path, dimension, o)?;
+        let keys = ann::load_keys(&ann::keys_path(dir, db_id, g))?;
+        if keys.len() != graph.len() || keys.iter().any(|k| !graph.contains(*k)) {
+            return Err(mismatch("the key set does not match the graph"));
+        }
+        let mut changed = 0;
+        for k in keys.iter().filter(|k| table.id(**k).is_none()) {
+            graph.remove(*k)?;
+            changed += 1;
+        }
+        let missing: Vec<u64> = table.keys().filter(|k| !graph.contains(*k)).collect();
+        for chunk in missing.chunks(4096) {
+            let rows = schema::vectors_by_keys(conn, chunk)?;
+            if rows.len() != chunk.len() {
+                return Err(mismatch("rows vanished while catching up"));
+            }
+            let items: Vec<(u64, &[f32])> = rows.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            graph.add(&items)?;
+            changed += items.len();
+        }
+        if graph.len() != table.len() {
+            return Err(mismatch("vector count differs from the database"));
+        }
+        let mut buf = vec![0.0; dimension];
+        for (k, v) in schema::sample_vectors(conn, 32)? {
+            if !graph.get(k, &mut buf) || buf != v {
+                return Err(mismatch(&format!("vector of key {k} differs")));
+            }
+        }
+        Ok((graph, changed))
+    }
+
+    fn rebuild(conn: &Connection, o: &EmbeddedOptions, mem: &mut Mem) -> Result<()> {
+        const CHUNK: usize = 8192;
+        let mut chunk: Vec<(u64, Vec<f32>)> = Vec::with_capacity(CHUNK);
+        let mut ann: Option<Ann> = None;
+        let flush = |chunk: &mut Vec<(u64, Vec<f32>)>, ann: &mut Option<Ann>| -> Result<()> {
+            let Some((_, first)) = chunk.first() else {
+                return Ok(());
+            };
+            if ann.is_none() {
+                *ann = Some(Ann::new(first.len(), o)?);
+            }
+            if let Some(a) = ann.as_mut() {
+                let items: Vec<(u64, &[f32])> =
+                    chunk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+                a.add(&items)?;
+            }
+            chunk.clear();
+            Ok(())
+        };
+        schema::scan_rows(conn, true, |r, v| {
+            let key = r.key;
+            mem.table.insert(key, &table_row(r));
+            if let Some(v) = v {
+                chunk.push((key, v));
+            }
+            if chunk.len() == CHUNK {
+                flush(&mut chunk, &mut ann)?;
+            }
+            Ok(())
+        })?;
+        flush(&mut chunk, &mut ann)?;
+        if mem.dimension.is_none() {
+            mem.dimension = ann.as_ref().map(Ann::dimension);
+        }
+        mem.ann = ann;
+        Ok(())
+    }
+
+    fn apply(&mut self, c: Committed, o: &EmbeddedOptions) -> Result<()> {
+        let mut pending: Vec<(u64, Vec<f32>)> = Vec::new();
+        for op in c.ops {
+            match op {
+                Op::Add { key, vector, row } => {
+                    self.table.insert(key, &row);
+                    pending.push((key, vector));
+                }
+                Op::Remove(key) => {
+                    self.add_pending(&mut pending, o)?;
+                    self.table.remove(key);
+                    if let Some(a) = self.ann.as_mut() {
+                        a.remove(key)?;
+                    }
+                }
+                Op::Update { key, row } => self.table.insert(key, &row),
+                Op::Clear => {
+                    pending.clear();
+                    self.table = KeyTable::default();
+                    self.ann = None;
+                }
+            }
+        }
+        self.add_pending(&mut pending, o)?;
+        if let Some(g) = c.generation {
+            self.generation = g;
+        }
+        self.model = c.model;
+        self.dimension = c.dimension;
+        Ok(())
+    }
+
+    fn add_pending(
+        &mut self,
+        pending: &mut Vec<(u64, Vec<f32>)>,
+        o: &EmbeddedOptions,
+    ) -> Result<()> {
+        let Some((_, first)) = pending.first() else {
+            return Ok(());
+        };
+        if self.ann.is_none() {
+            self.ann = Some(Ann::new(first.len(), o)?);
+        }
+        if let Some(a) = self.ann.as_mut() {
+            let items: Vec<(u64, &[f32])> =
+                pending.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            a.add(&items)?;
+        }
+        pending.clear();
+        Ok(())
+    }
+
+    /// Keys of the best `top_k` hits with their scores, and the plan taken.
+    fn search(
+        &self,
+        query: &[f32],
+        filter: &SearchFilter,
+        top_k: usize,
+        strategy: SearchStrategy,
+        o: &EmbeddedOptions,
+    ) -> (Vec<(u64, f32)>, SearchPlan, usize) {
+        let empty = (Vec::new(), SearchPlan::Empty, 0);
+        let (Some(ann), Some(c)) = (&self.ann, self.table.compile(filter)) else {
+            return empty;
+        };
+        let table = &self.table;
+        let n = table.len();
+        let limit = match strategy {
+            SearchStrategy::Auto => o.exact_limit(n),
+            SearchStrategy::Exact => usize::MAX,
+            SearchStrategy::Ann => 0,
+        };
+        let trivial = c.is_trivial();
+        // Counting stops past what the decisions below need: the exact limit, and top_k.
+        let cap = limit.max(top_k);
+        let (count, keys) = if trivial {
+            (
+                n,
+                if n <= limit {
+                    table.keys().collect()
+                } else {
+                    Vec::new()
+                },
+            )
+        } else {
+            table.scan(&c, limit, cap)
+        };
+        if count == 0 {
+            return empty;
+        }
+        if count <= limit {
+            return (
+                self.exact(ann, query, &keys, top_k),
+                SearchPlan::Exact,
+                count,
+            );
+        }
+        let found = if trivial {
+            ann.search(query, top_k)
+        } else {
+            ann.filtered_search(query, top_k, |k| table.matches(k, &c))
+        };
+        // A graph error (e.g. every search context busy) degrades to the exact path.
+        let found: Vec<u64> = found
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|k| table.matches(*k, &c))
+            .collect();
+        // `count` is exact up to `cap` ≥ top_k, so this is "as many as top_k allows".
+        if found.len() >= top_k.min(count) {
+            return (
+                self.exact(ann, query, &found, top_k),
+                SearchPlan::Ann,
+                count,
+            );
+        }
+        let (count, keys) = if trivial {
+            (n, table.keys().collect())
+        } else {
+            table.scan(&c, usize::MAX, usize::MAX)
+        };
+        (
+            self.exact(ann, query, &keys, top_k),
+            SearchPlan::AnnThenExact,
+            count,
+        )
+    }
+
+    /// Scores `keys` exactly and keeps the best `top_k` (score descending, id ascending).
+    fn exact(&self, ann: &Ann, query: &[f32], keys: &[u64], top_k: usize) -> Vec<(u64, f32)> {
+        const PARALLEL_FROM: usize = 16_384;
+        let score = |keys: &[u64]| -> Vec<(u64, f32)> {
+            let mut buf = vec![0.0; ann.dimension()];
+            let scored = keys
+                .iter()
+                .filter_map(|k| {
+                    if ann.get(*k, &mut buf) {
+                        Some((*k, cosine(query, &buf)))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            self.top(scored, top_k)
+        };
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        if keys.len() < PARALLEL_FROM || threads == 1 {
+            return score(keys);
+        }
+        let chunk = keys.len().div_ceil(threads);
+        let merged = std::thread::scope(|s| {
+            let handles: Vec<_> = keys
+                .chunks(chunk)
+                .map(|c| s.spawn(move || score(c)))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        self.top(merged, top_k)
+    }
+
+    fn top(&self, mut scored: Vec<(u64, f32)>, top_k: usize) -> Vec<(u64, f32)> {
+        let id = |k: u64| self.table.id(k).unwrap_or("");
+        let order =
+            |a: &(u64, f32), b: &(u64, f32)| b.1.total_cmp(&a.1).then_with(|| id(a.0).cmp(id(b.0)));
+        if scored.len() > top_k && top_k > 0 {
+            scored.select_nth_unstable_by(top_k - 1, order);
+        }
+        scored.truncate(top_k);
+        scored.sort_by(order);
+        scored
+    }
+}
+
+fn table_row(r: schema::TableRowSql) -> Row {
+    Row {
+        id: r.id,
+        uri: r.uri,
+        parent_uri: r.parent_uri,
+        level: r.level,
+        filters: r.filters,
+    }
+}
+
+impl EmbeddedVectorIndex {
+    /// Opens (creating if needed) the index stored in `dir` with default options.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, EmbeddedOptions::default())
+    }
+
+    /// Opens the index with explicit options.
+    pub fn open_with(dir: &Path, options: EmbeddedOptions) -> Result<Self> {
+        fs_err::create_dir_all(dir)
+            .map_err(|e| IndexError::Unavailable(format!("vector index directory: {e}")))?;
+        let lock = fs_err::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(|e| IndexError::Unavailable(format!("vector index lock: {e}")))?;
+        match lock.file().try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(IndexError::Unavailable(format!(
+                    "vector index {} is already open (in this or another process)",
+                    dir.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(IndexError::Unavailable(format!(
+                    "cannot lock {}: {e}",
+                    dir.join("LOCK").display()
+                )));
+            }
+        }
+        let path = dir.join(DB_FILE);
+        let mut writer = schema::open_conn(&path)?;
+        let db_id = schema::init(&mut writer)?;
+        let reader = schema::open_conn(&path)?;
+        reader
+            .pragma_update(None, "query_only", "ON")
+            .map_err(sql)?;
+        let mem = Mem::load(&writer, dir, &db_id, &options, true)?;
+        Ok(EmbeddedVectorIndex {
+            dir: dir.to_owned(),
+            db_id,
+            options,
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+            from_snapshot: mem.loaded,
+            mem: RwLock::new(mem),
+            skip_snapshot: false,
+            _lock: lock,
+        })
+    }
+
+    /// Counters of the index.
+    pub fn stats(&self) -> EmbeddedStats {
+        let mem = self.mem();
+        EmbeddedStats {
+            records: mem.table.len(),
+            graph_vectors: mem.ann.as_ref().map_or(0, Ann::len),
+            tombstones: mem.ann.as_ref().map_or(0, Ann::tombstones),
+            generation: mem.generation,
+            snapshot_current: mem.saved == Some(mem.generation),
+            opened_from_snapshot: self.from_snapshot.is_some(),
+            snapshot_catch_up: self.from_snapshot.unwrap_or(0),
+        }
+    }
+
+    /// Closes the index without writing a snapshot, as a crash would: the next open rebuilds
+    /// the graph from the stored vectors.
+    pub fn close_without_snapshot(mut self) {
+        self.skip_snapshot = true;
+    }
+
+    /// The index directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The options the index was opened with.
+    pub fn options(&self) -> &EmbeddedOptions {
+        &self.options
+    }
+
+    fn mem(&self) -> RwLockReadGuard<'_, Mem> {
+        self.mem.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mem_mut(&self) -> RwLockWriteGuard<'_, Mem> {
+        self.mem.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Rebuilds the in-memory state if a failed apply left it behind the database. The caller
+    /// holds the writer connection.
+    fn recover_locked(&self, conn: &Connection) -> Result<()> {
+        if self.mem().healthy {
+            return Ok(());
+        }
+        let fresh = Mem::load(conn, &self.dir, &self.db_id, &self.options, false)?;
+        *self.mem_mut() = fresh;
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<()> {
+        if self.mem().healthy {
+            return Ok(());
+        }
+        let conn = lock(&self.writer);
+        self.recover_locked(&conn)
+    }
+
+    /// Runs `f` in one write transaction, then applies its changes to the in-memory state.
+    fn write<T>(&self, f: impl FnOnce(&mut WriteTx<'_>) -> Result<T>) -> Result<T> {
+        let mut conn = lock(&self.writer);
+        self.recover_locked(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let mut w = WriteTx::new(&tx)?;
+        let out = f(&mut w)?;
+        let committed = w.finish()?;
+        tx.commit().map_err(sql)?;
+        let mut mem = self.mem_mut();
+        mem.healthy = false;
+        let applied = mem.apply(committed, &self.options);
+        let too_sparse = mem
+            .ann
+            .as_ref()
+            .is_some_and(|a| a.tombstones() > 1_000 && a.tombstones() > a.len());
+        if applied.is_ok() && !too_sparse {
+            mem.healthy = true;
+        } else if let Ok(fresh) = Mem::load(&conn, &self.dir, &self.db_id, &self.options, false) {
+            // The write is committed either way; if this rebuild fails too, the next call
+            // retries it (`healthy` stays false).
+            *mem = fresh;
+        }
+        Ok(out)
+    }
+
+    /// Searches like [`VectorIndex::search`] with an explicit strategy, reporting the plan.
+    pub fn search_with(
+        &self,
+        query: &[f32],
+        filter: &SearchFilter,
+        top_k: usize,
+        strategy: SearchStrategy,
+    ) -> Result<SearchReport> {
+        self.recover()?;
+        let mut report = SearchReport {
+            hits: Vec::new(),
+            plan: SearchPlan::Empty,
+            candidates: 0,
+        };
+        // A write committing between the graph search and the read of the rows can remove or
+        // move a hit; the search then runs again on the new state.
+        for _ in 0..4 {
+            let (scored, plan, candidates) = {
+                let mem = self.mem();
+                if !check_query(query, mem.model.as_ref(), mem.dimension)? || top_k == 0 {
+                    return Ok(report);
+                }
+                mem.search(query, filter, top_k, strategy, &self.options)
+            };
+            let keys: Vec<u64> = scored.iter().map(|(k, _)| *k).collect();
+            let mut rows = schema::get_by_keys(&lock(&self.reader), &keys)?;
+            let hits: Vec<VectorHit> = scored
+                .iter()
+                .filter_map(|(k, score)| {
+                    let r = rows.remove(k)?.record;
+                    filter.matches(&r).then_some(VectorHit {
+                        record: r,
+                        score: *score,
+                    })
+                })
+                .collect();
+            let complete = hits.len() == scored.len();
+            report = SearchReport {
+                hits,
+                plan,
+                candidates,
+            };
+            if complete {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Writes a snapshot of the graph if it changed since the last one, so that the next open
+    /// loads it instead of rebuilding the graph from the stored vectors; a later crash then
+    /// costs only the catch-up of the writes after it. Called on drop; long-running processes
+    /// should also call it now and then (e.g. every few minutes under write load) to bound the
+    /// recovery time after a crash.
+    pub fn flush(&self) -> Result<()> {
+        let conn = lock(&self.writer);
+        self.recover_locked(&conn)?;
+        let generation = {
+            let mem = self.mem();
+            if mem.saved == Some(mem.generation) {
+                return Ok(());
+            }
+            let Some(graph) = &mem.ann else {
+                ann::remove_other_snapshots(&self.dir, None)?;
+                return Ok(());
+            };
+            let g = mem.generation;
+            let mut keys: Vec<u64> = mem.table.keys().collect();
+            keys.sort_unstable();
+            graph.save(&ann::snapshot_path(&self.dir, &self.db_id, g))?;
+            ann::save_keys(&ann::keys_path(&self.dir, &self.db_id, g), &keys)?;
+            ann::sync_dir(&self.dir)?;
+            g
+        };
+        // Only now, with both files durable, does the database point at them.
+        schema::set_meta(&conn, "snapshot_generation", &generation.to_string())?;
+        ann::remove_other_snapshots(&self.dir, Some((&self.db_id, generation)))?;
+        self.mem_mut().saved = Some(generation);
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Checks that the graph and the filter table agree with the stored records: the same keys,
+    /// bit-identical vectors, the same ids. Returns [`IndexError::Corrupt`] describing the first
+    /// differences.
+    pub fn check_consistency(&self) -> Result<()> {
+        let conn = lock(&self.writer);
+        self.recover_locked(&conn)?;
+        let mem = self.mem();
+        let mut problems = Vec::new();
+        let mut rows = 0usize;
+        let mut buf = vec![0.0; mem.ann.as_ref().map_or(0, Ann::dimension)];
+        schema::scan_rows(&conn, true, |r, v| {
+            rows += 1;
+            if mem.table.id(r.key) != Some(r.id.as_str()) {
+                problems.push(format!(
+                    "filter table: key {} is not record {}",
+                    r.key, r.id
+                ));
+            }
+            let same = match (&mem.ann, v) {
+                (Some(a), Some(v)) => a.get(r.key, &mut buf) && buf == v,
+                _ => false,
+            };
+            if !same {
+                problems.push(format!("graph: vector of key {} ({}) differs", r.key, r.id));
+            }
+            Ok(())
+        })?;
+        let graph_len = mem.ann.as_ref().map_or(0, Ann::len);
+        if graph_len != rows || mem.table.len() != rows {
+            problems.push(format!(
+                "{rows} records, {graph_len} graph vectors, {} filter entries",
+                mem.table.len()
+            ));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        problems.truncate(5);
+        Err(IndexError::Corrupt(problems.join("; ")))
+    }
+}
+
+impl Drop for EmbeddedVectorIndex {
+    fn drop(&mut self) {
+        // Best effort: without a snapshot the next open rebuilds the graph.
+        if !self.skip_snapshot {
+            let _ = self.flush();
+        }
+    }
+}
+
+impl VectorIndex for EmbeddedVectorIndex {
+    fn model(&self) -> Result<Option<ModelIdentity>> {
+        schema::model(&lock(&self.reader))
+    }
+
+    fn bind_model(&self, model: &ModelIdentity) -> Result<()> {
+        self.write(|w| {
+            check_binding(w.model.as_ref(), w.dimension, model)?;
+            if w.model.as_ref() != Some(model) {
+                w.model = Some(model.clone());
+                w.model_changed = true;
+            }
+            Ok(())
+        })
+    }
+
+    fn upsert(&self, records: &[VectorRecord]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.write(|w| {
+            for r in records {
+                w.check_vector(&r.record.id, &r.vector)?;
+            }
+            for r in records {
+                w.put(&r.record, metadata_version(&r.record), r.vector.clone())?;
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64> {
+        self.write(|w| {
+            let rows = if subtree {
+                schema::ids_within(w.tx, uri)?
+            } else {
+                schema::node_rows(w.tx, uri)?
+            };
+            let mut n = 0;
+            for (id, _) in rows {
+                n += u64::from(w.delete(&id)?);
+            }
+            Ok(n)
+        })
+    }
+
+    fn move_uri(&self, from: &CtxUri, to: &CtxUri) -> Result<u64> {
+        if !check_move(from, to)? {
+            return Ok(0);
+        }
+        self.write(|w| {
+            let moving = schema::rows_within(w.tx, from)?;
+            let rewritten = moving
+                .iter()
+                .map(|(_, s)| moved_record(&s.record, from, to))
+                .collect::<Result<Vec<_>>>()?;
+            let mut moved = 0;
+            for ((key, old), new) in moving.into_iter().zip(rewritten) {
+                let v = old.node_version;
+                let src = schema::uri_version(w.tx, &old.record.uri)?;
+                schema::set_uri_version(
+                    w.tx,
+                    &old.record.uri,
+                    UriVersion {
+                        version: src.map_or(0, |s| s.version).max(v),
+                        deleted: true,
+                    },
+                )?;
+                let target = schema::uri_version(w.tx, &new.uri)?;
+                if !UriVersion::admits_write(target, v) {
+                    w.delete(&old.record.id)?;
+                    continue;
+                }
+                schema::set_uri_version(
+                    w.tx,
+                    &new.uri,
+                    UriVersion {
+                        version: target.map_or(0, |t| t.version).max(v),
+                        deleted: false,
+                    },
+                )?;
+                // A record already at the target (a half-done earlier move) is replaced; the
+                // moved row keeps its key and vector, so the graph does not change.
+                w.delete(&new.id)?;
+                if !schema::rewrite_row(w.tx, key, &new, v)? {
+                    continue;
+                }
+                w.ops.push(Op::Update {
+                    key,
+                    row: Row::of(&new),
+                });
+                moved += 1;
+            }
+            Ok(moved)
+        })
+    }
+
+    fn search(&self, query: &[f32], filter: &SearchFilter, top_k: usize) -> Result<Vec<VectorHit>> {
+        Ok(self
+            .search_with(query, filter, top_k, SearchStrategy::Auto)?
+            .hits)
+    }
+
+    fn sync_node(
+        &self,
+        uri: &CtxUri,
+        version: u64,
+        records: Vec<NodeRecord>,
+    ) -> Result<SyncOutcome> {
+        check_node_records(uri, &records)?;
+        self.write(|w| {
+            if !UriVersion::admits_write(schema::uri_version(w.tx, uri)?, version) {
+                return Ok(SyncOutcome::Stale);
+            }
+            let mut resolved = Vec::with_capacity(records.len());
+            for NodeRecord { record, vector } in records {
+                let vector = match vector {
+                    Some(v) => v,
+                    None => match schema::key_and_vector(w.tx, &record.id)? {
+                        Some((_, bytes)) => schema::decode_vector(&bytes)?,
+                        None => return Err(missing_vector(&record)),
+                    },
+                };
+                w.check_vector(&record.id, &vector)?;
+                resolved.push((record, vector));
+            }
+            for (id, _) in schema::node_rows(w.tx, uri)? {
+                if !resolved.iter().any(|(r, _)| r.id == id) {
+                    w.delete(&id)?;
+                }
+            }
+            for (record, vector) in resolved {
+                w.put(&record, version, vector)?;
+            }
+            schema::set_uri_version(
+                w.tx,
+                uri,
+                UriVersion {
+                    version,
+                    deleted: false,
+                },
+            )?;
+            Ok(SyncOutcome::Applied)
+        })
+    }
+
+    fn remove_node(&self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
+        self.write(|w| {
+            if !UriVersion::admits_removal(schema::uri_version(w.tx, uri)?, version) {
+                return Ok(SyncOutcome::Stale);
+            }
+            for (id, _) in schema::node_rows(w.tx, uri)? {
+                w.delete(&id)?;
+            }
+            schema::set_uri_version(
+                w.tx,
+                uri,
+                UriVersion {
+                    version,
+                    deleted: true,
+                },
+            )?;
+            Ok(SyncOutcome::Applied)
+        })
+    }
+
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+        schema::get_by_ids(&lock(&self.reader), ids)
+    }
+
+    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+        let conn = lock(&self.reader);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((_, blob)) = schema::key_and_vector(&conn, id)? {
+                out.push((id.clone(), schema::decode_vector(&blob)?));
+            }
+        }
+        Ok(out)
+    }
+
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
+        Ok(schema::rows_within(&lock(&self.reader), uri)?
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect())
+    }
+
+    fn count(&self) -> Result<u64> {
+        schema::count(&lock(&self.reader))
+    }
+
+    fn clear(&self) -> Result<()> {
+        self.write(|w| {
+            w.tx.execute_batch("DELETE FROM records; DELETE FROM uri_versions;")
+                .map_err(sql)?;
+            w.ops.push(Op::Clear);
+            w.model = None;
+            w.model_changed = true;
+            w.dimension = None;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,526 @@
+//! The SQLite file of the embedded vector index (`vectors.db`): schema, row codecs and the
+//! small statements every write is made of.
+//!
+//! Tables:
+//! - `records`: one row per record — the filter columns, the record as JSON, the filters
+//!   alone as JSON (so the in-memory filter table is rebuilt without parsing texts), the
+//!   vector as little-endian `f32`s and `key`, the record's key in the ANN graph. A key is
+//!   allocated from `meta.next_key` and never reused; it changes only when the vector does.
+//! - `uri_versions`: the newest source version seen per URI, and whether it was a removal
+//!   (invariant VX1 of the versioned writes).
+//! - `meta`: `db_id` (random, names snapshot files), `generation` (bumped by every commit
+//!   that adds or removes an ANN key), `next_key`, `dimension`, `model`, `schema_version`,
+//!   `snapshot_generation` (the graph snapshot to load at open, see `ann.rs`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ce_core::{CtxUri, IndexRecord};
+use ce_embed::ModelIdentity;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+
+use super::super::StoredRecord;
+use super::super::memory::UriVersion;
+use crate::error::{IndexError, Result};
+
+/// Version of this layout; a file with another version is refused.
+pub(super) const SCHEMA_VERSION: u64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY NOT NULL,
+    uri TEXT NOT NULL,
+    parent_uri TEXT NOT NULL,
+    level INTEGER NOT NULL,
+    account_id TEXT NOT NULL,
+    owner_space TEXT NOT NULL,
+    context_type TEXT NOT NULL,
+    category TEXT NOT NULL,
+    node_version INTEGER NOT NULL,
+    filters TEXT NOT NULL,
+    record TEXT NOT NULL,
+    vector BLOB NOT NULL,
+    key INTEGER NOT NULL UNIQUE
+);
+CREATE INDEX IF NOT EXISTS records_by_uri ON records (uri, level);
+CREATE TABLE IF NOT EXISTS uri_versions (
+    uri TEXT PRIMARY KEY NOT NULL,
+    version INTEGER NOT NULL,
+    deleted INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY NOT NULL,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+";
+
+/// Maps a SQLite error: busy, locked and I/O are retryable, damaged files are corrupt.
+pub(super) fn sql(e: rusqlite::Error) -> IndexError {
+    use rusqlite::ErrorCode as C;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, C::DatabaseCorrupt | C::NotADatabase) =>
+        {
+            IndexError::Corrupt(format!("vectors.db: {e}"))
+        }
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => {
+            IndexError::Corrupt(format!("vectors.db: {e}"))
+        }
+        _ => IndexError::Unavailable(format!("vectors.db: {e}")),
+    }
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
+    IndexError::Corrupt(format!("vectors.db: {what}: {e}"))
+}
+
+/// Opens a connection with the pragmas every connection needs.
+pub(super) fn open_conn(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path)
+        .map_err(|e| IndexError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(sql)?;
+    Ok(conn)
+}
+
+/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and meta defaults.
+/// Returns the database id.
+pub(super) fn init(conn: &mut Connection) -> Result<String> {
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(sql)?;
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    tx.execute_batch(SCHEMA).map_err(sql)?;
+    match meta_u64(&tx, "schema_version")? {
+        None => set_meta(&tx, "schema_version", &SCHEMA_VERSION.to_string())?,
+        Some(SCHEMA_VERSION) => {}
+        Some(v) => {
+            return Err(IndexError::SchemaMismatch(format!(
+                "vectors.db has layout version {v}, this build reads version {SCHEMA_VERSION}"
+            )));
+        }
+    }
+    let id = match meta(&tx, "db_id")? {
+        Some(id) => id,
+        None => {
+            let id = uuid::Uuid::now_v7().simple().to_string();
+            set_meta(&tx, "db_id", &id)?;
+            id
+        }
+    };
+    for (k, v) in [("generation", "0"), ("next_key", "1")] {
+        tx.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)",
+            params![k, v],
+        )
+        .map_err(sql)?;
+    }
+    tx.commit().map_err(sql)?;
+    Ok(id)
+}
+
+pub(super) fn meta(c: &Connection, key: &str) -> Result<Option<String>> {
+    c.prepare_cached("SELECT value FROM meta WHERE key = ?1")
+        .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
+        .map_err(sql)
+}
+
+pub(super) fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
+    meta(c, key)?
+        .map(|v| v.parse().map_err(|e| corrupt(&format!("meta {key}"), e)))
+        .transpose()
+}
+
+pub(super) fn set_meta(c: &Connection, key: &str, value: &str) -> Result<()> {
+    c.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
+        .and_then(|mut s| s.execute(params![key, value]))
+        .map_err(sql)?;
+    Ok(())
+}
+
+pub(super) fn delete_meta(c: &Connection, key: &str) -> Result<()> {
+    c.execute("DELETE FROM meta WHERE key = ?1", [key])
+        .map_err(sql)?;
+    Ok(())
+}
+
+/// The bound model, if any.
+pub(super) fn model(c: &Connection) -> Result<Option<ModelIdentity>> {
+    meta(c, "model")?
+        .map(|m| serde_json::from_str(&m).map_err(|e| corrupt("meta model", e)))
+        .transpose()
+}
+
+pub(super) fn set_model(c: &Connection, m: &ModelIdentity) -> Result<()> {
+    let json = serde_json::to_string(m).map_err(|e| corrupt("meta model", e))?;
+    set_meta(c, "model", &json)
+}
+
+pub(super) fn dimension(c: &Connection) -> Result<Option<usize>> {
+    Ok(meta_u64(c, "dimension")?.map(|d| d as usize))
+}
+
+/// A vector as stored: little-endian `f32`s.
+pub(super) fn encode_vector(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+pub(super) fn decode_vector(b: &[u8]) -> Result<Vec<f32>> {
+    if !b.len().is_multiple_of(4) {
+        return Err(corrupt("vector", format!("blob of {} bytes", b.len())));
+    }
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn to_i64(v: u64, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| {
+        IndexError::Core(ce_core::CoreError::InvalidField {
+            field: "version",
+            reason: format!("{what} {v} exceeds the stored range"),
+        })
+    })
+}
+
+/// Inserts or replaces the row of `r` (by id).
+pub(super) fn put_row(
+    c: &Connection,
+    r: &IndexRecord,
+    node_version: u64,
+    vector: &[u8],
+    key: u64,
+) -> Result<()> {
+    let s = |k: &str| r.filters.get(k).and_then(Value::as_str).unwrap_or("");
+    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
+    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
+    let node_version = to_i64(node_version, "node version")?;
+    c.prepare_cached(
+        "INSERT OR REPLACE INTO records (id, uri, parent_uri, level, account_id, owner_space,
+             context_type, category, node_version, filters, record, vector, key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.id,
+            r.uri.as_str(),
+            r.parent_uri.as_str(),
+            r.level.as_u8(),
+            s("account_id"),
+            s("owner_space"),
+            r.context_type,
+            r.category,
+            node_version,
+            filters,
+            record,
+            vector,
+            key as i64,
+        ])
+    })
+    .map_err(sql)?;
+    Ok(())
+}
+
+/// Rewrites every column of the row with `key` but its vector and key (a move); false when
+/// no row has that key.
+pub(super) fn rewrite_row(
+    c: &Connection,
+    key: u64,
+    r: &IndexRecord,
+    node_version: u64,
+) -> Result<bool> {
+    let s = |k: &str| r.filters.get(k).and_then(Value::as_str).unwrap_or("");
+    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
+    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
+    let node_version = to_i64(node_version, "node version")?;
+    c.prepare_cached(
+        "UPDATE records SET id = ?1, uri = ?2, parent_uri = ?3, level = ?4, account_id = ?5,
+             owner_space = ?6, context_type = ?7, category = ?8, node_version = ?9, filters = ?10,
+             record = ?11
+         WHERE key = ?12",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.id,
+            r.uri.as_str(),
+            r.parent_uri.as_str(),
+            r.level.as_u8(),
+            s("account_id"),
+            s("owner_space"),
+            r.context_type,
+            r.category,
+            node_version,
+            filters,
+            record,
+            key as i64,
+        ])
+    })
+    .map(|n| n == 1)
+    .map_err(sql)
+}
+
+/// The key and vector bytes of the row with `id`.
+pub(super) fn key_and_vector(c: &Connection, id: &str) -> Result<Option<(u64, Vec<u8>)>> {
+    c.prepare_cached("SELECT key, vector FROM records WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row([id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+                .optional()
+        })
+        .map_err(sql)
+}
+
+/// Deletes the row with `id`, returning its key.
+pub(super) fn delete_row(c: &Connection, id: &str) -> Result<Option<u64>> {
+    c.prepare_cached("DELETE FROM records WHERE id = ?1 RETURNING key")
+        .and_then(|mut s| s.query_row([id], |r| r.get::<_, i64>(0)).optional())
+        .map(|k| k.map(|k| k as u64))
+        .map_err(sql)
+}
+
+/// `(id, key)` of the records of node `uri` (all levels).
+pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
+    c.prepare_cached("SELECT id, key FROM records WHERE uri = ?1")
+        .and_then(|mut s| {
+            s.query_map([uri.as_str()], |r| {
+                Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect()
+        })
+        .map_err(sql)
+}
+
+/// SQL bounds for "within `uri`": `uri = ?1 OR (uri > ?2 AND uri < ?3)`.
+fn subtree_bounds(uri: &CtxUri) -> (String, String) {
+    if uri.is_root() {
+        ("ctx://".to_owned(), "ctx:/0".to_owned())
+    } else {
+        (format!("{uri}/"), format!("{uri}0"))
+    }
+}
+
+const WITHIN: &str = "(uri = ?1 OR (uri > ?2 AND uri < ?3))";
+
+/// Stored records within `uri`, with their keys, in (uri, level) order.
+pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, StoredRecord)>> {
+    let (lo, hi) = subtree_bounds(uri);
+    let rows: Vec<(i64, String, i64)> = c
+        .prepare_cached(&format!(
+            "SELECT key, record, node_version FROM records WHERE {WITHIN} ORDER BY uri, level"
+        ))
+        .and_then(|mut s| {
+            s.query_map(params![uri.as_str(), lo, hi], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
+            .collect()
+        })
+        .map_err(sql)?;
+    rows.into_iter()
+        .map(|(k, rec, v)| Ok((k as u64, stored(&rec, v)?)))
+        .filter(|r| {
+            r.as_ref()
+                .map_or(true, |(_, s)| s.record.uri.is_within(uri))
+        })
+        .collect()
+}
+
+/// `(id, key)` of every record within `uri`.
+pub(super) fn ids_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
+    let (lo, hi) = subtree_bounds(uri);
+    let rows: Vec<(String, String, i64)> = c
+        .prepare_cached(&format!("SELECT id, uri, key FROM records WHERE {WITHIN}"))
+        .and_then(|mut s| {
+            s.query_map(params![uri.as_str(), lo, hi], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
+            .collect()
+        })
+        .map_err(sql)?;
+    // The bounds also admit e.g. `a/b!x` for `a/b`; keep only true descendants.
+    let root = uri.as_str();
+    Ok(rows
+        .into_iter()
+        .filter(|(_, u, _)| {
+            uri.is_root()
+                || u == root
+                || (u.starts_with(root) && u.as_bytes().get(root.len()) == Some(&b'/'))
+        })
+        .map(|(id, _, k)| (id, k as u64))
+        .collect())
+}
+
+/// Decodes a stored record.
+pub(super) fn stored(record: &str, node_version: i64) -> Result<StoredRecord> {
+    Ok(StoredRecord {
+        record: serde_json::from_str(record).map_err(|e| corrupt("record", e))?,
+        node_version: node_version as u64,
+    })
+}
+
+/// Stored records by id, in the order asked (absent ids skipped).
+pub(super) fn get_by_ids(c: &Connection, ids: &[String]) -> Result<Vec<StoredRecord>> {
+    let mut st = c
+        .prepare_cached("SELECT record, node_version FROM records WHERE id = ?1")
+        .map_err(sql)?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let row: Option<(String, i64)> = st
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .map_err(sql)?;
+        if let Some((rec, v)) = row {
+            out.push(stored(&rec, v)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Stored records by key (absent keys skipped).
+pub(super) fn get_by_keys(c: &Connection, keys: &[u64]) -> Result<BTreeMap<u64, StoredRecord>> {
+    let mut out = BTreeMap::new();
+    for chunk in keys.chunks(256) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let mut st = c
+            .prepare_cached(&format!(
+                "SELECT key, record, node_version FROM records WHERE key IN ({marks})"
+            ))
+            .map_err(sql)?;
+        let rows: Vec<(i64, String, i64)> = st
+            .query_map(
+                rusqlite::params_from_iter(chunk.iter().map(|k| *k as i64)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .and_then(|it| it.collect())
+            .map_err(sql)?;
+        for (k, rec, v) in rows {
+            out.insert(k as u64, stored(&rec, v)?);
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn count(c: &Connection) -> Result<u64> {
+    c.prepare_cached("SELECT COUNT(*) FROM records")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .map(|n| n as u64)
+        .map_err(sql)
+}
+
+pub(super) fn uri_version(c: &Connection, uri: &CtxUri) -> Result<Option<UriVersion>> {
+    c.prepare_cached("SELECT version, deleted FROM uri_versions WHERE uri = ?1")
+        .and_then(|mut s| {
+            s.query_row([uri.as_str()], |r| {
+                Ok(UriVersion {
+                    version: r.get::<_, i64>(0)? as u64,
+                    deleted: r.get(1)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(sql)
+}
+
+pub(super) fn set_uri_version(c: &Connection, uri: &CtxUri, v: UriVersion) -> Result<()> {
+    let version = to_i64(v.version, "version")?;
+    c.prepare_cached(
+        "INSERT OR REPLACE INTO uri_versions (uri, version, deleted) VALUES (?1, ?2, ?3)",
+    )
+    .and_then(|mut s| s.execute(params![uri.as_str(), version, v.deleted]))
+    .map_err(sql)?;
+    Ok(())
+}
+
+/// What the in-memory filter table needs of a row.
+pub(super) struct TableRowSql {
+    pub key: u64,
+    pub id: String,
+    pub uri: String,
+    pub parent_uri: String,
+    pub level: u8,
+    pub filters: BTreeMap<String, Value>,
+}
+
+/// Calls `f` for every row's filter data and (when `with_vectors`) vector, in key order.
+pub(super) fn scan_rows(
+    c: &Connection,
+    with_vectors: bool,
+    mut f: impl FnMut(TableRowSql, Option<Vec<f32>>) -> Result<()>,
+) -> Result<()> {
+    let cols = if with_vectors { ", vector" } else { "" };
+    let mut st = c
+        .prepare(&format!(
+            "SELECT key, id, uri, parent_uri, level, filters{cols} FROM records ORDER BY key"
+        ))
+        .map_err(sql)?;
+    let mut rows = st.query([]).map_err(sql)?;
+    while let Some(r) = rows.next().map_err(sql)? {
+        let row = table_row(r).map_err(sql)?;
+        let filters: String = r.get(5).map_err(sql)?;
+        let filters = serde_json::from_str(&filters).map_err(|e| corrupt("record filters", e))?;
+        let vector = if with_vectors {
+            Some(decode_vector(&r.get::<_, Vec<u8>>(6).map_err(sql)?)?)
+        } else {
+            None
+        };
+        f(TableRowSql { filters, ..row }, vector)?;
+    }
+    Ok(())
+}
+
+fn table_row(r: &Row<'_>) -> rusqlite::Result<TableRowSql> {
+    Ok(TableRowSql {
+        key: r.get::<_, i64>(0)? as u64,
+        id: r.get(1)?,
+        uri: r.get(2)?,
+        parent_uri: r.get(3)?,
+        level: r.get(4)?,
+        filters: BTreeMap::new(),
+    })
+}
+
+/// `(key, vector)` of the rows with `keys` (absent keys skipped).
+pub(super) fn vectors_by_keys(c: &Connection, keys: &[u64]) -> Result<Vec<(u64, Vec<f32>)>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(256) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let rows: Vec<(i64, Vec<u8>)> = c
+            .prepare_cached(&format!(
+                "SELECT key, vector FROM records WHERE key IN ({marks})"
+            ))
+            .and_then(|mut s| {
+                s.query_map(
+                    rusqlite::params_from_iter(chunk.iter().map(|k| *k as i64)),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect()
+            })
+            .map_err(sql)?;
+        for (k, v) in rows {
+            out.push((k as u64, decode_vector(&v)?));
+        }
+    }
+    Ok(out)
+}
+
+/// `(key, vector)` of up to `limit` rows chosen at random (snapshot spot checks).
+pub(super) fn sample_vectors(c: &Connection, limit: usize) -> Result<Vec<(u64, Vec<f32>)>> {
+    let rows: Vec<(i64, Vec<u8>)> = c
+        .prepare("SELECT key, vector FROM records ORDER BY random() LIMIT ?1")
+        .and_then(|mut s| {
+            s.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })
+        .map_err(sql)?;
+    rows.into_iter()
+        .map(|(k, v)| Ok((k as u64, decode_vector(&v)?)))
+        .collect()
+}

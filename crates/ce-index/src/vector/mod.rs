@@ -1,0 +1,171 @@
+//! The vector index contract (spec §6) and its implementations.
+//!
+//! Two layers of writes:
+//! - the spec's contract — [`VectorIndex::upsert`], [`VectorIndex::delete_by_uri`],
+//!   [`VectorIndex::move_uri`] — idempotent, stable ids, vectors kept on move;
+//! - the worker's *versioned* writes — [`VectorIndex::sync_node`] and
+//!   [`VectorIndex::remove_node`] — which replace (or remove) all records of one node only if
+//!   the source state they were computed from is not older than the newest state the index
+//!   has seen for that URI. States are ordered `(v, live) < (v, deleted) < (v+1, live)`: a
+//!   removal at version v supersedes the live node at v (source versions never repeat for a
+//!   URI: a re-created node continues above its tombstone). So `sync_node(u, v)` applies iff
+//!   the known state is absent, older than v, or exactly `(v, live)`; `remove_node(u, v)`
+//!   applies iff the known version is ≤ v. Several workers applying events for the same URI in
+//!   any order therefore converge on the newest state (invariant **VX1**: a write computed
+//!   from an older state never overwrites one computed from a newer state).
+//! - `move_uri` records the old URIs as `(their version, deleted)` and drops a moved record
+//!   whose target URI already holds a newer state.
+//!
+//! Implementations: [`memory::MemoryVectorIndex`] (exact search, in memory: the test oracle)
+//! and [`embedded::EmbeddedVectorIndex`] (SQLite for records and vectors, usearch HNSW for
+//! approximate search; persistent and crash-safe).
+
+use std::collections::BTreeMap;
+
+use ce_core::{CtxUri, IndexRecord, Level};
+use ce_embed::ModelIdentity;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::Result;
+
+pub mod embedded;
+pub mod memory;
+
+/// A record with its vector (spec `IndexRecordWithVector`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VectorRecord {
+    /// The record.
+    pub record: IndexRecord,
+    /// Its unit vector.
+    pub vector: Vec<f32>,
+}
+
+/// One level of a node for [`VectorIndex::sync_node`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    /// The record (text, filters, metadata).
+    pub record: IndexRecord,
+    /// A fresh vector, or `None` to keep the stored vector of the same id (the text did not
+    /// change: a payload-only update). `None` for an id that has no stored vector is an error.
+    pub vector: Option<Vec<f32>>,
+}
+
+/// A stored record without its vector.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredRecord {
+    /// The record as stored.
+    pub record: IndexRecord,
+    /// The source version it was computed from.
+    pub node_version: u64,
+}
+
+/// A search hit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VectorHit {
+    /// The stored record.
+    pub record: IndexRecord,
+    /// Cosine similarity to the query (vectors are unit length), higher is closer.
+    pub score: f32,
+}
+
+/// Outcome of a versioned write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SyncOutcome {
+    /// The write was applied.
+    Applied,
+    /// The index already holds a newer version of this URI; nothing was written.
+    Stale,
+}
+
+/// Search filters (spec §6.1 `filters`). All set fields must match.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SearchFilter {
+    /// Only records whose URI is this URI or below it.
+    pub subtree: Option<CtxUri>,
+    /// Only direct children of this URI.
+    pub parent_uri: Option<CtxUri>,
+    /// Only this context type.
+    pub context_type: Option<String>,
+    /// Only this category.
+    pub category: Option<String>,
+    /// Only this level.
+    pub level: Option<Level>,
+    /// Only these owner spaces (any of them).
+    pub owner_spaces: Option<Vec<String>>,
+    /// Only this account.
+    pub account_id: Option<String>,
+    /// Flat metadata equality on `record.filters` keys.
+    pub meta: BTreeMap<String, Value>,
+}
+
+impl SearchFilter {
+    /// Whether `r` passes every set field (the reference semantics every implementation must
+    /// agree with).
+    pub fn matches(&self, r: &IndexRecord) -> bool {
+        let f = |k: &str| r.filters.get(k);
+        let str_eq = |k: &str, want: &Option<String>| {
+            want.as_ref()
+                .is_none_or(|w| f(k).and_then(Value::as_str) == Some(w.as_str()))
+        };
+        self.subtree.as_ref().is_none_or(|s| r.uri.is_within(s))
+            && self.parent_uri.as_ref().is_none_or(|p| &r.parent_uri == p)
+            && self.level.is_none_or(|l| r.level == l)
+            && str_eq("context_type", &self.context_type)
+            && str_eq("category", &self.category)
+            && str_eq("account_id", &self.account_id)
+            && self.owner_spaces.as_ref().is_none_or(|o| {
+                f("owner_space")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| o.iter().any(|x| x == s))
+            })
+            && self.meta.iter().all(|(k, v)| f(k) == Some(v))
+    }
+}
+
+/// A vector index (spec §6, §11.4).
+pub trait VectorIndex: Send + Sync {
+    /// The model whose vectors the index holds, if any were written.
+    fn model(&self) -> Result<Option<ModelIdentity>>;
+    /// Binds the index to `model` on first use; a different model than the stored one is a
+    /// non-retryable [`crate::IndexError::SchemaMismatch`] (never mix vector spaces).
+    fn bind_model(&self, model: &ModelIdentity) -> Result<()>;
+
+    /// Inserts or overwrites records by id (idempotent).
+    fn upsert(&self, records: &[VectorRecord]) -> Result<()>;
+    /// Removes the records of `uri` (all levels), and of its whole subtree when `subtree`;
+    /// returns how many were removed. Removing nothing is not an error.
+    fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64>;
+    /// Moves every record within `from` to the same place within `to` (spec §6.3): uri and
+    /// parent_uri rewritten by prefix, ids re-keyed with `stable_hash(new_uri, level)`,
+    /// vectors kept. Idempotent and re-entrant: nothing left under `from` counts as done.
+    /// A record whose target URI already holds a newer version is dropped, not moved.
+    /// Returns how many records moved.
+    fn move_uri(&self, from: &CtxUri, to: &CtxUri) -> Result<u64>;
+    /// The `top_k` records closest to `query` that pass `filter`, best first. When at least
+    /// `top_k` records pass the filter, exactly `top_k` are returned.
+    fn search(&self, query: &[f32], filter: &SearchFilter, top_k: usize) -> Result<Vec<VectorHit>>;
+
+    /// Replaces all records of node `uri` with `records` (levels not given are removed) if
+    /// `version` ≥ the newest version seen for `uri`; records the version.
+    fn sync_node(
+        &self,
+        uri: &CtxUri,
+        version: u64,
+        records: Vec<NodeRecord>,
+    ) -> Result<SyncOutcome>;
+    /// Removes all records of node `uri` if `version` ≥ the newest version seen for `uri`;
+    /// records the version as deleted.
+    fn remove_node(&self, uri: &CtxUri, version: u64) -> Result<SyncOutcome>;
+
+    /// Stored records by id (absent ids are skipped).
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
+    /// Stored vectors by id (absent ids are skipped), e.g. for a moved node to reuse.
+    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
+    /// Every stored record within `uri` (the root lists all), in (uri, level) order.
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// Number of stored records.
+    fn count(&self) -> Result<u64>;
+    /// Removes every record, version and the model binding (for a rebuild).
+    fn clear(&self) -> Result<()>;
+}

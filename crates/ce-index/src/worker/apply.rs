@@ -1,0 +1,445 @@
+//! Applying a compacted batch: read the current source state, project, classify each level
+//! (re-embed / payload-only / unchanged), embed what changed in capped batches, and write
+//! versioned node records.
+//!
+//! Failures are per URI: a URI whose read, embedding or write failed fails the operations
+//! that include it, and only the events needing those operations are retried.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use ce_core::{ContextNode, CtxUri, IndexProjector, IndexRecord, ProjectionWarning};
+use ce_embed::Embedder;
+use ce_store::{SourceStore, UriVersion};
+use tracing::{debug, info_span, warn};
+
+use super::WorkerConfig;
+use super::compact::Op;
+use super::error::WorkError;
+use crate::vector::{NodeRecord, SyncOutcome, VectorIndex};
+
+/// What a batch did, by change class (spec "Vector Change").
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeCounts {
+    /// Levels whose text (or model) changed: embedded and written.
+    pub embedded: u64,
+    /// Levels whose text is unchanged but whose filters/metadata changed: written without
+    /// embedding.
+    pub payload_only: u64,
+    /// Nodes identical to what the index holds: no write.
+    pub unchanged: u64,
+    /// Nodes removed from the index.
+    pub removed: u64,
+    /// Writes skipped because the index already held a newer version.
+    pub stale: u64,
+    /// Records moved by a `MOVE_CONTEXT`.
+    pub moved: u64,
+}
+
+pub(super) struct Applier<'a> {
+    pub source: &'a dyn SourceStore,
+    pub embedder: &'a dyn Embedder,
+    pub index: &'a dyn VectorIndex,
+    pub projector: &'a IndexProjector,
+    pub cfg: &'a WorkerConfig,
+}
+
+/// The outcome of each operation of a plan (by index), plus counts.
+pub(super) struct Applied {
+    pub results: Vec<Result<(), WorkError>>,
+    pub counts: ChangeCounts,
+}
+
+/// A node to write once its embeddings are ready.
+struct PendingNode {
+    node: ContextNode,
+    records: Vec<IndexRecord>,
+    /// For each record: `None` = keep the stored vector, `Some(i)` = text index to embed.
+    text_slot: Vec<Option<usize>>,
+}
+
+impl Applier<'_> {
+    pub fn apply(&self, ops: &[Op]) -> Applied {
+        let mut results: Vec<Result<(), WorkError>> = (0..ops.len()).map(|_| Ok(())).collect();
+        let mut counts = ChangeCounts::default();
+
+        // 1. Moves: the syncs of both subtrees do the work; the pairs let the target's sync
+        //    reuse the vectors stored at the source URIs (see `reuse_vectors`).
+        let moves: Vec<(CtxUri, CtxUri)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Move { from, to } => Some((from.clone(), to.clone())),
+                _ => None,
+            })
+            .collect();
+
+        // 2. Resolve every node URI the syncs cover, remembering which ops need it.
+        let mut uri_ops: BTreeMap<CtxUri, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let uris = match op {
+                Op::Move { .. } => continue,
+                Op::SyncNode(u) => Ok(vec![u.clone()]),
+                Op::SyncSubtree(u) => self.subtree_uris(u),
+            };
+            match uris {
+                Ok(uris) => {
+                    for u in uris {
+                        uri_ops.entry(u).or_default().push(i);
+                    }
+                }
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        let uris: Vec<CtxUri> = uri_ops.keys().cloned().collect();
+        let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
+        if let Err(e) = self.sync_nodes(&uris, &moves, &mut failed, &mut counts, 0) {
+            // The batched read failed: every sync op fails with it.
+            for (i, op) in ops.iter().enumerate() {
+                if !matches!(op, Op::Move { .. }) && results[i].is_ok() {
+                    results[i] = Err(e.clone());
+                }
+            }
+        }
+        for (uri, err) in failed {
+            for &i in uri_ops.get(&uri).map(Vec::as_slice).unwrap_or(&[]) {
+                if results[i].is_ok() {
+                    results[i] = Err(err.clone());
+                }
+            }
+        }
+        Applied { results, counts }
+    }
+
+    /// Every URI within `u` that the source or the index knows.
+    fn subtree_uris(&self, u: &CtxUri) -> Result<Vec<CtxUri>, WorkError> {
+        let mut set: BTreeSet<CtxUri> = self
+            .source
+            .read_subtree(u)?
+            .into_iter()
+            .map(|n| n.uri)
+            .collect();
+        set.extend(self.index.list_under(u)?.into_iter().map(|r| r.record.uri));
+        set.insert(u.clone());
+        Ok(set.into_iter().collect())
+    }
+
+    /// Syncs `uris`; per-URI failures go to `failed`, a failure of the batched reads is returned.
+    ///
+    /// After writing, the source versions are read again: a node that changed while we
+    /// embedded (or was moved away, leaving a URI no later event will revisit) is synced again,
+    /// so a write computed from an old state never outlives the change (`depth` bounds the
+    /// retries; a URI still racing after that fails retryably).
+    fn sync_nodes(
+        &self,
+        uris: &[CtxUri],
+        moves: &[(CtxUri, CtxUri)],
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut ChangeCounts,
+        depth: u32,
+    ) -> Result<(), WorkError> {
+        if uris.is_empty() {
+            return Ok(());
+        }
+        let live: BTreeMap<CtxUri, ContextNode> = self
+            .source
+            .read_nodes(uris)?
+            .into_iter()
+            .map(|n| (n.uri.clone(), n))
+            .collect();
+        let missing: Vec<CtxUri> = uris
+            .iter()
+            .filter(|u| !live.contains_key(*u))
+            .cloned()
+            .collect();
+        let versions = self.source.versions(&missing)?;
+
+        // Project and classify every live node against what the index holds.
+        let mut pending: Vec<PendingNode> = Vec::new();
+        let mut texts: Vec<String> = Vec::new();
+        let mut text_index: HashMap<String, usize> = HashMap::new();
+        let ids: Vec<String> = live
+            .values()
+            .flat_map(|n| {
+                ce_core::Level::ALL.map(|l| ce_core::stable_hash(n.uri.as_str(), l.as_u8()))
+            })
+            .collect();
+        let stored: HashMap<String, (IndexRecord, u64)> = self
+            .index
+            .get(&ids)?
+            .into_iter()
+            .map(|s| (s.record.id.clone(), (s.record, s.node_version)))
+            .collect();
+        for node in live.into_values() {
+            let projection = self.projector.build_context_records(&node);
+            for w in &projection.warnings {
+                match w {
+                    ProjectionWarning::AllLayersEmpty { uri } => {
+                        debug!(uri = %uri, "node has no text in any layer: no index records")
+                    }
+                }
+            }
+            let records = projection.records;
+            let same_set = ce_core::Level::ALL.iter().all(|l| {
+                let id = ce_core::stable_hash(node.uri.as_str(), l.as_u8());
+                let new = records.iter().find(|r| r.level == *l);
+                match (new, stored.get(&id)) {
+                    (None, None) => true,
+                    (Some(r), Some((s, v))) => *v == node.version && r == s,
+                    _ => false,
+                }
+            });
+            if same_set {
+                counts.unchanged += 1;
+                continue;
+            }
+            let mut text_slot = Vec::with_capacity(records.len());
+            for r in &records {
+                let same_text = stored.get(&r.id).is_some_and(|(s, _)| {
+                    s.metadata.get("content_hash") == r.metadata.get("content_hash")
+                });
+                if same_text {
+                    counts.payload_only += 1;
+                    text_slot.push(None);
+                } else {
+                    counts.embedded += 1;
+                    let next = texts.len();
+                    let slot = *text_index.entry(r.text.clone()).or_insert_with(|| {
+                        texts.push(r.text.clone());
+                        next
+                    });
+                    text_slot.push(Some(slot));
+                }
+            }
+            pending.push(PendingNode {
+                node,
+                records,
+                text_slot,
+            });
+        }
+
+        // Vectors a move left at the source URIs serve the same texts at the target.
+        let mut vectors: Vec<Option<Vec<f32>>> = vec![None; texts.len()];
+        if !moves.is_empty() && !texts.is_empty() {
+            counts.moved += self.reuse_vectors(&pending, moves, &texts, &mut vectors)?;
+        }
+        let to_embed: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
+        let embed_texts: Vec<String> = to_embed.iter().map(|&i| texts[i].clone()).collect();
+
+        // Embed in batches of `embed_batch_size` texts and at most `max_batch_text_bytes`.
+        let mut embed_errors: Vec<(usize, usize, WorkError)> = Vec::new();
+        for (start, end) in batches(
+            &embed_texts,
+            self.cfg.embed_batch_size,
+            self.cfg.max_batch_text_bytes,
+        ) {
+            let _s = info_span!("index.embed", texts = end - start).entered();
+            let refs: Vec<&str> = embed_texts[start..end].iter().map(String::as_str).collect();
+            let t0 = Instant::now();
+            match self.embedder.embed_texts(&refs, self.cfg.embed_timeout) {
+                Ok(vs) if vs.len() == refs.len() => {
+                    metrics::histogram!("index_embed_latency_ms")
+                        .record(t0.elapsed().as_secs_f64() * 1e3);
+                    for (k, v) in vs.into_iter().enumerate() {
+                        vectors[to_embed[start + k]] = Some(v);
+                    }
+                }
+                Ok(vs) => embed_errors.push((
+                    start,
+                    end,
+                    WorkError::from(ce_embed::EmbedError::InvalidResponse(format!(
+                        "{} vectors for {} texts",
+                        vs.len(),
+                        refs.len()
+                    ))),
+                )),
+                Err(e) => embed_errors.push((start, end, WorkError::from(e))),
+            }
+        }
+
+        // Write each node whose vectors are all ready.
+        let mut written: Vec<(CtxUri, u64)> = Vec::new();
+        for p in pending {
+            let mut node_records = Vec::with_capacity(p.records.len());
+            let mut missing_vector: Option<usize> = None;
+            for (r, slot) in p.records.into_iter().zip(&p.text_slot) {
+                let vector = match slot {
+                    None => None,
+                    Some(i) => match &vectors[*i] {
+                        Some(v) => Some(v.clone()),
+                        None => {
+                            missing_vector = Some(*i);
+                            break;
+                        }
+                    },
+                };
+                node_records.push(NodeRecord { record: r, vector });
+            }
+            if let Some(i) = missing_vector {
+                let pos = to_embed.iter().position(|&t| t == i).unwrap_or(usize::MAX);
+                let err = embed_errors
+                    .iter()
+                    .find(|(s, e, _)| (*s..*e).contains(&pos))
+                    .map(|(_, _, e)| e.clone())
+                    .unwrap_or_else(|| WorkError::internal("embedding missing"));
+                failed.insert(p.node.uri.clone(), err);
+                continue;
+            }
+            let _s = info_span!("index.vector_write", op = "sync", uri = %p.node.uri).entered();
+            let t0 = Instant::now();
+            match self
+                .index
+                .sync_node(&p.node.uri, p.node.version, node_records)
+            {
+                Ok(SyncOutcome::Applied) => {
+                    metrics::histogram!("index_vector_upsert_latency_ms")
+                        .record(t0.elapsed().as_secs_f64() * 1e3);
+                    written.push((p.node.uri.clone(), p.node.version));
+                }
+                Ok(SyncOutcome::Stale) => counts.stale += 1,
+                Err(e) => {
+                    warn!(uri = %p.node.uri, error = %e, "vector write failed");
+                    failed.insert(p.node.uri.clone(), e.into());
+                }
+            }
+        }
+
+        // Removals (they need no embedding; done after the writes so that a move's target
+        // could reuse the vectors stored at its source URIs).
+        for (u, v) in missing.iter().zip(versions) {
+            let _s = info_span!("index.vector_write", op = "remove", uri = %u).entered();
+            let res = match v {
+                UriVersion::Deleted(v) => self.index.remove_node(u, v),
+                // Created between our two reads: its own UPSERT event (appended after the
+                // read) will sync it; removing here could hide it behind a deleted state.
+                UriVersion::Live(_) => continue,
+                // Never stored in the source (e.g. a source restored from an older copy):
+                // whatever the index holds for it is an orphan.
+                UriVersion::Unknown => self
+                    .index
+                    .delete_by_uri(u, false)
+                    .map(|_| SyncOutcome::Applied),
+            };
+            match res {
+                Ok(SyncOutcome::Applied) => counts.removed += 1,
+                Ok(SyncOutcome::Stale) => counts.stale += 1,
+                Err(e) => {
+                    failed.insert(u.clone(), e.into());
+                }
+            }
+        }
+
+        // Read-after-write check (see above).
+        if written.is_empty() {
+            return Ok(());
+        }
+        let uris: Vec<CtxUri> = written.iter().map(|(u, _)| u.clone()).collect();
+        let now = self.source.versions(&uris)?;
+        let changed: Vec<CtxUri> = written
+            .into_iter()
+            .zip(now)
+            .filter(|((_, v), now)| *now != UriVersion::Live(*v))
+            .map(|((u, _), _)| u)
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        if depth >= 3 {
+            for u in changed {
+                failed.insert(
+                    u,
+                    WorkError::internal("node kept changing while it was indexed"),
+                );
+            }
+            return Ok(());
+        }
+        self.sync_nodes(&changed, moves, failed, counts, depth + 1)
+    }
+
+    /// Fills `vectors` for texts that a moved node carried: for each pending node within a
+    /// move's target, the stored record at the corresponding source URI with the same
+    /// content hash lends its vector (zero re-embedding on `mv`). Returns how many texts.
+    fn reuse_vectors(
+        &self,
+        pending: &[PendingNode],
+        moves: &[(CtxUri, CtxUri)],
+        texts: &[String],
+        vectors: &mut [Option<Vec<f32>>],
+    ) -> Result<u64, WorkError> {
+        let mut old_ids: Vec<String> = Vec::new();
+        for p in pending {
+            for (from, to) in moves {
+                if let Ok(old) = p.node.uri.rebase(to, from) {
+                    old_ids.extend(
+                        ce_core::Level::ALL.map(|l| ce_core::stable_hash(old.as_str(), l.as_u8())),
+                    );
+                }
+            }
+        }
+        if old_ids.is_empty() {
+            return Ok(0);
+        }
+        let by_hash: HashMap<String, String> = self
+            .index
+            .get(&old_ids)?
+            .into_iter()
+            .filter_map(|s| {
+                Some((
+                    s.record.metadata.get("content_hash")?.as_str()?.to_owned(),
+                    s.record.id,
+                ))
+            })
+            .collect();
+        let wanted: Vec<String> = by_hash.values().cloned().collect();
+        let stored: HashMap<String, Vec<f32>> = self.index.vectors(&wanted)?.into_iter().collect();
+        let mut reused = 0;
+        for (i, text) in texts.iter().enumerate() {
+            let hash = ce_core::sha256_tagged(text);
+            if let Some(v) = by_hash.get(&hash).and_then(|id| stored.get(id)) {
+                vectors[i] = Some(v.clone());
+                reused += 1;
+            }
+        }
+        Ok(reused)
+    }
+}
+
+/// Splits `texts` into `[start, end)` ranges of at most `max_count` texts and at most
+/// `max_bytes` bytes each; a single text over `max_bytes` gets a range of its own (split,
+/// never dropped).
+pub fn batches(texts: &[String], max_count: usize, max_bytes: usize) -> Vec<(usize, usize)> {
+    let max_count = max_count.max(1);
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, t) in texts.iter().enumerate() {
+        let full = i - start >= max_count || (i > start && bytes + t.len() > max_bytes);
+        if full {
+            out.push((start, i));
+            start = i;
+            bytes = 0;
+        }
+        bytes += t.len();
+    }
+    if start < texts.len() {
+        out.push((start, texts.len()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batches;
+
+    #[test]
+    fn batches_respect_count_and_bytes_and_never_drop() {
+        let t = |n: usize| "x".repeat(n);
+        let texts = vec![t(10), t(10), t(10), t(10), t(10)];
+        assert_eq!(batches(&texts, 2, 1000), [(0, 2), (2, 4), (4, 5)]);
+        assert_eq!(batches(&texts, 32, 25), [(0, 2), (2, 4), (4, 5)]);
+        let big = vec![t(5), t(100), t(5)];
+        assert_eq!(batches(&big, 32, 50), [(0, 1), (1, 2), (2, 3)]);
+        assert!(batches(&[], 32, 50).is_empty());
+        let covered: usize = batches(&texts, 3, 15).iter().map(|(s, e)| e - s).sum();
+        assert_eq!(covered, texts.len());
+    }
+}

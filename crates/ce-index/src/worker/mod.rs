@@ -1,0 +1,244 @@
+//! `IndexWorker` (spec §5): one consumer's loop from the outbox to an index.
+//!
+//! `run_once` is the whole pipeline, one step per file:
+//! 1. claim a batch of the consumer's runnable deliveries (`OutboxStore::claim_batch`);
+//! 2. [`compact`] it into distinct operations (spec §9.2);
+//! 3. [`apply`] them: read the current source state, project, classify each level, embed
+//!    only changed text (batched, capped), write versioned node records — while a heartbeat
+//!    renews the claims' leases;
+//! 4. [`ack`] each event: `mark_done` when all its operations succeeded, else `mark_failed`
+//!    classified per spec §8.4 (rate limits also pause the worker).
+//!
+//! The worker keeps no durable state of its own: a crash anywhere means the claims expire
+//! and another worker redoes the idempotent work.
+
+mod ack;
+pub mod apply;
+pub mod compact;
+mod error;
+mod heartbeat;
+pub mod runner;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ce_core::{IndexProjector, OutboxEvent};
+use ce_embed::Embedder;
+use ce_store::SourceStore;
+use serde::Serialize;
+use tracing::{info_span, warn};
+
+pub use apply::ChangeCounts;
+pub use error::WorkError;
+
+use crate::vector::VectorIndex;
+
+/// Worker settings (spec §12.1 `index.worker`, `index.embedding`, `index.vector`).
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// This worker's id, recorded as `claimed_by`.
+    pub worker_id: String,
+    /// The consumer it serves.
+    pub consumer: String,
+    /// Events per claim.
+    pub claim_limit: usize,
+    /// Upper bound on events in flight (claims are capped by it).
+    pub max_inflight_events: usize,
+    /// Lease renewal period while a batch runs.
+    pub heartbeat: Duration,
+    /// Texts per embedding call.
+    pub embed_batch_size: usize,
+    /// Text bytes per embedding call (spec §1.5: 1 MB).
+    pub max_batch_text_bytes: usize,
+    /// Timeout of one embedding call.
+    pub embed_timeout: Duration,
+    /// Whether `UPSERT_RELATION` needs work from this consumer.
+    pub relation_index_enabled: bool,
+    /// Pause after a rate limit without `Retry-After`.
+    pub default_rate_limit_pause: Duration,
+}
+
+impl WorkerConfig {
+    /// Settings from the configuration file for `consumer`.
+    pub fn from_config(cfg: &ce_core::Config, worker_id: &str, consumer: &str) -> Self {
+        let w = &cfg.index.worker;
+        WorkerConfig {
+            worker_id: worker_id.to_owned(),
+            consumer: consumer.to_owned(),
+            claim_limit: w.claim_limit as usize,
+            max_inflight_events: w.max_inflight_events as usize,
+            heartbeat: Duration::from_secs(u64::from(w.heartbeat_seconds)),
+            embed_batch_size: cfg.index.embedding.batch_size as usize,
+            max_batch_text_bytes: 1 << 20,
+            embed_timeout: Duration::from_secs(u64::from(cfg.index.embedding.timeout_seconds)),
+            relation_index_enabled: cfg.index.vector.relation_index_enabled,
+            default_rate_limit_pause: Duration::from_secs(u64::from(
+                cfg.index.outbox.retry_base_seconds,
+            )),
+        }
+    }
+}
+
+/// What one `run_once` did (spec `IndexBatchResult`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IndexBatchResult {
+    /// Events claimed.
+    pub claimed: usize,
+    /// Events marked done.
+    pub succeeded: usize,
+    /// Events marked dead (non-retryable or out of retries).
+    pub failed: usize,
+    /// Events sent to retry_wait.
+    pub retried: usize,
+}
+
+/// Observation hooks (spec §11.6). Their panics and errors are swallowed and logged; they
+/// must not write the source of truth.
+pub trait WorkerCallbacks: Send + Sync {
+    /// An event starts processing.
+    fn on_event_start(&self, _event: &OutboxEvent) -> Result<(), String> {
+        Ok(())
+    }
+    /// An event was marked done.
+    fn on_event_success(&self, _event: &OutboxEvent, _latency_ms: u64) -> Result<(), String> {
+        Ok(())
+    }
+    /// An event failed.
+    fn on_event_failure(
+        &self,
+        _event: &OutboxEvent,
+        _error: &WorkError,
+        _retryable: bool,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Runs `f` on every callback, swallowing (and logging) errors and panics.
+fn each_callback(
+    callbacks: &[Arc<dyn WorkerCallbacks>],
+    hook: &str,
+    f: impl Fn(&dyn WorkerCallbacks) -> Result<(), String>,
+) {
+    for cb in callbacks {
+        match catch_unwind(AssertUnwindSafe(|| f(cb.as_ref()))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(hook, error = %e, "worker callback failed"),
+            Err(_) => warn!(hook, "worker callback panicked"),
+        }
+    }
+}
+
+/// One consumer's worker.
+pub struct IndexWorker {
+    cfg: WorkerConfig,
+    source: Arc<dyn SourceStore>,
+    embedder: Arc<dyn Embedder>,
+    index: Arc<dyn VectorIndex>,
+    projector: IndexProjector,
+    callbacks: Vec<Arc<dyn WorkerCallbacks>>,
+    paused_until: Mutex<Option<Instant>>,
+}
+
+impl IndexWorker {
+    /// A worker; binds the index to the embedder's model (a different model already stored
+    /// is a non-retryable schema mismatch: run `ce reindex --consumer vector`).
+    pub fn new(
+        cfg: WorkerConfig,
+        source: Arc<dyn SourceStore>,
+        embedder: Arc<dyn Embedder>,
+        index: Arc<dyn VectorIndex>,
+        projector: IndexProjector,
+    ) -> crate::Result<Self> {
+        index.bind_model(embedder.identity())?;
+        Ok(IndexWorker {
+            cfg,
+            source,
+            embedder,
+            index,
+            projector,
+            callbacks: Vec::new(),
+            paused_until: Mutex::new(None),
+        })
+    }
+
+    /// Adds an observation hook.
+    pub fn with_callback(mut self, cb: Arc<dyn WorkerCallbacks>) -> Self {
+        self.callbacks.push(cb);
+        self
+    }
+
+    /// The worker's settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.cfg
+    }
+
+    /// How long the worker is still paused by a rate limit.
+    pub fn paused_for(&self) -> Option<Duration> {
+        let until = (*self.paused_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        until.checked_duration_since(Instant::now())
+    }
+
+    /// Claims, applies and acknowledges up to `limit` events (spec §5.1).
+    pub fn run_once(&self, limit: usize) -> Result<IndexBatchResult, WorkError> {
+        let started = Instant::now();
+        if self.paused_for().is_some() {
+            return Ok(IndexBatchResult::default());
+        }
+        let limit = limit.min(self.cfg.max_inflight_events).max(1);
+        let claimed = {
+            let _s = info_span!("index.claim_batch", worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer).entered();
+            self.source
+                .claim_batch(&self.cfg.consumer, &self.cfg.worker_id, limit)?
+        };
+        let mut result = IndexBatchResult {
+            claimed: claimed.len(),
+            ..IndexBatchResult::default()
+        };
+        if claimed.is_empty() {
+            return Ok(result);
+        }
+        for c in &claimed {
+            each_callback(&self.callbacks, "on_event_start", |cb| {
+                cb.on_event_start(&c.event)
+            });
+        }
+        let plan = compact::compact(&claimed, self.cfg.relation_index_enabled);
+        let applier = apply::Applier {
+            source: self.source.as_ref(),
+            embedder: self.embedder.as_ref(),
+            index: self.index.as_ref(),
+            projector: &self.projector,
+            cfg: &self.cfg,
+        };
+        let claims: Vec<_> = claimed.iter().map(|c| c.claim.clone()).collect();
+        let applied = {
+            let _s = info_span!("index.handle_event", worker_id = %self.cfg.worker_id, events = claimed.len(), ops = plan.ops.len(), folded = plan.folded()).entered();
+            heartbeat::with_heartbeat(self.source.as_ref(), &claims, self.cfg.heartbeat, || {
+                applier.apply(&plan.ops)
+            })
+        };
+        ack::acknowledge(self, &claimed, &plan, &applied, started, &mut result);
+        metrics::histogram!("index_worker_run_once_latency_ms")
+            .record(started.elapsed().as_secs_f64() * 1e3);
+        let c = applied.counts;
+        let consumer = self.cfg.consumer.clone();
+        for (action, n) in [
+            ("embed", c.embedded),
+            ("payload", c.payload_only),
+            ("unchanged", c.unchanged),
+            ("delete", c.removed),
+            ("stale", c.stale),
+            ("move", c.moved),
+        ] {
+            if n > 0 {
+                metrics::counter!("index_worker_changes_total", "consumer" => consumer.clone(), "action" => action).increment(n);
+            }
+        }
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,11 @@
+//! Integration tests of ce-index, in one binary (STYLE.md).
+//!
+//! Randomized tests print their seed; `CE_SEED=<seed>` replays one, `CE_PROPTEST_CASES`
+//! scales the number of property-test cases.
+
+mod vector_common;
+mod vector_contract;
+mod vector_crash;
+mod vector_model;
+mod vector_persist;
+mod vector_recall;

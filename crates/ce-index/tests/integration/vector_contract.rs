@@ -1,0 +1,943 @@
+//! The `VectorIndex` contract (spec §6 and the versioned writes of `vector/mod.rs`). Every
+//! test runs the same function against the exact in-memory index and the embedded index
+//! (default planner, and planner forced onto the graph).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ce_core::{Classify, CtxUri, ErrorCode, Level, stable_hash};
+use ce_embed::ModelIdentity;
+use ce_index::IndexError;
+use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
+use serde_json::json;
+
+use crate::vector_common::{DIM, both, hit_ids, nr, record, snapshot, unit, uri, vr};
+
+fn ids(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
+    idx.list_under(&uri(under))
+        .expect("list")
+        .into_iter()
+        .map(|s| s.record.uri.to_string() + "#" + &s.record.level.to_string())
+        .collect()
+}
+
+#[test]
+fn upsert_get_count_are_idempotent() {
+    both(|name, idx| {
+        let recs = vec![
+            vr("ctx://a/docs/x", 0, unit(1, DIM)),
+            vr("ctx://a/docs/x", 1, unit(2, DIM)),
+            vr("ctx://a/docs/y", 0, unit(3, DIM)),
+        ];
+        idx.upsert(&recs).expect("upsert");
+        let first = snapshot(idx);
+        idx.upsert(&recs).expect("upsert again");
+        assert_eq!(
+            snapshot(idx),
+            first,
+            "{name}: a replayed upsert changes nothing"
+        );
+        assert_eq!(idx.count().expect("count"), 3, "{name}");
+        let want = [
+            recs[1].record.id.clone(),
+            "nope".into(),
+            recs[0].record.id.clone(),
+        ];
+        let got = idx.get(&want).expect("get");
+        assert_eq!(got.len(), 2, "{name}: absent ids are skipped");
+        assert_eq!(got[0].record, recs[1].record, "{name}: in the order asked");
+        assert_eq!(got[1].record, recs[0].record, "{name}");
+        assert_eq!(
+            got[0].node_version, 1,
+            "{name}: version from metadata.node_version"
+        );
+        // Overwrite by id: new text and vector, same id.
+        let mut changed = recs[0].clone();
+        changed.record.text = "new text".into();
+        changed.vector = unit(9, DIM);
+        idx.upsert(&[changed.clone()]).expect("overwrite");
+        assert_eq!(idx.count().expect("count"), 3, "{name}");
+        let hits = idx
+            .search(&unit(9, DIM), &SearchFilter::default(), 1)
+            .expect("search");
+        assert_eq!(
+            hits[0].record, changed.record,
+            "{name}: the new vector is searched"
+        );
+        assert!(hits[0].score > 0.999, "{name}: {}", hits[0].score);
+        // An empty upsert is fine.
+        idx.upsert(&[]).expect("empty upsert");
+    });
+}
+
+#[test]
+fn list_under_is_ordered_by_uri_then_level() {
+    both(|name, idx| {
+        idx.upsert(&[
+            vr("ctx://a/z", 2, unit(1, DIM)),
+            vr("ctx://a/b/c", 0, unit(2, DIM)),
+            vr("ctx://a/z", 0, unit(3, DIM)),
+            vr("ctx://a/b", 1, unit(4, DIM)),
+            vr("ctx://a/b!", 0, unit(5, DIM)),
+        ])
+        .expect("upsert");
+        assert_eq!(
+            ids(idx, "ctx://"),
+            [
+                "ctx://a/b#1",
+                "ctx://a/b!#0",
+                "ctx://a/b/c#0",
+                "ctx://a/z#0",
+                "ctx://a/z#2"
+            ],
+            "{name}"
+        );
+        assert_eq!(
+            ids(idx, "ctx://a/b"),
+            ["ctx://a/b#1", "ctx://a/b/c#0"],
+            "{name}"
+        );
+    });
+}
+
+#[test]
+fn delete_by_uri_node_only_or_subtree() {
+    both(|name, idx| {
+        let all = [
+            "ctx://a/b",
+            "ctx://a/b/c",
+            "ctx://a/b/c/d",
+            "ctx://a/bc",
+            "ctx://a/bc/d",
+        ];
+        let fill = || {
+            idx.clear().expect("clear");
+            let recs: Vec<VectorRecord> = all
+                .iter()
+                .enumerate()
+                .flat_map(|(i, u)| {
+                    [
+                        vr(u, 0, unit(i as u64 * 2, DIM)),
+                        vr(u, 2, unit(i as u64 * 2 + 1, DIM)),
+                    ]
+                })
+                .collect();
+            idx.upsert(&recs).expect("upsert");
+        };
+        fill();
+        assert_eq!(
+            idx.delete_by_uri(&uri("ctx://a/b"), false).expect("delete"),
+            2,
+            "{name}"
+        );
+        assert_eq!(
+            ids(idx, "ctx://"),
+            [
+                "ctx://a/b/c#0",
+                "ctx://a/b/c#2",
+                "ctx://a/b/c/d#0",
+                "ctx://a/b/c/d#2",
+                "ctx://a/bc#0",
+                "ctx://a/bc#2",
+                "ctx://a/bc/d#0",
+                "ctx://a/bc/d#2"
+            ],
+            "{name}: node only, all levels"
+        );
+        fill();
+        assert_eq!(
+            idx.delete_by_uri(&uri("ctx://a/b"), true).expect("delete"),
+            6,
+            "{name}"
+        );
+        assert_eq!(
+            ids(idx, "ctx://"),
+            [
+                "ctx://a/bc#0",
+                "ctx://a/bc#2",
+                "ctx://a/bc/d#0",
+                "ctx://a/bc/d#2"
+            ],
+            "{name}: a/bc shares the name prefix but is not in the subtree"
+        );
+        assert_eq!(
+            idx.delete_by_uri(&uri("ctx://a/b"), true).expect("again"),
+            0,
+            "{name}"
+        );
+        assert_eq!(
+            idx.delete_by_uri(&uri("ctx://nothing"), false)
+                .expect("none"),
+            0,
+            "{name}"
+        );
+        // The graph forgot the deleted vectors too.
+        let hits = idx
+            .search(&unit(0, DIM), &SearchFilter::default(), 10)
+            .expect("search");
+        assert!(
+            hits.iter()
+                .all(|h| h.record.uri.as_str().starts_with("ctx://a/bc")),
+            "{name}"
+        );
+        assert_eq!(
+            idx.delete_by_uri(&CtxUri::root(), true).expect("all"),
+            4,
+            "{name}"
+        );
+        assert_eq!(idx.count().expect("count"), 0, "{name}");
+    });
+}
+
+/// The records of the move fixture: a subtree with a root, a child and a grandchild, a
+/// sibling sharing the name prefix, and metadata that must survive.
+fn move_fixture(idx: &dyn VectorIndex) -> Vec<VectorRecord> {
+    let mut recs = vec![
+        vr("ctx://acc/users/u1/memories/prefs", 0, unit(1, DIM)),
+        vr("ctx://acc/users/u1/memories/prefs", 1, unit(2, DIM)),
+        vr("ctx://acc/users/u1/memories/prefs/theme", 0, unit(3, DIM)),
+        vr(
+            "ctx://acc/users/u1/memories/prefs/theme/dark",
+            2,
+            unit(4, DIM),
+        ),
+        vr("ctx://acc/users/u1/memories/prefsx", 0, unit(5, DIM)),
+    ];
+    recs[2].record.metadata.insert("tags".into(), json!(["ui"]));
+    recs[2].record.filters.insert("lang".into(), json!("zh"));
+    idx.upsert(&recs).expect("upsert");
+    recs
+}
+
+#[test]
+fn move_rewrites_uris_parents_and_ids_and_keeps_vectors() {
+    both(|name, idx| {
+        let recs = move_fixture(idx);
+        let scores: Vec<f32> = recs
+            .iter()
+            .map(|r| {
+                idx.search(&r.vector, &SearchFilter::default(), 1)
+                    .expect("search")[0]
+                    .score
+            })
+            .collect();
+        let from = uri("ctx://acc/users/u1/memories/prefs");
+        let to = uri("ctx://acc/users/u2/memories/settings/ui");
+        assert_eq!(idx.move_uri(&from, &to).expect("move"), 4, "{name}");
+        let after = snapshot(idx);
+        let uris: Vec<String> = after
+            .iter()
+            .map(|s| format!("{}#{}", s.record.uri, s.record.level))
+            .collect();
+        assert_eq!(
+            uris,
+            [
+                "ctx://acc/users/u1/memories/prefsx#0",
+                "ctx://acc/users/u2/memories/settings/ui#0",
+                "ctx://acc/users/u2/memories/settings/ui#1",
+                "ctx://acc/users/u2/memories/settings/ui/theme#0",
+                "ctx://acc/users/u2/memories/settings/ui/theme/dark#2",
+            ],
+            "{name}"
+        );
+        for s in &after[1..] {
+            let r = &s.record;
+            assert_eq!(
+                r.id,
+                stable_hash(r.uri.as_str(), r.level.as_u8()),
+                "{name}: re-keyed"
+            );
+            assert_eq!(r.filters["uri"], json!(r.uri.as_str()), "{name}");
+            assert_eq!(
+                r.filters["parent_uri"],
+                json!(r.parent_uri.as_str()),
+                "{name}"
+            );
+            assert_eq!(
+                r.filters["owner_space"],
+                json!("user:u2"),
+                "{name}: path default follows"
+            );
+            assert_eq!(r.category, "settings", "{name}: path default follows");
+            assert_eq!(r.filters["category"], json!("settings"), "{name}");
+        }
+        assert_eq!(
+            after[1].record.parent_uri,
+            uri("ctx://acc/users/u2/memories/settings"),
+            "{name}: the moved root's parent is parent(to)"
+        );
+        assert_eq!(
+            after[3].record.parent_uri,
+            uri("ctx://acc/users/u2/memories/settings/ui"),
+            "{name}: a child's parent is rebased"
+        );
+        assert_eq!(
+            after[3].record.metadata["tags"],
+            json!(["ui"]),
+            "{name}: metadata kept"
+        );
+        assert_eq!(
+            after[3].record.filters["lang"],
+            json!("zh"),
+            "{name}: user filters kept"
+        );
+        assert_eq!(
+            after[3].record.text, recs[2].record.text,
+            "{name}: text kept"
+        );
+        // Vectors kept exactly: each vector finds its moved record with the same score.
+        for (r, s) in recs.iter().zip(&scores) {
+            let hit = &idx
+                .search(&r.vector, &SearchFilter::default(), 1)
+                .expect("search")[0];
+            let want = r
+                .record
+                .uri
+                .rebase(&from, &to)
+                .unwrap_or_else(|_| r.record.uri.clone());
+            assert_eq!(hit.record.uri, want, "{name}");
+            assert_eq!(
+                hit.score.to_bits(),
+                s.to_bits(),
+                "{name}: same vector, same score"
+            );
+        }
+        // The old ids are gone; the sibling with the shared prefix did not move.
+        let old: Vec<String> = recs[..4].iter().map(|r| r.record.id.clone()).collect();
+        assert!(idx.get(&old).expect("get").is_empty(), "{name}");
+        assert_eq!(idx.count().expect("count"), 5, "{name}");
+        // Subtree filters see the new place.
+        let f = SearchFilter {
+            subtree: Some(to.clone()),
+            ..SearchFilter::default()
+        };
+        assert_eq!(hit_ids(idx, &unit(1, DIM), &f, 10).len(), 4, "{name}");
+        let f = SearchFilter {
+            subtree: Some(from.clone()),
+            ..SearchFilter::default()
+        };
+        assert!(hit_ids(idx, &unit(1, DIM), &f, 10).is_empty(), "{name}");
+    });
+}
+
+#[test]
+fn move_is_idempotent_and_reentrant() {
+    let from = uri("ctx://acc/users/u1/memories/prefs");
+    let to = uri("ctx://acc/shared/prefs");
+    // The state after one clean move.
+    let mut clean = None;
+    both(|name, idx| {
+        move_fixture(idx);
+        idx.move_uri(&from, &to).expect("move");
+        let once = snapshot(idx);
+        assert_eq!(
+            idx.move_uri(&from, &to).expect("again"),
+            0,
+            "{name}: nothing left to move"
+        );
+        assert_eq!(
+            snapshot(idx),
+            once,
+            "{name}: a replayed move changes nothing"
+        );
+        assert_eq!(
+            idx.move_uri(&to, &to).expect("noop"),
+            0,
+            "{name}: from == to"
+        );
+        match &clean {
+            None => clean = Some(once),
+            Some(c) => assert_eq!(&once, c, "{name}: same result as the oracle"),
+        }
+    });
+    let clean = clean.expect("ran");
+    // Half done: an earlier attempt moved some records (written at the target, not yet deleted
+    // at the source, or deleted too) before it failed.
+    both(|name, idx| {
+        let recs = move_fixture(idx);
+        let moved_copy = |r: &VectorRecord| {
+            let to_uri = r.record.uri.rebase(&from, &to).expect("rebase");
+            let mut rec = record(to_uri.as_str(), r.record.level.as_u8(), &[]);
+            rec.text = r.record.text.clone();
+            rec.metadata = r.record.metadata.clone();
+            rec.filters.extend(
+                r.record
+                    .filters
+                    .iter()
+                    .filter(|(k, _)| k.as_str() == "lang")
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+            VectorRecord {
+                record: rec,
+                vector: r.vector.clone(),
+            }
+        };
+        idx.upsert(&[moved_copy(&recs[0]), moved_copy(&recs[2])])
+            .expect("half");
+        idx.delete_by_uri(&recs[0].record.uri, false)
+            .expect("source partly gone");
+        idx.upsert(&[recs[1].clone()])
+            .expect("level 1 still at the source");
+        idx.move_uri(&from, &to).expect("resume the move");
+        assert_eq!(snapshot(idx), clean, "{name}: the resumed move converges");
+    });
+}
+
+#[test]
+fn move_rejects_the_root_and_moves_within_its_own_line() {
+    both(|name, idx| {
+        move_fixture(idx);
+        let before = snapshot(idx);
+        let a = uri("ctx://acc/users/u1/memories/prefs");
+        for (from, to) in [
+            (CtxUri::root(), uri("ctx://x")),
+            (a.clone(), CtxUri::root()),
+            (a.clone(), uri("ctx://acc/users/u1/memories/prefs/theme/x")),
+            (uri("ctx://acc/users/u1/memories/prefs/theme"), a.clone()),
+        ] {
+            let err = idx.move_uri(&from, &to).expect_err("invalid move");
+            assert!(!err.is_retryable(), "{name}: {err}");
+        }
+        assert_eq!(snapshot(idx), before, "{name}: nothing changed");
+    });
+}
+
+#[test]
+fn move_drops_records_whose_target_holds_a_newer_version() {
+    both(|name, idx| {
+        let src = "ctx://a/docs/old";
+        let dst = "ctx://a/docs/new";
+        assert_eq!(
+            idx.sync_node(
+                &uri(src),
+                5,
+                vec![
+                    nr(src, 0, Some(unit(1, DIM))),
+                    nr(src, 1, Some(unit(2, DIM)))
+                ]
+            )
+            .expect("sync src"),
+            SyncOutcome::Applied
+        );
+        assert_eq!(
+            idx.sync_node(&uri(dst), 9, vec![nr(dst, 0, Some(unit(3, DIM)))])
+                .expect("sync dst"),
+            SyncOutcome::Applied
+        );
+        assert_eq!(
+            idx.move_uri(&uri(src), &uri(dst)).expect("move"),
+            0,
+            "{name}"
+        );
+        let after = snapshot(idx);
+        assert_eq!(
+            after.len(),
+            1,
+            "{name}: the stale source records are dropped"
+        );
+        assert_eq!(after[0].record.uri, uri(dst), "{name}");
+        assert_eq!(after[0].node_version, 9, "{name}: the newer target stays");
+        // The move tombstoned the source: a late sync of the moved version is stale.
+        assert_eq!(
+            idx.sync_node(&uri(src), 5, vec![nr(src, 0, Some(unit(1, DIM)))])
+                .expect("late"),
+            SyncOutcome::Stale,
+            "{name}"
+        );
+        assert_eq!(
+            idx.sync_node(&uri(src), 6, vec![nr(src, 0, Some(unit(1, DIM)))])
+                .expect("new node"),
+            SyncOutcome::Applied,
+            "{name}: a node recreated at a newer version applies"
+        );
+    });
+}
+
+#[test]
+fn versioned_writes_follow_vx1() {
+    both(|name, idx| {
+        let u = "ctx://a/notes/n1";
+        let node = uri(u);
+        let v1 = unit(1, DIM);
+        let sync = |version, levels: &[u8], vector: Option<Vec<f32>>| {
+            idx.sync_node(
+                &node,
+                version,
+                levels.iter().map(|l| nr(u, *l, vector.clone())).collect(),
+            )
+        };
+        assert_eq!(
+            sync(5, &[0, 1], Some(v1.clone())).expect("v5"),
+            SyncOutcome::Applied
+        );
+        let at5 = snapshot(idx);
+        assert!(at5.iter().all(|s| s.node_version == 5), "{name}");
+        assert_eq!(
+            sync(5, &[0, 1], Some(v1.clone())).expect("replay"),
+            SyncOutcome::Applied
+        );
+        assert_eq!(snapshot(idx), at5, "{name}: a replay is idempotent");
+        assert_eq!(
+            sync(4, &[2], Some(unit(7, DIM))).expect("v4"),
+            SyncOutcome::Stale,
+            "{name}"
+        );
+        assert_eq!(
+            idx.remove_node(&node, 4).expect("rm v4"),
+            SyncOutcome::Stale,
+            "{name}"
+        );
+        assert_eq!(snapshot(idx), at5, "{name}: stale writes change nothing");
+        // Levels not given are removed.
+        assert_eq!(
+            sync(6, &[0], Some(v1.clone())).expect("v6"),
+            SyncOutcome::Applied
+        );
+        assert_eq!(ids(idx, u), [format!("{u}#0")], "{name}");
+        // A remove at v7, then a sync computed before it (v6, or v7 itself) is stale.
+        assert_eq!(
+            idx.remove_node(&node, 7).expect("rm v7"),
+            SyncOutcome::Applied,
+            "{name}"
+        );
+        assert_eq!(idx.count().expect("count"), 0, "{name}");
+        assert_eq!(
+            idx.remove_node(&node, 7).expect("rm replay"),
+            SyncOutcome::Applied,
+            "{name}"
+        );
+        assert_eq!(
+            sync(6, &[0], Some(v1.clone())).expect("v6"),
+            SyncOutcome::Stale,
+            "{name}"
+        );
+        assert_eq!(
+            sync(7, &[0], Some(v1.clone())).expect("v7"),
+            SyncOutcome::Stale,
+            "{name}"
+        );
+        assert_eq!(idx.count().expect("count"), 0, "{name}");
+        assert_eq!(
+            sync(8, &[0, 2], Some(v1.clone())).expect("v8"),
+            SyncOutcome::Applied
+        );
+        assert_eq!(ids(idx, u), [format!("{u}#0"), format!("{u}#2")], "{name}");
+        // Removing a node never touches its children or siblings.
+        idx.upsert(&[
+            vr("ctx://a/notes/n1/child", 0, unit(3, DIM)),
+            vr("ctx://a/notes/n10", 0, unit(4, DIM)),
+        ])
+        .expect("upsert");
+        assert_eq!(
+            idx.remove_node(&node, 9).expect("rm v9"),
+            SyncOutcome::Applied,
+            "{name}"
+        );
+        assert_eq!(
+            ids(idx, "ctx://a"),
+            ["ctx://a/notes/n1/child#0", "ctx://a/notes/n10#0"],
+            "{name}"
+        );
+        // Versions are per URI: another URI is unaffected by n1's versions.
+        assert_eq!(
+            idx.sync_node(
+                &uri("ctx://a/notes/n2"),
+                1,
+                vec![nr("ctx://a/notes/n2", 0, Some(v1.clone()))]
+            )
+            .expect("n2"),
+            SyncOutcome::Applied,
+            "{name}"
+        );
+    });
+}
+
+#[test]
+fn payload_only_sync_keeps_the_stored_vector() {
+    both(|name, idx| {
+        let u = "ctx://a/notes/n1";
+        let node = uri(u);
+        let v = unit(11, DIM);
+        idx.sync_node(&node, 1, vec![nr(u, 0, Some(v.clone()))])
+            .expect("v1");
+        let score = idx.search(&v, &SearchFilter::default(), 1).expect("search")[0].score;
+        let mut payload = nr(u, 0, None);
+        payload.record.category = "renamed".into();
+        payload
+            .record
+            .filters
+            .insert("category".into(), json!("renamed"));
+        assert_eq!(
+            idx.sync_node(&node, 2, vec![payload]).expect("v2"),
+            SyncOutcome::Applied
+        );
+        let hit = &idx.search(&v, &SearchFilter::default(), 1).expect("search")[0];
+        assert_eq!(hit.record.category, "renamed", "{name}");
+        assert_eq!(
+            hit.score.to_bits(),
+            score.to_bits(),
+            "{name}: the vector is kept"
+        );
+        let f = SearchFilter {
+            category: Some("renamed".into()),
+            ..SearchFilter::default()
+        };
+        assert_eq!(
+            hit_ids(idx, &v, &f, 5).len(),
+            1,
+            "{name}: filters see the new payload"
+        );
+        // No stored vector for level 1: an error, and nothing changes (not even level 0).
+        let before = snapshot(idx);
+        let err = idx
+            .sync_node(
+                &node,
+                3,
+                vec![nr(u, 0, Some(unit(12, DIM))), nr(u, 1, None)],
+            )
+            .expect_err("no vector to keep");
+        assert!(!err.is_retryable(), "{name}: {err}");
+        assert_eq!(
+            snapshot(idx),
+            before,
+            "{name}: the failed sync wrote nothing"
+        );
+        assert_eq!(
+            idx.sync_node(&node, 3, vec![nr(u, 0, Some(unit(12, DIM)))])
+                .expect("v3"),
+            SyncOutcome::Applied,
+            "{name}: the failed sync did not record its version"
+        );
+        // A record of another node is refused.
+        let err = idx
+            .sync_node(
+                &node,
+                4,
+                vec![nr("ctx://a/notes/other", 0, Some(v.clone()))],
+            )
+            .expect_err("foreign record");
+        assert_eq!(err.code(), ErrorCode::InvalidField, "{name}: {err}");
+    });
+}
+
+/// A corpus exercising every filter field.
+fn filter_corpus(idx: &dyn VectorIndex) -> Vec<VectorRecord> {
+    let specs: [(&str, &[(&str, serde_json::Value)]); 8] = [
+        (
+            "ctx://acc1/users/u1/memories/prefs/a",
+            &[("lang", json!("zh")), ("stars", json!(5))],
+        ),
+        (
+            "ctx://acc1/users/u1/memories/prefs/b",
+            &[("lang", json!("en")), ("stars", json!(5.0))],
+        ),
+        (
+            "ctx://acc1/users/u2/memories/events/c",
+            &[("lang", json!("zh")), ("pinned", json!(true))],
+        ),
+        (
+            "ctx://acc1/agents/bot/skills/search",
+            &[("lang", json!("en"))],
+        ),
+        ("ctx://acc1/resources/docs/guide", &[("stars", json!(3))]),
+        ("ctx://acc1/resources/docs/guide/ch1", &[]),
+        (
+            "ctx://acc2/users/u1/memories/prefs/a",
+            &[("lang", json!("zh"))],
+        ),
+        ("ctx://acc2/resources/docs/guidex", &[]),
+    ];
+    let mut recs = Vec::new();
+    for (i, (u, extra)) in specs.iter().enumerate() {
+        for level in [0u8, 1] {
+            recs.push(VectorRecord {
+                record: record(u, level, extra),
+                vector: unit(i as u64 * 3 + u64::from(level), DIM),
+            });
+        }
+    }
+    idx.upsert(&recs).expect("upsert");
+    recs
+}
+
+#[test]
+fn every_filter_field_matches_the_reference() {
+    let filters = vec![
+        SearchFilter::default(),
+        SearchFilter {
+            subtree: Some(uri("ctx://acc1/resources/docs/guide")),
+            ..Default::default()
+        },
+        SearchFilter {
+            subtree: Some(uri("ctx://acc1/users")),
+            ..Default::default()
+        },
+        SearchFilter {
+            subtree: Some(CtxUri::root()),
+            ..Default::default()
+        },
+        SearchFilter {
+            parent_uri: Some(uri("ctx://acc1/users/u1/memories/prefs")),
+            ..Default::default()
+        },
+        SearchFilter {
+            context_type: Some("skill".into()),
+            ..Default::default()
+        },
+        SearchFilter {
+            context_type: Some("memory".into()),
+            category: Some("prefs".into()),
+            ..Default::default()
+        },
+        SearchFilter {
+            category: Some("nonexistent".into()),
+            ..Default::default()
+        },
+        SearchFilter {
+            level: Some(Level::L1),
+            ..Default::default()
+        },
+        SearchFilter {
+            owner_spaces: Some(vec!["user:u1".into(), "agent:bot".into()]),
+            ..Default::default()
+        },
+        SearchFilter {
+            owner_spaces: Some(vec!["user:nobody".into()]),
+            ..Default::default()
+        },
+        SearchFilter {
+            owner_spaces: Some(vec![]),
+            ..Default::default()
+        },
+        SearchFilter {
+            account_id: Some("acc2".into()),
+            ..Default::default()
+        },
+        SearchFilter {
+            meta: BTreeMap::from([("lang".into(), json!("zh"))]),
+            ..Default::default()
+        },
+        SearchFilter {
+            meta: BTreeMap::from([("stars".into(), json!(5))]),
+            ..Default::default()
+        },
+        SearchFilter {
+            meta: BTreeMap::from([("stars".into(), json!(5.0))]),
+            ..Default::default()
+        },
+        SearchFilter {
+            meta: BTreeMap::from([("pinned".into(), json!(true))]),
+            ..Default::default()
+        },
+        SearchFilter {
+            meta: BTreeMap::from([("missing".into(), json!(1))]),
+            ..Default::default()
+        },
+        SearchFilter {
+            subtree: Some(uri("ctx://acc1")),
+            level: Some(Level::L0),
+            owner_spaces: Some(vec!["user:u1".into(), "user:u2".into()]),
+            meta: BTreeMap::from([("lang".into(), json!("zh"))]),
+            ..Default::default()
+        },
+    ];
+    both(|name, idx| {
+        let recs = filter_corpus(idx);
+        for f in &filters {
+            let want: BTreeSet<String> = recs
+                .iter()
+                .filter(|r| f.matches(&r.record))
+                .map(|r| r.record.id.clone())
+                .collect();
+            for q in [unit(100, DIM), unit(101, DIM)] {
+                let got = hit_ids(idx, &q, f, 100);
+                assert_eq!(got.len(), want.len(), "{name}: {f:?}");
+                assert_eq!(
+                    got.into_iter().collect::<BTreeSet<_>>(),
+                    want,
+                    "{name}: {f:?}"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn search_returns_exactly_top_k_under_a_selective_filter() {
+    both(|name, idx| {
+        // 600 records, 30 of which pass (5 %), scattered through the collection.
+        let recs: Vec<VectorRecord> = (0..600u64)
+            .map(|i| {
+                let tag = if i % 20 == 7 { "rare" } else { "common" };
+                VectorRecord {
+                    record: record(&format!("ctx://t/docs/d{i}"), 0, &[("tag", json!(tag))]),
+                    vector: unit(i, DIM),
+                }
+            })
+            .collect();
+        idx.upsert(&recs).expect("upsert");
+        let f = SearchFilter {
+            meta: BTreeMap::from([("tag".into(), json!("rare"))]),
+            ..SearchFilter::default()
+        };
+        for (k, want) in [(1, 1), (10, 10), (30, 30), (50, 30)] {
+            for q in 0..5 {
+                let hits = idx.search(&unit(1000 + q, DIM), &f, k).expect("search");
+                assert_eq!(hits.len(), want, "{name}: top_k {k}");
+                assert!(hits.iter().all(|h| f.matches(&h.record)), "{name}");
+                assert!(
+                    hits.windows(2).all(|w| w[0].score >= w[1].score),
+                    "{name}: best first"
+                );
+            }
+        }
+        assert!(
+            idx.search(&unit(1, DIM), &f, 0).expect("k=0").is_empty(),
+            "{name}"
+        );
+        // The best hit is the exact best among the candidates.
+        let q = unit(2000, DIM);
+        let hits = idx.search(&q, &f, 5).expect("search");
+        let exact = recs
+            .iter()
+            .filter(|r| f.matches(&r.record))
+            .map(|r| {
+                let dot: f32 = r.vector.iter().zip(&q).map(|(a, b)| a * b).sum();
+                (dot, r.record.id.clone())
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .expect("candidates");
+        assert_eq!(hits[0].record.id, exact.1, "{name}");
+        assert!((hits[0].score - exact.0).abs() < 1e-4, "{name}");
+    });
+}
+
+#[test]
+fn model_binding_and_dimensions() {
+    let m1 = ModelIdentity {
+        provider: "local".into(),
+        model: "all-MiniLM-L6-v2".into(),
+        dimension: DIM,
+    };
+    let m2 = ModelIdentity {
+        provider: "openai".into(),
+        model: "text-embedding-3-small".into(),
+        dimension: DIM,
+    };
+    both(|name, idx| {
+        assert_eq!(idx.model().expect("model"), None, "{name}");
+        idx.bind_model(&m1).expect("bind");
+        idx.bind_model(&m1).expect("bind again is fine");
+        assert_eq!(idx.model().expect("model"), Some(m1.clone()), "{name}");
+        let err = idx.bind_model(&m2).expect_err("another model");
+        assert!(
+            matches!(err, IndexError::SchemaMismatch(_)),
+            "{name}: {err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&m1.key()) && msg.contains(&m2.key()),
+            "{name}: names both: {msg}"
+        );
+        assert!(!err.is_retryable(), "{name}");
+        assert_eq!(
+            idx.model().expect("model"),
+            Some(m1.clone()),
+            "{name}: binding kept"
+        );
+        // Vectors of another dimension are refused; nothing is written.
+        let err = idx
+            .upsert(&[vr("ctx://a/x", 0, unit(1, DIM + 1))])
+            .expect_err("dimension");
+        assert!(
+            matches!(err, IndexError::SchemaMismatch(_)),
+            "{name}: {err}"
+        );
+        let err = idx
+            .upsert(&[vr("ctx://a/y", 0, vec![f32::NAN; DIM])])
+            .expect_err("NaN");
+        assert!(!err.is_retryable(), "{name}: {err}");
+        assert_eq!(idx.count().expect("count"), 0, "{name}");
+        idx.upsert(&[vr("ctx://a/x", 0, unit(1, DIM))])
+            .expect("upsert");
+        let err = idx
+            .search(&unit(1, DIM - 1), &SearchFilter::default(), 3)
+            .expect_err("query dimension");
+        assert!(matches!(err, IndexError::InvalidQuery(_)), "{name}: {err}");
+        let err = idx
+            .search(&[], &SearchFilter::default(), 3)
+            .expect_err("empty query");
+        assert!(matches!(err, IndexError::InvalidQuery(_)), "{name}: {err}");
+        // Clearing forgets records, versions and the binding.
+        idx.sync_node(
+            &uri("ctx://a/z"),
+            3,
+            vec![nr("ctx://a/z", 0, Some(unit(2, DIM)))],
+        )
+        .expect("sync");
+        idx.clear().expect("clear");
+        assert_eq!(idx.count().expect("count"), 0, "{name}");
+        assert_eq!(idx.model().expect("model"), None, "{name}");
+        assert!(
+            idx.search(&unit(1, DIM), &SearchFilter::default(), 3)
+                .expect("search")
+                .is_empty()
+        );
+        assert_eq!(
+            idx.sync_node(
+                &uri("ctx://a/z"),
+                1,
+                vec![nr("ctx://a/z", 0, Some(unit(2, DIM)))]
+            )
+            .expect("sync"),
+            SyncOutcome::Applied,
+            "{name}: versions were cleared"
+        );
+        idx.clear().expect("clear");
+        let m3 = ModelIdentity {
+            dimension: DIM * 2,
+            ..m2.clone()
+        };
+        idx.bind_model(&m3).expect("a new model after clear");
+        idx.upsert(&[vr("ctx://a/x", 0, unit(1, DIM * 2))])
+            .expect("new dimension");
+        assert_eq!(
+            idx.search(&unit(1, DIM * 2), &SearchFilter::default(), 1)
+                .expect("search")
+                .len(),
+            1
+        );
+    });
+}
+
+#[test]
+fn unbound_index_takes_the_first_dimension() {
+    both(|name, idx| {
+        assert!(
+            idx.search(&unit(1, 5), &SearchFilter::default(), 3)
+                .expect("empty index")
+                .is_empty(),
+            "{name}: an empty unbound index accepts any query"
+        );
+        idx.upsert(&[vr("ctx://a/x", 0, unit(1, DIM))])
+            .expect("upsert");
+        let err = idx
+            .upsert(&[vr("ctx://a/y", 0, unit(1, DIM + 2))])
+            .expect_err("dimension");
+        assert!(
+            matches!(err, IndexError::SchemaMismatch(_)),
+            "{name}: {err}"
+        );
+        let bad = ModelIdentity {
+            provider: "hash".into(),
+            model: "h".into(),
+            dimension: DIM + 2,
+        };
+        let err = idx
+            .bind_model(&bad)
+            .expect_err("model of another dimension");
+        assert!(
+            matches!(err, IndexError::SchemaMismatch(_)),
+            "{name}: {err}"
+        );
+    });
+}

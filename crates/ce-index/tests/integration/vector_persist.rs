@@ -1,0 +1,448 @@
+//! Persistence of the embedded vector index: records, versions and the model survive a
+//! reopen; the graph comes back from a matching snapshot or is rebuilt from the stored
+//! vectors when the snapshot is missing, stale or damaged.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ce_core::CtxUri;
+use ce_embed::ModelIdentity;
+use ce_index::IndexError;
+use ce_index::vector::embedded::bench::clustered_vectors;
+use ce_index::vector::embedded::{EmbeddedVectorIndex, SearchStrategy};
+use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
+use serde_json::json;
+
+use crate::vector_common::{nr, open, record, snapshot, uri};
+
+const DIM: usize = 16;
+
+fn model() -> ModelIdentity {
+    ModelIdentity {
+        provider: "hash".into(),
+        model: "test".into(),
+        dimension: DIM,
+    }
+}
+
+/// Fills `idx` through every kind of write: 400 upserts, overwrites with new vectors,
+/// payload-only syncs, removes, a subtree delete and a move.
+fn fill(idx: &EmbeddedVectorIndex) -> Vec<Vec<f32>> {
+    idx.bind_model(&model()).expect("bind");
+    let vs = clustered_vectors(460, DIM, 12, 0.05, 7);
+    let recs: Vec<VectorRecord> = (0..400)
+        .map(|i| VectorRecord {
+            record: record(
+                &format!("ctx://acc/resources/g{}/d{i}", i % 8),
+                (i % 3) as u8,
+                &[("tag", json!(i % 5))],
+            ),
+            vector: vs[i].clone(),
+        })
+        .collect();
+    for chunk in recs.chunks(100) {
+        idx.upsert(chunk).expect("upsert");
+    }
+    // New vectors for some ids (graph remove + add), payload-only for others.
+    let over: Vec<VectorRecord> = recs[..30]
+        .iter()
+        .enumerate()
+        .map(|(j, r)| VectorRecord {
+            record: r.record.clone(),
+            vector: vs[400 + j].clone(),
+        })
+        .collect();
+    idx.upsert(&over).expect("overwrite");
+    for k in 0..10 {
+        let u = format!("ctx://acc/notes/n{k}");
+        let mut r = nr(&u, 0, Some(vs[430 + k].clone()));
+        r.record.filters.insert("tag".into(), json!(k % 5));
+        assert_eq!(
+            idx.sync_node(&uri(&u), 3, vec![r]).expect("sync"),
+            SyncOutcome::Applied
+        );
+        let mut p = nr(&u, 0, None);
+        p.record.filters.insert("tag".into(), json!(9));
+        assert_eq!(
+            idx.sync_node(&uri(&u), 4, vec![p]).expect("payload"),
+            SyncOutcome::Applied
+        );
+    }
+    idx.remove_node(&uri("ctx://acc/notes/n9"), 5)
+        .expect("remove");
+    idx.delete_by_uri(&uri("ctx://acc/resources/g7"), true)
+        .expect("delete subtree");
+    idx.move_uri(&uri("ctx://acc/resources/g6"), &uri("ctx://acc/archive/g6"))
+        .expect("move");
+    vs
+}
+
+fn queries(vs: &[Vec<f32>]) -> Vec<(Vec<f32>, SearchFilter)> {
+    let filters = [
+        SearchFilter::default(),
+        SearchFilter {
+            meta: BTreeMap::from([("tag".into(), json!(2))]),
+            ..SearchFilter::default()
+        },
+        SearchFilter {
+            subtree: Some(uri("ctx://acc/archive")),
+            ..SearchFilter::default()
+        },
+    ];
+    vs.iter()
+        .step_by(37)
+        .flat_map(|q| filters.iter().map(move |f| (q.clone(), f.clone())))
+        .collect()
+}
+
+/// What a reopen must preserve: the records, and the hits (ids and score bits) of every
+/// query through the planner (exact on these small candidate sets, hence identical).
+/// Hits forced through the graph are kept apart: a rebuilt graph is another approximation of
+/// the same data (HNSW insertion order and threads differ), so only their recall is compared.
+struct Observed {
+    records: Vec<String>,
+    planned: Vec<String>,
+    graph: Vec<Vec<String>>,
+}
+
+fn same(a: &Observed, b: &Observed, what: &str) {
+    assert_eq!(a.records, b.records, "{what}: records");
+    assert_eq!(a.planned, b.planned, "{what}: planned search results");
+    let (mut common, mut total) = (0, 0);
+    for (x, y) in a.graph.iter().zip(&b.graph) {
+        total += y.len();
+        common += x.iter().filter(|id| y.contains(id)).count();
+    }
+    assert!(
+        common as f64 >= 0.9 * total as f64,
+        "{what}: graph results overlap {common}/{total}"
+    );
+}
+
+fn observe(idx: &EmbeddedVectorIndex, qs: &[(Vec<f32>, SearchFilter)]) -> Observed {
+    let records = snapshot(idx)
+        .into_iter()
+        .map(|s| {
+            format!(
+                "{} v{} {}",
+                s.record.id,
+                s.node_version,
+                serde_json::to_string(&s.record).expect("json")
+            )
+        })
+        .collect();
+    let mut planned = Vec::new();
+    let mut graph = Vec::new();
+    for (q, f) in qs {
+        let r = idx
+            .search_with(q, f, 8, SearchStrategy::Auto)
+            .expect("search");
+        planned.push(
+            r.hits
+                .iter()
+                .map(|h| format!("{}:{}", h.record.id, h.score.to_bits()))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        let r = idx
+            .search_with(q, f, 8, SearchStrategy::Ann)
+            .expect("search");
+        assert_eq!(
+            r.hits.len(),
+            r.candidates.min(8),
+            "graph search returns top_k"
+        );
+        graph.push(r.hits.into_iter().map(|h| h.record.id).collect());
+    }
+    Observed {
+        records,
+        planned,
+        graph,
+    }
+}
+
+fn snapshot_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs_err::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ann-") && !n.ends_with(".tmp"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn reopen_restores_everything_with_and_without_a_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    let n = idx.count().expect("count");
+    drop(idx); // writes a snapshot
+
+    assert_eq!(
+        snapshot_files(dir.path()).len(),
+        2,
+        "one current snapshot: graph and keys"
+    );
+    let idx = open(dir.path());
+    assert!(idx.stats().opened_from_snapshot, "loaded from the snapshot");
+    same(
+        &observe(&idx, &qs),
+        &before,
+        "after a reopen from the snapshot",
+    );
+    idx.check_consistency().expect("consistent");
+    idx.close_without_snapshot();
+
+    let idx = open(dir.path());
+    assert!(
+        idx.stats().opened_from_snapshot,
+        "the snapshot is still current"
+    );
+    idx.close_without_snapshot();
+    for f in snapshot_files(dir.path()) {
+        fs_err::remove_file(dir.path().join(f)).expect("remove snapshot");
+    }
+    let idx = open(dir.path());
+    assert!(
+        !idx.stats().opened_from_snapshot,
+        "rebuilt from the stored vectors"
+    );
+    same(&observe(&idx, &qs), &before, "after a rebuild");
+    idx.check_consistency().expect("consistent");
+    assert_eq!(idx.count().expect("count"), n);
+    // Versions and the model binding persisted too.
+    assert_eq!(idx.model().expect("model"), Some(model()));
+    assert_eq!(
+        idx.sync_node(
+            &uri("ctx://acc/notes/n1"),
+            3,
+            vec![nr("ctx://acc/notes/n1", 0, None)]
+        )
+        .expect("stale"),
+        SyncOutcome::Stale
+    );
+    assert_eq!(
+        idx.sync_node(
+            &uri("ctx://acc/notes/n9"),
+            5,
+            vec![nr("ctx://acc/notes/n9", 0, Some(vs[0].clone()))]
+        )
+        .expect("stale after remove"),
+        SyncOutcome::Stale
+    );
+}
+
+#[test]
+fn an_older_snapshot_catches_up_after_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    idx.flush().expect("flush");
+    assert_eq!(snapshot_files(dir.path()).len(), 2, "graph and key set");
+    assert!(idx.stats().snapshot_current);
+    // Writes after the snapshot, then a crash (no snapshot at close): a vector added, a
+    // subtree of vectors removed, a vector replaced, a move (no graph change).
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/late/x", 0, &[]),
+        vector: vs[1].clone(),
+    }])
+    .expect("late write");
+    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
+        .expect("late delete");
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
+        vector: vs[2].clone(),
+    }])
+    .expect("late overwrite");
+    idx.move_uri(&uri("ctx://acc/resources/g2"), &uri("ctx://acc/archive/g2"))
+        .expect("late move");
+    assert!(!idx.stats().snapshot_current);
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    idx.close_without_snapshot();
+
+    let idx = open(dir.path());
+    let s = idx.stats();
+    assert!(s.opened_from_snapshot, "the older snapshot is loaded");
+    assert!(s.snapshot_catch_up > 50, "and caught up: {s:?}");
+    assert!(!s.snapshot_current);
+    same(&observe(&idx, &qs), &before, "the later writes are there");
+    idx.check_consistency().expect("consistent");
+    idx.flush().expect("flush");
+    assert_eq!(
+        snapshot_files(dir.path()).len(),
+        2,
+        "the older snapshot is replaced"
+    );
+    idx.close_without_snapshot();
+    let idx = open(dir.path());
+    assert_eq!(idx.stats().snapshot_catch_up, 0);
+    same(&observe(&idx, &qs), &before, "after the new snapshot");
+}
+
+#[test]
+fn damaged_snapshots_are_rebuilt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    idx.flush().expect("flush");
+    idx.close_without_snapshot();
+    let files = snapshot_files(dir.path());
+    let good: Vec<(std::path::PathBuf, Vec<u8>)> = files
+        .iter()
+        .map(|f| {
+            let p = dir.path().join(f);
+            let b = fs_err::read(&p).expect("read snapshot");
+            (p, b)
+        })
+        .collect();
+    let restore = || {
+        for (p, b) in &good {
+            fs_err::write(p, b).expect("restore snapshot");
+        }
+    };
+    // Each file in turn: garbage, truncated, missing.
+    for (p, b) in &good {
+        for bad in [
+            Some(b"not a snapshot file".to_vec()),
+            Some(b[..b.len() / 2].to_vec()),
+            None,
+        ] {
+            restore();
+            match bad {
+                Some(bad) => fs_err::write(p, &bad).expect("damage snapshot"),
+                None => fs_err::remove_file(p).expect("remove snapshot file"),
+            }
+            let idx = open(dir.path());
+            assert!(
+                !idx.stats().opened_from_snapshot,
+                "{}: not loaded",
+                p.display()
+            );
+            same(&observe(&idx, &qs), &before, "after a damaged snapshot");
+            idx.check_consistency().expect("consistent");
+            idx.close_without_snapshot();
+        }
+    }
+    restore();
+    let idx = open(dir.path());
+    assert!(idx.stats().opened_from_snapshot);
+    same(&observe(&idx, &qs), &before, "after restoring the snapshot");
+}
+
+/// A snapshot file the database does not name is never trusted, even one of the same
+/// database id: here the database is restored from a backup next to a newer snapshot.
+#[test]
+fn snapshots_of_another_lineage_are_ignored() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (live, backup) = (tmp.path().join("live"), tmp.path().join("backup"));
+    let idx = open(&live);
+    let vs = fill(&idx);
+    idx.flush().expect("flush");
+    let qs = queries(&vs);
+    let at_backup = observe(&idx, &qs);
+    idx.close_without_snapshot();
+    copy_dir(&live, &backup);
+    // The live index moves on and snapshots a newer state...
+    let idx = open(&live);
+    idx.delete_by_uri(&uri("ctx://acc/resources/g3"), true)
+        .expect("delete");
+    idx.flush().expect("flush");
+    drop(idx);
+    // ...and the backup, which diverges with writes of its own, gets that newer snapshot
+    // copied next to its own one.
+    let idx = open(&backup);
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/only/in/backup", 0, &[]),
+        vector: vs[3].clone(),
+    }])
+    .expect("diverge");
+    let diverged = observe(&idx, &qs);
+    idx.close_without_snapshot();
+    for f in snapshot_files(&live) {
+        fs_err::copy(live.join(&f), backup.join(&f)).expect("copy foreign snapshot");
+    }
+    let idx = open(&backup);
+    assert!(
+        idx.stats().opened_from_snapshot,
+        "its own snapshot, caught up"
+    );
+    same(&observe(&idx, &qs), &diverged, "the backup's own state");
+    idx.check_consistency().expect("consistent");
+    idx.close_without_snapshot();
+    // Without its own snapshot, the foreign one is still not used.
+    let own: Vec<String> = snapshot_files(&backup)
+        .into_iter()
+        .filter(|f| !snapshot_files(&live).contains(f))
+        .collect();
+    assert_eq!(own.len(), 2);
+    for f in own {
+        fs_err::remove_file(backup.join(f)).expect("remove own snapshot");
+    }
+    let idx = open(&backup);
+    assert!(
+        !idx.stats().opened_from_snapshot,
+        "the foreign snapshot is not trusted"
+    );
+    same(
+        &observe(&idx, &qs),
+        &diverged,
+        "rebuilt from the backup's vectors",
+    );
+    idx.check_consistency().expect("consistent");
+    drop(at_backup);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs_err::create_dir_all(to).expect("mkdir");
+    for e in fs_err::read_dir(from).expect("read dir") {
+        let e = e.expect("entry");
+        fs_err::copy(e.path(), to.join(e.file_name())).expect("copy");
+    }
+}
+
+#[test]
+fn one_open_instance_per_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let err = EmbeddedVectorIndex::open(dir.path()).expect_err("second open");
+    assert!(matches!(err, IndexError::Unavailable(_)), "{err}");
+    drop(idx);
+    let _again = open(dir.path());
+}
+
+#[test]
+fn churn_keeps_the_graph_consistent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = clustered_vectors(1200, DIM, 10, 0.05, 9);
+    for round in 0..12 {
+        let recs: Vec<VectorRecord> = (0..100)
+            .map(|i| VectorRecord {
+                record: record(&format!("ctx://acc/c/d{i}"), 0, &[]),
+                vector: vs[round * 100 + i].clone(),
+            })
+            .collect();
+        idx.upsert(&recs).expect("overwrite all vectors");
+        if round % 4 == 3 && round < 11 {
+            idx.delete_by_uri(&CtxUri::root(), true)
+                .expect("delete all");
+        }
+    }
+    let s = idx.stats();
+    assert_eq!(s.records, 100);
+    assert_eq!(s.graph_vectors, 100);
+    idx.check_consistency().expect("consistent");
+    let last = &vs[1100];
+    let hit = &idx
+        .search_with(last, &SearchFilter::default(), 1, SearchStrategy::Ann)
+        .expect("search")
+        .hits[0];
+    assert_eq!(hit.record.uri, uri("ctx://acc/c/d0"));
+}

@@ -1,0 +1,240 @@
+//! The engine on a real data directory with the hashing embedder.
+
+use ce_core::{Classify as _, Config, ErrorCode};
+use ce_retrieval::SearchRequest;
+use ce_store::{PutRequest, UriVersion};
+
+use super::*;
+
+fn config(extra: &str) -> Config {
+    Config::from_toml(&format!("[index.embedding]\nprovider = \"hash\"\n{extra}")).expect("config")
+}
+
+fn on_demand(dir: &Path, cfg: Config) -> Engine {
+    let options = EngineOptions {
+        workers: 2,
+        run_workers: false,
+        role: "test".into(),
+    };
+    Engine::open_with(dir, cfg, options).expect("engine")
+}
+
+fn u(s: &str) -> CtxUri {
+    CtxUri::parse(s).expect("uri")
+}
+
+fn put(e: &Engine, uri: &str, text: &str) {
+    let req = PutRequest {
+        abstract_text: Some(text.into()),
+        content: Some(format!("{text} (details)")),
+        ..PutRequest::default()
+    };
+    e.put(&u(uri), req).expect("put");
+}
+
+fn hits(e: &Engine, q: &str) -> Vec<String> {
+    let mut req = SearchRequest::new(q);
+    req.min_score = Some(0.3);
+    e.search(&req)
+        .expect("search")
+        .hits
+        .into_iter()
+        .map(|h| h.uri.to_string())
+        .collect()
+}
+
+fn quiet(_: &DrainProgress) {}
+
+#[test]
+fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = on_demand(dir.path(), config(""));
+    assert!(e.readiness().ready, "{:?}", e.readiness());
+    put(&e, "ctx://acc/docs/a", "dark mode everywhere");
+    put(&e, "ctx://acc/docs/b", "refunds within thirty days");
+    let report = e.drain(&quiet).expect("drain");
+    assert!(report.progress.succeeded >= 2, "{report:?}");
+    assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
+    let s = e.status().expect("status");
+    let vector = s
+        .consumers
+        .iter()
+        .find(|c| c.consumer == VECTOR_CONSUMER)
+        .expect("vector");
+    assert_eq!(vector.lag_events, 0);
+    assert_eq!(vector.lag_seconds, 0.0);
+    assert!(s.index_records >= 4, "{s:?}");
+    assert_eq!(s.model, s.index_model);
+    // The other consumers have no worker here: they lag.
+    assert!(s.consumers.iter().any(|c| c.lag_events > 0));
+}
+
+#[test]
+fn moves_reuse_vectors_and_workers_wake_on_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = EngineOptions {
+        workers: 2,
+        run_workers: true,
+        role: "test".into(),
+    };
+    // A long poll interval: only the wake-up hint can make this fast.
+    let e = Engine::open_with(
+        dir.path(),
+        config("[index.worker]\npoll_interval_ms = 60000\n"),
+        options,
+    )
+    .expect("engine");
+    assert_eq!(e.running_workers(), 2);
+    put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
+    let wait = |q: &str, want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while hits(&e, q) != [want] {
+            assert!(Instant::now() < deadline, "{want} not found for {q:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("quarterly planning notes", "ctx://acc/drafts/note");
+    let before = e.embedder().expect("embedder").stats();
+    e.mv(
+        &u("ctx://acc/drafts/note"),
+        &u("ctx://acc/archive/note"),
+        None,
+    )
+    .expect("mv");
+    wait("quarterly planning notes", "ctx://acc/archive/note");
+    let after = e.embedder().expect("embedder").stats();
+    assert_eq!(
+        before.provider_calls, after.provider_calls,
+        "a move embedded text"
+    );
+    e.shutdown();
+    assert_eq!(e.running_workers(), 0);
+    let s = e.status().expect("status");
+    let vector = s
+        .consumers
+        .iter()
+        .find(|c| c.consumer == VECTOR_CONSUMER)
+        .expect("vector");
+    assert_eq!(vector.claimed, 0, "shutdown left a claim behind");
+}
+
+#[test]
+fn a_move_asks_the_embedder_for_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = on_demand(dir.path(), config(""));
+    put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
+    put(&e, "ctx://acc/drafts/other", "something else");
+    e.drain(&quiet).expect("drain");
+    let before = e.embedder().expect("embedder").stats();
+    e.mv(&u("ctx://acc/drafts"), &u("ctx://acc/archive"), None)
+        .expect("mv");
+    e.drain(&quiet).expect("drain");
+    let after = e.embedder().expect("embedder").stats();
+    assert_eq!(before, after, "the move asked the embedder for vectors");
+    assert_eq!(
+        hits(&e, "quarterly planning notes"),
+        ["ctx://acc/archive/note"]
+    );
+    // A leaf into a parent the move creates.
+    let list = |e: &Engine| {
+        e.index()
+            .list_under(&CtxUri::root())
+            .expect("list")
+            .into_iter()
+            .map(|r| {
+                (
+                    r.record.uri.to_string(),
+                    r.record.level.as_u8(),
+                    r.node_version,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let after = e.embedder().expect("embedder").stats();
+    e.mv(&u("ctx://acc/archive/note"), &u("ctx://acc/old/note"), None)
+        .expect("mv");
+    e.drain(&quiet).expect("drain");
+    assert!(
+        list(&e)
+            .iter()
+            .any(|(u, l, _)| u == "ctx://acc/old/note" && *l == 0)
+    );
+    let last = e.embedder().expect("embedder").stats();
+    assert_eq!(after, last, "the leaf move asked the embedder for vectors");
+}
+
+#[test]
+fn a_model_change_is_not_ready_until_reindexed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let e = on_demand(dir.path(), config(""));
+        put(&e, "ctx://acc/docs/a", "dark mode everywhere");
+        e.put(&u("ctx://acc/docs/empty"), PutRequest::default())
+            .expect("put");
+        e.drain(&quiet).expect("drain");
+    }
+    let e = on_demand(dir.path(), config("dimensions = 64\n"));
+    let r = e.readiness();
+    assert!(!r.ready);
+    assert!(
+        r.reasons[0].contains("ce reindex --consumer vector"),
+        "{r:?}"
+    );
+    let err = e.search(&SearchRequest::new("dark")).expect_err("mismatch");
+    assert_eq!(err.code(), ErrorCode::SchemaMismatch, "{err}");
+    assert_eq!(
+        e.drain(&quiet).expect_err("no workers").code(),
+        ErrorCode::SchemaMismatch
+    );
+
+    let report = e.reindex(VECTOR_CONSUMER).expect("reindex");
+    assert_eq!(
+        report.requeued, 1,
+        "only nodes with text are requeued: {report:?}"
+    );
+    assert!(report.cleared_records > 0);
+    assert_eq!(report.model.dimension, 64);
+    assert!(e.readiness().ready);
+    e.drain(&quiet).expect("drain");
+    assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
+    assert_eq!(
+        e.reindex("keyword").expect_err("unsupported").code(),
+        ErrorCode::InvalidField
+    );
+}
+
+#[test]
+fn a_missing_model_keeps_nodes_working_but_not_search() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-model");
+    let cfg = Config::from_toml(&format!(
+        "[index.embedding]\nprovider = \"local\"\nmodel_dir = {:?}\n",
+        missing.display().to_string()
+    ))
+    .expect("config");
+    let e = Engine::open_with(dir.path(), cfg, EngineOptions::default()).expect("engine");
+    let r = e.readiness();
+    assert!(!r.ready);
+    assert!(r.reasons[0].contains("scripts/fetch-model.sh"), "{r:?}");
+    assert_eq!(e.running_workers(), 0);
+    put(&e, "ctx://acc/docs/a", "still writable");
+    assert!(matches!(
+        e.store()
+            .versions(&[u("ctx://acc/docs/a")])
+            .expect("versions")[..],
+        [UriVersion::Live(1)]
+    ));
+    let err = e.search(&SearchRequest::new("x")).expect_err("no model");
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert!(err.is_retryable());
+}
+
+#[test]
+fn a_second_engine_on_the_same_directory_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _first = on_demand(dir.path(), config(""));
+    let err =
+        Engine::open_with(dir.path(), config(""), EngineOptions::default()).expect_err("locked");
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert!(err.to_string().contains("--server"), "{err}");
+}

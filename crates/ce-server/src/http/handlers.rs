@@ -1,0 +1,275 @@
+//! One handler per route. Store and index calls block, so each runs on the blocking pool;
+//! a panic there becomes a 500 answer, never a crashed server.
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ce_core::{CtxUri, DeliveryStatus, EventPayload, EventType, Level, OutboxEventCreate};
+use ce_store::{ContextFs as _, OutboxFilter, OutboxStore as _, RelationStore as _, StoreError};
+use serde::Serialize;
+
+use super::AppState;
+use super::error::ApiError;
+use super::params::Params;
+use crate::engine::{Engine, VECTOR_CONSUMER};
+use crate::error::ServerError;
+use crate::wire::{
+    self, AppendBody, CatAnswer, LinkBody, MvBody, PutBody, ReindexBody, RmBody, SearchBody,
+    UnlinkBody,
+};
+
+type Answer = Result<Response, ApiError>;
+type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
+type J<T> = Result<Json<T>, JsonRejection>;
+
+fn body<T>(b: J<T>) -> Result<T, ApiError> {
+    b.map(|Json(t)| t).map_err(|r| ApiError::from_json(&r))
+}
+
+fn params(q: Q, allowed: &[&'static str]) -> Result<Params, ApiError> {
+    let Query(pairs) = q.map_err(|r| ApiError::from_query(&r))?;
+    Ok(Params::new(pairs, allowed)?)
+}
+
+/// Runs `f` on the blocking pool and answers its value as JSON.
+async fn blocking<T, F>(state: &AppState, f: F) -> Answer
+where
+    T: Serialize + Send + 'static,
+    F: FnOnce(&Engine) -> Result<T, ApiError> + Send + 'static,
+{
+    let engine = state.engine.clone();
+    match tokio::task::spawn_blocking(move || f(&engine)).await {
+        Ok(r) => r.map(|v| Json(v).into_response()),
+        Err(e) => Err(ApiError::internal(format!("request task failed: {e}"))),
+    }
+}
+
+/// `POST /v1/put`.
+pub async fn put(State(s): State<AppState>, b: J<PutBody>) -> Answer {
+    let (uri, req) = body(b)?.into_request()?;
+    blocking(&s, move |e| Ok(e.put(&uri, req)?)).await
+}
+
+/// `GET /v1/cat?uri=&level=`.
+pub async fn cat(State(s): State<AppState>, q: Q) -> Answer {
+    let p = params(q, &["uri", "level"])?;
+    let uri = p.uri("uri")?;
+    let level = p.level("level")?.unwrap_or(Level::L2);
+    blocking(&s, move |e| {
+        let node = e
+            .store()
+            .read_node(&uri)?
+            .ok_or(StoreError::NodeNotFound { uri })?;
+        Ok(CatAnswer::of(&node, level))
+    })
+    .await
+}
+
+/// `GET /v1/stat?uri=`.
+pub async fn stat(State(s): State<AppState>, q: Q) -> Answer {
+    let uri = params(q, &["uri"])?.uri("uri")?;
+    blocking(&s, move |e| Ok(e.store().stat(&uri)?)).await
+}
+
+/// `GET /v1/ls?uri=` (default: the root, which lists accounts).
+pub async fn ls(State(s): State<AppState>, q: Q) -> Answer {
+    let uri = params(q, &["uri"])?.uri_or("uri", CtxUri::root())?;
+    blocking(&s, move |e| Ok(e.store().ls(&uri)?)).await
+}
+
+/// `GET /v1/tree?uri=&depth=`.
+pub async fn tree(State(s): State<AppState>, q: Q) -> Answer {
+    let p = params(q, &["uri", "depth"])?;
+    let uri = p.uri("uri")?;
+    let depth = p.number::<u32>("depth")?;
+    blocking(&s, move |e| Ok(e.store().tree(&uri, depth)?)).await
+}
+
+/// `POST /v1/rm`.
+pub async fn rm(State(s): State<AppState>, b: J<RmBody>) -> Answer {
+    let b = body(b)?;
+    let uri = wire::uri(&b.uri)?;
+    blocking(&s, move |e| {
+        Ok(e.rm(&uri, b.recursive, b.expect_version, b.trace_id)?)
+    })
+    .await
+}
+
+/// `POST /v1/mv`.
+pub async fn mv(State(s): State<AppState>, b: J<MvBody>) -> Answer {
+    let b = body(b)?;
+    let (from, to) = (wire::uri(&b.from)?, wire::uri(&b.to)?);
+    blocking(&s, move |e| Ok(e.mv(&from, &to, b.trace_id)?)).await
+}
+
+/// `POST /v1/link`.
+pub async fn link(State(s): State<AppState>, b: J<LinkBody>) -> Answer {
+    let req = body(b)?.into_request()?;
+    blocking(&s, move |e| Ok(e.link(req)?)).await
+}
+
+/// `POST /v1/unlink`.
+pub async fn unlink(State(s): State<AppState>, b: J<UnlinkBody>) -> Answer {
+    let b = body(b)?;
+    let (from, to) = (wire::uri(&b.from)?, wire::uri(&b.to)?);
+    blocking(&s, move |e| {
+        Ok(e.unlink(&from, &to, &b.relation_type, b.trace_id)?)
+    })
+    .await
+}
+
+/// `GET /v1/relations?uri=`.
+pub async fn relations(State(s): State<AppState>, q: Q) -> Answer {
+    let uri = params(q, &["uri"])?.uri("uri")?;
+    blocking(&s, move |e| Ok(e.store().relations(&uri)?)).await
+}
+
+/// `POST /v1/search`.
+pub async fn search(State(s): State<AppState>, b: J<SearchBody>) -> Answer {
+    let req = body(b)?.into_request()?;
+    req.validate()?;
+    blocking(&s, move |e| Ok(e.search(&req)?)).await
+}
+
+/// `GET /v1/outbox/list?status=&consumer=&type=&after=&after_consumer=&limit=`.
+pub async fn outbox_list(State(s): State<AppState>, q: Q) -> Answer {
+    let p = params(
+        q,
+        &[
+            "status",
+            "consumer",
+            "type",
+            "after",
+            "after_consumer",
+            "limit",
+        ],
+    )?;
+    let filter = OutboxFilter {
+        status: p.parse::<DeliveryStatus>("status")?,
+        consumer: p.get("consumer").map(str::to_owned),
+        event_type: p.parse::<EventType>("type")?,
+        after_seq: p.number("after")?,
+        after_consumer: p.get("after_consumer").map(str::to_owned),
+        limit: p.number("limit")?,
+    };
+    blocking(&s, move |e| Ok(e.store().list(&filter)?)).await
+}
+
+/// The answer of `GET /v1/outbox/show`.
+#[derive(Serialize)]
+struct ShowAnswer {
+    event: ce_core::OutboxEvent,
+    deliveries: Vec<ce_core::Delivery>,
+}
+
+/// `GET /v1/outbox/show?id=` (event id or sequence number).
+pub async fn outbox_show(State(s): State<AppState>, q: Q) -> Answer {
+    let p = params(q, &["id"])?;
+    let id = p.get("id").unwrap_or_default().trim().to_owned();
+    blocking(&s, move |e| {
+        let (event, deliveries) = e.store().show(&id)?;
+        Ok(ShowAnswer { event, deliveries })
+    })
+    .await
+}
+
+/// `GET /v1/outbox/stats`.
+pub async fn outbox_stats(State(s): State<AppState>, q: Q) -> Answer {
+    params(q, &[])?;
+    blocking(&s, move |e| Ok(e.store().stats()?)).await
+}
+
+/// `POST /v1/outbox/append` (admin / repair).
+pub async fn outbox_append(State(s): State<AppState>, b: J<AppendBody>) -> Answer {
+    let b = body(b)?;
+    let payload = EventPayload::parse(&b.event_type, &b.payload)?;
+    blocking(&s, move |e| {
+        Ok(e.append_event(OutboxEventCreate { payload })?)
+    })
+    .await
+}
+
+/// `GET /v1/status`.
+pub async fn status(State(s): State<AppState>, q: Q) -> Answer {
+    params(q, &[])?;
+    blocking(&s, move |e| Ok(e.status()?)).await
+}
+
+/// `POST /v1/reindex` (body optional: `{"consumer": "vector"}`).
+pub async fn reindex(
+    State(s): State<AppState>,
+    b: Result<Json<ReindexBody>, JsonRejection>,
+) -> Answer {
+    let consumer = match b {
+        Ok(Json(b)) => b.consumer,
+        // An empty body means the defaults.
+        Err(JsonRejection::MissingJsonContentType(_)) => None,
+        Err(r) => return Err(ApiError::from_json(&r)),
+    }
+    .unwrap_or_else(|| VECTOR_CONSUMER.to_owned());
+    blocking(&s, move |e| Ok(e.reindex(&consumer)?)).await
+}
+
+/// `GET /healthz`: 200 while the process serves.
+pub async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+/// `GET /readyz`: 200 when ready, else 503 with the reasons.
+pub async fn readyz(State(s): State<AppState>) -> Response {
+    let r = s.engine.readiness();
+    if r.ready {
+        return Json(serde_json::json!({"ready": true})).into_response();
+    }
+    let body = serde_json::json!({
+        "code": "unavailable",
+        "message": format!("not ready: {}", r.reasons.join("; ")),
+        "retryable": true,
+        "reasons": r.reasons,
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+/// `GET /metrics`: Prometheus text, outbox gauges refreshed first.
+pub async fn metrics(State(s): State<AppState>) -> Answer {
+    let Some(m) = s.metrics.clone() else {
+        return Err(ApiError::from(ServerError::NotReady {
+            reason: "metrics are not enabled in this process".into(),
+            code: ce_core::ErrorCode::Unavailable,
+        }));
+    };
+    let engine = s.engine.clone();
+    let text = tokio::task::spawn_blocking(move || m.render(&engine))
+        .await
+        .map_err(|e| ApiError::internal(format!("metrics task failed: {e}")))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// Any other path: 404 `not_found`.
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        ce_core::ErrorCode::NotFound,
+        format!("no route {}: see docs/http-api.md", uri.path()),
+        false,
+    )
+}
+
+/// A known path with the wrong method: 405.
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let mut e = ApiError::new(
+        ce_core::ErrorCode::InvalidField,
+        format!("method {method} is not allowed on {}", uri.path()),
+        false,
+    );
+    e.status = StatusCode::METHOD_NOT_ALLOWED;
+    e
+}

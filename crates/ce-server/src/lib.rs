@@ -1,0 +1,21 @@
+//! ContextEngine's engine and HTTP server.
+//!
+//! - [`engine`]: one data directory wired up — SQLite source of truth, embedder, embedded
+//!   vector index, `IndexWorker`s with wake-up hints — plus search, status, reindex, drain
+//! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
+//! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
+//! - [`status`]: the engine's reports
+//! - [`metrics`], [`logging`]: observability (spec §12.2, §12.3)
+
+pub mod engine;
+pub mod error;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod status;
+pub mod wire;
+
+pub use engine::{Engine, EngineOptions, Readiness};
+pub use error::{Result, ServerError};
+pub use http::{ServeOptions, serve};
+pub use metrics::Metrics;

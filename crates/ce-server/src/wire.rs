@@ -1,0 +1,380 @@
+//! The HTTP API's JSON bodies (see `docs/http-api.md`). The server deserializes them; the
+//! CLI's `--server` mode serializes them. Domain values (URIs, levels, types, modes) travel as
+//! plain JSON strings and numbers and are parsed by the core types, so bad input gets the same
+//! typed error (`invalid_uri`, `invalid_level`, ...) over HTTP as on the command line.
+
+use std::collections::BTreeMap;
+
+use ce_core::{ContextNode, CoreError, CtxUri, Level, Meta};
+use ce_index::vector::SearchFilter;
+use ce_retrieval::{DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, SearchRequest};
+use ce_store::{LinkRequest, PutRequest};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Parses a URI field (bad input is `invalid_uri`).
+pub fn uri(s: &str) -> Result<CtxUri, CoreError> {
+    Ok(CtxUri::parse(s)?)
+}
+
+/// `POST /v1/put`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutBody {
+    /// Node URI.
+    pub uri: String,
+    /// L0 text.
+    #[serde(rename = "abstract", default, skip_serializing_if = "Option::is_none")]
+    pub abstract_text: Option<String>,
+    /// L1 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overview: Option<String>,
+    /// L2 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// `memory`, `resource`, `skill` or `session` (default: from the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_type: Option<String>,
+    /// Category (default: from the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// `user:ID`, `agent:ID` or `shared` (default: from the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_space: Option<String>,
+    /// Metadata (any JSON values; in `merge` mode a `null` removes a key).
+    #[serde(default, skip_serializing_if = "Meta::is_empty")]
+    pub meta: Meta,
+    /// `replace` (default), `merge` or `append`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Fail with `version_conflict` unless the stored version is this (0 = must not exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_version: Option<u64>,
+    /// Trace id recorded on the node and its events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+impl PutBody {
+    /// The node and the store request.
+    pub fn into_request(self) -> Result<(CtxUri, PutRequest), CoreError> {
+        let uri = uri(&self.uri)?;
+        let req = PutRequest {
+            mode: self
+                .mode
+                .as_deref()
+                .map(str::parse)
+                .transpose()?
+                .unwrap_or_default(),
+            abstract_text: self.abstract_text,
+            overview: self.overview,
+            content: self.content,
+            context_type: self.context_type.as_deref().map(str::parse).transpose()?,
+            category: self.category,
+            owner_space: self.owner_space.as_deref().map(str::parse).transpose()?,
+            meta: self.meta,
+            expect_version: self.expect_version,
+            trace_id: self.trace_id,
+        };
+        Ok((uri, req))
+    }
+}
+
+/// `POST /v1/rm`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RmBody {
+    /// Node URI.
+    pub uri: String,
+    /// Remove the whole subtree.
+    #[serde(default)]
+    pub recursive: bool,
+    /// Fail unless the stored version is this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_version: Option<u64>,
+    /// Trace id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+/// `POST /v1/mv`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MvBody {
+    /// Current URI.
+    pub from: String,
+    /// New URI.
+    pub to: String,
+    /// Trace id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+/// `POST /v1/link`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkBody {
+    /// Source node.
+    pub from: String,
+    /// Target node.
+    pub to: String,
+    /// Relation type.
+    #[serde(rename = "type")]
+    pub relation_type: String,
+    /// Weight (default 1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// Reason (default "").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Trace id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+impl LinkBody {
+    /// The store request.
+    pub fn into_request(self) -> Result<LinkRequest, CoreError> {
+        Ok(LinkRequest {
+            from: uri(&self.from)?,
+            to: uri(&self.to)?,
+            relation_type: self.relation_type,
+            weight: self.weight.unwrap_or(1.0),
+            reason: self.reason.unwrap_or_default(),
+            trace_id: self.trace_id,
+        })
+    }
+}
+
+/// `POST /v1/unlink`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnlinkBody {
+    /// Source node.
+    pub from: String,
+    /// Target node.
+    pub to: String,
+    /// Relation type.
+    #[serde(rename = "type")]
+    pub relation_type: String,
+    /// Trace id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+}
+
+/// `POST /v1/outbox/append`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppendBody {
+    /// Event type, e.g. `UPSERT_CONTEXT`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The payload object.
+    pub payload: Value,
+}
+
+/// `POST /v1/reindex`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReindexBody {
+    /// The consumer to rebuild (default `vector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<String>,
+}
+
+/// `POST /v1/search`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchBody {
+    /// The query text.
+    pub query: String,
+    /// Number of nodes to return (default 10, at most 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    /// Hits scoring below this are not returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_score: Option<f32>,
+    /// Only records of this level (0, 1 or 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<i64>,
+    /// Only nodes at or below this URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subtree: Option<String>,
+    /// Only direct children of this URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_uri: Option<String>,
+    /// Only this context type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_type: Option<String>,
+    /// Only this category.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// Only these owner spaces (any of them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_space: Vec<String>,
+    /// Only this account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<String>,
+    /// Flat metadata equality: every key must hold exactly this scalar value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, Value>,
+}
+
+impl SearchBody {
+    /// The retrieval request (bad levels, URIs, types and owner spaces get typed errors).
+    pub fn into_request(self) -> Result<SearchRequest, CoreError> {
+        let mut pairs: Vec<(&str, String)> = Vec::new();
+        if let Some(l) = self.level {
+            pairs.push(("level", Level::from_i64(l)?.as_u8().to_string()));
+        }
+        let opt = [
+            ("subtree", &self.subtree),
+            ("parent_uri", &self.parent_uri),
+            ("context_type", &self.context_type),
+            ("category", &self.category),
+            ("account_id", &self.account_id),
+        ];
+        for (k, v) in opt {
+            if let Some(v) = v {
+                pairs.push((k, v.clone()));
+            }
+        }
+        for o in &self.owner_space {
+            pairs.push(("owner_space", o.clone()));
+        }
+        let mut filter: SearchFilter =
+            ce_retrieval::filter_from_pairs(pairs.iter().map(|(k, v)| (*k, v.as_str())))?;
+        for (k, v) in self.meta {
+            if !matches!(v, Value::String(_) | Value::Number(_) | Value::Bool(_)) {
+                return Err(CoreError::InvalidField {
+                    field: "meta",
+                    reason: format!("filter {k:?} must be a string, number or boolean"),
+                });
+            }
+            filter.meta.insert(k, v);
+        }
+        Ok(SearchRequest {
+            query: self.query,
+            top_k: self.top_k.unwrap_or(DEFAULT_TOP_K),
+            filter,
+            min_score: self.min_score,
+            embed_timeout: DEFAULT_EMBED_TIMEOUT,
+        })
+    }
+
+    /// The body that asks for `req` (the CLI's `--server` mode).
+    pub fn from_request(req: &SearchRequest) -> Self {
+        let f = &req.filter;
+        SearchBody {
+            query: req.query.clone(),
+            top_k: Some(req.top_k),
+            min_score: req.min_score,
+            level: f.level.map(|l| i64::from(l.as_u8())),
+            subtree: f.subtree.as_ref().map(|u| u.to_string()),
+            parent_uri: f.parent_uri.as_ref().map(|u| u.to_string()),
+            context_type: f.context_type.clone(),
+            category: f.category.clone(),
+            owner_space: f.owner_spaces.clone().unwrap_or_default(),
+            account_id: f.account_id.clone(),
+            meta: f.meta.clone(),
+        }
+    }
+}
+
+/// The answer of `GET /v1/cat` and `ce cat --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CatAnswer {
+    /// Node URI.
+    pub uri: CtxUri,
+    /// The layer returned.
+    pub level: Level,
+    /// Node version.
+    pub version: u64,
+    /// Node content hash.
+    pub content_hash: String,
+    /// The layer's text exactly as stored (empty when the layer is empty; no fallback).
+    pub text: String,
+}
+
+impl CatAnswer {
+    /// Layer `level` of `node`.
+    pub fn of(node: &ContextNode, level: Level) -> Self {
+        CatAnswer {
+            uri: node.uri.clone(),
+            level,
+            version: node.version,
+            content_hash: node.content_hash.clone(),
+            text: node.layers.get(level).to_owned(),
+        }
+    }
+}
+
+/// The body of every error answer: `{code, message, retryable}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable error code, e.g. `not_found`.
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+    /// Whether retrying later can succeed.
+    pub retryable: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ce_core::Classify as _;
+    use ce_core::ErrorCode;
+
+    #[test]
+    fn search_body_round_trips_through_the_request() {
+        let body: SearchBody = serde_json::from_value(serde_json::json!({
+            "query": "dark mode", "top_k": 3, "level": 0, "subtree": "ctx://acc",
+            "owner_space": ["user:u1"], "meta": {"lang": "en"}
+        }))
+        .expect("body");
+        let req = body.clone().into_request().expect("request");
+        assert_eq!(req.top_k, 3);
+        assert_eq!(req.filter.level, Some(Level::L0));
+        assert_eq!(
+            SearchBody::from_request(&req),
+            SearchBody {
+                min_score: None,
+                ..body
+            }
+        );
+    }
+
+    #[test]
+    fn bad_fields_get_typed_errors() {
+        let code = |v: serde_json::Value| {
+            serde_json::from_value::<SearchBody>(v)
+                .expect("shape")
+                .into_request()
+                .expect_err("refused")
+                .code()
+        };
+        assert_eq!(
+            code(serde_json::json!({"query": "x", "level": 5})),
+            ErrorCode::InvalidLevel
+        );
+        assert_eq!(
+            code(serde_json::json!({"query": "x", "subtree": "ctx://a//b"})),
+            ErrorCode::InvalidUri
+        );
+        assert_eq!(
+            code(serde_json::json!({"query": "x", "meta": {"k": [1]}})),
+            ErrorCode::InvalidField
+        );
+        let put = PutBody {
+            uri: "ctx://a/b".into(),
+            mode: Some("upsert".into()),
+            ..PutBody::default()
+        };
+        assert_eq!(
+            put.into_request().expect_err("mode").code(),
+            ErrorCode::InvalidField
+        );
+        assert!(serde_json::from_str::<PutBody>(r#"{"uri":"ctx://a","bogus":1}"#).is_err());
+    }
+}
