@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ce_embed::{EmbedError, Embedder, LocalEmbedder, default_model_dir};
 
@@ -97,36 +97,4 @@ fn timeout_is_checked_between_sub_batches() {
             .len(),
         ce_embed::local::SUB_BATCH
     );
-}
-
-/// Load time and throughput on short (~17 tokens) and long (256 tokens) texts, in the
-/// current profile and thread count (prints only; never asserted).
-/// `RAYON_NUM_THREADS=1 cargo test -p ce-embed --test integration throughput -- --ignored
-/// --nocapture` gives the single-thread figure.
-#[test]
-#[ignore = "measurement, run on demand"]
-fn throughput() {
-    let start = Instant::now();
-    let m = LocalEmbedder::load(&default_model_dir()).expect("model");
-    println!("model load: {:?}", start.elapsed());
-    let short: Vec<String> = (0..256)
-        .map(|i| format!("The user number {i} prefers a dark theme in the editor settings page."))
-        .collect();
-    let long: Vec<String> = (0..32)
-        .map(|i| format!("document {i} ") + &"context database for agents ".repeat(80))
-        .collect();
-    for (name, texts) in [("short", &short), ("long", &long)] {
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        m.embed_texts(&refs[..8], LONG).expect("warm up");
-        let start = Instant::now();
-        for chunk in refs.chunks(32) {
-            m.embed_texts(chunk, LONG).expect("embed");
-        }
-        let secs = start.elapsed().as_secs_f64();
-        println!(
-            "{} {name} texts in {secs:.2}s = {:.1} texts/s",
-            refs.len(),
-            refs.len() as f64 / secs
-        );
-    }
 }

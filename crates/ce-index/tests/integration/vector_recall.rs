@@ -106,18 +106,3 @@ fn recall_at_10_on_clustered_vectors() {
         report.join("\n  ")
     );
 }
-
-/// The benchmark `ce bench` reports, runnable by hand (best in release):
-/// `CE_BENCH_N=100000 cargo test --release -p ce-index --test integration bench_search_report -- --ignored --nocapture`.
-#[test]
-#[ignore = "a benchmark, not a test: run by hand"]
-fn bench_search_report() {
-    let n = std::env::var("CE_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let report =
-        ce_index::vector::embedded::bench::bench_search(dir.path(), n, DIM, 200).expect("bench");
-    println!("{}", serde_json::to_string_pretty(&report).expect("json"));
-}
