@@ -152,7 +152,8 @@ pub struct EmbeddedStats {
     pub records: usize,
     /// Vectors in the graph.
     pub graph_vectors: usize,
-    /// Removed graph slots not yet reused.
+    /// Removed graph slots not yet reused by an insertion: they cost memory and some search
+    /// time; [`EmbeddedVectorIndex::rebuild_graph`] drops them.
     pub tombstones: usize,
     /// Database generation (bumped by every commit that adds or removes a vector).
     pub generation: u64,
@@ -657,19 +658,27 @@ impl EmbeddedVectorIndex {
             .write(true)
             .open(dir.join("LOCK"))
             .map_err(|e| IndexError::Unavailable(format!("vector index lock: {e}")))?;
-        match lock.file().try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(IndexError::Unavailable(format!(
-                    "vector index {} is already open (in this or another process)",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(IndexError::Unavailable(format!(
-                    "cannot lock {}: {e}",
-                    dir.join("LOCK").display()
-                )));
+        // A process forked by this one holds a copy of the lock until it execs: retry briefly.
+        let mut attempts = 0;
+        loop {
+            match lock.file().try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if attempts < 20 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(IndexError::Unavailable(format!(
+                        "vector index {} is already open (in this or another process)",
+                        dir.display()
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(IndexError::Unavailable(format!(
+                        "cannot lock {}: {e}",
+                        dir.join("LOCK").display()
+                    )));
+                }
             }
         }
         let path = dir.join(DB_FILE);
@@ -763,12 +772,7 @@ impl EmbeddedVectorIndex {
         tx.commit().map_err(sql)?;
         let mut mem = self.mem_mut();
         mem.healthy = false;
-        let applied = mem.apply(committed, &self.options);
-        let too_sparse = mem
-            .ann
-            .as_ref()
-            .is_some_and(|a| a.tombstones() > 1_000 && a.tombstones() > a.len());
-        if applied.is_ok() && !too_sparse {
+        if mem.apply(committed, &self.options).is_ok() {
             mem.healthy = true;
         } else if let Ok(fresh) = Mem::load(&conn, &self.dir, &self.db_id, &self.options, false) {
             // The write is committed either way; if this rebuild fails too, the next call
@@ -861,6 +865,16 @@ impl EmbeddedVectorIndex {
         Ok(())
     }
 
+    /// Rebuilds the graph from the stored vectors, dropping the slots of removed vectors
+    /// (see [`EmbeddedStats::tombstones`]): maintenance after most records were deleted.
+    /// Writes wait meanwhile; searches keep using the old graph until the new one is ready.
+    pub fn rebuild_graph(&self) -> Result<()> {
+        let conn = lock(&self.writer);
+        let fresh = Mem::load(&conn, &self.dir, &self.db_id, &self.options, false)?;
+        *self.mem_mut() = fresh;
+        Ok(())
+    }
+
     /// Checks that the graph and the filter table agree with the stored records: the same keys,
     /// bit-identical vectors, the same ids. Returns [`IndexError::Corrupt`] describing the first
     /// differences.
@@ -905,8 +919,10 @@ impl EmbeddedVectorIndex {
 
 impl Drop for EmbeddedVectorIndex {
     fn drop(&mut self) {
-        // Best effort: without a snapshot the next open rebuilds the graph.
-        if !self.skip_snapshot {
+        // Best effort: without a snapshot the next open catches up from an older one or
+        // rebuilds the graph. A graph left behind by a failed apply is not worth rebuilding
+        // just to save it.
+        if !self.skip_snapshot && self.mem().healthy {
             let _ = self.flush();
         }
     }

@@ -445,4 +445,14 @@ fn churn_keeps_the_graph_consistent() {
         .expect("search")
         .hits[0];
     assert_eq!(hit.record.uri, uri("ctx://acc/c/d0"));
+    // Deleting most records leaves removed slots; a rebuild drops them.
+    for i in 30..100 {
+        idx.delete_by_uri(&uri(&format!("ctx://acc/c/d{i}")), false)
+            .expect("delete");
+    }
+    assert!(idx.stats().tombstones >= 70, "{:?}", idx.stats());
+    idx.rebuild_graph().expect("rebuild");
+    let s = idx.stats();
+    assert_eq!((s.records, s.graph_vectors, s.tombstones), (30, 30, 0));
+    idx.check_consistency().expect("consistent");
 }
