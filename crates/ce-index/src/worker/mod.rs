@@ -6,7 +6,7 @@
 //! 3. [`apply`] them: read the current source state, project, classify each level, embed
 //!    only changed text (batched, capped), write versioned node records — while a heartbeat
 //!    renews the claims' leases;
-//! 4. [`ack`] each event: `mark_done` when all its operations succeeded, else `mark_failed`
+//! 4. `ack` each event: `mark_done` when all its operations succeeded, else `mark_failed`
 //!    classified per spec §8.4 (rate limits also pause the worker).
 //!
 //! The worker keeps no durable state of its own: a crash anywhere means the claims expire

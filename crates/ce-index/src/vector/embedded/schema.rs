@@ -193,6 +193,13 @@ fn to_i64(v: u64, what: &str) -> Result<i64> {
     })
 }
 
+/// The JSON columns and the checked version of a row, shared by inserts and rewrites.
+fn encoded(r: &IndexRecord, node_version: u64) -> Result<(String, String, i64)> {
+    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
+    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
+    Ok((filters, record, to_i64(node_version, "node version")?))
+}
+
 /// Inserts or replaces the row of `r` (by id).
 pub(super) fn put_row(
     c: &Connection,
@@ -202,9 +209,7 @@ pub(super) fn put_row(
     key: u64,
 ) -> Result<()> {
     let s = |k: &str| r.filters.get(k).and_then(Value::as_str).unwrap_or("");
-    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
-    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
-    let node_version = to_i64(node_version, "node version")?;
+    let (filters, record, node_version) = encoded(r, node_version)?;
     c.prepare_cached(
         "INSERT OR REPLACE INTO records (id, uri, parent_uri, level, account_id, owner_space,
              context_type, category, node_version, filters, record, vector, key)
@@ -240,9 +245,7 @@ pub(super) fn rewrite_row(
     node_version: u64,
 ) -> Result<bool> {
     let s = |k: &str| r.filters.get(k).and_then(Value::as_str).unwrap_or("");
-    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
-    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
-    let node_version = to_i64(node_version, "node version")?;
+    let (filters, record, node_version) = encoded(r, node_version)?;
     c.prepare_cached(
         "UPDATE records SET id = ?1, uri = ?2, parent_uri = ?3, level = ?4, account_id = ?5,
              owner_space = ?6, context_type = ?7, category = ?8, node_version = ?9, filters = ?10,
