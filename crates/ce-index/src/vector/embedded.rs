@@ -42,7 +42,7 @@ use super::memory::{
     metadata_version, missing_vector, moved_record,
 };
 use super::{
-    NodeRecord, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
 };
 use crate::error::{IndexError, Result};
 
@@ -279,6 +279,96 @@ impl<'c> WriteTx<'c> {
             self.ops.push(Op::Remove(key));
         }
         Ok(key.is_some())
+    }
+
+    /// Deletes every record of node `uri`; how many.
+    fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
+        let mut n = 0;
+        for (id, _) in schema::node_rows(self.tx, uri)? {
+            n += u64::from(self.delete(&id)?);
+        }
+        Ok(n)
+    }
+
+    /// [`VectorIndex::sync_node`] inside this transaction (records already checked).
+    fn sync_node(
+        &mut self,
+        uri: &CtxUri,
+        version: u64,
+        records: Vec<NodeRecord>,
+    ) -> Result<SyncOutcome> {
+        if !UriVersion::admits_write(schema::uri_version(self.tx, uri)?, version) {
+            return Ok(SyncOutcome::Stale);
+        }
+        let mut resolved = Vec::with_capacity(records.len());
+        for NodeRecord { record, vector } in records {
+            let vector = match vector {
+                Some(v) => v,
+                None => match schema::key_and_vector(self.tx, &record.id)? {
+                    Some((_, bytes)) => schema::decode_vector(&bytes)?,
+                    None => return Err(missing_vector(&record)),
+                },
+            };
+            self.check_vector(&record.id, &vector)?;
+            resolved.push((record, vector));
+        }
+        for (id, _) in schema::node_rows(self.tx, uri)? {
+            if !resolved.iter().any(|(r, _)| r.id == id) {
+                self.delete(&id)?;
+            }
+        }
+        for (record, vector) in resolved {
+            self.put(&record, version, vector)?;
+        }
+        schema::set_uri_version(
+            self.tx,
+            uri,
+            UriVersion {
+                version,
+                deleted: false,
+            },
+        )?;
+        Ok(SyncOutcome::Applied)
+    }
+
+    /// [`VectorIndex::remove_node`] inside this transaction.
+    fn remove_node(&mut self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
+        if !UriVersion::admits_removal(schema::uri_version(self.tx, uri)?, version) {
+            return Ok(SyncOutcome::Stale);
+        }
+        self.delete_node(uri)?;
+        schema::set_uri_version(
+            self.tx,
+            uri,
+            UriVersion {
+                version,
+                deleted: true,
+            },
+        )?;
+        Ok(SyncOutcome::Applied)
+    }
+
+    /// Runs `f` in a savepoint: if it fails, its rows and its in-memory changes are rolled
+    /// back and its error is returned inside `Ok` (the transaction goes on). The outer error
+    /// means the savepoint itself failed.
+    fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
+        self.tx.execute_batch("SAVEPOINT node_write").map_err(sql)?;
+        let (ops, next_key, dimension) = (self.ops.len(), self.next_key, self.dimension);
+        match f(self) {
+            Ok(v) => {
+                self.tx.execute_batch("RELEASE node_write").map_err(sql)?;
+                Ok(Ok(v))
+            }
+            Err(e) => {
+                self.tx
+                    .execute_batch("ROLLBACK TO node_write; RELEASE node_write")
+                    .map_err(sql)?;
+                self.ops.truncate(ops);
+                self.next_key = next_key;
+                self.dimension = dimension;
+                Ok(Err(e))
+            }
+        }
     }
 
     fn finish(self) -> Result<Committed> {
@@ -961,13 +1051,11 @@ impl VectorIndex for EmbeddedVectorIndex {
 
     fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64> {
         self.write(|w| {
-            let rows = if subtree {
-                schema::ids_within(w.tx, uri)?
-            } else {
-                schema::node_rows(w.tx, uri)?
-            };
+            if !subtree {
+                return w.delete_node(uri);
+            }
             let mut n = 0;
-            for (id, _) in rows {
+            for (id, _) in schema::ids_within(w.tx, uri)? {
                 n += u64::from(w.delete(&id)?);
             }
             Ok(n)
@@ -1038,59 +1126,39 @@ impl VectorIndex for EmbeddedVectorIndex {
         records: Vec<NodeRecord>,
     ) -> Result<SyncOutcome> {
         check_node_records(uri, &records)?;
-        self.write(|w| {
-            if !UriVersion::admits_write(schema::uri_version(w.tx, uri)?, version) {
-                return Ok(SyncOutcome::Stale);
-            }
-            let mut resolved = Vec::with_capacity(records.len());
-            for NodeRecord { record, vector } in records {
-                let vector = match vector {
-                    Some(v) => v,
-                    None => match schema::key_and_vector(w.tx, &record.id)? {
-                        Some((_, bytes)) => schema::decode_vector(&bytes)?,
-                        None => return Err(missing_vector(&record)),
-                    },
-                };
-                w.check_vector(&record.id, &vector)?;
-                resolved.push((record, vector));
-            }
-            for (id, _) in schema::node_rows(w.tx, uri)? {
-                if !resolved.iter().any(|(r, _)| r.id == id) {
-                    w.delete(&id)?;
-                }
-            }
-            for (record, vector) in resolved {
-                w.put(&record, version, vector)?;
-            }
-            schema::set_uri_version(
-                w.tx,
-                uri,
-                UriVersion {
-                    version,
-                    deleted: false,
-                },
-            )?;
-            Ok(SyncOutcome::Applied)
-        })
+        self.write(|w| w.sync_node(uri, version, records))
     }
 
     fn remove_node(&self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
+        self.write(|w| w.remove_node(uri, version))
+    }
+
+    /// One transaction for the whole batch (one fsync); each write runs in a savepoint, so a
+    /// failing write is rolled back alone.
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write(|w| {
-            if !UriVersion::admits_removal(schema::uri_version(w.tx, uri)?, version) {
-                return Ok(SyncOutcome::Stale);
+            let mut out = Vec::with_capacity(writes.len());
+            for nw in writes {
+                out.push(w.isolated(|w| match nw {
+                    NodeWrite::Sync {
+                        uri,
+                        version,
+                        records,
+                    } => {
+                        check_node_records(&uri, &records)?;
+                        w.sync_node(&uri, version, records)
+                    }
+                    NodeWrite::Remove { uri, version } => w.remove_node(&uri, version),
+                    NodeWrite::Purge { uri } => {
+                        w.delete_node(&uri)?;
+                        Ok(SyncOutcome::Applied)
+                    }
+                })?);
             }
-            for (id, _) in schema::node_rows(w.tx, uri)? {
-                w.delete(&id)?;
-            }
-            schema::set_uri_version(
-                w.tx,
-                uri,
-                UriVersion {
-                    version,
-                    deleted: true,
-                },
-            )?;
-            Ok(SyncOutcome::Applied)
+            Ok(out)
         })
     }
 

@@ -78,6 +78,59 @@ pub enum SyncOutcome {
     Stale,
 }
 
+/// One versioned write of a batch (see [`VectorIndex::write_nodes`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeWrite {
+    /// [`VectorIndex::sync_node`].
+    Sync {
+        /// The node.
+        uri: CtxUri,
+        /// The source version the records were computed from.
+        version: u64,
+        /// Its records.
+        records: Vec<NodeRecord>,
+    },
+    /// [`VectorIndex::remove_node`].
+    Remove {
+        /// The node.
+        uri: CtxUri,
+        /// The source version at which it was deleted.
+        version: u64,
+    },
+    /// Removes the records of a node the source has never stored (an orphan), like
+    /// `delete_by_uri(uri, false)`; always [`SyncOutcome::Applied`].
+    Purge {
+        /// The node.
+        uri: CtxUri,
+    },
+}
+
+impl NodeWrite {
+    /// The node written.
+    pub fn uri(&self) -> &CtxUri {
+        match self {
+            NodeWrite::Sync { uri, .. } | NodeWrite::Remove { uri, .. } | NodeWrite::Purge { uri } => {
+                uri
+            }
+        }
+    }
+
+    /// Applies this write alone through the single-write methods.
+    pub fn apply_to<I: VectorIndex + ?Sized>(self, index: &I) -> Result<SyncOutcome> {
+        match self {
+            NodeWrite::Sync {
+                uri,
+                version,
+                records,
+            } => index.sync_node(&uri, version, records),
+            NodeWrite::Remove { uri, version } => index.remove_node(&uri, version),
+            NodeWrite::Purge { uri } => index
+                .delete_by_uri(&uri, false)
+                .map(|_| SyncOutcome::Applied),
+        }
+    }
+}
+
 /// Search filters (spec §6.1 `filters`). All set fields must match.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SearchFilter {
@@ -157,6 +210,14 @@ pub trait VectorIndex: Send + Sync {
     /// Removes all records of node `uri` if `version` ≥ the newest version seen for `uri`;
     /// records the version as deleted.
     fn remove_node(&self, uri: &CtxUri, version: u64) -> Result<SyncOutcome>;
+    /// Applies several versioned writes, each with the outcome it would have alone, in order.
+    /// One write failing (e.g. a vector of the wrong dimension) fails only that write; the
+    /// outer error means none was applied. Implementations make the batch one durable
+    /// transaction where they can (the worker's throughput depends on it); the default
+    /// applies the writes one by one.
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
+    }
 
     /// Stored records by id (absent ids are skipped).
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;

@@ -16,7 +16,7 @@ use tracing::{debug, info_span, warn};
 use super::WorkerConfig;
 use super::compact::Op;
 use super::error::WorkError;
-use crate::vector::{NodeRecord, SyncOutcome, VectorIndex};
+use crate::vector::{NodeRecord, NodeWrite, SyncOutcome, VectorIndex};
 
 /// What a batch did, by change class (spec "Vector Change").
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -256,8 +256,9 @@ impl Applier<'_> {
             }
         }
 
-        // Write each node whose vectors are all ready.
-        let mut written: Vec<(CtxUri, u64)> = Vec::new();
+        // One batched index write: each node whose vectors are all ready, then the removals
+        // (last, so a move's target could reuse the vectors stored at its source URIs above).
+        let mut writes: Vec<NodeWrite> = Vec::new();
         for p in pending {
             let mut node_records = Vec::with_capacity(p.records.len());
             let mut missing_vector: Option<usize> = None;
@@ -284,46 +285,59 @@ impl Applier<'_> {
                 failed.insert(p.node.uri.clone(), err);
                 continue;
             }
-            let _s = info_span!("index.vector_write", op = "sync", uri = %p.node.uri).entered();
-            let t0 = Instant::now();
-            match self
-                .index
-                .sync_node(&p.node.uri, p.node.version, node_records)
-            {
-                Ok(SyncOutcome::Applied) => {
-                    metrics::histogram!("index_vector_upsert_latency_ms")
-                        .record(t0.elapsed().as_secs_f64() * 1e3);
-                    written.push((p.node.uri.clone(), p.node.version));
-                }
-                Ok(SyncOutcome::Stale) => counts.stale += 1,
-                Err(e) => {
-                    warn!(uri = %p.node.uri, error = %e, "vector write failed");
-                    failed.insert(p.node.uri.clone(), e.into());
-                }
-            }
+            writes.push(NodeWrite::Sync {
+                uri: p.node.uri,
+                version: p.node.version,
+                records: node_records,
+            });
         }
-
-        // Removals (they need no embedding; done after the writes so that a move's target
-        // could reuse the vectors stored at its source URIs).
         for (u, v) in missing.iter().zip(versions) {
-            let _s = info_span!("index.vector_write", op = "remove", uri = %u).entered();
-            let res = match v {
-                UriVersion::Deleted(v) => self.index.remove_node(u, v),
+            writes.push(match v {
+                UriVersion::Deleted(version) => NodeWrite::Remove {
+                    uri: u.clone(),
+                    version,
+                },
                 // Created between our two reads: its own UPSERT event (appended after the
                 // read) will sync it; removing here could hide it behind a deleted state.
                 UriVersion::Live(_) => continue,
                 // Never stored in the source (e.g. a source restored from an older copy):
                 // whatever the index holds for it is an orphan.
-                UriVersion::Unknown => self
-                    .index
-                    .delete_by_uri(u, false)
-                    .map(|_| SyncOutcome::Applied),
-            };
-            match res {
-                Ok(SyncOutcome::Applied) => counts.removed += 1,
-                Ok(SyncOutcome::Stale) => counts.stale += 1,
+                UriVersion::Unknown => NodeWrite::Purge { uri: u.clone() },
+            });
+        }
+        let mut written: Vec<(CtxUri, u64)> = Vec::new();
+        if !writes.is_empty() {
+            let _s = info_span!("index.vector_write", writes = writes.len()).entered();
+            let keys: Vec<(CtxUri, Option<u64>)> = writes
+                .iter()
+                .map(|w| match w {
+                    NodeWrite::Sync { uri, version, .. } => (uri.clone(), Some(*version)),
+                    _ => (w.uri().clone(), None),
+                })
+                .collect();
+            let t0 = Instant::now();
+            match self.index.write_nodes(writes) {
+                Ok(outcomes) => {
+                    metrics::histogram!("index_vector_upsert_latency_ms")
+                        .record(t0.elapsed().as_secs_f64() * 1e3);
+                    for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
+                        match (outcome, synced) {
+                            (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
+                            (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
+                            (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
+                            (Err(e), _) => {
+                                warn!(uri = %uri, error = %e, "vector write failed");
+                                failed.insert(uri, e.into());
+                            }
+                        }
+                    }
+                }
                 Err(e) => {
-                    failed.insert(u.clone(), e.into());
+                    warn!(error = %e, nodes = keys.len(), "batched vector write failed");
+                    let e = WorkError::from(e);
+                    for (uri, _) in keys {
+                        failed.insert(uri, e.clone());
+                    }
                 }
             }
         }

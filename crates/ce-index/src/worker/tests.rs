@@ -163,6 +163,11 @@ impl VectorIndex for FlakyIndex {
         self.fault()?;
         self.inner.remove_node(uri, version)
     }
+    /// The whole batch can fail, and then each write on its own.
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+        self.fault()?;
+        Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
+    }
     fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
         self.inner.get(ids)
     }

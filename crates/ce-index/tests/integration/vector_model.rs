@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use ce_core::{Classify, CtxUri, Level};
 use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex};
 use ce_index::vector::memory::MemoryVectorIndex;
-use ce_index::vector::{NodeRecord, SearchFilter, VectorIndex, VectorRecord};
+use ce_index::vector::{NodeRecord, NodeWrite, SearchFilter, VectorIndex, VectorRecord};
 use proptest::prelude::*;
 use proptest::test_runner::{
     Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
@@ -70,6 +70,8 @@ enum Op {
     Reopen {
         snapshot: bool,
     },
+    /// `write_nodes` of `Sync`, `Remove` and `Delete { subtree: false }` (a purge) ops.
+    Batch(Vec<Op>),
 }
 
 #[derive(Debug, Clone)]
@@ -132,9 +134,20 @@ fn filter() -> impl Strategy<Value = FilterSpec> {
         )
 }
 
+fn node_write() -> impl Strategy<Value = Op> {
+    let n = 0..NODES.len();
+    prop_oneof![
+        3 => (n.clone(), 1u64..10, levels(), prop::option::weighted(0.7, 0..POOL), 0u8..3)
+            .prop_map(|(node, version, levels, vec, tag)| Op::Sync { node, version, levels, vec, tag }),
+        1 => (n.clone(), 1u64..10).prop_map(|(node, version)| Op::Remove { node, version }),
+        1 => n.prop_map(|node| Op::Delete { node, subtree: false }),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let n = 0..NODES.len();
     prop_oneof![
+        2 => prop::collection::vec(node_write(), 1..6).prop_map(Op::Batch),
         4 => (n.clone(), levels(), 0..POOL, 0u8..3)
             .prop_map(|(node, levels, vec, tag)| Op::Upsert { node, levels, vec, tag }),
         1 => (n.clone(), any::<bool>()).prop_map(|(node, subtree)| Op::Delete { node, subtree }),
@@ -233,26 +246,8 @@ fn apply(idx: &dyn VectorIndex, op: &Op) -> Result<String, String> {
             .move_uri(&uri(NODES[*from]), &uri(NODES[*to]))
             .map(|n| n.to_string())
             .map_err(cls),
-        Op::Sync {
-            node,
-            version,
-            levels,
-            vec,
-            tag,
-        } => {
-            let recs: Vec<NodeRecord> = levels
-                .iter()
-                .map(|l| NodeRecord {
-                    record: rec(*node, *l, *tag),
-                    vector: vec.map(pool),
-                })
-                .collect();
-            idx.sync_node(&uri(NODES[*node]), *version, recs)
-                .map(|o| format!("{o:?}"))
-                .map_err(cls)
-        }
-        Op::Remove { node, version } => idx
-            .remove_node(&uri(NODES[*node]), *version)
+        Op::Sync { .. } | Op::Remove { .. } => node_write_of(op)
+            .apply_to(idx)
             .map(|o| format!("{o:?}"))
             .map_err(cls),
         Op::Search { q, filter, k } => idx
@@ -265,6 +260,49 @@ fn apply(idx: &dyn VectorIndex, op: &Op) -> Result<String, String> {
             })
             .map_err(cls),
         Op::Reopen { .. } => Ok("ok".into()),
+        Op::Batch(ops) => {
+            let writes = ops.iter().map(node_write_of).collect();
+            idx.write_nodes(writes)
+                .map(|outcomes| {
+                    outcomes
+                        .into_iter()
+                        .map(|o| o.map(|o| format!("{o:?}")).unwrap_or_else(cls))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .map_err(cls)
+        }
+    }
+}
+
+/// The `NodeWrite` a batched op stands for.
+fn node_write_of(op: &Op) -> NodeWrite {
+    match op {
+        Op::Sync {
+            node,
+            version,
+            levels,
+            vec,
+            tag,
+        } => NodeWrite::Sync {
+            uri: uri(NODES[*node]),
+            version: *version,
+            records: levels
+                .iter()
+                .map(|l| NodeRecord {
+                    record: rec(*node, *l, *tag),
+                    vector: vec.map(pool),
+                })
+                .collect(),
+        },
+        Op::Remove { node, version } => NodeWrite::Remove {
+            uri: uri(NODES[*node]),
+            version: *version,
+        },
+        Op::Delete { node, .. } => NodeWrite::Purge {
+            uri: uri(NODES[*node]),
+        },
+        other => unreachable!("not a node write: {other:?}"),
     }
 }
 
