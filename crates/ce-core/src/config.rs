@@ -147,6 +147,12 @@ pub struct VectorConfig {
     pub upsert_batch_size: u32,
     /// Whether the relation index is maintained.
     pub relation_index_enabled: bool,
+    /// How often a running engine snapshots the embedded ANN graph when it changed
+    /// (10..=86400): bounds the catch-up work after a crash.
+    pub snapshot_interval_seconds: u32,
+    /// Share of removed graph slots (tombstones) above which a running engine rebuilds the
+    /// ANN graph from the stored vectors (0.05..=0.95; only from 1,000 tombstones on).
+    pub rebuild_tombstone_ratio: f64,
 }
 
 impl Default for VectorConfig {
@@ -154,6 +160,8 @@ impl Default for VectorConfig {
         VectorConfig {
             upsert_batch_size: 128,
             relation_index_enabled: false,
+            snapshot_interval_seconds: 300,
+            rebuild_tombstone_ratio: 0.3,
         }
     }
 }
@@ -196,13 +204,14 @@ impl Default for StoreConfig {
     }
 }
 
-fn range<T: PartialOrd + std::fmt::Display>(
+fn range<T: PartialOrd + Copy + std::fmt::Display>(
     key: &str,
     v: T,
     lo: T,
     hi: T,
 ) -> Result<(), CoreError> {
-    if v < lo || v > hi {
+    // `contains` also rejects NaN.
+    if !(lo..=hi).contains(&v) {
         return Err(CoreError::InvalidConfig {
             key: key.to_owned(),
             reason: format!("{v} is outside {lo}..={hi}"),
@@ -311,6 +320,18 @@ impl Config {
             self.index.vector.upsert_batch_size,
             16,
             512,
+        )?;
+        range(
+            "index.vector.snapshot_interval_seconds",
+            self.index.vector.snapshot_interval_seconds,
+            10,
+            86_400,
+        )?;
+        range(
+            "index.vector.rebuild_tombstone_ratio",
+            self.index.vector.rebuild_tombstone_ratio,
+            0.05,
+            0.95,
         )?;
         let r = &self.index.repair;
         range(

@@ -39,6 +39,7 @@ use crate::error::{Result, ServerError};
 use crate::status::{ConsumerStatus, DrainProgress, DrainReport, ReindexReport, Status};
 
 mod failpoint;
+pub mod upkeep;
 
 /// The consumer whose index this engine maintains.
 pub const VECTOR_CONSUMER: &str = "vector";
@@ -95,6 +96,8 @@ pub struct Engine {
     /// `None` when the index is bound to the embedder's model, else why not.
     binding_error: Mutex<Option<String>>,
     pool: Mutex<Option<WorkerPool>>,
+    /// Snapshots and graph rebuilds of the vector index, while workers run.
+    upkeep: Mutex<Option<upkeep::Upkeep>>,
     running_workers: AtomicUsize,
     options: EngineOptions,
     /// Serializes reindex and drain (both take the workers over).
@@ -155,6 +158,7 @@ impl Engine {
             wake: Wakeup::new(),
             binding_error: Mutex::new(None),
             pool: Mutex::new(None),
+            upkeep: Mutex::new(None),
             running_workers: AtomicUsize::new(0),
             options,
             maintenance: Mutex::new(()),
@@ -322,12 +326,19 @@ impl Engine {
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
         *pool = Some(WorkerPool::start(workers, self.wake.clone(), poll));
         self.running_workers.store(n, Ordering::SeqCst);
+        *lock(&self.upkeep) = Some(upkeep::Upkeep::start(
+            self.index.clone(),
+            upkeep::UpkeepPolicy::from_config(&self.config),
+        ));
         info!(workers = n, consumer = VECTOR_CONSUMER, "workers started");
         Ok(())
     }
 
     /// Stops the continuous workers; each finishes its batch first, so no claim is left.
     fn stop_pool(&self) {
+        if let Some(u) = lock(&self.upkeep).take() {
+            u.stop();
+        }
         let pool = lock(&self.pool).take();
         if let Some(p) = pool {
             p.shutdown();

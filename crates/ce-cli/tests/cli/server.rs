@@ -75,6 +75,9 @@ fn writes_converge_in_search_and_survive_a_restart() {
     server.wait_drained();
     let before = embed_requests(&server);
     assert!(before.0 > 0.0, "{}", server.text("/metrics").1);
+    let embed_action =
+        |s: &super::harness::Server| s.metric("index_worker_changes_total", &["action=\"embed\""]);
+    let embedded_before = embed_action(&server);
     server.ok("/v1/mv", &json!({"from": draft, "to": archived}));
     server.wait_drained();
     assert_eq!(
@@ -84,7 +87,12 @@ fn writes_converge_in_search_and_survive_a_restart() {
     );
     let hits = server.search_until("quarterly planning notes", |h| uris(h) == [archived]);
     assert_eq!(hits[0]["parent_uri"], "ctx://acc/archive");
-    assert!(server.metric("index_worker_changes_total", &["action=\"move\""]) > 0.0);
+    assert!(server.metric("index_worker_changes_total", &["action=\"reuse\""]) > 0.0);
+    assert_eq!(
+        embed_action(&server),
+        embedded_before,
+        "a move counts reused vectors, not embeddings"
+    );
 
     // The spec's metrics are exported.
     let (_, text) = server.text("/metrics");

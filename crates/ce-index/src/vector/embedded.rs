@@ -15,7 +15,7 @@
 //!
 //! Search path: the planner counts the records passing the filter in the in-memory filter
 //! table; small candidate sets (see [`EmbeddedOptions::exact_limit`]: 5,000, or 10 % of the
-//! records up to 32·√records) are scanned exactly; larger ones go
+//! records up to 20·√records) are scanned exactly; larger ones go
 //! through the graph (filtered search with the table as predicate), and if the graph returns
 //! fewer than `top_k` while at least `top_k` records pass, the search falls back to an exact
 //! scan. Hits are then read from SQLite and checked against the filter once more, so a search
@@ -42,7 +42,8 @@ use super::memory::{
     metadata_version, missing_vector, moved_record,
 };
 use super::{
-    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
+    VectorRecord,
 };
 use crate::error::{IndexError, Result};
 
@@ -72,11 +73,11 @@ impl Default for EmbeddedOptions {
     fn default() -> Self {
         EmbeddedOptions {
             connectivity: 16,
-            expansion_add: 128,
+            expansion_add: 64,
             expansion_search: 64,
             exact_max_candidates: 5_000,
             exact_max_fraction: 0.10,
-            exact_sqrt_factor: 32.0,
+            exact_sqrt_factor: 20.0,
         }
     }
 }
@@ -84,7 +85,9 @@ impl Default for EmbeddedOptions {
 impl EmbeddedOptions {
     /// The largest candidate set scanned exactly among `n` records:
     /// `max(exact_max_candidates, min(exact_max_fraction · n, exact_sqrt_factor · √n))` —
-    /// 5,000 up to 50k records, 10 % at 100k, 32k at 1M with the defaults.
+    /// 5,000 up to 62.5k records, 6,325 at 100k, 20k at 1M with the defaults (measured
+    /// break-even at 100k × 384 dims: an exact scan costs ~0.9 µs per candidate, a filtered
+    /// graph search ~5 ms at 10 % selectivity; docs/benchmarks.md).
     pub fn exact_limit(&self, n: usize) -> usize {
         let n = n as f64;
         let scaled = (self.exact_max_fraction * n).min(self.exact_sqrt_factor * n.sqrt());
@@ -164,6 +167,18 @@ pub struct EmbeddedStats {
     pub opened_from_snapshot: bool,
     /// Keys added to or removed from that snapshot at open to catch up with the database.
     pub snapshot_catch_up: usize,
+}
+
+/// Tombstones below this never trigger a graph rebuild (see [`EmbeddedStats::needs_rebuild`]).
+pub const REBUILD_MIN_TOMBSTONES: usize = 1_000;
+
+impl EmbeddedStats {
+    /// Whether removed slots make up more than `ratio` of the graph (and at least
+    /// [`REBUILD_MIN_TOMBSTONES`]): time for [`EmbeddedVectorIndex::rebuild_graph`].
+    pub fn needs_rebuild(&self, ratio: f64) -> bool {
+        let slots = self.graph_vectors + self.tombstones;
+        self.tombstones >= REBUILD_MIN_TOMBSTONES && self.tombstones as f64 > ratio * slots as f64
+    }
 }
 
 impl std::fmt::Debug for EmbeddedVectorIndex {
@@ -1198,5 +1213,39 @@ impl VectorIndex for EmbeddedVectorIndex {
             w.dimension = None;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EmbeddedOptions, EmbeddedStats};
+
+    #[test]
+    fn exact_limit_grows_with_the_square_root() {
+        let o = EmbeddedOptions::default();
+        assert_eq!(o.exact_limit(1_000), 5_000);
+        assert_eq!(o.exact_limit(50_000), 5_000);
+        assert_eq!(o.exact_limit(100_000), 6_324);
+        assert_eq!(o.exact_limit(1_000_000), 20_000);
+    }
+
+    #[test]
+    fn rebuild_needs_enough_tombstones_in_absolute_and_relative_terms() {
+        let stats = |graph_vectors, tombstones| EmbeddedStats {
+            records: graph_vectors,
+            graph_vectors,
+            tombstones,
+            generation: 1,
+            snapshot_current: true,
+            opened_from_snapshot: false,
+            snapshot_catch_up: 0,
+        };
+        assert!(
+            !stats(100, 900).needs_rebuild(0.3),
+            "too few in absolute terms"
+        );
+        assert!(stats(1_000, 1_000).needs_rebuild(0.3));
+        assert!(!stats(10_000, 2_000).needs_rebuild(0.3), "1/6 of the slots");
+        assert!(stats(10_000, 5_000).needs_rebuild(0.3));
     }
 }

@@ -109,9 +109,9 @@ impl NodeWrite {
     /// The node written.
     pub fn uri(&self) -> &CtxUri {
         match self {
-            NodeWrite::Sync { uri, .. } | NodeWrite::Remove { uri, .. } | NodeWrite::Purge { uri } => {
-                uri
-            }
+            NodeWrite::Sync { uri, .. }
+            | NodeWrite::Remove { uri, .. }
+            | NodeWrite::Purge { uri } => uri,
         }
     }
 

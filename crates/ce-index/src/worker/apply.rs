@@ -21,8 +21,12 @@ use crate::vector::{NodeRecord, NodeWrite, SyncOutcome, VectorIndex};
 /// What a batch did, by change class (spec "Vector Change").
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeCounts {
-    /// Levels whose text (or model) changed: embedded and written.
+    /// Levels whose text (or model) changed and that needed an embedding (from the provider
+    /// or the embedding cache), written.
     pub embedded: u64,
+    /// Levels whose text changed at their URI but whose vector was reused from the record the
+    /// node had before a move (no embedding), written.
+    pub reused: u64,
     /// Levels whose text is unchanged but whose filters/metadata changed: written without
     /// embedding.
     pub payload_only: u64,
@@ -32,8 +36,6 @@ pub struct ChangeCounts {
     pub removed: u64,
     /// Writes skipped because the index already held a newer version.
     pub stale: u64,
-    /// Records moved by a `MOVE_CONTEXT`.
-    pub moved: u64,
 }
 
 pub(super) struct Applier<'a> {
@@ -201,7 +203,6 @@ impl Applier<'_> {
                     counts.payload_only += 1;
                     text_slot.push(None);
                 } else {
-                    counts.embedded += 1;
                     let next = texts.len();
                     let slot = *text_index.entry(r.text.clone()).or_insert_with(|| {
                         texts.push(r.text.clone());
@@ -220,7 +221,14 @@ impl Applier<'_> {
         // Vectors a move left at the source URIs serve the same texts at the target.
         let mut vectors: Vec<Option<Vec<f32>>> = vec![None; texts.len()];
         if !moves.is_empty() && !texts.is_empty() {
-            counts.moved += self.reuse_vectors(&pending, moves, &texts, &mut vectors)?;
+            self.reuse_vectors(&pending, moves, &texts, &mut vectors)?;
+        }
+        for slot in pending.iter().flat_map(|p| p.text_slot.iter().flatten()) {
+            if vectors[*slot].is_some() {
+                counts.reused += 1;
+            } else {
+                counts.embedded += 1;
+            }
         }
         let to_embed: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
         let embed_texts: Vec<String> = to_embed.iter().map(|&i| texts[i].clone()).collect();
@@ -306,40 +314,8 @@ impl Applier<'_> {
             });
         }
         let mut written: Vec<(CtxUri, u64)> = Vec::new();
-        if !writes.is_empty() {
-            let _s = info_span!("index.vector_write", writes = writes.len()).entered();
-            let keys: Vec<(CtxUri, Option<u64>)> = writes
-                .iter()
-                .map(|w| match w {
-                    NodeWrite::Sync { uri, version, .. } => (uri.clone(), Some(*version)),
-                    _ => (w.uri().clone(), None),
-                })
-                .collect();
-            let t0 = Instant::now();
-            match self.index.write_nodes(writes) {
-                Ok(outcomes) => {
-                    metrics::histogram!("index_vector_upsert_latency_ms")
-                        .record(t0.elapsed().as_secs_f64() * 1e3);
-                    for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
-                        match (outcome, synced) {
-                            (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
-                            (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
-                            (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
-                            (Err(e), _) => {
-                                warn!(uri = %uri, error = %e, "vector write failed");
-                                failed.insert(uri, e.into());
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    warn!(error = %e, nodes = keys.len(), "batched vector write failed");
-                    let e = WorkError::from(e);
-                    for (uri, _) in keys {
-                        failed.insert(uri, e.clone());
-                    }
-                }
-            }
+        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size) {
+            self.write_chunk(chunk, &mut written, failed, counts);
         }
 
         // Read-after-write check (see above).
@@ -369,16 +345,59 @@ impl Applier<'_> {
         self.sync_nodes(&changed, moves, failed, counts, depth + 1)
     }
 
+    /// Applies one batched index write; syncs applied go to `written`.
+    fn write_chunk(
+        &self,
+        writes: Vec<NodeWrite>,
+        written: &mut Vec<(CtxUri, u64)>,
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut ChangeCounts,
+    ) {
+        let _s = info_span!("index.vector_write", writes = writes.len()).entered();
+        let keys: Vec<(CtxUri, Option<u64>)> = writes
+            .iter()
+            .map(|w| match w {
+                NodeWrite::Sync { uri, version, .. } => (uri.clone(), Some(*version)),
+                _ => (w.uri().clone(), None),
+            })
+            .collect();
+        let t0 = Instant::now();
+        match self.index.write_nodes(writes) {
+            Ok(outcomes) => {
+                metrics::histogram!("index_vector_upsert_latency_ms")
+                    .record(t0.elapsed().as_secs_f64() * 1e3);
+                for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
+                    match (outcome, synced) {
+                        (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
+                        (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
+                        (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
+                        (Err(e), _) => {
+                            warn!(uri = %uri, error = %e, "vector write failed");
+                            failed.insert(uri, e.into());
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, nodes = keys.len(), "batched vector write failed");
+                let e = WorkError::from(e);
+                for (uri, _) in keys {
+                    failed.insert(uri, e.clone());
+                }
+            }
+        }
+    }
+
     /// Fills `vectors` for texts that a moved node carried: for each pending node within a
     /// move's target, the stored record at the corresponding source URI with the same
-    /// content hash lends its vector (zero re-embedding on `mv`). Returns how many texts.
+    /// content hash lends its vector (zero re-embedding on `mv`).
     fn reuse_vectors(
         &self,
         pending: &[PendingNode],
         moves: &[(CtxUri, CtxUri)],
         texts: &[String],
         vectors: &mut [Option<Vec<f32>>],
-    ) -> Result<u64, WorkError> {
+    ) -> Result<(), WorkError> {
         let mut old_ids: Vec<String> = Vec::new();
         for p in pending {
             for (from, to) in moves {
@@ -390,7 +409,7 @@ impl Applier<'_> {
             }
         }
         if old_ids.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         let by_hash: HashMap<String, String> = self
             .index
@@ -405,16 +424,36 @@ impl Applier<'_> {
             .collect();
         let wanted: Vec<String> = by_hash.values().cloned().collect();
         let stored: HashMap<String, Vec<f32>> = self.index.vectors(&wanted)?.into_iter().collect();
-        let mut reused = 0;
         for (i, text) in texts.iter().enumerate() {
             let hash = ce_core::sha256_tagged(text);
             if let Some(v) = by_hash.get(&hash).and_then(|id| stored.get(id)) {
                 vectors[i] = Some(v.clone());
-                reused += 1;
             }
         }
-        Ok(reused)
+        Ok(())
     }
+}
+
+/// Groups `writes` in order into batches of at most `max_records` records (a removal counts
+/// as one); a node is never split, so a node over the cap gets a batch of its own.
+fn write_batches(writes: Vec<NodeWrite>, max_records: usize) -> Vec<Vec<NodeWrite>> {
+    let mut out: Vec<Vec<NodeWrite>> = Vec::new();
+    let mut records = 0;
+    for w in writes {
+        let n = match &w {
+            NodeWrite::Sync { records, .. } => records.len().max(1),
+            _ => 1,
+        };
+        match out.last_mut() {
+            Some(last) if records + n <= max_records.max(1) => last.push(w),
+            _ => {
+                out.push(vec![w]);
+                records = 0;
+            }
+        }
+        records += n;
+    }
+    out
 }
 
 /// Splits `texts` into `[start, end)` ranges of at most `max_count` texts and at most
@@ -442,7 +481,51 @@ pub fn batches(texts: &[String], max_count: usize, max_bytes: usize) -> Vec<(usi
 
 #[cfg(test)]
 mod tests {
-    use super::batches;
+    use super::{NodeRecord, NodeWrite, batches, write_batches};
+
+    #[test]
+    fn write_batches_cap_records_and_never_split_a_node() {
+        let u = |s: &str| ce_core::CtxUri::parse(s).expect("uri");
+        let sync = |name: &str, n: u8| NodeWrite::Sync {
+            uri: u(name),
+            version: 1,
+            records: (0..n)
+                .map(|l| NodeRecord {
+                    record: ce_core::IndexRecord {
+                        id: format!("{name}-{l}"),
+                        uri: u(name),
+                        parent_uri: ce_core::CtxUri::root(),
+                        context_type: "resource".into(),
+                        category: String::new(),
+                        level: ce_core::Level::ALL[usize::from(l)],
+                        text: "t".into(),
+                        filters: Default::default(),
+                        metadata: Default::default(),
+                    },
+                    vector: None,
+                })
+                .collect(),
+        };
+        let rm = |name: &str| NodeWrite::Remove {
+            uri: u(name),
+            version: 2,
+        };
+        let writes = vec![
+            sync("ctx://a", 3),
+            sync("ctx://b", 3),
+            rm("ctx://c"),
+            sync("ctx://d", 3),
+            rm("ctx://e"),
+        ];
+        let sizes = |b: &[Vec<NodeWrite>]| b.iter().map(Vec::len).collect::<Vec<_>>();
+        let got = write_batches(writes.clone(), 4);
+        assert_eq!(sizes(&got), [1, 2, 2]);
+        let flat: Vec<NodeWrite> = got.into_iter().flatten().collect();
+        assert_eq!(flat, writes, "order kept, nothing dropped");
+        assert_eq!(sizes(&write_batches(writes.clone(), 2)), [1, 1, 1, 1, 1]);
+        assert_eq!(sizes(&write_batches(writes, 128)), [5]);
+        assert!(write_batches(Vec::new(), 4).is_empty());
+    }
 
     #[test]
     fn batches_respect_count_and_bytes_and_never_drop() {

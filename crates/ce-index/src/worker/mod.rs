@@ -53,6 +53,9 @@ pub struct WorkerConfig {
     pub max_batch_text_bytes: usize,
     /// Timeout of one embedding call.
     pub embed_timeout: Duration,
+    /// Records per index write transaction (`index.vector.upsert_batch_size`); a node's
+    /// records are never split across writes.
+    pub vector_upsert_batch_size: usize,
     /// Whether `UPSERT_RELATION` needs work from this consumer.
     pub relation_index_enabled: bool,
     /// Pause after a rate limit without `Retry-After`.
@@ -72,6 +75,7 @@ impl WorkerConfig {
             embed_batch_size: cfg.index.embedding.batch_size as usize,
             max_batch_text_bytes: 1 << 20,
             embed_timeout: Duration::from_secs(u64::from(cfg.index.embedding.timeout_seconds)),
+            vector_upsert_batch_size: cfg.index.vector.upsert_batch_size as usize,
             relation_index_enabled: cfg.index.vector.relation_index_enabled,
             default_rate_limit_pause: Duration::from_secs(u64::from(
                 cfg.index.outbox.retry_base_seconds,
@@ -230,7 +234,7 @@ impl IndexWorker {
             ("unchanged", c.unchanged),
             ("delete", c.removed),
             ("stale", c.stale),
-            ("move", c.moved),
+            ("reuse", c.reused),
         ] {
             if n > 0 {
                 metrics::counter!("index_worker_changes_total", "consumer" => consumer.clone(), "action" => action).increment(n);

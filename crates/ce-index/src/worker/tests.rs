@@ -21,7 +21,9 @@ use rand::{Rng, SeedableRng};
 use super::*;
 use crate::error::IndexError;
 use crate::vector::memory::MemoryVectorIndex;
-use crate::vector::{NodeRecord, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorRecord};
+use crate::vector::{
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorRecord,
+};
 
 /// Decides the fault of one embedding call: 0 ok, 1 timeout, 2 rate limit, 3 5xx, 4 permanent.
 type FaultScript = Box<dyn FnMut(&[&str]) -> u8 + Send>;
@@ -164,7 +166,10 @@ impl VectorIndex for FlakyIndex {
         self.inner.remove_node(uri, version)
     }
     /// The whole batch can fail, and then each write on its own.
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+    fn write_nodes(
+        &self,
+        writes: Vec<NodeWrite>,
+    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
         self.fault()?;
         Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
     }
@@ -212,6 +217,8 @@ fn wcfg(id: &str) -> WorkerConfig {
     let mut c = WorkerConfig::from_config(&Config::default(), id, "vector");
     c.heartbeat = Duration::from_millis(50);
     c.default_rate_limit_pause = Duration::from_millis(1);
+    // Several index writes per batch, so chunking is exercised everywhere.
+    c.vector_upsert_batch_size = 5;
     c
 }
 
