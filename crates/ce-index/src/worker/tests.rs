@@ -584,12 +584,7 @@ fn embedding_batches_respect_the_batch_size() {
 fn convergence_with_concurrent_workers_and_faults() {
     let runs = ce_core::test_cases(3);
     for run in 0..runs {
-        let seed = std::env::var("CE_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(rand::random::<u64>);
-        eprintln!("convergence run {run}: CE_SEED={seed}");
-        converge(seed);
+        converge(ce_testkit::seed(&format!("convergence run {run}")));
     }
 }
 

@@ -15,15 +15,7 @@ pub fn uri(s: &str) -> CtxUri {
     CtxUri::parse(s).expect("valid uri literal")
 }
 
-/// The seed of a randomized test: `CE_SEED` when set, else a fresh one; printed either way.
-pub fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("CE_SEED") {
-        Ok(v) => v.trim().parse().expect("CE_SEED must be a u64"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: seed {seed} (replay with CE_SEED={seed})");
-    seed
-}
+pub use ce_testkit::seed;
 
 /// A record of `uri` at `level` with the projector's filter fields (path defaults) plus
 /// `extra` flat metadata filters.

@@ -7,9 +7,8 @@
 //! unless `CE_VECTOR_CRASH_DIR` is set. Its operations are a pure function of (round, n), so
 //! the parent replays the acknowledged ones on the exact in-memory index and compares.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ce_core::CtxUri;
@@ -131,55 +130,23 @@ fn vector_crash_child() {
     }
 }
 
-fn child_test_name() -> String {
-    let m = module_path!();
-    let path = m.split_once("::").map_or(m, |(_, rest)| rest);
-    format!("{path}::vector_crash_child")
-}
-
 /// Runs one child for `ms` milliseconds, kills it, and returns the finished operations (in
 /// order) and the one in flight.
 fn run_child(dir: &Path, round: u64, ms: u64) -> (Vec<u64>, Option<u64>) {
     let log = dir.with_extension(format!("child{round}.log"));
-    let stderr = std::fs::File::create(&log).expect("child log");
-    let mut child = Command::new(std::env::current_exe().expect("current exe"))
-        .args([
-            "--exact",
-            &child_test_name(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_ENV, dir)
-        .env(ROUND_ENV, round.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("child stdout");
-    let reader = std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut lines = Vec::new();
-        let mut line = String::new();
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            if line.ends_with('\n') {
-                lines.push(line.trim_end().to_owned());
-            }
-            line.clear();
-        }
-        lines
-    });
-    std::thread::sleep(Duration::from_millis(ms));
-    if let Some(status) = child.try_wait().expect("try_wait") {
-        let log = std::fs::read_to_string(&log).unwrap_or_default();
-        panic!("the child exited by itself ({status}) before the kill:\n{log}");
-    }
-    child.kill().expect("SIGKILL the child");
-    child.wait().expect("reap the child");
+    let lines = ce_testkit::run_and_kill(
+        &ce_testkit::test_name(module_path!(), "vector_crash_child"),
+        &[
+            (DIR_ENV, dir.display().to_string()),
+            (ROUND_ENV, round.to_string()),
+        ],
+        Duration::from_millis(ms),
+        &log,
+    );
     let _ = std::fs::remove_file(&log);
     let mut done = Vec::new();
     let mut open = None;
-    for l in reader.join().expect("reader thread") {
+    for l in lines {
         if let Some(n) = l.strip_prefix("OP ") {
             assert!(open.is_none(), "OP before the previous one ended");
             open = Some(n.parse::<u64>().expect("op number"));

@@ -40,19 +40,7 @@ pub fn uri(s: &str) -> CtxUri {
     CtxUri::parse(s).expect("valid uri literal")
 }
 
-/// The seed of a randomized test: `CE_SEED` when set, else a fresh one. Printed either way
-/// (libtest shows it when the test fails).
-pub fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("CE_SEED") {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .expect("CE_SEED must be an unsigned 64-bit integer"),
-        Err(_) => rand::random(),
-    };
-    eprintln!("{test}: seed {seed} (replay with CE_SEED={seed})");
-    seed
-}
+pub use ce_testkit::seed;
 
 /// Every delivery row, in (seq, consumer) order.
 pub fn all_deliveries<S: OutboxStore + ?Sized>(s: &S) -> Vec<DeliveryRow> {

@@ -9,9 +9,8 @@
 //! acknowledged and which single one was in flight when the kill came.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,52 +163,17 @@ fn crash_child() {
     }
 }
 
-/// This test's path inside the binary, e.g. `crash::crash_child`.
-fn child_test_name() -> String {
-    let m = module_path!();
-    let path = m.split_once("::").map_or(m, |(_, rest)| rest);
-    format!("{path}::crash_child")
-}
-
 /// Runs one child for `ms` milliseconds, kills it, and returns what it reported.
 fn run_child(dir: &Path, seed: u64, ms: u64, log: &Path) -> Vec<Record> {
-    let stderr = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    let mut child = Command::new(std::env::current_exe().expect("current exe"))
-        .args([
-            "--exact",
-            &child_test_name(),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_ENV, dir)
-        .env(SEED_ENV, seed.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("child stdout");
-    let reader = std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut lines = Vec::new();
-        let mut line = String::new();
-        // Only complete lines count: a line cut by the kill was never acknowledged.
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            if line.ends_with('\n') {
-                lines.push(line.trim_end().to_owned());
-            }
-            line.clear();
-        }
-        lines
-    });
-    std::thread::sleep(Duration::from_millis(ms));
-    if let Some(status) = child.try_wait().expect("try_wait") {
-        let log = std::fs::read_to_string(log).unwrap_or_default();
-        panic!("the child exited by itself ({status}) before the kill:\n{log}");
-    }
-    child.kill().expect("SIGKILL the child");
-    child.wait().expect("reap the child");
-    let lines = reader.join().expect("reader thread");
+    let lines = ce_testkit::run_and_kill(
+        &ce_testkit::test_name(module_path!(), "crash_child"),
+        &[
+            (DIR_ENV, dir.display().to_string()),
+            (SEED_ENV, seed.to_string()),
+        ],
+        Duration::from_millis(ms),
+        log,
+    );
 
     let mut records: Vec<Record> = Vec::new();
     let mut open: Option<OpLine> = None;
