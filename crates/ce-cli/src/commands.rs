@@ -309,23 +309,16 @@ fn link(open: Open<'_>, a: &LinkArgs) -> Result<Rendered> {
     Rendered::new(&o, output::outcome(&o))
 }
 
-/// The `--json` answer of `ce outbox show`.
-#[derive(Debug, Serialize)]
-struct ShowOutput<'a> {
-    event: &'a ce_core::OutboxEvent,
-    deliveries: &'a [ce_core::Delivery],
-}
-
 fn outbox(open: Open<'_>, c: &OutboxCommand) -> Result<Rendered> {
     match c {
         OutboxCommand::List(a) => outbox_list(open, a),
         OutboxCommand::Show(a) => {
             let (event, deliveries) = open()?.show(a.id.trim())?;
-            let out = ShowOutput {
-                event: &event,
-                deliveries: &deliveries,
-            };
-            Rendered::new(&out, output::outbox_show(&event, &deliveries))
+            let text = output::outbox_show(&event, &deliveries);
+            Rendered::new(
+                &ce_server::wire::OutboxShowAnswer { event, deliveries },
+                text,
+            )
         }
         OutboxCommand::Stats => {
             let stats = open()?.stats()?;

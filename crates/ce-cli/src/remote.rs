@@ -6,17 +6,15 @@
 
 use std::time::Duration;
 
-use ce_core::{
-    ContextType, CtxUri, Delivery, DeliveryStatus, ErrorCode, EventPayload, EventType, Meta,
-    Millis, OutboxEvent, OwnerSpace, RelationEdge,
-};
+use ce_core::{DeliveryStatus, ErrorCode, EventType, OutboxEvent};
 use ce_server::status::{ReindexReport, Status};
 use ce_server::wire::{
-    AppendBody, CatAnswer, ErrorBody, LinkBody, MvBody, ReindexBody, RmBody, SearchBody, UnlinkBody,
+    AppendBody, CatAnswer, ErrorBody, LinkBody, MvBody, OutboxShowAnswer, ReindexBody, RmBody,
+    SearchBody, UnlinkBody,
 };
 use ce_store::{ConsumerStats, DeliveryRow, NodeStat, Relations, WriteOutcome};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cli::{
@@ -101,7 +99,7 @@ impl Client {
         }
         Err(match serde_json::from_str::<ErrorBody>(&text) {
             Ok(b) => CliError::Remote {
-                code: code_from_str(&b.code).unwrap_or_else(|| code_for_status(status)),
+                code: b.code.parse().unwrap_or_else(|_| code_for_status(status)),
                 code_text: b.code,
                 message: b.message,
                 retryable: b.retryable,
@@ -117,37 +115,6 @@ impl Client {
             }
         })
     }
-}
-
-/// Every code this build knows (for decoding error bodies).
-const CODES: [ErrorCode; 22] = [
-    ErrorCode::InvalidUri,
-    ErrorCode::InvalidLevel,
-    ErrorCode::InvalidField,
-    ErrorCode::UnknownEventType,
-    ErrorCode::InvalidPayload,
-    ErrorCode::InvalidConfig,
-    ErrorCode::PayloadTooLarge,
-    ErrorCode::NotFound,
-    ErrorCode::AlreadyExists,
-    ErrorCode::VersionConflict,
-    ErrorCode::NotEmpty,
-    ErrorCode::InvalidMove,
-    ErrorCode::ClaimConflict,
-    ErrorCode::StateTransition,
-    ErrorCode::Unavailable,
-    ErrorCode::EmbedTimeout,
-    ErrorCode::RateLimited,
-    ErrorCode::Upstream,
-    ErrorCode::SchemaMismatch,
-    ErrorCode::Corrupt,
-    ErrorCode::Io,
-    ErrorCode::Internal,
-];
-
-/// The code named `s`, if this build knows it.
-pub fn code_from_str(s: &str) -> Option<ErrorCode> {
-    CODES.into_iter().find(|c| c.as_str() == s)
 }
 
 /// A code with the same exit status as an HTTP status (for codes this build does not know).
@@ -220,12 +187,12 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Stat(a) => {
             let uri = parse_uri(&a.uri)?;
             let json = c.get("/v1/stat", &[("uri", uri.to_string())])?;
-            rendered(json, |s: WireStat| Ok(output::stat(&s.into())))
+            rendered(json, |s: NodeStat| Ok(output::stat(&s)))
         }
         Command::Ls(LsArgs { uri }) => {
             let uri = parse_uri(uri)?;
             let json = c.get("/v1/ls", &[("uri", uri.to_string())])?;
-            rendered(json, |v: Vec<WireStat>| Ok(output::ls(&stats(v))))
+            rendered(json, |v: Vec<NodeStat>| Ok(output::ls(&v)))
         }
         Command::Tree(TreeArgs { uri, depth }) => {
             let root = parse_uri(uri)?;
@@ -234,7 +201,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 q.push(("depth", d.to_string()));
             }
             let json = c.get("/v1/tree", &q)?;
-            rendered(json, |v: Vec<WireStat>| Ok(output::tree(&root, &stats(v))))
+            rendered(json, |v: Vec<NodeStat>| Ok(output::tree(&root, &v)))
         }
         Command::Rm(RmArgs {
             uri,
@@ -277,15 +244,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Relations(a) => {
             let uri = parse_uri(&a.uri)?;
             let json = c.get("/v1/relations", &[("uri", uri.to_string())])?;
-            rendered(json, |r: WireRelations| {
-                Ok(output::relations(
-                    &uri,
-                    &Relations {
-                        outgoing: r.outgoing,
-                        incoming: r.incoming,
-                    },
-                ))
-            })
+            rendered(json, |r: Relations| Ok(output::relations(&uri, &r)))
         }
         Command::Search(a) => {
             let req = commands::search_request(a)?;
@@ -314,7 +273,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
 }
 
 fn outcome(json: Value) -> Result<Rendered> {
-    rendered(json, |o: WireOutcome| Ok(output::outcome(&o.into())))
+    rendered(json, |o: WriteOutcome| Ok(output::outcome(&o)))
 }
 
 fn link_body(a: &LinkArgs) -> Result<LinkBody> {
@@ -333,29 +292,19 @@ fn outbox(c: &Client, o: &OutboxCommand) -> Result<Rendered> {
         OutboxCommand::List(a) => {
             let q = list_query(a)?;
             let json = c.get("/v1/outbox/list", &q)?;
-            rendered(json, |rows: Vec<WireRow>| {
-                let rows = rows
-                    .into_iter()
-                    .map(WireRow::into_row)
-                    .collect::<Result<Vec<_>>>()?;
+            rendered(json, |rows: Vec<DeliveryRow>| {
                 Ok(output::outbox_list(&rows))
             })
         }
         OutboxCommand::Show(a) => {
             let json = c.get("/v1/outbox/show", &[("id", a.id.trim().to_owned())])?;
-            rendered(json, |s: WireShow| {
-                let event = s.event.into_event()?;
-                let deliveries: Vec<Delivery> =
-                    s.deliveries.into_iter().map(Delivery::from).collect();
-                Ok(output::outbox_show(&event, &deliveries))
+            rendered(json, |s: OutboxShowAnswer| {
+                Ok(output::outbox_show(&s.event, &s.deliveries))
             })
         }
         OutboxCommand::Stats => {
             let json = c.get("/v1/outbox/stats", &[])?;
-            rendered(json, |v: Vec<WireConsumerStats>| {
-                let v: Vec<ConsumerStats> = v.into_iter().map(ConsumerStats::from).collect();
-                Ok(output::outbox_stats(&v))
-            })
+            rendered(json, |v: Vec<ConsumerStats>| Ok(output::outbox_stats(&v)))
         }
         OutboxCommand::Append(OutboxAppendArgs {
             event_type,
@@ -367,9 +316,7 @@ fn outbox(c: &Client, o: &OutboxCommand) -> Result<Rendered> {
                 payload: json,
             };
             let answer = c.post("/v1/outbox/append", &body)?;
-            rendered(answer, |e: WireEvent| {
-                Ok(output::event_kv(&e.into_event()?))
-            })
+            rendered(answer, |e: OutboxEvent| Ok(output::event_kv(&e)))
         }
     }
 }
@@ -398,192 +345,12 @@ fn list_query(a: &OutboxListArgs) -> Result<Vec<(&'static str, String)>> {
     Ok(q)
 }
 
-// --- answers as the server sends them (the store's types serialize only) -------------------
-
-#[derive(Deserialize)]
-struct WireOutcome {
-    uri: CtxUri,
-    version: u64,
-    changed: bool,
-    event_ids: Vec<String>,
-    nodes_affected: u64,
-    trace_id: String,
-}
-
-impl From<WireOutcome> for WriteOutcome {
-    fn from(w: WireOutcome) -> Self {
-        WriteOutcome {
-            uri: w.uri,
-            version: w.version,
-            changed: w.changed,
-            event_ids: w.event_ids,
-            nodes_affected: w.nodes_affected,
-            trace_id: w.trace_id,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct WireStat {
-    uri: CtxUri,
-    parent_uri: CtxUri,
-    context_type: ContextType,
-    category: String,
-    owner_space: OwnerSpace,
-    version: u64,
-    content_hash: String,
-    relation_version: u64,
-    layer_bytes: [u64; 3],
-    children: u64,
-    meta: Meta,
-    created_at_ms: Millis,
-    updated_at_ms: Millis,
-}
-
-impl From<WireStat> for NodeStat {
-    fn from(w: WireStat) -> Self {
-        NodeStat {
-            uri: w.uri,
-            parent_uri: w.parent_uri,
-            context_type: w.context_type,
-            category: w.category,
-            owner_space: w.owner_space,
-            version: w.version,
-            content_hash: w.content_hash,
-            relation_version: w.relation_version,
-            layer_bytes: w.layer_bytes,
-            children: w.children,
-            meta: w.meta,
-            created_at_ms: w.created_at_ms,
-            updated_at_ms: w.updated_at_ms,
-        }
-    }
-}
-
-fn stats(v: Vec<WireStat>) -> Vec<NodeStat> {
-    v.into_iter().map(NodeStat::from).collect()
-}
-
-#[derive(Deserialize)]
-struct WireRelations {
-    outgoing: Vec<RelationEdge>,
-    incoming: Vec<RelationEdge>,
-}
-
-#[derive(Deserialize)]
-struct WireConsumerStats {
-    consumer: String,
-    pending: u64,
-    claimed: u64,
-    retry_wait: u64,
-    done: u64,
-    dead: u64,
-    low_watermark_seq: Option<i64>,
-    oldest_pending_created_at_ms: Option<Millis>,
-}
-
-impl From<WireConsumerStats> for ConsumerStats {
-    fn from(w: WireConsumerStats) -> Self {
-        ConsumerStats {
-            consumer: w.consumer,
-            pending: w.pending,
-            claimed: w.claimed,
-            retry_wait: w.retry_wait,
-            done: w.done,
-            dead: w.dead,
-            low_watermark_seq: w.low_watermark_seq,
-            oldest_pending_created_at_ms: w.oldest_pending_created_at_ms,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct WireEvent {
-    seq: i64,
-    event_id: String,
-    event_type: EventType,
-    uri: CtxUri,
-    payload: Value,
-    created_at_ms: Millis,
-}
-
-impl WireEvent {
-    fn into_event(self) -> Result<OutboxEvent> {
-        Ok(OutboxEvent {
-            payload: EventPayload::parse(self.event_type.as_str(), &self.payload)?,
-            seq: self.seq,
-            event_id: self.event_id,
-            event_type: self.event_type,
-            uri: self.uri,
-            created_at_ms: self.created_at_ms,
-        })
-    }
-}
-
-#[derive(Deserialize)]
-struct WireDelivery {
-    consumer: String,
-    seq: i64,
-    status: DeliveryStatus,
-    retry_count: u32,
-    next_visible_at_ms: Option<Millis>,
-    claimed_by: Option<String>,
-    claim_token: Option<String>,
-    claimed_until_ms: Option<Millis>,
-    last_error: Option<String>,
-    error_code: Option<String>,
-    updated_at_ms: Millis,
-}
-
-impl From<WireDelivery> for Delivery {
-    fn from(w: WireDelivery) -> Self {
-        Delivery {
-            consumer: w.consumer,
-            seq: w.seq,
-            status: w.status,
-            retry_count: w.retry_count,
-            next_visible_at_ms: w.next_visible_at_ms,
-            claimed_by: w.claimed_by,
-            claim_token: w.claim_token,
-            claimed_until_ms: w.claimed_until_ms,
-            last_error: w.last_error,
-            error_code: w.error_code,
-            updated_at_ms: w.updated_at_ms,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct WireRow {
-    event: WireEvent,
-    delivery: WireDelivery,
-}
-
-impl WireRow {
-    fn into_row(self) -> Result<DeliveryRow> {
-        Ok(DeliveryRow {
-            event: self.event.into_event()?,
-            delivery: self.delivery.into(),
-        })
-    }
-}
-
-#[derive(Deserialize)]
-struct WireShow {
-    event: WireEvent,
-    deliveries: Vec<WireDelivery>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn every_code_decodes_and_unknown_ones_follow_the_status() {
-        for c in CODES {
-            assert_eq!(code_from_str(c.as_str()), Some(c));
-        }
-        assert_eq!(code_from_str("teapot"), None);
+    fn unknown_codes_follow_the_status() {
         for status in [400u16, 404, 409, 413, 429, 500, 502, 503, 504] {
             assert_eq!(code_for_status(status).http_status(), status);
         }

@@ -5,14 +5,17 @@
 //! (spec §8.4).
 
 use std::fmt;
+use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::uri::UriError;
 
-/// A stable, machine-readable error code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// A stable, machine-readable error code. In JSON it is the snake_case name of
+/// [`ErrorCode::as_str`], the one table of names (a new variant goes into [`ErrorCode::ALL`]
+/// too, so that it parses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum ErrorCode {
     /// A URI is malformed.
     InvalidUri,
@@ -61,6 +64,32 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// All codes.
+    pub const ALL: [ErrorCode; 22] = [
+        ErrorCode::InvalidUri,
+        ErrorCode::InvalidLevel,
+        ErrorCode::InvalidField,
+        ErrorCode::UnknownEventType,
+        ErrorCode::InvalidPayload,
+        ErrorCode::InvalidConfig,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::NotFound,
+        ErrorCode::AlreadyExists,
+        ErrorCode::VersionConflict,
+        ErrorCode::NotEmpty,
+        ErrorCode::InvalidMove,
+        ErrorCode::ClaimConflict,
+        ErrorCode::StateTransition,
+        ErrorCode::Unavailable,
+        ErrorCode::EmbedTimeout,
+        ErrorCode::RateLimited,
+        ErrorCode::Upstream,
+        ErrorCode::SchemaMismatch,
+        ErrorCode::Corrupt,
+        ErrorCode::Io,
+        ErrorCode::Internal,
+    ];
+
     /// The snake_case name used in JSON error bodies.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -132,6 +161,33 @@ impl ErrorCode {
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ErrorCode {
+    type Err = CoreError;
+    /// Parses [`ErrorCode::as_str`]; a name this build does not know is `invalid_field`.
+    fn from_str(s: &str) -> Result<Self, CoreError> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| CoreError::InvalidField {
+                field: "code",
+                reason: format!("{s:?} is not a known error code"),
+            })
+    }
+}
+
+impl TryFrom<String> for ErrorCode {
+    type Error = CoreError;
+    fn try_from(s: String) -> Result<Self, CoreError> {
+        s.parse()
+    }
+}
+
+impl From<ErrorCode> for &'static str {
+    fn from(c: ErrorCode) -> Self {
+        c.as_str()
     }
 }
 
@@ -222,5 +278,32 @@ impl Classify for CoreError {
             | CoreError::InvalidConfig { .. }
             | CoreError::TooLarge { .. } => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn every_code_round_trips_through_its_name_and_json() {
+        let names: HashSet<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), ErrorCode::ALL.len(), "names are unique");
+        for c in ErrorCode::ALL {
+            assert_eq!(c.as_str().parse::<ErrorCode>().expect("known"), c);
+            let json = serde_json::to_value(c).expect("serializes");
+            assert_eq!(json, serde_json::Value::from(c.as_str()));
+            assert_eq!(
+                serde_json::from_value::<ErrorCode>(json).expect("decodes"),
+                c
+            );
+        }
+        assert!(matches!(
+            "teapot".parse::<ErrorCode>(),
+            Err(CoreError::InvalidField { field: "code", .. })
+        ));
+        assert!(serde_json::from_str::<ErrorCode>("\"teapot\"").is_err());
     }
 }

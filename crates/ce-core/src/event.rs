@@ -265,8 +265,10 @@ pub struct OutboxEventCreate {
     pub payload: EventPayload,
 }
 
-/// An event of the journal.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// An event of the journal. In JSON the payload is an object of its event type's schema; it
+/// is decoded and validated by `event_type` ([`EventPayload::parse`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "OutboxEventJson")]
 pub struct OutboxEvent {
     /// Global, gap-tolerant, strictly increasing sequence.
     pub seq: i64,
@@ -280,6 +282,31 @@ pub struct OutboxEvent {
     pub payload: EventPayload,
     /// Append time.
     pub created_at_ms: Millis,
+}
+
+/// [`OutboxEvent`] as it is read from JSON, before its payload is decoded by its type.
+#[derive(Deserialize)]
+struct OutboxEventJson {
+    seq: i64,
+    event_id: String,
+    event_type: EventType,
+    uri: CtxUri,
+    payload: serde_json::Value,
+    created_at_ms: Millis,
+}
+
+impl TryFrom<OutboxEventJson> for OutboxEvent {
+    type Error = CoreError;
+    fn try_from(e: OutboxEventJson) -> Result<Self, CoreError> {
+        Ok(OutboxEvent {
+            payload: EventPayload::parse(e.event_type.as_str(), &e.payload)?,
+            seq: e.seq,
+            event_id: e.event_id,
+            event_type: e.event_type,
+            uri: e.uri,
+            created_at_ms: e.created_at_ms,
+        })
+    }
 }
 
 /// Delivery status of one event for one consumer (spec §3.2).
@@ -369,7 +396,7 @@ impl fmt::Display for DeliveryStatus {
 }
 
 /// The delivery state of one event for one consumer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Delivery {
     /// Consumer name.
     pub consumer: String,
@@ -459,5 +486,56 @@ mod tests {
             assert_eq!(s.as_str().parse::<DeliveryStatus>().ok(), Some(s));
         }
         assert!("claimedx".parse::<DeliveryStatus>().is_err());
+    }
+
+    #[test]
+    fn events_and_deliveries_round_trip_through_json() {
+        let payload = EventPayload::parse(
+            "DELETE_CONTEXT",
+            &json!({"event_version": 1, "uri": "ctx://a/users/u/memories/x",
+                    "expected_deleted_version": 3, "recursive": false, "trace_id": "t"}),
+        )
+        .expect("valid");
+        let event = OutboxEvent {
+            seq: 7,
+            event_id: "evt-1".into(),
+            event_type: EventType::DeleteContext,
+            uri: payload.uri().clone(),
+            payload,
+            created_at_ms: 1_773_482_400_123,
+        };
+        let json = serde_json::to_value(&event).expect("serializes");
+        assert_eq!(json["payload"]["expected_deleted_version"], 3);
+        assert_eq!(
+            serde_json::from_value::<OutboxEvent>(json.clone()).expect("decodes"),
+            event
+        );
+        // The payload is decoded by the event type, and validated.
+        let mut wrong_type = json.clone();
+        wrong_type["event_type"] = json!("UPSERT_CONTEXT");
+        assert!(serde_json::from_value::<OutboxEvent>(wrong_type).is_err());
+        let mut bad_version = json;
+        bad_version["payload"]["event_version"] = json!(2);
+        assert!(serde_json::from_value::<OutboxEvent>(bad_version).is_err());
+
+        let delivery = Delivery {
+            consumer: "vector".into(),
+            seq: 7,
+            status: DeliveryStatus::RetryWait,
+            retry_count: 1,
+            next_visible_at_ms: Some(5),
+            claimed_by: Some("w1".into()),
+            claim_token: None,
+            claimed_until_ms: None,
+            last_error: Some("timeout".into()),
+            error_code: Some("embed_timeout".into()),
+            updated_at_ms: 4,
+        };
+        let json = serde_json::to_value(&delivery).expect("serializes");
+        assert_eq!(json["status"], "retry_wait");
+        assert_eq!(
+            serde_json::from_value::<Delivery>(json).expect("decodes"),
+            delivery
+        );
     }
 }

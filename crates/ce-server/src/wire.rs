@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ce_core::{ContextNode, CoreError, CtxUri, Level, Meta};
+use ce_core::{ContextNode, CoreError, CtxUri, Delivery, Level, Meta, OutboxEvent};
 use ce_index::vector::SearchFilter;
 use ce_retrieval::{DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, SearchRequest};
 use ce_store::{LinkRequest, PutRequest};
@@ -307,6 +307,15 @@ impl CatAnswer {
             text: node.layers.get(level).to_owned(),
         }
     }
+}
+
+/// The answer of `GET /v1/outbox/show`: an event and its delivery to every consumer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxShowAnswer {
+    /// The event.
+    pub event: OutboxEvent,
+    /// Its deliveries, one per consumer.
+    pub deliveries: Vec<Delivery>,
 }
 
 /// The body of every error answer: `{code, message, retryable}`.

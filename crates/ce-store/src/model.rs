@@ -6,7 +6,7 @@ use ce_core::{
     ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta, Millis,
     OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
@@ -65,7 +65,7 @@ pub struct PutRequest {
 }
 
 /// What a mutation did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteOutcome {
     /// The node written, removed or moved (its new URI for a move).
     pub uri: CtxUri,
@@ -93,7 +93,7 @@ pub enum UriVersion {
 }
 
 /// A node without its text, plus sizes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeStat {
     /// URI.
     pub uri: CtxUri,
@@ -124,7 +124,7 @@ pub struct NodeStat {
 }
 
 /// A node's edges in both directions.
-#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Relations {
     /// Edges from the node.
     pub outgoing: Vec<RelationEdge>,
@@ -217,7 +217,7 @@ pub struct OutboxFilter {
 }
 
 /// One row of `outbox list`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeliveryRow {
     /// The event.
     pub event: OutboxEvent,
@@ -226,7 +226,7 @@ pub struct DeliveryRow {
 }
 
 /// Delivery counts of one consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct ConsumerStats {
     /// Consumer name.
     pub consumer: String,
@@ -340,4 +340,60 @@ pub trait OutboxStore: Send + Sync {
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
     /// The configured consumers.
     fn consumers(&self) -> Vec<String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::de::DeserializeOwned;
+
+    use super::*;
+
+    fn round_trips<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(v: &T) {
+        let json = serde_json::to_value(v).expect("serializes");
+        assert_eq!(&serde_json::from_value::<T>(json).expect("decodes"), v);
+    }
+
+    #[test]
+    fn answers_round_trip_through_json() {
+        let uri = |s: &str| CtxUri::parse(s).expect("uri");
+        round_trips(&WriteOutcome {
+            uri: uri("ctx://a/users/u/memories/x"),
+            version: 2,
+            changed: true,
+            event_ids: vec!["evt-1".into()],
+            nodes_affected: 1,
+            trace_id: "t".into(),
+        });
+        round_trips(&NodeStat {
+            uri: uri("ctx://a/users/u/memories/x"),
+            parent_uri: uri("ctx://a/users/u/memories"),
+            context_type: ContextType::Memory,
+            category: "memories".into(),
+            owner_space: OwnerSpace::User("u".into()),
+            version: 2,
+            content_hash: "h".into(),
+            relation_version: 1,
+            layer_bytes: [1, 2, 3],
+            children: 0,
+            meta: Meta::from([("k".to_owned(), serde_json::json!({"n": [1, null]}))]),
+            created_at_ms: 1,
+            updated_at_ms: 2,
+        });
+        round_trips(&Relations {
+            outgoing: vec![RelationEdge {
+                from_uri: uri("ctx://a/x"),
+                to_uri: uri("ctx://a/y"),
+                relation_type: "references".into(),
+                weight: 0.5,
+                reason: String::new(),
+            }],
+            incoming: Vec::new(),
+        });
+        round_trips(&ConsumerStats {
+            consumer: "vector".into(),
+            pending: 1,
+            low_watermark_seq: Some(3),
+            ..ConsumerStats::default()
+        });
+    }
 }

@@ -410,6 +410,27 @@ fn the_cli_talks_to_the_server_with_the_same_exit_codes() {
         rows(remote_json(&["outbox", "list"])),
         rows(ce.json(&["outbox", "list"]))
     );
+    // `outbox show` decodes the event (its payload by its type) and its deliveries.
+    let list = remote_json(&["outbox", "list"]);
+    let id = list[0]["event"]["event_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no event id in {list}"))
+        .to_owned();
+    assert_eq!(
+        remote_json(&["outbox", "show", &id]),
+        ce.json(&["outbox", "show", &id])
+    );
+    let shown = super::harness::success(&["outbox"], ce.remote(&server, &["outbox", "show", &id]));
+    assert!(shown.contains(&id), "{shown}");
+    let appended = remote_json(&[
+        "outbox",
+        "append",
+        "--type",
+        "UPSERT_CONTEXT",
+        "--payload",
+        r#"{"event_version": 1, "uri": "ctx://acc/docs/guide", "expected_node_version": 1, "reason": "repair", "trace_id": "t-cli"}"#,
+    ]);
+    assert_eq!(appended["event_type"], "UPSERT_CONTEXT", "{appended}");
     let human = super::harness::success(
         &["search"],
         ce.remote(&server, &["search", "install the tool", "--top-k", "1"]),

@@ -230,7 +230,10 @@ impl Applier<'_> {
                 counts.embedded += 1;
             }
         }
-        let to_embed: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
+        // Shortest first: a model pads each batch to its longest text, so batches of similar
+        // lengths waste the least compute.
+        let mut to_embed: Vec<usize> = (0..texts.len()).filter(|&i| vectors[i].is_none()).collect();
+        to_embed.sort_by_key(|&i| texts[i].len());
         let embed_texts: Vec<String> = to_embed.iter().map(|&i| texts[i].clone()).collect();
 
         // Embed in batches of `embed_batch_size` texts and at most `max_batch_text_bytes`.

@@ -16,8 +16,8 @@ use super::params::Params;
 use crate::engine::{Engine, VECTOR_CONSUMER};
 use crate::error::ServerError;
 use crate::wire::{
-    self, AppendBody, CatAnswer, LinkBody, MvBody, PutBody, ReindexBody, RmBody, SearchBody,
-    UnlinkBody,
+    self, AppendBody, CatAnswer, LinkBody, MvBody, OutboxShowAnswer, PutBody, ReindexBody, RmBody,
+    SearchBody, UnlinkBody,
 };
 
 type Answer = Result<Response, ApiError>;
@@ -157,20 +157,13 @@ pub async fn outbox_list(State(s): State<AppState>, q: Q) -> Answer {
     blocking(&s, move |e| Ok(e.store().list(&filter)?)).await
 }
 
-/// The answer of `GET /v1/outbox/show`.
-#[derive(Serialize)]
-struct ShowAnswer {
-    event: ce_core::OutboxEvent,
-    deliveries: Vec<ce_core::Delivery>,
-}
-
 /// `GET /v1/outbox/show?id=` (event id or sequence number).
 pub async fn outbox_show(State(s): State<AppState>, q: Q) -> Answer {
     let p = params(q, &["id"])?;
     let id = p.get("id").unwrap_or_default().trim().to_owned();
     blocking(&s, move |e| {
         let (event, deliveries) = e.store().show(&id)?;
-        Ok(ShowAnswer { event, deliveries })
+        Ok(OutboxShowAnswer { event, deliveries })
     })
     .await
 }
