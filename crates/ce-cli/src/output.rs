@@ -269,6 +269,7 @@ pub fn status(s: &Status) -> String {
                 c.dead.to_string(),
                 c.lag_events.to_string(),
                 format!("{:.1}", c.lag_seconds),
+                c.validation.as_str().to_owned(),
             ]
         })
         .collect();
@@ -282,9 +283,22 @@ pub fn status(s: &Status) -> String {
             "DEAD",
             "LAG_EVENTS",
             "LAG_SECONDS",
+            "VALIDATION",
         ],
         &rows,
     ));
+    for c in s.consumers.iter().filter(|c| !c.applied) {
+        out.push_str(&format!("{}: {}\n", c.consumer, c.validation_reason));
+    }
+    for c in &s.consumers {
+        if let Some(e) = &c.last_error {
+            let state = if e.dead { "dead" } else { "retrying" };
+            out.push_str(&format!(
+                "{}: last error at seq {} ({}, {state}): {}: {}\n",
+                c.consumer, e.seq, e.event_id, e.code, e.message
+            ));
+        }
+    }
     out
 }
 

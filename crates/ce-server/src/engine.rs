@@ -36,7 +36,7 @@ use ce_store::{
 use tracing::{info, warn};
 
 use crate::error::{Result, ServerError};
-use crate::status::{ConsumerStatus, DrainProgress, DrainReport, ReindexReport, Status};
+use crate::status::{Applier, ConsumerStatus, DrainProgress, DrainReport, ReindexReport, Status};
 
 mod failpoint;
 pub mod upkeep;
@@ -418,6 +418,23 @@ impl Engine {
         )?)
     }
 
+    /// Whether `consumer`'s events can be applied by this build and configuration.
+    fn applier(&self, consumer: &str) -> Applier {
+        if consumer != VECTOR_CONSUMER {
+            return Applier::Blocked(format!(
+                "no index for consumer {consumer:?} in this build yet: its events wait in the journal"
+            ));
+        }
+        let readiness = self.readiness();
+        if !readiness.ready {
+            return Applier::Blocked(readiness.reasons.join("; "));
+        }
+        if !self.config.index.worker.enabled {
+            return Applier::NotRequested("index.worker.enabled is false".into());
+        }
+        Applier::Ready
+    }
+
     /// Outbox progress and lag per consumer, index size, model and readiness.
     pub fn status(&self) -> Result<Status> {
         let now = self.store.clock().now_ms();
@@ -425,7 +442,10 @@ impl Engine {
             .store
             .stats()?
             .into_iter()
-            .map(|s| ConsumerStatus::from_stats(s, now))
+            .map(|s| {
+                let applier = self.applier(&s.consumer);
+                ConsumerStatus::new(s, now, &applier)
+            })
             .collect();
         let readiness = self.readiness();
         Ok(Status {
@@ -553,7 +573,7 @@ impl Engine {
             .stats()?
             .into_iter()
             .find(|s| s.consumer == VECTOR_CONSUMER)
-            .map(|s| ConsumerStatus::from_stats(s, now));
+            .map(|s| ConsumerStatus::new(s, now, &self.applier(VECTOR_CONSUMER)));
         Ok(DrainReport {
             progress: totals.snapshot(started),
             workers: workers.len(),

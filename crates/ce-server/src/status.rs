@@ -3,10 +3,66 @@
 
 use ce_core::Millis;
 use ce_embed::{CacheStats, ModelIdentity};
-use ce_store::ConsumerStats;
+use ce_store::{ConsumerError, ConsumerStats};
 use serde::{Deserialize, Serialize};
 
-/// Delivery counts and lag of one consumer.
+/// Whether a consumer's index can apply its events here and now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applier {
+    /// A worker can apply them (running, or started on demand by `ce worker` / a drain).
+    Ready,
+    /// A required input is missing (e.g. the embedding model), with the reason.
+    Blocked(String),
+    /// Applying is not requested (e.g. `index.worker.enabled = false`), with the reason.
+    NotRequested(String),
+}
+
+/// Validation state of a consumer (spec "Delta Validation"; docs/indexing.md). Only
+/// [`Validation::AppliedValid`] means the index holds everything the journal holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Validation {
+    /// A required input is missing: the consumer cannot apply events.
+    Blocked,
+    /// Events are still to apply (lag), or some failed for good (dead).
+    Partial,
+    /// The journal holds valid events, but applying is not requested.
+    DeltaValid,
+    /// Every event was applied and nothing is dead: lag 0.
+    AppliedValid,
+}
+
+impl Validation {
+    /// The name used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Validation::Blocked => "blocked",
+            Validation::Partial => "partial",
+            Validation::DeltaValid => "delta_valid",
+            Validation::AppliedValid => "applied_valid",
+        }
+    }
+
+    /// The state of a consumer with `stats` whose applier is `applier`, and why.
+    pub fn of(stats: &ConsumerStats, applier: &Applier) -> (Validation, String) {
+        let lag = stats.pending + stats.claimed + stats.retry_wait;
+        match applier {
+            Applier::Blocked(why) => (Validation::Blocked, why.clone()),
+            Applier::NotRequested(why) => (Validation::DeltaValid, why.clone()),
+            Applier::Ready if stats.dead > 0 => (
+                Validation::Partial,
+                format!(
+                    "{} dead deliveries (see `ce outbox list --status dead`; requeue after fixing the cause)",
+                    stats.dead
+                ),
+            ),
+            Applier::Ready if lag > 0 => (Validation::Partial, format!("{lag} events to apply")),
+            Applier::Ready => (Validation::AppliedValid, String::new()),
+        }
+    }
+}
+
+/// Delivery counts, lag and validation of one consumer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConsumerStatus {
     /// Consumer name.
@@ -29,17 +85,29 @@ pub struct ConsumerStatus {
     pub lag_events: u64,
     /// Lag in seconds: now − `oldest_pending_created_at_ms` (0 without lag).
     pub lag_seconds: f64,
+    /// The most recent failure among deliveries not done.
+    pub last_error: Option<ConsumerError>,
+    /// Validation state.
+    pub validation: Validation,
+    /// Why the state is not `applied_valid` (empty when it is).
+    pub validation_reason: String,
+    /// True only in state `applied_valid`.
+    pub applied: bool,
 }
 
 impl ConsumerStatus {
-    /// Adds the lag (as of `now`) to the store's counts.
-    pub fn from_stats(s: ConsumerStats, now: Millis) -> Self {
+    /// The status of a consumer with `s` (as of `now`) whose applier is `applier`.
+    pub fn new(s: ConsumerStats, now: Millis, applier: &Applier) -> Self {
         let lag_seconds = s
             .oldest_pending_created_at_ms
             .map_or(0.0, |t| (now - t).max(0) as f64 / 1e3);
+        let (validation, validation_reason) = Validation::of(&s, applier);
         ConsumerStatus {
             lag_events: s.pending + s.claimed + s.retry_wait,
             lag_seconds,
+            validation,
+            validation_reason,
+            applied: validation == Validation::AppliedValid,
             consumer: s.consumer,
             pending: s.pending,
             claimed: s.claimed,
@@ -48,6 +116,7 @@ impl ConsumerStatus {
             dead: s.dead,
             low_watermark_seq: s.low_watermark_seq,
             oldest_pending_created_at_ms: s.oldest_pending_created_at_ms,
+            last_error: s.last_error,
         }
     }
 
@@ -62,6 +131,7 @@ impl ConsumerStatus {
             dead: self.dead,
             low_watermark_seq: self.low_watermark_seq,
             oldest_pending_created_at_ms: self.oldest_pending_created_at_ms,
+            last_error: self.last_error.clone(),
         }
     }
 }
@@ -162,4 +232,47 @@ pub struct DrainReport {
     pub workers: usize,
     /// The vector consumer's state afterwards (retry_wait deliveries are left for later).
     pub remaining: Option<ConsumerStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(pending: u64, retry_wait: u64, dead: u64) -> ConsumerStats {
+        ConsumerStats {
+            consumer: "vector".into(),
+            pending,
+            retry_wait,
+            dead,
+            done: 7,
+            ..ConsumerStats::default()
+        }
+    }
+
+    #[test]
+    fn only_a_ready_consumer_without_lag_or_dead_is_applied_valid() {
+        let ready = Applier::Ready;
+        let state = |s: ConsumerStats, a: &Applier| Validation::of(&s, a).0;
+        assert_eq!(state(stats(0, 0, 0), &ready), Validation::AppliedValid);
+        assert_eq!(state(stats(3, 0, 0), &ready), Validation::Partial);
+        assert_eq!(state(stats(0, 2, 0), &ready), Validation::Partial);
+        assert_eq!(state(stats(0, 0, 1), &ready), Validation::Partial);
+        let blocked = Applier::Blocked("model not loaded".into());
+        assert_eq!(state(stats(0, 0, 0), &blocked), Validation::Blocked);
+        let off = Applier::NotRequested("workers disabled".into());
+        assert_eq!(state(stats(5, 0, 0), &off), Validation::DeltaValid);
+        let s = ConsumerStatus::new(stats(0, 0, 0), 0, &ready);
+        assert!(s.applied && s.validation_reason.is_empty());
+        let s = ConsumerStatus::new(stats(1, 0, 0), 0, &blocked);
+        assert!(!s.applied);
+        assert_eq!(s.validation_reason, "model not loaded");
+        for v in [
+            Validation::Blocked,
+            Validation::Partial,
+            Validation::DeltaValid,
+            Validation::AppliedValid,
+        ] {
+            assert_eq!(serde_json::to_value(v).expect("json"), v.as_str());
+        }
+    }
 }

@@ -18,9 +18,9 @@ pub mod sqlite;
 
 pub use error::{Result, StoreError};
 pub use model::{
-    Claim, ClaimedEvent, ConsumerStats, ContextFs, DeliveryRow, LinkRequest, NodeStat,
-    OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteOp,
-    WriteOutcome,
+    Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, LinkRequest,
+    NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, UriVersion,
+    WriteOp, WriteOutcome,
 };
 pub use sqlite::SqliteStore;
 

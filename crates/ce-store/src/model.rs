@@ -244,6 +244,26 @@ pub struct ConsumerStats {
     pub low_watermark_seq: Option<i64>,
     /// Append time of the oldest delivery not yet done or dead.
     pub oldest_pending_created_at_ms: Option<Millis>,
+    /// The most recent failure among the deliveries not done (waiting, retrying or dead).
+    #[serde(default)]
+    pub last_error: Option<ConsumerError>,
+}
+
+/// A consumer's most recent failure (see [`ConsumerStats::last_error`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerError {
+    /// Sequence of the failed delivery.
+    pub seq: i64,
+    /// Its event.
+    pub event_id: String,
+    /// The error code recorded.
+    pub code: String,
+    /// The message recorded.
+    pub message: String,
+    /// When it was recorded.
+    pub at_ms: Millis,
+    /// Whether the delivery is dead (else it will be retried).
+    pub dead: bool,
 }
 
 /// The source of truth for nodes (spec: ContextFS).

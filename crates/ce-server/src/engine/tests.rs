@@ -52,7 +52,29 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
     assert!(e.readiness().ready, "{:?}", e.readiness());
     put(&e, "ctx://acc/docs/a", "dark mode everywhere");
     put(&e, "ctx://acc/docs/b", "refunds within thirty days");
+    let validation = |e: &Engine, consumer: &str| {
+        let s = e.status().expect("status");
+        let c = s
+            .consumers
+            .into_iter()
+            .find(|c| c.consumer == consumer)
+            .expect("consumer");
+        (c.validation, c.applied)
+    };
+    assert_eq!(
+        validation(&e, VECTOR_CONSUMER),
+        (crate::status::Validation::Partial, false)
+    );
     let report = e.drain(&quiet).expect("drain");
+    assert_eq!(
+        validation(&e, VECTOR_CONSUMER),
+        (crate::status::Validation::AppliedValid, true)
+    );
+    // No index serves "keyword" yet: blocked, never counted as applied.
+    assert_eq!(
+        validation(&e, "keyword"),
+        (crate::status::Validation::Blocked, false)
+    );
     assert!(report.progress.succeeded >= 2, "{report:?}");
     assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
     let s = e.status().expect("status");
@@ -67,6 +89,22 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
     assert_eq!(s.model, s.index_model);
     // The other consumers have no worker here: they lag.
     assert!(s.consumers.iter().any(|c| c.lag_events > 0));
+}
+
+#[test]
+fn disabled_workers_leave_a_valid_but_unapplied_delta() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = on_demand(dir.path(), config("[index.worker]\nenabled = false\n"));
+    put(&e, "ctx://acc/docs/a", "dark mode everywhere");
+    let s = e.status().expect("status");
+    let vector = s
+        .consumers
+        .iter()
+        .find(|c| c.consumer == VECTOR_CONSUMER)
+        .expect("vector");
+    assert_eq!(vector.validation, crate::status::Validation::DeltaValid);
+    assert!(!vector.applied);
+    assert!(vector.validation_reason.contains("enabled"), "{vector:?}");
 }
 
 #[test]

@@ -12,7 +12,9 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::{Durability, SqliteStore};
 use crate::error::{Result, StoreError};
-use crate::model::{Claim, ClaimedEvent, ConsumerStats, DeliveryRow, OutboxFilter, OutboxStore};
+use crate::model::{
+    Claim, ClaimedEvent, ConsumerError, ConsumerStats, DeliveryRow, OutboxFilter, OutboxStore,
+};
 
 const PENDING: i64 = 0;
 const CLAIMED: i64 = 1;
@@ -34,6 +36,20 @@ const CLAIM_SQL: &str = "UPDATE deliveries SET status = 1, claimed_by = ?3, clai
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
+
+/// The most recent failure among consumer `?1`'s runnable (pending, claimed, retrying)
+/// deliveries, and among its dead ones (`INDEXED BY`: the planner would otherwise walk the
+/// consumer's whole history by primary key).
+const LAST_ERROR_RUNNABLE_SQL: &str = "SELECT d.seq, e.event_id, d.error_code, d.last_error,
+        d.updated_at, d.status FROM deliveries d INDEXED BY deliveries_runnable
+     JOIN events e ON e.seq = d.seq
+     WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) AND d.last_error IS NOT NULL
+     ORDER BY d.updated_at DESC, d.seq DESC LIMIT 1";
+const LAST_ERROR_DEAD_SQL: &str = "SELECT d.seq, e.event_id, d.error_code, d.last_error,
+        d.updated_at, d.status FROM deliveries d INDEXED BY deliveries_dead
+     JOIN events e ON e.seq = d.seq
+     WHERE d.consumer = ?1 AND d.status = 5
+     ORDER BY d.updated_at DESC, d.seq DESC LIMIT 1";
 
 const EVENT_COLUMNS: &str = "e.seq, e.event_id, e.event_type, e.uri, e.payload, e.created_at";
 const DELIVERY_COLUMNS: &str = "d.consumer, d.seq, d.status, d.retry_count, d.visible_at, \
@@ -524,6 +540,31 @@ impl OutboxStore for SqliteStore {
                     .optional()?;
                 s.low_watermark_seq = low.map(|l| l.0);
                 s.oldest_pending_created_at_ms = low.map(|l| l.1);
+                // Each query stays inside one partial index (runnable, dead).
+                let mut last: Option<ConsumerError> = None;
+                for sql in [LAST_ERROR_RUNNABLE_SQL, LAST_ERROR_DEAD_SQL] {
+                    let e = conn
+                        .prepare_cached(sql)?
+                        .query_row([c], |r| {
+                            Ok(ConsumerError {
+                                seq: r.get(0)?,
+                                event_id: r.get(1)?,
+                                code: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+                                message: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                                at_ms: r.get(4)?,
+                                dead: r.get::<_, i64>(5)? == DEAD,
+                            })
+                        })
+                        .optional()?;
+                    if let Some(e) = e
+                        && last
+                            .as_ref()
+                            .is_none_or(|l| (e.at_ms, e.seq) > (l.at_ms, l.seq))
+                    {
+                        last = Some(e);
+                    }
+                }
+                s.last_error = last;
                 out.push(s);
             }
             Ok(out)
@@ -537,7 +578,10 @@ impl OutboxStore for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{CLAIM_SQL, LOW_WATERMARK_SQL, backoff_ms};
+    use super::{
+        CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL, backoff_ms,
+    };
+    use crate::model::{ContextFs as _, OutboxStore as _, PutRequest};
     use crate::sqlite::SqliteStore;
 
     /// The claim and the low watermark must walk the partial index of runnable deliveries,
@@ -546,7 +590,12 @@ mod tests {
     fn claim_and_watermark_use_the_runnable_index() {
         let tmp = tempfile::tempdir().expect("tmp");
         let store = SqliteStore::open(tmp.path(), ce_core::Config::default()).expect("open");
-        for sql in [CLAIM_SQL, LOW_WATERMARK_SQL] {
+        for (sql, index) in [
+            (CLAIM_SQL, "deliveries_runnable"),
+            (LOW_WATERMARK_SQL, "deliveries_runnable"),
+            (LAST_ERROR_RUNNABLE_SQL, "deliveries_runnable"),
+            (LAST_ERROR_DEAD_SQL, "deliveries_dead"),
+        ] {
             let plan = store
                 .read(|c| {
                     let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
@@ -556,8 +605,54 @@ mod tests {
                     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("\n"))
                 })
                 .expect("explain");
-            assert!(plan.contains("deliveries_runnable"), "{sql}\n{plan}");
+            assert!(plan.contains(index), "{sql}\n{plan}");
         }
+    }
+
+    #[test]
+    fn stats_report_the_latest_failure() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mut cfg = ce_core::Config::default();
+        cfg.index.outbox.consumers = vec!["vector".into()];
+        let store = SqliteStore::open(tmp.path(), cfg).expect("open");
+        let put = |uri: &str| {
+            let req = PutRequest {
+                content: Some("text".into()),
+                ..PutRequest::default()
+            };
+            let uri = ce_core::CtxUri::parse(uri).expect("uri");
+            store.put(&uri, req).expect("put");
+        };
+        put("ctx://acc/a");
+        put("ctx://acc/b");
+        let last = |s: &SqliteStore| s.stats().expect("stats")[0].last_error.clone();
+        assert_eq!(last(&store), None);
+        let claimed = store.claim_batch("vector", "w1", 10).expect("claim");
+        assert!(claimed.len() >= 2, "{claimed:?}");
+        store
+            .mark_failed(
+                &claimed[0].claim,
+                "provider timed out",
+                "embed_timeout",
+                true,
+            )
+            .expect("fail a");
+        let e = last(&store).expect("a failure");
+        assert_eq!(
+            (e.seq, e.code.as_str(), e.message.as_str(), e.dead),
+            (
+                claimed[0].event.seq,
+                "embed_timeout",
+                "provider timed out",
+                false
+            )
+        );
+        assert_eq!(e.event_id, claimed[0].event.event_id);
+        store
+            .mark_failed(&claimed[1].claim, "bad payload", "invalid_payload", false)
+            .expect("fail b");
+        let e = last(&store).expect("b failure");
+        assert_eq!((e.seq, e.dead), (claimed[1].event.seq, true));
     }
 
     #[test]
