@@ -16,7 +16,8 @@ use tracing::{debug, info_span, warn};
 use super::WorkerConfig;
 use super::compact::Op;
 use super::error::WorkError;
-use crate::vector::{NodeRecord, NodeWrite, SyncOutcome, VectorIndex};
+use super::target::IndexTarget;
+use crate::vector::{NodeRecord, NodeWrite, SyncOutcome};
 
 /// What a batch did, by change class (spec "Vector Change").
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,8 @@ pub struct ChangeCounts {
     /// Levels whose text is unchanged but whose filters/metadata changed: written without
     /// embedding.
     pub payload_only: u64,
+    /// Levels whose text changed, written to a target without vectors (nothing to embed).
+    pub rewritten: u64,
     /// Nodes identical to what the index holds: no write.
     pub unchanged: u64,
     /// Nodes removed from the index.
@@ -40,8 +43,9 @@ pub struct ChangeCounts {
 
 pub(super) struct Applier<'a> {
     pub source: &'a dyn SourceStore,
-    pub embedder: &'a dyn Embedder,
-    pub index: &'a dyn VectorIndex,
+    /// Set iff the target uses vectors.
+    pub embedder: Option<&'a dyn Embedder>,
+    pub target: &'a dyn IndexTarget,
     pub projector: &'a IndexProjector,
     pub cfg: &'a WorkerConfig,
 }
@@ -120,7 +124,7 @@ impl Applier<'_> {
             .into_iter()
             .map(|n| n.uri)
             .collect();
-        set.extend(self.index.list_under(u)?.into_iter().map(|r| r.record.uri));
+        set.extend(self.target.list_under(u)?.into_iter().map(|r| r.record.uri));
         set.insert(u.clone());
         Ok(set.into_iter().collect())
     }
@@ -166,7 +170,7 @@ impl Applier<'_> {
             })
             .collect();
         let stored: HashMap<String, (IndexRecord, u64)> = self
-            .index
+            .target
             .get(&ids)?
             .into_iter()
             .map(|s| (s.record.id.clone(), (s.record, s.node_version)))
@@ -201,6 +205,9 @@ impl Applier<'_> {
                 });
                 if same_text {
                     counts.payload_only += 1;
+                    text_slot.push(None);
+                } else if self.embedder.is_none() {
+                    counts.rewritten += 1;
                     text_slot.push(None);
                 } else {
                     let next = texts.len();
@@ -243,10 +250,14 @@ impl Applier<'_> {
             self.cfg.embed_batch_size,
             self.cfg.max_batch_text_bytes,
         ) {
+            // Without vectors nothing is queued for embedding (`embed_texts` is empty).
+            let Some(embedder) = self.embedder else {
+                break;
+            };
             let _s = info_span!("index.embed", texts = end - start).entered();
             let refs: Vec<&str> = embed_texts[start..end].iter().map(String::as_str).collect();
             let t0 = Instant::now();
-            match self.embedder.embed_texts(&refs, self.cfg.embed_timeout) {
+            match embedder.embed_texts(&refs, self.cfg.embed_timeout) {
                 Ok(vs) if vs.len() == refs.len() => {
                     metrics::histogram!("index_embed_latency_ms")
                         .record(t0.elapsed().as_secs_f64() * 1e3);
@@ -365,7 +376,7 @@ impl Applier<'_> {
             })
             .collect();
         let t0 = Instant::now();
-        match self.index.write_nodes(writes) {
+        match self.target.write_nodes(writes) {
             Ok(outcomes) => {
                 metrics::histogram!("index_vector_upsert_latency_ms")
                     .record(t0.elapsed().as_secs_f64() * 1e3);
@@ -415,7 +426,7 @@ impl Applier<'_> {
             return Ok(());
         }
         let by_hash: HashMap<String, String> = self
-            .index
+            .target
             .get(&old_ids)?
             .into_iter()
             .filter_map(|s| {
@@ -426,7 +437,7 @@ impl Applier<'_> {
             })
             .collect();
         let wanted: Vec<String> = by_hash.values().cloned().collect();
-        let stored: HashMap<String, Vec<f32>> = self.index.vectors(&wanted)?.into_iter().collect();
+        let stored: HashMap<String, Vec<f32>> = self.target.vectors(&wanted)?.into_iter().collect();
         for (i, text) in texts.iter().enumerate() {
             let hash = ce_core::sha256_tagged(text);
             if let Some(v) = by_hash.get(&hash).and_then(|id| stored.get(id)) {

@@ -18,6 +18,7 @@ pub mod compact;
 mod error;
 mod heartbeat;
 pub mod runner;
+pub mod target;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,7 @@ use tracing::{info_span, warn};
 
 pub use apply::ChangeCounts;
 pub use error::WorkError;
+pub use target::{IndexTarget, VectorTarget};
 
 use crate::vector::VectorIndex;
 
@@ -138,16 +140,18 @@ fn each_callback(
 pub struct IndexWorker {
     cfg: WorkerConfig,
     source: Arc<dyn SourceStore>,
-    embedder: Arc<dyn Embedder>,
-    index: Arc<dyn VectorIndex>,
+    /// `None` for targets without vectors.
+    embedder: Option<Arc<dyn Embedder>>,
+    target: Arc<dyn IndexTarget>,
     projector: IndexProjector,
     callbacks: Vec<Arc<dyn WorkerCallbacks>>,
     paused_until: Mutex<Option<Instant>>,
 }
 
 impl IndexWorker {
-    /// A worker; binds the index to the embedder's model (a different model already stored
-    /// is a non-retryable schema mismatch: run `ce reindex --consumer vector`).
+    /// A worker of the vector index; binds the index to the embedder's model (a different
+    /// model already stored is a non-retryable schema mismatch: run `ce reindex --consumer
+    /// vector`).
     pub fn new(
         cfg: WorkerConfig,
         source: Arc<dyn SourceStore>,
@@ -155,12 +159,42 @@ impl IndexWorker {
         index: Arc<dyn VectorIndex>,
         projector: IndexProjector,
     ) -> crate::Result<Self> {
-        index.bind_model(embedder.identity())?;
+        Self::for_target(
+            cfg,
+            source,
+            Arc::new(VectorTarget(index)),
+            Some(embedder),
+            projector,
+        )
+    }
+
+    /// A worker of any target; `embedder` is required when the target uses vectors (it is
+    /// then bound to the target).
+    pub fn for_target(
+        cfg: WorkerConfig,
+        source: Arc<dyn SourceStore>,
+        target: Arc<dyn IndexTarget>,
+        embedder: Option<Arc<dyn Embedder>>,
+        projector: IndexProjector,
+    ) -> crate::Result<Self> {
+        match (&embedder, target.uses_vectors()) {
+            (Some(e), true) => target.bind_model(e.identity())?,
+            (None, true) => {
+                return Err(crate::IndexError::Core(ce_core::CoreError::InvalidConfig {
+                    key: "index.embedding".into(),
+                    reason: format!(
+                        "the {:?} consumer's index stores vectors: its worker needs an embedder",
+                        cfg.consumer
+                    ),
+                }));
+            }
+            (_, false) => {}
+        }
         Ok(IndexWorker {
             cfg,
             source,
-            embedder,
-            index,
+            embedder: embedder.filter(|_| target.uses_vectors()),
+            target,
             projector,
             callbacks: Vec::new(),
             paused_until: Mutex::new(None),
@@ -211,8 +245,8 @@ impl IndexWorker {
         let plan = compact::compact(&claimed, self.cfg.relation_index_enabled);
         let applier = apply::Applier {
             source: self.source.as_ref(),
-            embedder: self.embedder.as_ref(),
-            index: self.index.as_ref(),
+            embedder: self.embedder.as_deref(),
+            target: self.target.as_ref(),
             projector: &self.projector,
             cfg: &self.cfg,
         };
@@ -231,6 +265,7 @@ impl IndexWorker {
         for (action, n) in [
             ("embed", c.embedded),
             ("payload", c.payload_only),
+            ("text", c.rewritten),
             ("unchanged", c.unchanged),
             ("delete", c.removed),
             ("stale", c.stale),

@@ -1,0 +1,54 @@
+//! What the worker writes to: one index behind [`IndexTarget`]. The vector index is one
+//! target ([`VectorTarget`]); the keyword index is another. The worker's pipeline (claim,
+//! compact, read the source, project, versioned write, read-after-write, ack) is the same for
+//! every target; only targets that [`IndexTarget::uses_vectors`] make it embed text.
+
+use std::sync::Arc;
+
+use ce_core::CtxUri;
+use ce_embed::ModelIdentity;
+
+use crate::Result;
+use crate::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex};
+
+/// An index kept in step with the source by an [`super::IndexWorker`].
+pub trait IndexTarget: Send + Sync {
+    /// Whether records carry vectors: the worker then embeds changed text (and reuses the
+    /// vectors of moved records); otherwise every [`crate::vector::NodeRecord::vector`] it
+    /// writes is `None` and is ignored.
+    fn uses_vectors(&self) -> bool;
+    /// Binds the index to the embedder's model (vector targets; others accept any).
+    fn bind_model(&self, model: &ModelIdentity) -> Result<()>;
+    /// Stored records by id (absent ids are skipped).
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
+    /// Stored vectors by id (targets without vectors return none).
+    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
+    /// Every stored record within `uri`.
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// Versioned node writes (see [`VectorIndex::write_nodes`]).
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>>;
+}
+
+/// The vector index as a worker target.
+pub struct VectorTarget(pub Arc<dyn VectorIndex>);
+
+impl IndexTarget for VectorTarget {
+    fn uses_vectors(&self) -> bool {
+        true
+    }
+    fn bind_model(&self, model: &ModelIdentity) -> Result<()> {
+        self.0.bind_model(model)
+    }
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+        self.0.get(ids)
+    }
+    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+        self.0.vectors(ids)
+    }
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
+        self.0.list_under(uri)
+    }
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        self.0.write_nodes(writes)
+    }
+}
