@@ -2,10 +2,13 @@
 //! truth through the outbox.
 //!
 //! - [`vector`]: the `VectorIndex` contract (spec §6) and its implementations
+//! - [`keyword`]: the `KeywordIndex` contract (BM25, Chinese and English) and its
+//!   implementations
 //! - [`worker`]: `IndexWorker` (spec §5): claim → dispatch → read source → project → embed →
 //!   write → ack
 
 pub mod error;
+pub mod keyword;
 pub mod vector;
 pub mod worker;
 

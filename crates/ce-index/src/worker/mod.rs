@@ -32,7 +32,7 @@ use tracing::{info_span, warn};
 
 pub use apply::ChangeCounts;
 pub use error::WorkError;
-pub use target::{IndexTarget, VectorTarget};
+pub use target::{IndexTarget, KeywordTarget, VectorTarget};
 
 use crate::vector::VectorIndex;
 

@@ -9,6 +9,7 @@ use ce_core::CtxUri;
 use ce_embed::ModelIdentity;
 
 use crate::Result;
+use crate::keyword::{KeywordIndex, KeywordWrite};
 use crate::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex};
 
 /// An index kept in step with the source by an [`super::IndexWorker`].
@@ -49,6 +50,46 @@ impl IndexTarget for VectorTarget {
         self.0.list_under(uri)
     }
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        self.0.write_nodes(writes)
+    }
+}
+
+/// The keyword index as a worker target (no vectors: nothing is embedded).
+pub struct KeywordTarget(pub Arc<dyn KeywordIndex>);
+
+impl IndexTarget for KeywordTarget {
+    fn uses_vectors(&self) -> bool {
+        false
+    }
+    fn bind_model(&self, _model: &ModelIdentity) -> Result<()> {
+        Ok(())
+    }
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+        self.0.get(ids)
+    }
+    fn vectors(&self, _ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+        Ok(Vec::new())
+    }
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
+        self.0.list_under(uri)
+    }
+    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        let writes = writes
+            .into_iter()
+            .map(|w| match w {
+                NodeWrite::Sync {
+                    uri,
+                    version,
+                    records,
+                } => KeywordWrite::Sync {
+                    uri,
+                    version,
+                    records: records.into_iter().map(|r| r.record).collect(),
+                },
+                NodeWrite::Remove { uri, version } => KeywordWrite::Remove { uri, version },
+                NodeWrite::Purge { uri } => KeywordWrite::Purge { uri },
+            })
+            .collect();
         self.0.write_nodes(writes)
     }
 }

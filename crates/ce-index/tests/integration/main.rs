@@ -3,6 +3,7 @@
 //! Randomized tests print their seed; `CE_SEED=<seed>` replays one, `CE_PROPTEST_CASES`
 //! scales the number of property-test cases.
 
+mod keyword;
 mod vector_common;
 mod vector_contract;
 mod vector_crash;

@@ -1,0 +1,687 @@
+//! Embedded keyword index: one SQLite file (`keywords.db`) holds the records, a postings table
+//! and the node versions; BM25 is scored in Rust from the postings (see [`super::Bm25`]), so it
+//! agrees with the in-memory reference, and filtered with [`SearchFilter::matches`] itself.
+//! (SQLite's FTS5 is not used: its `bm25()` differs from ours and cannot see our filters.)
+//!
+//! Write path ([`KeywordIndex::write_nodes`]): the records' texts are tokenized first, outside
+//! any lock; then one `IMMEDIATE` transaction on the writer connection (WAL,
+//! `synchronous=FULL`) applies the writes, each in a savepoint, so a write that fails leaves
+//! nothing behind while the others commit together.
+//!
+//! Search path: one read transaction on the reader connection (a consistent snapshot) →
+//! postings of each query term → scores of every record holding a term → candidates in
+//! score order, checked against the filter page by page until `top_k` pass and no unchecked
+//! candidate can tie or beat the `top_k`-th → the hits' texts.
+//!
+//! Everything lives in SQLite, so several connections (or processes) may open the same file.
+
+mod schema;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use ce_core::{CtxUri, IndexRecord};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use serde::Serialize;
+
+use self::schema::{
+    WITHIN, decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta,
+    set_uri_version, sql, stats, subtree_bounds, uri_version, within,
+};
+use super::{
+    Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
+    UriVersion, check_records, query_terms,
+};
+use crate::error::{IndexError, Result};
+
+pub use self::schema::DB_FILE;
+
+/// Tuning of the embedded keyword index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EmbeddedKeywordOptions {
+    /// Candidates checked against the filter in the first page of a search (at least `top_k`
+    /// are); each further page is four times larger, up to `max_page`.
+    pub first_page: usize,
+    /// The largest page.
+    pub max_page: usize,
+}
+
+impl Default for EmbeddedKeywordOptions {
+    fn default() -> Self {
+        EmbeddedKeywordOptions {
+            first_page: 32,
+            max_page: 4096,
+        }
+    }
+}
+
+const PAGE_GROWTH: usize = 4;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Connections hold no half-done state across a panic (transactions roll back on drop).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A write with its records tokenized, ready for the transaction.
+enum Prepared {
+    Sync {
+        uri: CtxUri,
+        version: u64,
+        records: Vec<(IndexRecord, Terms)>,
+    },
+    Remove {
+        uri: CtxUri,
+        version: u64,
+    },
+    Purge {
+        uri: CtxUri,
+    },
+}
+
+impl Prepared {
+    /// Checks and tokenizes `w` (the costly part, done before the write lock is taken).
+    fn of(w: KeywordWrite) -> Result<Self> {
+        Ok(match w {
+            KeywordWrite::Sync {
+                uri,
+                version,
+                records,
+            } => {
+                check_records(&uri, &records)?;
+                let records = records
+                    .into_iter()
+                    .map(|r| {
+                        let terms = Terms::of(&r.text);
+                        (r, terms)
+                    })
+                    .collect();
+                Prepared::Sync {
+                    uri,
+                    version,
+                    records,
+                }
+            }
+            KeywordWrite::Remove { uri, version } => Prepared::Remove { uri, version },
+            KeywordWrite::Purge { uri } => Prepared::Purge { uri },
+        })
+    }
+}
+
+/// One write transaction with the collection statistics it maintains.
+struct WriteTx<'c> {
+    tx: &'c Transaction<'c>,
+    docs: u64,
+    total_len: u64,
+    stored: (u64, u64),
+}
+
+impl<'c> WriteTx<'c> {
+    fn new(tx: &'c Transaction<'c>) -> Result<Self> {
+        let (docs, total_len) = stats(tx)?;
+        Ok(WriteTx {
+            tx,
+            docs,
+            total_len,
+            stored: (docs, total_len),
+        })
+    }
+
+    /// `(doc, id)` of the records of node `uri`.
+    fn node_docs(&self, uri: &CtxUri) -> Result<Vec<(i64, String)>> {
+        self.tx
+            .prepare_cached("SELECT doc, id FROM records WHERE uri = ?1")
+            .and_then(|mut s| {
+                s.query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .map_err(sql)
+    }
+
+    /// Deletes record `doc` and its postings; whether it existed.
+    fn delete_doc(&mut self, doc: i64) -> Result<bool> {
+        let row: Option<(i64, String)> = self
+            .tx
+            .prepare_cached("DELETE FROM records WHERE doc = ?1 RETURNING len, terms")
+            .and_then(|mut s| {
+                s.query_row([doc], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(sql)?;
+        let Some((len, terms)) = row else {
+            return Ok(false);
+        };
+        let mut st = self
+            .tx
+            .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
+            .map_err(sql)?;
+        for (term, _) in decode_terms(&terms)? {
+            st.execute(params![term, doc]).map_err(sql)?;
+        }
+        self.docs -= 1;
+        self.total_len -= len as u64;
+        Ok(true)
+    }
+
+    /// Deletes every record of node `uri`; how many.
+    fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
+        let mut n = 0;
+        for (doc, _) in self.node_docs(uri)? {
+            n += u64::from(self.delete_doc(doc)?);
+        }
+        Ok(n)
+    }
+
+    /// Deletes every record within `uri`; how many.
+    fn delete_within(&mut self, uri: &CtxUri) -> Result<u64> {
+        let (lo, hi) = subtree_bounds(uri);
+        let rows: Vec<(i64, String)> = self
+            .tx
+            .prepare_cached(&format!("SELECT doc, uri FROM records WHERE {WITHIN}"))
+            .and_then(|mut s| {
+                s.query_map(params![uri.as_str(), lo, hi], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(sql)?;
+        let mut n = 0;
+        for (doc, u) in rows {
+            if within(&u, uri) {
+                n += u64::from(self.delete_doc(doc)?);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Inserts or replaces (by id) record `r` with its terms. Replacing rewrites only the
+    /// postings that changed (none when the text did not: a payload-only update).
+    fn put(&mut self, r: &IndexRecord, node_version: u64, terms: &Terms) -> Result<()> {
+        let old: Option<(i64, i64, String)> = self
+            .tx
+            .prepare_cached("SELECT doc, len, terms FROM records WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([&r.id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            })
+            .map_err(sql)?;
+        let head = encode_head(r)?;
+        // Replacing keeps the record's `doc`; a new record gets a fresh one.
+        self.tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO records (doc, id, uri, level, node_version, len, terms,
+                     head, text)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    old.as_ref().map(|(doc, ..)| doc),
+                    r.id,
+                    r.uri.as_str(),
+                    r.level.as_u8(),
+                    node_version as i64,
+                    terms.len,
+                    encode_terms(terms),
+                    head,
+                    r.text,
+                ])
+            })
+            .map_err(sql)?;
+        let doc = self.tx.last_insert_rowid();
+        // The postings as they are: none for a new record.
+        let mut stale = BTreeMap::new();
+        match &old {
+            Some((_, old_len, old_terms)) => {
+                let old_len = *old_len as u64;
+                if old_len == u64::from(terms.len) {
+                    stale = decode_terms(old_terms)?;
+                } else {
+                    // Every posting carries the length: all of them change.
+                    let mut st = self
+                        .tx
+                        .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
+                        .map_err(sql)?;
+                    for (term, _) in decode_terms(old_terms)? {
+                        st.execute(params![term, doc]).map_err(sql)?;
+                    }
+                }
+                self.total_len -= old_len;
+            }
+            None => self.docs += 1,
+        }
+        self.total_len += u64::from(terms.len);
+        let mut put = self
+            .tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO postings (term, doc, tf, len) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .map_err(sql)?;
+        for (term, tf) in &terms.tf {
+            if stale.remove(term.as_str()) != Some(*tf) {
+                put.execute(params![term, doc, tf, terms.len])
+                    .map_err(sql)?;
+            }
+        }
+        let mut delete = self
+            .tx
+            .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
+            .map_err(sql)?;
+        for term in stale.keys() {
+            delete.execute(params![term, doc]).map_err(sql)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one prepared write.
+    fn apply(&mut self, w: Prepared) -> Result<SyncOutcome> {
+        match w {
+            Prepared::Sync {
+                uri,
+                version,
+                records,
+            } => {
+                if !UriVersion::admits_write(uri_version(self.tx, &uri)?, version) {
+                    return Ok(SyncOutcome::Stale);
+                }
+                let keep: HashSet<&str> = records.iter().map(|(r, _)| r.id.as_str()).collect();
+                for (doc, id) in self.node_docs(&uri)? {
+                    if !keep.contains(id.as_str()) {
+                        self.delete_doc(doc)?;
+                    }
+                }
+                for (r, terms) in &records {
+                    self.put(r, version, terms)?;
+                }
+                set_uri_version(
+                    self.tx,
+                    &uri,
+                    UriVersion {
+                        version,
+                        deleted: false,
+                    },
+                )?;
+            }
+            Prepared::Remove { uri, version } => {
+                if !UriVersion::admits_removal(uri_version(self.tx, &uri)?, version) {
+                    return Ok(SyncOutcome::Stale);
+                }
+                self.delete_node(&uri)?;
+                set_uri_version(
+                    self.tx,
+                    &uri,
+                    UriVersion {
+                        version,
+                        deleted: true,
+                    },
+                )?;
+            }
+            Prepared::Purge { uri } => {
+                self.delete_node(&uri)?;
+            }
+        }
+        Ok(SyncOutcome::Applied)
+    }
+
+    /// Runs `f` in a savepoint: if it fails, its rows and statistics are rolled back and its
+    /// error is returned inside `Ok` (the transaction goes on). The outer error means the
+    /// savepoint itself failed.
+    fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
+        self.tx.execute_batch("SAVEPOINT node_write").map_err(sql)?;
+        let saved = (self.docs, self.total_len);
+        match f(self) {
+            Ok(v) => {
+                self.tx.execute_batch("RELEASE node_write").map_err(sql)?;
+                Ok(Ok(v))
+            }
+            Err(e) => {
+                self.tx
+                    .execute_batch("ROLLBACK TO node_write; RELEASE node_write")
+                    .map_err(sql)?;
+                (self.docs, self.total_len) = saved;
+                Ok(Err(e))
+            }
+        }
+    }
+
+    /// Writes the statistics if they changed.
+    fn finish(self) -> Result<()> {
+        if (self.docs, self.total_len) != self.stored {
+            set_meta(self.tx, "docs", self.docs)?;
+            set_meta(self.tx, "total_len", self.total_len)?;
+        }
+        Ok(())
+    }
+}
+
+/// The embedded keyword index (see the module documentation).
+pub struct EmbeddedKeywordIndex {
+    dir: PathBuf,
+    options: EmbeddedKeywordOptions,
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for EmbeddedKeywordIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedKeywordIndex")
+            .field("dir", &self.dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A candidate of a search that passed the filter.
+struct Passed {
+    score: f32,
+    id: String,
+    doc: i64,
+}
+
+impl EmbeddedKeywordIndex {
+    /// Opens (creating if needed) the index stored in `dir` with default options.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, EmbeddedKeywordOptions::default())
+    }
+
+    /// Opens the index with explicit options.
+    pub fn open_with(dir: &Path, options: EmbeddedKeywordOptions) -> Result<Self> {
+        fs_err::create_dir_all(dir)
+            .map_err(|e| IndexError::Unavailable(format!("keyword index directory: {e}")))?;
+        let path = dir.join(DB_FILE);
+        let mut writer = open_conn(&path)?;
+        init(&mut writer)?;
+        let reader = open_conn(&path)?;
+        reader
+            .pragma_update(None, "query_only", "ON")
+            .map_err(sql)?;
+        Ok(EmbeddedKeywordIndex {
+            dir: dir.to_owned(),
+            options,
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+        })
+    }
+
+    /// The index directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The options the index was opened with.
+    pub fn options(&self) -> &EmbeddedKeywordOptions {
+        &self.options
+    }
+
+    /// Runs `f` in one write transaction.
+    fn write<T>(&self, f: impl FnOnce(&mut WriteTx<'_>) -> Result<T>) -> Result<T> {
+        let mut conn = lock(&self.writer);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let mut w = WriteTx::new(&tx)?;
+        let out = f(&mut w)?;
+        w.finish()?;
+        tx.commit().map_err(sql)?;
+        Ok(out)
+    }
+
+    /// Runs `f` in one read transaction (a consistent snapshot) on the reader connection.
+    fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        let mut conn = lock(&self.reader);
+        let tx = conn.transaction().map_err(sql)?;
+        f(&tx)
+    }
+
+    /// Checks that the postings agree with the stored texts (re-tokenizing every record) and
+    /// the collection statistics with the records. Returns [`IndexError::Corrupt`] describing
+    /// the first differences. Costs a full scan: for tests and maintenance.
+    pub fn check_consistency(&self) -> Result<()> {
+        self.read(|tx| {
+            let mut problems = Vec::new();
+            let (docs, total_len) = stats(tx)?;
+            let (n, sum): (i64, i64) = tx
+                .query_row(
+                    "SELECT COUNT(*), COALESCE(SUM(len), 0) FROM records",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(sql)?;
+            if (n as u64, sum as u64) != (docs, total_len) {
+                problems.push(format!(
+                    "statistics say {docs} records of {total_len} terms, the table holds {n} of {sum}"
+                ));
+            }
+            // Every record's `terms` lines match its text and each has its posting; with as
+            // many postings as lines in all, there is no other posting.
+            let mut st = tx
+                .prepare("SELECT doc, id, len, text, terms FROM records ORDER BY doc")
+                .map_err(sql)?;
+            let mut posting = tx
+                .prepare("SELECT tf, len FROM postings WHERE term = ?1 AND doc = ?2")
+                .map_err(sql)?;
+            let mut lines = 0u64;
+            let mut rows = st.query([]).map_err(sql)?;
+            while let Some(r) = rows.next().map_err(sql)? {
+                let (doc, id, len, text, terms): (i64, String, u32, String, String) = (
+                    r.get(0).map_err(sql)?,
+                    r.get(1).map_err(sql)?,
+                    r.get(2).map_err(sql)?,
+                    r.get(3).map_err(sql)?,
+                    r.get(4).map_err(sql)?,
+                );
+                let want = Terms::of(&text);
+                if terms != encode_terms(&want) || len != want.len {
+                    problems.push(format!("terms of record {id} differ from its text"));
+                }
+                for (term, tf) in decode_terms(&terms)? {
+                    lines += 1;
+                    let got: Option<(u32, u32)> = posting
+                        .query_row(params![term, doc], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                        .map_err(sql)?;
+                    if got != Some((tf, len)) {
+                        problems.push(format!("posting {term:?} of record {id} is {got:?}"));
+                    }
+                }
+            }
+            let postings: i64 = tx
+                .query_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))
+                .map_err(sql)?;
+            if postings as u64 != lines {
+                problems.push(format!(
+                    "{postings} postings, the records list {lines}"
+                ));
+            }
+            if problems.is_empty() {
+                return Ok(());
+            }
+            problems.truncate(5);
+            Err(IndexError::Corrupt(problems.join("; ")))
+        })
+    }
+}
+
+/// Scores every record holding a query term: `doc → score`, summed in term order.
+fn score(tx: &Transaction<'_>, terms: &[String]) -> Result<HashMap<i64, f64>> {
+    let (docs, total_len) = stats(tx)?;
+    let bm25 = Bm25::new(docs, total_len);
+    let mut st = tx
+        .prepare_cached("SELECT doc, tf, len FROM postings WHERE term = ?1")
+        .map_err(sql)?;
+    let mut scores: HashMap<i64, f64> = HashMap::new();
+    for t in terms {
+        let postings: Vec<(i64, u32, u32)> = st
+            .query_map([t], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .and_then(|it| it.collect())
+            .map_err(sql)?;
+        let idf = bm25.idf(postings.len() as u64);
+        for (doc, tf, len) in postings {
+            *scores.entry(doc).or_insert(0.0) += bm25.term(idf, tf, len);
+        }
+    }
+    Ok(scores)
+}
+
+/// The head (record without text) of record `doc`.
+fn head(tx: &Transaction<'_>, doc: i64) -> Result<Option<IndexRecord>> {
+    let head: Option<String> = tx
+        .prepare_cached("SELECT head FROM records WHERE doc = ?1")
+        .and_then(|mut s| s.query_row([doc], |r| r.get(0)).optional())
+        .map_err(sql)?;
+    head.map(|h| decode(&h, String::new())).transpose()
+}
+
+/// Decodes a stored row `(head, text, node_version)`.
+fn stored(head: &str, text: String, node_version: i64) -> Result<StoredRecord> {
+    Ok(StoredRecord {
+        record: decode(head, text)?,
+        node_version: node_version as u64,
+    })
+}
+
+impl KeywordIndex for EmbeddedKeywordIndex {
+    fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+        let prepared: Vec<Result<Prepared>> = writes.into_iter().map(Prepared::of).collect();
+        self.write(|w| {
+            prepared
+                .into_iter()
+                .map(|p| match p {
+                    Ok(p) => w.isolated(|w| w.apply(p)),
+                    Err(e) => Ok(Err(e)),
+                })
+                .collect()
+        })
+    }
+
+    fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64> {
+        self.write(|w| {
+            if subtree {
+                w.delete_within(uri)
+            } else {
+                w.delete_node(uri)
+            }
+        })
+    }
+
+    fn search(&self, query: &str, filter: &SearchFilter, top_k: usize) -> Result<Vec<KeywordHit>> {
+        let terms = query_terms(query);
+        if terms.is_empty() || top_k == 0 {
+            return Ok(Vec::new());
+        }
+        self.read(|tx| {
+            let mut candidates: Vec<(f32, i64)> = score(tx, &terms)?
+                .into_iter()
+                .map(|(doc, s)| (s as f32, doc))
+                .collect();
+            candidates.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+            // Candidates are checked in score order, so `passed` is in score order too; its
+            // `top_k`-th entry bounds what an unchecked candidate must reach to be a hit.
+            let mut passed: Vec<Passed> = Vec::new();
+            let mut next = 0;
+            let mut page = self.options.first_page.max(top_k).max(1);
+            while next < candidates.len() {
+                if let Some(kth) = passed.get(top_k - 1)
+                    && candidates[next].0 < kth.score
+                {
+                    break;
+                }
+                let end = next.saturating_add(page).min(candidates.len());
+                for &(score, doc) in &candidates[next..end] {
+                    // Filters never read the text: the head is enough to check them.
+                    if let Some(r) = head(tx, doc)?
+                        && filter.matches(&r)
+                    {
+                        passed.push(Passed {
+                            score,
+                            id: r.id,
+                            doc,
+                        });
+                    }
+                }
+                next = end;
+                page = page
+                    .saturating_mul(PAGE_GROWTH)
+                    .min(self.options.max_page.max(1));
+            }
+            passed.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+            passed.truncate(top_k);
+            let mut st = tx
+                .prepare_cached("SELECT head, text FROM records WHERE doc = ?1")
+                .map_err(sql)?;
+            let mut hits = Vec::with_capacity(passed.len());
+            for p in passed {
+                let (head, text): (String, String) = st
+                    .query_row([p.doc], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(sql)?;
+                let record = decode(&head, text)?;
+                debug_assert!(filter.matches(&record), "filters do not read the text");
+                hits.push(KeywordHit {
+                    record,
+                    score: p.score,
+                });
+            }
+            Ok(hits)
+        })
+    }
+
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+        self.read(|tx| {
+            let mut st = tx
+                .prepare_cached("SELECT head, text, node_version FROM records WHERE id = ?1")
+                .map_err(sql)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                let row: Option<(String, String, i64)> = st
+                    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+                    .map_err(sql)?;
+                if let Some((head, text, v)) = row {
+                    out.push(stored(&head, text, v)?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.read(|tx| {
+            let rows: Vec<(String, String, String, i64)> = tx
+                .prepare_cached(&format!(
+                    "SELECT uri, head, text, node_version FROM records WHERE {WITHIN}
+                     ORDER BY uri, level, id"
+                ))
+                .and_then(|mut s| {
+                    s.query_map(params![uri.as_str(), lo, hi], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })?
+                    .collect()
+                })
+                .map_err(sql)?;
+            rows.into_iter()
+                .filter(|(u, ..)| within(u, uri))
+                .map(|(_, head, text, v)| stored(&head, text, v))
+                .collect()
+        })
+    }
+
+    fn count(&self) -> Result<u64> {
+        self.read(|tx| {
+            tx.query_row("SELECT COUNT(*) FROM records", [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(sql)
+        })
+    }
+
+    fn clear(&self) -> Result<()> {
+        self.write(|w| {
+            w.tx.execute_batch(
+                "DELETE FROM postings; DELETE FROM records; DELETE FROM uri_versions;",
+            )
+            .map_err(sql)?;
+            w.docs = 0;
+            w.total_len = 0;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! The keyword index (DESIGN.md §3, decision 8): BM25 over the texts of index records, for
+//! Chinese and English, with the same filters as the vector index.
+//!
+//! - Terms come from one tokenizer ([`tokenize::tokenize`]) for records and queries.
+//! - Scores are Okapi BM25 with `k1` = [`K1`], `b` = [`B`],
+//!   `idf(t) = ln(1 + (N − n(t) + 0.5) / (n(t) + 0.5))` where `N` is the number of stored
+//!   records and `n(t)` how many contain `t`, and the document length counted in terms;
+//!   statistics are over every stored record, whatever the search's filter. A query's terms
+//!   count once each (duplicates are dropped) and are summed in ascending term order, so every
+//!   implementation computes bit-identical scores ([`Bm25`] holds the one formula).
+//! - Hits are the records containing at least one query term that pass the
+//!   [`SearchFilter`] (the vector index's, with its reference semantics
+//!   [`SearchFilter::matches`]), best first, ties by id ascending; when at least `top_k` such
+//!   records exist exactly `top_k` are returned.
+//! - Writes are the worker's versioned node writes with the vector index's rule (invariant
+//!   **VX1**, see [`crate::vector`]): [`KeywordWrite::Sync`] replaces all records of a node if
+//!   its version is admitted by [`UriVersion::admits_write`], [`KeywordWrite::Remove`] removes
+//!   them if [`UriVersion::admits_removal`], [`KeywordWrite::Purge`] removes an orphan's.
+//!
+//! Implementations: [`memory::MemoryKeywordIndex`] (the exact reference, in memory) and
+//! [`embedded::EmbeddedKeywordIndex`] (SQLite postings, persistent).
+
+use std::collections::BTreeMap;
+
+use ce_core::{CtxUri, IndexRecord};
+use serde::Serialize;
+
+pub use crate::vector::memory::UriVersion;
+pub use crate::vector::{SearchFilter, StoredRecord, SyncOutcome};
+
+use crate::error::Result;
+use crate::vector::memory::invalid;
+
+pub mod embedded;
+pub mod memory;
+pub mod tokenize;
+
+/// BM25 term-frequency saturation.
+pub const K1: f64 = 1.2;
+/// BM25 length normalization.
+pub const B: f64 = 0.75;
+
+/// A search hit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KeywordHit {
+    /// The stored record.
+    pub record: IndexRecord,
+    /// BM25 score, higher is better (always positive).
+    pub score: f32,
+}
+
+/// One versioned write of a batch (see [`KeywordIndex::write_nodes`]); the same writes as the
+/// vector index's `NodeWrite`, without vectors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeywordWrite {
+    /// Replaces all records of node `uri` with `records` (levels not given are removed) if
+    /// `version` is admitted ([`UriVersion::admits_write`]); records the version.
+    Sync {
+        /// The node.
+        uri: CtxUri,
+        /// The source version the records were computed from.
+        version: u64,
+        /// Its records; each must have `uri` as its URI.
+        records: Vec<IndexRecord>,
+    },
+    /// Removes all records of node `uri` if `version` is admitted
+    /// ([`UriVersion::admits_removal`]); records the version as deleted.
+    Remove {
+        /// The node.
+        uri: CtxUri,
+        /// The source version at which it was deleted.
+        version: u64,
+    },
+    /// Removes the records of a node the source has never stored (an orphan), like
+    /// `delete_by_uri(uri, false)`; always [`SyncOutcome::Applied`].
+    Purge {
+        /// The node.
+        uri: CtxUri,
+    },
+}
+
+impl KeywordWrite {
+    /// The node written.
+    pub fn uri(&self) -> &CtxUri {
+        match self {
+            KeywordWrite::Sync { uri, .. }
+            | KeywordWrite::Remove { uri, .. }
+            | KeywordWrite::Purge { uri } => uri,
+        }
+    }
+}
+
+/// A keyword index.
+pub trait KeywordIndex: Send + Sync {
+    /// Applies several versioned writes in order, each with the outcome it would have alone.
+    /// One write failing (e.g. a record of another node) fails only that write and changes
+    /// nothing of it; the outer error means none was applied. The embedded implementation
+    /// makes the batch one durable transaction.
+    fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>>;
+    /// Removes the records of `uri` (all levels), and of its whole subtree when `subtree`;
+    /// returns how many were removed. Removing nothing is not an error. Versions are kept.
+    fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64>;
+    /// The `top_k` best records for `query` that pass `filter`, best first (score descending,
+    /// then id ascending). A query without terms finds nothing.
+    fn search(&self, query: &str, filter: &SearchFilter, top_k: usize) -> Result<Vec<KeywordHit>>;
+    /// Stored records by id, in the order asked (absent ids are skipped).
+    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
+    /// Every stored record within `uri` (the root lists all), in (uri, level) order.
+    fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// Number of stored records.
+    fn count(&self) -> Result<u64>;
+    /// Removes every record and version (for a rebuild).
+    fn clear(&self) -> Result<()>;
+}
+
+/// The terms of a text: term → frequency, and the text's length in terms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Terms {
+    pub tf: BTreeMap<String, u32>,
+    pub len: u32,
+}
+
+impl Terms {
+    pub(crate) fn of(text: &str) -> Self {
+        let mut t = Terms::default();
+        for term in tokenize::tokenize(text) {
+            *t.tf.entry(term).or_default() += 1;
+            t.len += 1;
+        }
+        t
+    }
+}
+
+/// The distinct terms of a query, in ascending order (the order scores are summed in).
+pub(crate) fn query_terms(query: &str) -> Vec<String> {
+    let mut terms = tokenize::tokenize(query);
+    terms.sort_unstable();
+    terms.dedup();
+    terms
+}
+
+/// Collection statistics of one search: the one BM25 formula every implementation uses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bm25 {
+    docs: u64,
+    avgdl: f64,
+}
+
+impl Bm25 {
+    /// Statistics of `docs` stored records holding `total_len` terms in all.
+    pub(crate) fn new(docs: u64, total_len: u64) -> Self {
+        let avgdl = if docs == 0 {
+            0.0
+        } else {
+            total_len as f64 / docs as f64
+        };
+        Bm25 { docs, avgdl }
+    }
+
+    /// The idf of a term contained in `df` records.
+    pub(crate) fn idf(&self, df: u64) -> f64 {
+        let (n, df) = (self.docs as f64, df as f64);
+        (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
+    }
+
+    /// The contribution of a term with `idf` occurring `tf` times in a record of `len` terms.
+    pub(crate) fn term(&self, idf: f64, tf: u32, len: u32) -> f64 {
+        let tf = f64::from(tf);
+        let norm = if self.avgdl > 0.0 {
+            f64::from(len) / self.avgdl
+        } else {
+            1.0
+        };
+        idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * norm))
+    }
+}
+
+/// Sorts hits best first — score descending, then id ascending — and keeps `top_k`.
+pub(crate) fn rank(hits: &mut Vec<KeywordHit>, top_k: usize) {
+    hits.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.record.id.cmp(&b.record.id))
+    });
+    hits.truncate(top_k);
+}
+
+/// Checks that every record of a sync of node `uri` belongs to it.
+pub(crate) fn check_records(uri: &CtxUri, records: &[IndexRecord]) -> Result<()> {
+    match records.iter().find(|r| r.uri != *uri) {
+        Some(r) => Err(invalid(
+            "uri",
+            format!(
+                "record {} has uri {} but the node being synced is {uri}",
+                r.id, r.uri
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bm25_prefers_rare_terms_and_short_records() {
+        let s = Bm25::new(10, 100);
+        assert!(s.idf(1) > s.idf(5));
+        assert!(
+            s.idf(10) > 0.0,
+            "idf stays positive for a term in every record"
+        );
+        let idf = s.idf(2);
+        assert!(s.term(idf, 1, 5) > s.term(idf, 1, 20));
+        assert!(s.term(idf, 3, 10) > s.term(idf, 1, 10));
+        // Saturation: tf → ∞ tends to idf · (k1 + 1).
+        assert!(s.term(idf, 1000, 10) < idf * (K1 + 1.0));
+    }
+
+    #[test]
+    fn query_terms_are_distinct_and_sorted() {
+        assert_eq!(query_terms("runs Running apple"), ["appl", "run"]);
+        assert!(query_terms("，。!? ").is_empty());
+    }
+}

@@ -1,0 +1,151 @@
+//! The one tokenizer of the keyword index: records are indexed and queries are parsed with it,
+//! so a query term matches exactly the terms a text was indexed under.
+//!
+//! Text is split into runs of one script class; everything else (punctuation, whitespace,
+//! symbols, `_`) only separates runs and never becomes a token:
+//! - Han runs are segmented by jieba in search mode with the HMM on (long words also yield
+//!   the dictionary words inside them: `北京大学` → `北京`, `大学`, `北京大学`), so a query
+//!   for a word finds texts holding a compound that contains it;
+//! - other alphanumeric runs (Latin, digits, other alphabets) are lower-cased and reduced by
+//!   the Snowball English stemmer (`Running runs` → `run run`).
+//!
+//! Not handled (deliberately, for now): Unicode normalization (full-width `Ａ` stays distinct
+//! from `A`), stop words (BM25's idf weighs them down), and languages other than Chinese and
+//! English beyond lower-casing (Japanese kana runs become whole tokens).
+
+use std::sync::LazyLock;
+
+use jieba_rs::Jieba;
+use rust_stemmers::{Algorithm, Stemmer};
+
+/// jieba with its default dictionary, loaded once per process (a few hundred ms).
+static JIEBA: LazyLock<Jieba> = LazyLock::new(Jieba::new);
+
+static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::English));
+
+/// The script class of a character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A Han ideograph: segmented by jieba.
+    Han,
+    /// Any other letter or digit: lower-cased and stemmed.
+    Word,
+    /// Everything else: a separator.
+    Other,
+}
+
+fn class(c: char) -> Class {
+    if is_han(c) {
+        Class::Han
+    } else if c.is_alphanumeric() {
+        Class::Word
+    } else {
+        Class::Other
+    }
+}
+
+/// Han ideographs: the unified blocks with their extensions and the compatibility blocks.
+fn is_han(c: char) -> bool {
+    matches!(
+        c,
+        '\u{3400}'..='\u{4DBF}'
+            | '\u{4E00}'..='\u{9FFF}'
+            | '\u{F900}'..='\u{FAFF}'
+            | '\u{20000}'..='\u{2FA1F}'
+            | '\u{30000}'..='\u{323AF}'
+    )
+}
+
+/// Whether a token holds anything searchable (not pure punctuation or whitespace).
+fn is_word(token: &str) -> bool {
+    token.chars().any(char::is_alphanumeric)
+}
+
+/// Splits `text` into its terms, in text order (a term appears once per occurrence).
+pub fn tokenize(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut current = Class::Other;
+    for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
+        let k = class(c);
+        if k == current {
+            continue;
+        }
+        emit(current, &text[start..i], &mut out);
+        start = i;
+        current = k;
+    }
+    out
+}
+
+/// Appends the terms of one run of class `class`.
+fn emit(class: Class, run: &str, out: &mut Vec<String>) {
+    match class {
+        Class::Han => out.extend(
+            JIEBA
+                .cut_for_search(run, true)
+                .into_iter()
+                .map(|t| t.word)
+                .filter(|w| is_word(w))
+                .map(str::to_owned),
+        ),
+        Class::Word => {
+            let lower = run.to_lowercase();
+            out.push(STEMMER.stem(&lower).into_owned());
+        }
+        Class::Other => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn english_is_lower_cased_and_stemmed() {
+        assert_eq!(tokenize("Running runs"), ["run", "run"]);
+        assert_eq!(
+            tokenize("The DATABASES were indexed, quickly!"),
+            ["the", "databas", "were", "index", "quick"]
+        );
+    }
+
+    #[test]
+    fn punctuation_and_whitespace_only_separate() {
+        assert!(tokenize("").is_empty());
+        assert!(tokenize("  ,.;!? —— 。，、！ \n\t").is_empty());
+        assert_eq!(tokenize("snake_case-name"), ["snake", "case", "name"]);
+        assert_eq!(tokenize("v2.0 in 2024"), ["v2", "0", "in", "2024"]);
+    }
+
+    #[test]
+    fn chinese_is_segmented_into_words() {
+        let t = tokenize("我们在北京大学学习机器学习");
+        for w in ["北京", "大学", "机器", "学习"] {
+            assert!(t.iter().any(|x| x == w), "{w} missing from {t:?}");
+        }
+        assert!(t.iter().all(|x| x.chars().all(is_han)), "{t:?}");
+    }
+
+    #[test]
+    fn mixed_text_keeps_run_order() {
+        let t = tokenize("Rust语言的Indexing性能，测试2024年。");
+        let pos = |w: &str| t.iter().position(|x| x == w);
+        for w in ["rust", "语言", "index", "性能", "测试", "2024", "年"] {
+            assert!(pos(w).is_some(), "{w} missing from {t:?}");
+        }
+        assert!(pos("rust") < pos("语言"));
+        assert!(pos("语言") < pos("index"));
+        assert!(pos("index") < pos("性能"));
+        assert!(pos("测试") < pos("2024"));
+        assert!(pos("2024") < pos("年"));
+    }
+
+    #[test]
+    fn query_and_text_agree_on_a_compound() {
+        let text = tokenize("北京大学的图书馆");
+        for q in tokenize("北京") {
+            assert!(text.contains(&q), "{q} not in {text:?}");
+        }
+    }
+}
