@@ -5,6 +5,26 @@ use ce_core::{Classify, CoreError, ErrorCode};
 /// Result of an index operation.
 pub type Result<T, E = IndexError> = std::result::Result<T, E>;
 
+/// Maps a SQLite error of database `file`: damaged files and undecodable values are corrupt
+/// (not retryable); busy, locked and I/O are unavailable (retryable).
+pub(crate) fn sqlite_error(file: &str, e: rusqlite::Error) -> IndexError {
+    use rusqlite::ErrorCode as C;
+    let corrupt = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            matches!(f.code, C::DatabaseCorrupt | C::NotADatabase)
+        }
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => true,
+        _ => false,
+    };
+    if corrupt {
+        IndexError::Corrupt(format!("{file}: {e}"))
+    } else {
+        IndexError::Unavailable(format!("{file}: {e}"))
+    }
+}
+
 /// Everything an index operation can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -12,14 +32,14 @@ pub enum IndexError {
     #[error(transparent)]
     Core(#[from] CoreError),
     /// The index's storage is temporarily unavailable (locked, I/O hiccup): retryable.
-    #[error("vector index unavailable: {0}")]
+    #[error("index unavailable: {0}")]
     Unavailable(String),
     /// Stored vectors belong to another model, or a vector has the wrong dimension:
     /// not retryable — rebuild with `ce reindex --consumer vector`.
     #[error("vector schema mismatch: {0}")]
     SchemaMismatch(String),
     /// Stored data does not decode: not retryable.
-    #[error("vector index data is corrupt: {0}")]
+    #[error("index data is corrupt: {0}")]
     Corrupt(String),
     /// A query the index cannot run (e.g. a query vector of the wrong dimension).
     #[error("invalid vector query: {0}")]

@@ -58,22 +58,9 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 ";
 
-/// Maps a SQLite error: busy, locked and I/O are retryable, damaged files are corrupt.
+/// Maps a SQLite error of this database (see [`crate::error::sqlite_error`]).
 pub(super) fn sql(e: rusqlite::Error) -> IndexError {
-    use rusqlite::ErrorCode as C;
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, C::DatabaseCorrupt | C::NotADatabase) =>
-        {
-            IndexError::Corrupt(format!("{DB_FILE}: {e}"))
-        }
-        rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..) => {
-            IndexError::Corrupt(format!("{DB_FILE}: {e}"))
-        }
-        _ => IndexError::Unavailable(format!("{DB_FILE}: {e}")),
-    }
+    crate::error::sqlite_error(DB_FILE, e)
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {

@@ -55,26 +55,13 @@ CREATE TABLE IF NOT EXISTS meta (
 ) WITHOUT ROWID;
 ";
 
-/// Maps a SQLite error: busy, locked and I/O are retryable, damaged files are corrupt.
+/// Maps a SQLite error of this database (see [`crate::error::sqlite_error`]).
 pub(super) fn sql(e: rusqlite::Error) -> IndexError {
-    use rusqlite::ErrorCode as C;
-    match &e {
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, C::DatabaseCorrupt | C::NotADatabase) =>
-        {
-            IndexError::Corrupt(format!("vectors.db: {e}"))
-        }
-        rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::InvalidColumnType(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..) => {
-            IndexError::Corrupt(format!("vectors.db: {e}"))
-        }
-        _ => IndexError::Unavailable(format!("vectors.db: {e}")),
-    }
+    crate::error::sqlite_error(super::DB_FILE, e)
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
-    IndexError::Corrupt(format!("vectors.db: {what}: {e}"))
+    IndexError::Corrupt(format!("{}: {what}: {e}", super::DB_FILE))
 }
 
 /// Opens a connection with the pragmas every connection needs.
