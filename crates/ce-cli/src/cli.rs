@@ -329,9 +329,13 @@ pub struct SearchArgs {
     /// Only nodes at or below this URI.
     #[arg(long, value_name = "URI")]
     pub subtree: Option<String>,
-    /// Hide hits scoring below this (cosine similarity, -1..1).
+    /// Skip vector candidates below this cosine similarity (-1..1; not in keyword mode).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub min_score: Option<f32>,
+    /// vector, keyword or hybrid (default: retrieval.default_mode, `auto` = hybrid when both
+    /// indexes are configured).
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
 }
 
 /// `ce reindex`.
@@ -362,9 +366,9 @@ pub struct ServeArgs {
 /// `ce worker`.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// The consumer to work for.
-    #[arg(long, value_name = "C", default_value = "vector")]
-    pub consumer: String,
+    /// The consumer to work for (default: every configured consumer with an index).
+    #[arg(long, value_name = "C")]
+    pub consumer: Option<String>,
     /// Worker threads.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub workers: usize,

@@ -146,11 +146,23 @@ fn open_store(cli: &Cli) -> Result<SqliteStore> {
 /// Opens the engine (store, embedder, vector index) with `workers` worker threads, running
 /// continuously when `run`, else on demand (`drain`).
 fn open_engine(cli: &Cli, workers: usize, run: bool, role: &str) -> Result<Engine> {
+    open_engine_for(cli, workers, run, role, Vec::new())
+}
+
+/// An engine whose workers serve `consumers` (empty: all with an index).
+fn open_engine_for(
+    cli: &Cli,
+    workers: usize,
+    run: bool,
+    role: &str,
+    consumers: Vec<String>,
+) -> Result<Engine> {
     let (data_dir, config) = resolve(cli)?;
     let options = EngineOptions {
         workers,
         run_workers: run,
         role: role.to_owned(),
+        consumers,
     };
     Ok(Engine::open_with(&data_dir, config, options)?)
 }
@@ -167,10 +179,11 @@ fn check_workers(n: usize, min: usize) -> Result<()> {
 }
 
 fn check_consumer(consumer: &str) -> Result<()> {
-    if consumer != ce_server::engine::VECTOR_CONSUMER {
+    let known = ce_server::engine::INDEXED_CONSUMERS;
+    if !known.contains(&consumer) {
         return Err(ServerError::UnsupportedConsumer {
             name: consumer.to_owned(),
-            reason: "only the vector consumer has an index and workers so far".into(),
+            reason: format!("this build has indexes and workers for {known:?} only"),
         }
         .into());
     }
@@ -391,6 +404,7 @@ pub fn search_request(a: &SearchArgs) -> Result<SearchRequest> {
         filter,
         min_score: a.min_score,
         embed_timeout: ce_retrieval::DEFAULT_EMBED_TIMEOUT,
+        mode: a.mode.as_deref().map(str::parse).transpose()?,
     };
     req.validate().map_err(ServerError::from)?;
     Ok(req)
@@ -457,6 +471,7 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
             workers: a.workers,
             run_workers: true,
             role: "serve".into(),
+            consumers: Vec::new(),
         },
     )?);
     let json = cli.json;
@@ -476,15 +491,41 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
 }
 
 fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
-    check_consumer(&a.consumer)?;
+    if let Some(c) = &a.consumer {
+        check_consumer(c)?;
+    }
     check_workers(a.workers, 1)?;
+    let consumers: Vec<String> = a.consumer.iter().cloned().collect();
     if a.once {
-        let engine = open_engine(cli, a.workers, false, "worker")?;
+        let engine = open_engine_for(cli, a.workers, false, "worker", consumers)?;
         let report = engine.drain(&progress_printer(cli.json, "worker"))?;
         engine.shutdown();
+        // The ready consumers were drained; one that could not run fails the command.
+        let blocked: Vec<String> = report
+            .remaining
+            .iter()
+            .filter(|r| r.validation == ce_server::status::Validation::Blocked)
+            .map(|r| format!("{} is blocked: {}", r.consumer, r.validation_reason))
+            .collect();
+        if !blocked.is_empty() {
+            let code = if engine.readiness().ready {
+                ce_core::ErrorCode::Unavailable
+            } else {
+                engine.not_ready_code()
+            };
+            return Err(ServerError::NotReady {
+                reason: format!(
+                    "drained {} events; {}",
+                    report.progress.succeeded,
+                    blocked.join("; ")
+                ),
+                code,
+            }
+            .into());
+        }
         return Rendered::new(&report, output::drain(&report));
     }
-    let engine = open_engine(cli, a.workers, true, "worker")?;
+    let engine = open_engine_for(cli, a.workers, true, "worker", consumers)?;
     if engine.running_workers() == 0 {
         let r = engine.readiness();
         let reason = if r.ready {
@@ -498,16 +539,16 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         }
         .into());
     }
+    let served = engine.status()?.worker_consumers.join(", ");
     let line = if cli.json {
         format!(
             "{}\n",
-            serde_json::json!({"workers": engine.running_workers(), "consumer": a.consumer})
+            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers})
         )
     } else {
         format!(
-            "{} workers running for consumer {} (stop with Ctrl-C)\n",
+            "{} workers running for {served} (stop with Ctrl-C)\n",
             engine.running_workers(),
-            a.consumer
         )
     };
     output::print_stdout(&line)?;

@@ -252,7 +252,15 @@ pub fn status(s: &Status) -> String {
             "vector_index",
             format!("{} records, model {index_model}", s.index_records),
         ),
-        ("workers", format!("{} ({})", s.workers, s.worker_consumer)),
+        (
+            "keyword_index",
+            s.keyword_records
+                .map_or_else(|| "not configured".into(), |n| format!("{n} records")),
+        ),
+        (
+            "workers",
+            format!("{} ({})", s.workers, s.worker_consumers.join(", ")),
+        ),
         ("embed_cache", cache),
     ]);
     out.push('\n');
@@ -318,14 +326,23 @@ pub fn drain(d: &DrainReport) -> String {
         ("workers", d.workers.to_string()),
         ("took", format!("{} ms ({rate:.0} events/s)", p.elapsed_ms)),
     ];
-    if let Some(r) = &d.remaining {
-        pairs.push((
-            "remaining",
+    let remaining: Vec<String> = d
+        .remaining
+        .iter()
+        .map(|r| {
             format!(
-                "{} pending, {} claimed, {} retry_wait, {} dead",
-                r.pending, r.claimed, r.retry_wait, r.dead
-            ),
-        ));
+                "{}: {} pending, {} claimed, {} retry_wait, {} dead ({})",
+                r.consumer,
+                r.pending,
+                r.claimed,
+                r.retry_wait,
+                r.dead,
+                r.validation.as_str()
+            )
+        })
+        .collect();
+    if !remaining.is_empty() {
+        pairs.push(("remaining", remaining.join("; ")));
     }
     kv(&pairs)
 }
@@ -334,7 +351,10 @@ pub fn drain(d: &DrainReport) -> String {
 pub fn reindex(r: &ReindexReport, d: Option<&DrainReport>) -> String {
     let mut out = kv(&[
         ("consumer", r.consumer.clone()),
-        ("model", r.model.key()),
+        (
+            "model",
+            r.model.as_ref().map_or_else(|| "-".into(), |m| m.key()),
+        ),
         ("cleared", format!("{} records", r.cleared_records)),
         ("requeued", format!("{} nodes", r.requeued)),
         ("queued_in", format!("{} ms", r.took_ms)),

@@ -17,6 +17,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Projector fallbacks.
     pub projector: ProjectorConfig,
+    /// `[retrieval]`: search modes and hybrid fusion.
+    pub retrieval: RetrievalConfig,
 }
 
 /// `[index]`.
@@ -204,6 +206,36 @@ impl Default for StoreConfig {
     }
 }
 
+/// `[retrieval]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrievalConfig {
+    /// Mode of a search that names none: `auto` (hybrid when both the vector and the keyword
+    /// index are configured, else the one that is), `vector`, `keyword` or `hybrid`.
+    pub default_mode: String,
+    /// Reciprocal rank fusion constant `k` of hybrid search: a node ranked `r` (from 1) by a
+    /// mode adds `weight / (k + r)` (1..=1000).
+    pub rrf_k: u32,
+    /// Weight of the vector ranking in hybrid search (0..=100).
+    pub vector_weight: f64,
+    /// Weight of the keyword ranking in hybrid search (0..=100).
+    pub keyword_weight: f64,
+}
+
+impl Default for RetrievalConfig {
+    fn default() -> Self {
+        RetrievalConfig {
+            default_mode: "auto".into(),
+            rrf_k: 60,
+            vector_weight: 1.0,
+            keyword_weight: 1.0,
+        }
+    }
+}
+
+/// The values of `retrieval.default_mode`.
+pub const RETRIEVAL_MODES: [&str; 4] = ["auto", "vector", "keyword", "hybrid"];
+
 fn range<T: PartialOrd + Copy + std::fmt::Display>(
     key: &str,
     v: T,
@@ -315,6 +347,22 @@ impl Config {
         }
         range("index.embedding.batch_size", e.batch_size, 8, 128)?;
         range("index.embedding.timeout_seconds", e.timeout_seconds, 5, 120)?;
+        let r = &self.retrieval;
+        if !RETRIEVAL_MODES.contains(&r.default_mode.as_str()) {
+            return Err(CoreError::InvalidConfig {
+                key: "retrieval.default_mode".into(),
+                reason: format!("{:?} is not one of {RETRIEVAL_MODES:?}", r.default_mode),
+            });
+        }
+        range("retrieval.rrf_k", r.rrf_k, 1, 1000)?;
+        range("retrieval.vector_weight", r.vector_weight, 0.0, 100.0)?;
+        range("retrieval.keyword_weight", r.keyword_weight, 0.0, 100.0)?;
+        if r.vector_weight + r.keyword_weight <= 0.0 {
+            return Err(CoreError::InvalidConfig {
+                key: "retrieval.vector_weight".into(),
+                reason: "the vector and keyword weights must not both be 0".into(),
+            });
+        }
         range(
             "index.vector.upsert_batch_size",
             self.index.vector.upsert_batch_size,
@@ -399,6 +447,34 @@ mod tests {
         assert!(
             err.to_string().contains("index.outbox.retry_jitter_ratio"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn retrieval_keys_are_checked() {
+        for (toml, key) in [
+            (
+                "[retrieval]\ndefault_mode = \"fuzzy\"\n",
+                "retrieval.default_mode",
+            ),
+            ("[retrieval]\nrrf_k = 0\n", "retrieval.rrf_k"),
+            (
+                "[retrieval]\nkeyword_weight = -1.0\n",
+                "retrieval.keyword_weight",
+            ),
+            (
+                "[retrieval]\nkeyword_weight = 0.0\nvector_weight = 0.0\n",
+                "retrieval.vector_weight",
+            ),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        let c = Config::from_toml("[retrieval]\ndefault_mode = \"keyword\"\nrrf_k = 10\n")
+            .expect("valid");
+        assert_eq!(
+            (c.retrieval.default_mode.as_str(), c.retrieval.rrf_k),
+            ("keyword", 10)
         );
     }
 

@@ -18,7 +18,7 @@ pub mod projector;
 pub mod uri;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock, rfc3339};
-pub use config::Config;
+pub use config::{Config, RetrievalConfig};
 pub use error::{Classify, CoreError, ErrorCode};
 pub use event::{
     DeleteContextPayload, Delivery, DeliveryStatus, EVENT_VERSION, EventPayload, EventType,

@@ -5,13 +5,38 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ce_core::{ContextNode, CtxUri};
+use ce_core::{ContextNode, CtxUri, IndexRecord};
+use ce_index::keyword::KeywordHit;
 use ce_index::vector::VectorHit;
 use ce_store::SourceStore;
 use serde_json::Value;
 
 use crate::error::Result;
 use crate::{SNIPPET_CHARS, SearchHit};
+
+/// An index hit: a stored record and its score (vector or keyword).
+pub(crate) trait Scored {
+    fn record(&self) -> &IndexRecord;
+    fn score(&self) -> f32;
+}
+
+impl Scored for VectorHit {
+    fn record(&self) -> &IndexRecord {
+        &self.record
+    }
+    fn score(&self) -> f32 {
+        self.score
+    }
+}
+
+impl Scored for KeywordHit {
+    fn record(&self) -> &IndexRecord {
+        &self.record
+    }
+    fn score(&self) -> f32 {
+        self.score
+    }
+}
 
 /// Hits that survived, and how many candidates were dropped.
 pub(crate) struct Hydrated {
@@ -20,78 +45,107 @@ pub(crate) struct Hydrated {
 }
 
 /// The version an index record was computed from (`metadata.node_version`), if recorded.
-pub(crate) fn indexed_version(hit: &VectorHit) -> Option<u64> {
-    hit.record
-        .metadata
-        .get("node_version")
-        .and_then(Value::as_u64)
+pub(crate) fn indexed_version(record: &IndexRecord) -> Option<u64> {
+    record.metadata.get("node_version").and_then(Value::as_u64)
 }
 
-/// Keeps the candidates (best first) whose node the source holds at the indexed version, one
-/// hit per node, until `top_k` nodes are found. Drops are counted among the candidates
-/// examined.
-pub(crate) fn hydrate(
-    source: &dyn SourceStore,
-    candidates: &[VectorHit],
-    top_k: usize,
-) -> Result<Hydrated> {
-    let uris: Vec<CtxUri> = candidates
-        .iter()
-        .map(|h| h.record.uri.clone())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let nodes: BTreeMap<CtxUri, ContextNode> = if uris.is_empty() {
-        BTreeMap::new()
-    } else {
-        source
-            .read_nodes(&uris)?
+/// The source's current nodes for a set of candidates: one batched read.
+pub(crate) struct Current {
+    nodes: BTreeMap<CtxUri, ContextNode>,
+}
+
+impl Current {
+    /// Reads the nodes of `records` in one `read_nodes`.
+    pub(crate) fn read<'a>(
+        source: &dyn SourceStore,
+        records: impl IntoIterator<Item = &'a IndexRecord>,
+    ) -> Result<Self> {
+        let uris: Vec<CtxUri> = records
             .into_iter()
-            .map(|n| (n.uri.clone(), n))
-            .collect()
-    };
-    let mut seen: BTreeSet<&CtxUri> = BTreeSet::new();
-    let mut out = Hydrated {
-        hits: Vec::new(),
-        dropped: 0,
-    };
-    for hit in candidates {
-        if out.hits.len() >= top_k {
-            break;
-        }
-        let r = &hit.record;
-        let current = nodes
-            .get(&r.uri)
-            .filter(|n| indexed_version(hit) == Some(n.version));
-        let Some(node) = current else {
-            out.dropped += 1;
-            continue;
+            .map(|r| r.uri.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let nodes = if uris.is_empty() {
+            BTreeMap::new()
+        } else {
+            source
+                .read_nodes(&uris)?
+                .into_iter()
+                .map(|n| (n.uri.clone(), n))
+                .collect()
         };
-        if !seen.insert(&r.uri) {
-            continue;
+        Ok(Current { nodes })
+    }
+
+    /// The node of `record` if the source holds it at exactly the indexed version (RT1).
+    pub(crate) fn of(&self, record: &IndexRecord) -> Option<&ContextNode> {
+        self.nodes
+            .get(&record.uri)
+            .filter(|n| indexed_version(record) == Some(n.version))
+    }
+
+    /// The current candidates of `candidates` (best first), one per node: each node's best
+    /// current record and its score, in order; and how many candidates were dropped as stale.
+    /// Stops once `limit` nodes are found (drops are counted among the candidates examined).
+    pub(crate) fn rank<'c, H: Scored>(
+        &self,
+        candidates: &'c [H],
+        limit: usize,
+    ) -> (Vec<(&'c IndexRecord, f32)>, usize) {
+        let mut seen: BTreeSet<&CtxUri> = BTreeSet::new();
+        let mut out = Vec::new();
+        let mut dropped = 0;
+        for c in candidates {
+            if out.len() >= limit {
+                break;
+            }
+            let r = c.record();
+            if self.of(r).is_none() {
+                dropped += 1;
+            } else if seen.insert(&r.uri) {
+                out.push((r, c.score()));
+            }
         }
-        debug_assert!(rt1(node, hit), "RT1 violated for {}", r.uri);
-        out.hits.push(SearchHit {
+        (out, dropped)
+    }
+
+    /// The hit of a current record (see [`Current::of`]); `None` if it is not current.
+    pub(crate) fn hit(&self, record: &IndexRecord, score: f32) -> Option<SearchHit> {
+        let node = self.of(record)?;
+        Some(SearchHit {
             uri: node.uri.clone(),
             parent_uri: node.parent_uri.clone(),
-            level: r.level,
-            score: hit.score,
+            level: record.level,
+            score,
             abstract_text: if node.layers.abstract_text.is_empty() {
-                snippet(&r.text)
+                snippet(&record.text)
             } else {
                 node.layers.abstract_text.clone()
             },
             version: node.version,
             context_type: node.context_type.as_str().to_owned(),
             category: node.category.clone(),
-        });
+            ranks: None,
+        })
     }
-    Ok(out)
 }
 
-/// RT1 for one hit.
-pub(crate) fn rt1(node: &ContextNode, hit: &VectorHit) -> bool {
-    node.uri == hit.record.uri && indexed_version(hit) == Some(node.version)
+/// Keeps the candidates (best first) whose node the source holds at the indexed version, one
+/// hit per node, until `top_k` nodes are found. Drops are counted among the candidates
+/// examined.
+pub(crate) fn hydrate<H: Scored>(
+    source: &dyn SourceStore,
+    candidates: &[H],
+    top_k: usize,
+) -> Result<Hydrated> {
+    let current = Current::read(source, candidates.iter().map(Scored::record))?;
+    let (ranked, dropped) = current.rank(candidates, top_k);
+    let hits = ranked
+        .into_iter()
+        .filter_map(|(r, score)| current.hit(r, score))
+        .collect();
+    Ok(Hydrated { hits, dropped })
 }
 
 /// The first [`SNIPPET_CHARS`] characters of `text`, with `…` when cut.

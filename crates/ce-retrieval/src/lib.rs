@@ -1,19 +1,20 @@
 //! ContextEngine retrieval: turns a query into hits that the source of truth vouches for.
 //!
-//! [`search`] is one pass, one step per stage:
+//! A search runs in one of three modes ([`SearchMode`]), one step per stage:
 //! 1. validate the request ([`SearchRequest::validate`]);
-//! 2. embed the query (one embedder call);
-//! 3. ask the vector index for `2 × top_k` candidate records (× 3 without a level filter,
-//!    since a node has up to three records and hits are returned per node) that pass the
-//!    filter;
-//! 4. **hydrate**: read every candidate's node in one batched `read_nodes` and keep a
+//! 2. **vector**: embed the query (one embedder call) and ask the vector index for
+//!    [`SearchRequest::candidates`] records that pass the filter (`2 × top_k`, × 3 without a
+//!    level filter, since a node has up to three records and hits are returned per node);
+//!    **keyword**: ask the keyword index (BM25) for as many; **hybrid**: both;
+//! 3. **hydrate**: read every candidate's node in one batched `read_nodes` and keep a
 //!    candidate only if its node exists at exactly the version the record was computed from
 //!    (`metadata.node_version`). A node that is gone, moved, or newer than its index record is
 //!    dropped and counted in [`SearchResponse::dropped_by_hydration`] — stale text is never
 //!    returned as current (DESIGN.md decision 9: better not found than found wrong);
-//! 5. keep the best-scoring record of each node, up to `top_k` nodes.
+//! 4. keep the best-scoring record of each node; in hybrid mode fuse the two node rankings by
+//!    weighted reciprocal rank fusion ([`Fusion`]); return up to `top_k` nodes.
 //!
-//! Nothing here writes: retrieval reads the index and the source and returns.
+//! Nothing here writes: retrieval reads the indexes and the source and returns.
 
 mod error;
 mod hydrate;
@@ -21,8 +22,9 @@ mod hydrate;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ce_core::{CoreError, CtxUri, Level};
+use ce_core::{CoreError, CtxUri, IndexRecord, Level, RetrievalConfig};
 use ce_embed::Embedder;
+use ce_index::keyword::KeywordIndex;
 use ce_index::vector::{SearchFilter, VectorIndex};
 use ce_store::SourceStore;
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,8 @@ use serde_json::Value;
 use tracing::debug;
 
 pub use error::{Result, RetrievalError};
+
+use hydrate::Current;
 
 /// `top_k` when the request does not say.
 pub const DEFAULT_TOP_K: usize = 10;
@@ -42,6 +46,60 @@ pub const SNIPPET_CHARS: usize = 200;
 /// Embedding timeout when the request does not say.
 pub const DEFAULT_EMBED_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How a search finds its candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchMode {
+    /// Embedding similarity (cosine) over the vector index.
+    Vector,
+    /// BM25 over the keyword index.
+    Keyword,
+    /// Both, fused by weighted reciprocal rank ([`Fusion`]).
+    Hybrid,
+}
+
+impl SearchMode {
+    /// Every mode.
+    pub const ALL: [SearchMode; 3] = [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid];
+
+    /// The name used in JSON, the CLI and the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearchMode::Vector => "vector",
+            SearchMode::Keyword => "keyword",
+            SearchMode::Hybrid => "hybrid",
+        }
+    }
+
+    fn uses_vectors(self) -> bool {
+        self != SearchMode::Keyword
+    }
+
+    fn uses_keywords(self) -> bool {
+        self != SearchMode::Vector
+    }
+}
+
+impl std::fmt::Display for SearchMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SearchMode {
+    type Err = CoreError;
+
+    fn from_str(s: &str) -> Result<Self, CoreError> {
+        SearchMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| CoreError::InvalidField {
+                field: "mode",
+                reason: format!("{s:?} is not one of \"vector\", \"keyword\", \"hybrid\""),
+            })
+    }
+}
+
 /// A search.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchRequest {
@@ -52,15 +110,17 @@ pub struct SearchRequest {
     /// Which records may match (level, subtree, parent, type, category, owner, account,
     /// flat metadata equality).
     pub filter: SearchFilter,
-    /// Hits scoring below this are not returned (default: none; cosine similarity is in
-    /// [-1, 1]).
+    /// Vector candidates with a cosine similarity below this are not considered (default:
+    /// none; in [-1, 1]). Not accepted in keyword mode (BM25 scores have no fixed scale).
     pub min_score: Option<f32>,
     /// Timeout of the query's embedding call.
     pub embed_timeout: Duration,
+    /// The mode; `None` takes the configured default ([`Fusion::default_mode`]).
+    pub mode: Option<SearchMode>,
 }
 
 impl SearchRequest {
-    /// A request for `query` with defaults: top 10, no filter.
+    /// A request for `query` with defaults: top 10, no filter, the default mode.
     pub fn new(query: impl Into<String>) -> Self {
         SearchRequest {
             query: query.into(),
@@ -68,6 +128,7 @@ impl SearchRequest {
             filter: SearchFilter::default(),
             min_score: None,
             embed_timeout: DEFAULT_EMBED_TIMEOUT,
+            mode: None,
         }
     }
 
@@ -89,10 +150,16 @@ impl SearchRequest {
                 max: MAX_QUERY_BYTES,
             }));
         }
-        if let Some(m) = self.min_score
-            && !(-1.0..=1.0).contains(&m)
-        {
-            return bad("min_score", format!("{m} is outside -1..=1"));
+        if let Some(m) = self.min_score {
+            if !(-1.0..=1.0).contains(&m) {
+                return bad("min_score", format!("{m} is outside -1..=1"));
+            }
+            if self.mode == Some(SearchMode::Keyword) {
+                return bad(
+                    "min_score",
+                    "applies to vector similarity: not accepted in keyword mode".into(),
+                );
+            }
         }
         if self.top_k == 0 || self.top_k > MAX_TOP_K {
             return bad(
@@ -103,7 +170,7 @@ impl SearchRequest {
         Ok(())
     }
 
-    /// How many index records to ask for (see the module docs).
+    /// How many index records to ask each index for (see the module docs).
     pub fn candidates(&self) -> usize {
         let per_node = if self.filter.level.is_some() {
             1
@@ -112,6 +179,16 @@ impl SearchRequest {
         };
         self.top_k * 2 * per_node
     }
+}
+
+/// Ranks of a hybrid hit in each mode's node ranking (from 1; `None`: not among its
+/// candidates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModeRanks {
+    /// Rank by vector similarity.
+    pub vector: Option<usize>,
+    /// Rank by BM25.
+    pub keyword: Option<usize>,
 }
 
 /// One node found.
@@ -123,7 +200,8 @@ pub struct SearchHit {
     pub parent_uri: CtxUri,
     /// The level of the best-matching record.
     pub level: Level,
-    /// Cosine similarity of that record to the query (higher is closer).
+    /// Vector mode: cosine similarity of that record to the query; keyword mode: its BM25
+    /// score; hybrid: the fused score (higher is better in every mode).
     pub score: f32,
     /// The node's current L0 abstract, or — when the node has none — the start of the
     /// matched record's indexed text (at most [`SNIPPET_CHARS`] characters).
@@ -135,6 +213,9 @@ pub struct SearchHit {
     pub context_type: String,
     /// Category.
     pub category: String,
+    /// Hybrid mode: the node's rank in each mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<ModeRanks>,
 }
 
 /// Where the time went, in milliseconds.
@@ -144,23 +225,28 @@ pub struct SearchTimings {
     pub embed_ms: f64,
     /// The vector index search.
     pub index_ms: f64,
+    /// The keyword index search.
+    #[serde(default)]
+    pub keyword_ms: f64,
     /// The batched source read and checks.
     pub hydrate_ms: f64,
     /// The whole search.
     pub total_ms: f64,
 }
 
-/// The answer of [`search`].
+/// The answer of a search.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchResponse {
+    /// The mode that ran.
+    pub mode: SearchMode,
     /// Nodes found, best first (at most `top_k`).
     pub hits: Vec<SearchHit>,
-    /// Records the index returned (at or above `min_score`).
+    /// Records the indexes returned (vector ones at or above `min_score`).
     pub candidates: usize,
     /// Candidates examined and dropped because the source no longer holds their node at the
     /// indexed version (removed, moved, or changed since it was indexed).
     pub dropped_by_hydration: usize,
-    /// The embedding model (`provider:model:dimension`).
+    /// The embedding model (`provider:model:dimension`); empty in keyword mode.
     pub model: String,
     /// Timings.
     pub timings: SearchTimings,
@@ -170,64 +256,256 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
-/// Runs `req` (see the module docs).
+/// How hybrid search fuses its rankings, and which mode a request without one gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fusion {
+    /// The mode of a request that names none; `None`: hybrid when both indexes are
+    /// available, else the one that is.
+    pub default_mode: Option<SearchMode>,
+    /// Reciprocal rank fusion constant: a node ranked `r` (from 1) adds `weight / (k + r)`.
+    pub rrf_k: u32,
+    /// Weight of the vector ranking.
+    pub vector_weight: f64,
+    /// Weight of the keyword ranking.
+    pub keyword_weight: f64,
+}
+
+impl Default for Fusion {
+    fn default() -> Self {
+        Fusion::from_config(&RetrievalConfig::default())
+    }
+}
+
+impl Fusion {
+    /// The `[retrieval]` settings (validated by `Config::validate`).
+    pub fn from_config(c: &RetrievalConfig) -> Self {
+        Fusion {
+            default_mode: c.default_mode.parse().ok(),
+            rrf_k: c.rrf_k,
+            vector_weight: c.vector_weight,
+            keyword_weight: c.keyword_weight,
+        }
+    }
+
+    /// Fuses two node rankings (best first, one entry per node): each node scores
+    /// `Σ weight / (rrf_k + rank)` over the rankings that hold it; best first, ties by URI.
+    /// Each entry keeps the record of the ranking where it contributes most (vector on a
+    /// tie), and its ranks.
+    fn fuse<'r>(
+        &self,
+        vector: &[(&'r IndexRecord, f32)],
+        keyword: &[(&'r IndexRecord, f32)],
+    ) -> Vec<(&'r IndexRecord, f32, ModeRanks)> {
+        struct Entry<'r> {
+            record: &'r IndexRecord,
+            best: f64,
+            score: f64,
+            ranks: ModeRanks,
+        }
+        let mut by_uri: BTreeMap<&CtxUri, Entry<'r>> = BTreeMap::new();
+        for (weight, list, is_vector) in [
+            (self.vector_weight, vector, true),
+            (self.keyword_weight, keyword, false),
+        ] {
+            for (i, (record, _)) in list.iter().enumerate() {
+                let rank = i + 1;
+                let part = weight / (f64::from(self.rrf_k) + rank as f64);
+                let e = by_uri.entry(&record.uri).or_insert(Entry {
+                    record,
+                    best: part,
+                    score: 0.0,
+                    ranks: ModeRanks {
+                        vector: None,
+                        keyword: None,
+                    },
+                });
+                e.score += part;
+                if part > e.best {
+                    (e.best, e.record) = (part, record);
+                }
+                if is_vector {
+                    e.ranks.vector = Some(rank);
+                } else {
+                    e.ranks.keyword = Some(rank);
+                }
+            }
+        }
+        let mut fused: Vec<_> = by_uri
+            .into_values()
+            .map(|e| (e.record, e.score as f32, e.ranks))
+            .collect();
+        fused.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.uri.cmp(&b.0.uri)));
+        fused
+    }
+}
+
+/// The vector side of retrieval: the query embedder and the vector index.
+#[derive(Clone, Copy)]
+pub struct VectorSide<'a> {
+    /// Embeds the query.
+    pub embedder: &'a dyn Embedder,
+    /// The vector index (bound to the embedder's model).
+    pub index: &'a dyn VectorIndex,
+}
+
+/// What a search reads: the source of truth and the indexes that are available.
+#[derive(Clone, Copy)]
+pub struct Retriever<'a> {
+    /// The source of truth (hydration).
+    pub source: &'a dyn SourceStore,
+    /// The vector index, if available.
+    pub vector: Option<VectorSide<'a>>,
+    /// The keyword index, if available.
+    pub keyword: Option<&'a dyn KeywordIndex>,
+    /// Fusion and the default mode.
+    pub fusion: Fusion,
+}
+
+impl Retriever<'_> {
+    /// The mode `req` runs in: its own, else the configured default, else hybrid when both
+    /// indexes are available or the one that is. A mode whose index is not available is a
+    /// non-retryable error naming `mode`.
+    pub fn mode(&self, req: &SearchRequest) -> Result<SearchMode> {
+        let auto = match (self.vector.is_some(), self.keyword.is_some()) {
+            (true, true) => SearchMode::Hybrid,
+            (false, true) => SearchMode::Keyword,
+            _ => SearchMode::Vector,
+        };
+        let mode = req.mode.or(self.fusion.default_mode).unwrap_or(auto);
+        let missing = match mode {
+            _ if mode.uses_vectors() && self.vector.is_none() => Some("vector"),
+            _ if mode.uses_keywords() && self.keyword.is_none() => Some("keyword"),
+            _ => None,
+        };
+        match missing {
+            Some(index) => Err(RetrievalError::InvalidRequest(CoreError::InvalidField {
+                field: "mode",
+                reason: format!("{mode} search needs the {index} index, which is not available"),
+            })),
+            None => Ok(mode),
+        }
+    }
+
+    /// Runs `req` (see the module docs).
+    pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
+        let started = Instant::now();
+        req.validate()?;
+        let mode = self.mode(req)?;
+        let mut timings = SearchTimings::default();
+        let mut model = String::new();
+
+        let vector_hits = match self.vector.filter(|_| mode.uses_vectors()) {
+            Some(v) => {
+                let identity = v.embedder.identity();
+                if let Some(bound) = v.index.model()?
+                    && bound != *identity
+                {
+                    return Err(RetrievalError::ModelMismatch {
+                        index: bound.key(),
+                        embedder: identity.key(),
+                    });
+                }
+                model = identity.key();
+                let t = Instant::now();
+                let query_vector = embed_query(v.embedder, &req.query, req.embed_timeout)?;
+                timings.embed_ms = ms(t.elapsed());
+                let t = Instant::now();
+                let mut hits = v
+                    .index
+                    .search(&query_vector, &req.filter, req.candidates())?;
+                if let Some(min) = req.min_score {
+                    hits.retain(|h| h.score >= min);
+                }
+                timings.index_ms = ms(t.elapsed());
+                hits
+            }
+            None => Vec::new(),
+        };
+        let keyword_hits = match self.keyword.filter(|_| mode.uses_keywords()) {
+            Some(k) => {
+                let t = Instant::now();
+                let hits = k.search(&req.query, &req.filter, req.candidates())?;
+                timings.keyword_ms = ms(t.elapsed());
+                hits
+            }
+            None => Vec::new(),
+        };
+
+        let t = Instant::now();
+        let current = Current::read(
+            self.source,
+            vector_hits
+                .iter()
+                .map(|h| &h.record)
+                .chain(keyword_hits.iter().map(|h| &h.record)),
+        )?;
+        let (hits, dropped) = match mode {
+            SearchMode::Vector | SearchMode::Keyword => {
+                let (ranked, dropped) = if mode == SearchMode::Vector {
+                    current.rank(&vector_hits, req.top_k)
+                } else {
+                    current.rank(&keyword_hits, req.top_k)
+                };
+                let hits: Vec<SearchHit> = ranked
+                    .into_iter()
+                    .filter_map(|(r, score)| current.hit(r, score))
+                    .collect();
+                (hits, dropped)
+            }
+            SearchMode::Hybrid => {
+                let (v, dv) = current.rank(&vector_hits, usize::MAX);
+                let (k, dk) = current.rank(&keyword_hits, usize::MAX);
+                let hits = self
+                    .fusion
+                    .fuse(&v, &k)
+                    .into_iter()
+                    .take(req.top_k)
+                    .filter_map(|(r, score, ranks)| {
+                        let mut hit = current.hit(r, score)?;
+                        hit.ranks = Some(ranks);
+                        Some(hit)
+                    })
+                    .collect();
+                (hits, dv + dk)
+            }
+        };
+        timings.hydrate_ms = ms(t.elapsed());
+
+        let total = started.elapsed();
+        timings.total_ms = ms(total);
+        metrics::histogram!("retrieval_search_latency_ms", "mode" => mode.as_str())
+            .record(total.as_secs_f64() * 1e3);
+        if dropped > 0 {
+            metrics::counter!("retrieval_dropped_by_hydration_total", "mode" => mode.as_str())
+                .increment(dropped as u64);
+        }
+        let candidates = vector_hits.len() + keyword_hits.len();
+        debug!(%mode, candidates, hits = hits.len(), dropped, "search done");
+        Ok(SearchResponse {
+            mode,
+            hits,
+            candidates,
+            dropped_by_hydration: dropped,
+            model,
+            timings,
+        })
+    }
+}
+
+/// Runs `req` in vector mode over `index` (a [`Retriever`] without a keyword index).
 pub fn search(
     source: &dyn SourceStore,
     embedder: &dyn Embedder,
     index: &dyn VectorIndex,
     req: &SearchRequest,
 ) -> Result<SearchResponse> {
-    let started = Instant::now();
-    req.validate()?;
-    let identity = embedder.identity();
-    if let Some(bound) = index.model()?
-        && bound != *identity
-    {
-        return Err(RetrievalError::ModelMismatch {
-            index: bound.key(),
-            embedder: identity.key(),
-        });
+    Retriever {
+        source,
+        vector: Some(VectorSide { embedder, index }),
+        keyword: None,
+        fusion: Fusion::default(),
     }
-
-    let t = Instant::now();
-    let query_vector = embed_query(embedder, &req.query, req.embed_timeout)?;
-    let embed_ms = ms(t.elapsed());
-
-    let t = Instant::now();
-    let mut candidates = index.search(&query_vector, &req.filter, req.candidates())?;
-    if let Some(min) = req.min_score {
-        candidates.retain(|h| h.score >= min);
-    }
-    let index_ms = ms(t.elapsed());
-
-    let t = Instant::now();
-    let hydrated = hydrate::hydrate(source, &candidates, req.top_k)?;
-    let hydrate_ms = ms(t.elapsed());
-
-    let total = started.elapsed();
-    metrics::histogram!("retrieval_search_latency_ms").record(total.as_secs_f64() * 1e3);
-    if hydrated.dropped > 0 {
-        metrics::counter!("retrieval_dropped_by_hydration_total")
-            .increment(hydrated.dropped as u64);
-    }
-    debug!(
-        candidates = candidates.len(),
-        hits = hydrated.hits.len(),
-        dropped = hydrated.dropped,
-        "search done"
-    );
-    Ok(SearchResponse {
-        hits: hydrated.hits,
-        candidates: candidates.len(),
-        dropped_by_hydration: hydrated.dropped,
-        model: identity.key(),
-        timings: SearchTimings {
-            embed_ms,
-            index_ms,
-            hydrate_ms,
-            total_ms: ms(total),
-        },
-    })
+    .search(req)
 }
 
 fn embed_query(embedder: &dyn Embedder, query: &str, timeout: Duration) -> Result<Vec<f32>> {
@@ -289,5 +567,7 @@ pub fn filter_from_pairs<'a>(
     Ok(f)
 }
 
+#[cfg(test)]
+mod modes_tests;
 #[cfg(test)]
 mod tests;

@@ -5,23 +5,27 @@ use std::sync::Arc;
 
 use ce_core::{Classify as _, Config, ErrorCode, IndexProjector, Meta};
 use ce_embed::{HashEmbedder, ModelIdentity};
+use ce_index::keyword::memory::MemoryKeywordIndex;
 use ce_index::vector::memory::MemoryVectorIndex;
+use ce_index::worker::target::KeywordTarget;
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::{ContextFs as _, PutMode, PutRequest, SqliteStore};
 use serde_json::json;
 
 use super::*;
 
-struct Fixture {
+pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
     store: Arc<SqliteStore>,
     embedder: Arc<HashEmbedder>,
     index: Arc<MemoryVectorIndex>,
     worker: IndexWorker,
+    pub(crate) keyword: Arc<MemoryKeywordIndex>,
+    keyword_worker: IndexWorker,
 }
 
 impl Fixture {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = Config::default();
         let store = Arc::new(SqliteStore::open(dir.path(), cfg.clone()).expect("store"));
@@ -35,16 +39,27 @@ impl Fixture {
             IndexProjector::new(cfg.projector),
         )
         .expect("worker");
+        let keyword = Arc::new(MemoryKeywordIndex::new());
+        let keyword_worker = IndexWorker::for_target(
+            WorkerConfig::from_config(&cfg, "k1", "keyword"),
+            store.clone(),
+            Arc::new(KeywordTarget(keyword.clone())),
+            None,
+            IndexProjector::new(cfg.projector),
+        )
+        .expect("keyword worker");
         Fixture {
             _dir: dir,
             store,
             embedder,
             index,
             worker,
+            keyword,
+            keyword_worker,
         }
     }
 
-    fn put(&self, uri: &str, abstract_text: &str, content: &str) {
+    pub(crate) fn put(&self, uri: &str, abstract_text: &str, content: &str) {
         self.put_meta(uri, abstract_text, content, Meta::new());
     }
 
@@ -59,9 +74,23 @@ impl Fixture {
         self.store.put(&u(uri), req).expect("put");
     }
 
-    /// Runs the worker until the vector outbox is drained.
-    fn index_all(&self) {
+    /// Runs the workers until the vector and keyword outboxes are drained.
+    pub(crate) fn index_all(&self) {
         while self.worker.run_once(100).expect("run_once").claimed > 0 {}
+        while self.keyword_worker.run_once(100).expect("run_once").claimed > 0 {}
+    }
+
+    /// A retriever over both indexes.
+    pub(crate) fn retriever(&self) -> Retriever<'_> {
+        Retriever {
+            source: self.store.as_ref(),
+            vector: Some(VectorSide {
+                embedder: self.embedder.as_ref(),
+                index: self.index.as_ref(),
+            }),
+            keyword: Some(self.keyword.as_ref()),
+            fusion: Fusion::default(),
+        }
     }
 
     fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
@@ -81,11 +110,11 @@ impl Fixture {
     }
 }
 
-fn u(s: &str) -> CtxUri {
+pub(crate) fn u(s: &str) -> CtxUri {
     CtxUri::parse(s).expect("uri")
 }
 
-fn uris(r: &SearchResponse) -> Vec<&str> {
+pub(crate) fn uris(r: &SearchResponse) -> Vec<&str> {
     r.hits.iter().map(|h| h.uri.as_str()).collect()
 }
 

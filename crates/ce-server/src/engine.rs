@@ -1,18 +1,21 @@
-//! The engine: one data directory's source of truth, embedder, vector index and workers,
-//! wired together.
+//! The engine: one data directory's source of truth, embedder, indexes and workers, wired
+//! together.
 //!
 //! ```text
 //! writes ─► SqliteStore (+ outbox, same transaction) ─► Wakeup::notify
 //!                                   │
-//!                 WorkerPool: IndexWorker × N (consumer "vector")
-//!                                   ▼
-//!            CachedEmbedder ─► EmbeddedVectorIndex  ◄── search (ce-retrieval)
+//!          WorkerPool: IndexWorker × N per consumer ("vector", "keyword")
+//!                    ▼                                   ▼
+//!   CachedEmbedder ─► EmbeddedVectorIndex        EmbeddedKeywordIndex
+//!                    └──────── search (ce-retrieval) ────┘
 //! ```
 //!
-//! Readiness = the store is open (always, once [`Engine::open`] returned) + the embedding
-//! model is loaded + the vector index is bound to that model. A missing model or an index
-//! built with another model keeps the engine up but not ready (and without workers), with
-//! the reason and the fix in [`Engine::readiness`]; node reads and writes still work.
+//! Each configured consumer (`index.outbox.consumers`) progresses on its own: a consumer
+//! whose input is missing is blocked without blocking the others. The vector consumer is
+//! ready when the embedding model is loaded and the vector index is bound to it; a missing
+//! model or an index built with another model keeps the engine up but not ready (no vector
+//! workers, no vector search), with the reason and the fix in [`Engine::readiness`]; node
+//! reads and writes, keyword indexing and keyword search still work.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,11 +27,14 @@ use ce_core::{
     OutboxEvent, OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_embed::{CachedEmbedder, Embedder, ModelIdentity};
+use ce_index::keyword::KeywordIndex;
+use ce_index::keyword::embedded::EmbeddedKeywordIndex;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
 use ce_index::worker::runner::{Wakeup, WorkerPool};
+use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerConfig};
-use ce_retrieval::{SearchRequest, SearchResponse};
+use ce_retrieval::{Fusion, Retriever, SearchMode, SearchRequest, SearchResponse, VectorSide};
 use ce_store::{
     ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SourceStore,
     SqliteStore, WriteOutcome,
@@ -41,11 +47,17 @@ use crate::status::{Applier, ConsumerStatus, DrainProgress, DrainReport, Reindex
 mod failpoint;
 pub mod upkeep;
 
-/// The consumer whose index this engine maintains.
+/// The consumer of the vector index.
 pub const VECTOR_CONSUMER: &str = "vector";
 /// The vector index's directory inside the data directory.
 pub const VECTOR_DIR: &str = "vector";
-/// Worker threads when not configured.
+/// The consumer of the keyword index.
+pub const KEYWORD_CONSUMER: &str = "keyword";
+/// The keyword index's directory inside the data directory.
+pub const KEYWORD_DIR: &str = "keyword";
+/// The consumers this build has an index for.
+pub const INDEXED_CONSUMERS: [&str; 2] = [VECTOR_CONSUMER, KEYWORD_CONSUMER];
+/// Worker threads per consumer when not configured.
 pub const DEFAULT_WORKERS: usize = 2;
 /// Repair events appended per outbox transaction by [`Engine::reindex`].
 const REQUEUE_CHUNK: usize = 1000;
@@ -57,13 +69,15 @@ const DRAIN_MAX_ERRORS: u32 = 20;
 /// How an engine runs its workers.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
-    /// Worker threads for the vector consumer.
+    /// Worker threads per consumer.
     pub workers: usize,
     /// Whether workers run continuously from [`Engine::open_with`] (server, `ce worker`);
     /// when false, work is done by [`Engine::drain`] on demand.
     pub run_workers: bool,
-    /// Prefix of the worker ids (`{role}-{pid}-{n}`), e.g. `serve` or `worker`.
+    /// Prefix of the worker ids (`{role}-{consumer}-{pid}-{n}`), e.g. `serve` or `worker`.
     pub role: String,
+    /// The consumers whose workers run here; empty: every configured consumer with an index.
+    pub consumers: Vec<String>,
 }
 
 impl Default for EngineOptions {
@@ -72,6 +86,7 @@ impl Default for EngineOptions {
             workers: DEFAULT_WORKERS,
             run_workers: true,
             role: "serve".into(),
+            consumers: Vec::new(),
         }
     }
 }
@@ -92,10 +107,14 @@ pub struct Engine {
     store: Arc<SqliteStore>,
     embedder: std::result::Result<Arc<CachedEmbedder>, String>,
     index: Arc<EmbeddedVectorIndex>,
+    /// The keyword index, when the keyword consumer is configured.
+    keyword: Option<Arc<EmbeddedKeywordIndex>>,
     wake: Arc<Wakeup>,
     /// `None` when the index is bound to the embedder's model, else why not.
     binding_error: Mutex<Option<String>>,
     pool: Mutex<Option<WorkerPool>>,
+    /// The consumers the pool's workers serve.
+    pool_consumers: Mutex<Vec<String>>,
     /// Snapshots and graph rebuilds of the vector index, while workers run.
     upkeep: Mutex<Option<upkeep::Upkeep>>,
     running_workers: AtomicUsize,
@@ -128,10 +147,10 @@ impl Engine {
         Self::open_with(data_dir, config, EngineOptions::default())
     }
 
-    /// Opens the store, loads the embedder, opens and binds the vector index, and starts the
-    /// workers when `options.run_workers` (and `index.worker.enabled`) and the engine is
-    /// ready. A missing model or a model mismatch is not an error here: see
-    /// [`Engine::readiness`].
+    /// Opens the store, loads the embedder, opens and binds the vector index, opens the
+    /// keyword index when its consumer is configured, and starts the workers of every ready
+    /// consumer when `options.run_workers` (and `index.worker.enabled`). A missing model or a
+    /// model mismatch is not an error here: see [`Engine::readiness`].
     pub fn open_with(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
         let store = Arc::new(SqliteStore::open(data_dir, config.clone())?);
         let embedder = ce_embed::build_cached(&config.index.embedding, data_dir).map_err(|e| {
@@ -149,15 +168,30 @@ impl Engine {
                 _ => ServerError::Index(e),
             })?,
         );
+        let keyword = if config
+            .index
+            .outbox
+            .consumers
+            .iter()
+            .any(|c| c == KEYWORD_CONSUMER)
+        {
+            Some(Arc::new(EmbeddedKeywordIndex::open(
+                &data_dir.join(KEYWORD_DIR),
+            )?))
+        } else {
+            None
+        };
         let engine = Engine {
             data_dir: data_dir.to_owned(),
             config,
             store,
             embedder,
             index,
+            keyword,
             wake: Wakeup::new(),
             binding_error: Mutex::new(None),
             pool: Mutex::new(None),
+            pool_consumers: Mutex::new(Vec::new()),
             upkeep: Mutex::new(None),
             running_workers: AtomicUsize::new(0),
             options,
@@ -218,6 +252,11 @@ impl Engine {
         &self.index
     }
 
+    /// The keyword index, when its consumer is configured.
+    pub fn keyword_index(&self) -> Option<&Arc<EmbeddedKeywordIndex>> {
+        self.keyword.as_ref()
+    }
+
     /// The embedder, or why it is not loaded.
     pub fn embedder(&self) -> std::result::Result<&Arc<CachedEmbedder>, &str> {
         self.embedder.as_ref().map_err(String::as_str)
@@ -228,7 +267,7 @@ impl Engine {
         &self.wake
     }
 
-    /// Whether the engine can index and search, and if not why.
+    /// Whether the vector consumer can index and search, and if not why.
     pub fn readiness(&self) -> Readiness {
         let mut reasons = Vec::new();
         if let Err(e) = &self.embedder {
@@ -243,15 +282,21 @@ impl Engine {
         }
     }
 
-    fn not_ready(&self) -> ServerError {
-        let code = if self.embedder.is_ok() {
+    /// The code of the not-ready error: `schema_mismatch` when the model is loaded but the
+    /// index holds another model's vectors, else `unavailable` (retryable: the model may
+    /// appear).
+    pub fn not_ready_code(&self) -> ErrorCode {
+        if self.embedder.is_ok() {
             ErrorCode::SchemaMismatch
         } else {
             ErrorCode::Unavailable
-        };
+        }
+    }
+
+    fn not_ready(&self) -> ServerError {
         ServerError::NotReady {
             reason: self.readiness().reasons.join("; "),
-            code,
+            code: self.not_ready_code(),
         }
     }
 
@@ -267,34 +312,73 @@ impl Engine {
         self.running_workers.load(Ordering::SeqCst)
     }
 
-    /// Whether the vector consumer is configured in `index.outbox.consumers`.
-    fn vector_configured(&self) -> bool {
-        self.store.consumers().iter().any(|c| c == VECTOR_CONSUMER)
+    /// Whether `consumer` is configured in `index.outbox.consumers`.
+    fn configured(&self, consumer: &str) -> bool {
+        self.store.consumers().iter().any(|c| c == consumer)
     }
 
-    /// `n` workers for the vector consumer (the engine must be ready).
-    fn make_workers(&self, n: usize) -> Result<Vec<Arc<IndexWorker>>> {
-        if !self.readiness().ready {
-            return Err(self.not_ready());
-        }
-        if !self.vector_configured() {
+    /// The consumers this engine runs workers for (`options.consumers`, else all with an
+    /// index) that are configured.
+    fn served_consumers(&self) -> Vec<&'static str> {
+        let only = &self.options.consumers;
+        INDEXED_CONSUMERS
+            .into_iter()
+            .filter(|c| self.configured(c) && (only.is_empty() || only.iter().any(|o| o == c)))
+            .collect()
+    }
+
+    /// The served consumers whose events this engine can apply now.
+    fn ready_consumers(&self) -> Vec<&'static str> {
+        self.served_consumers()
+            .into_iter()
+            .filter(|c| self.applier(c) == Applier::Ready)
+            .collect()
+    }
+
+    /// `n` workers for `consumer`, which must be configured and ready.
+    fn make_workers(&self, consumer: &str, n: usize) -> Result<Vec<Arc<IndexWorker>>> {
+        if !self.configured(consumer) {
             return Err(ServerError::UnsupportedConsumer {
-                name: VECTOR_CONSUMER.into(),
+                name: consumer.into(),
                 reason: "it is not listed in index.outbox.consumers".into(),
             });
         }
-        let embedder: Arc<dyn Embedder> = failpoint::worker_embedder(self.ready_embedder()?);
+        let (target, embedder): (Arc<dyn IndexTarget>, Option<Arc<dyn Embedder>>) = match consumer {
+            VECTOR_CONSUMER => {
+                if !self.readiness().ready {
+                    return Err(self.not_ready());
+                }
+                let index: Arc<dyn VectorIndex> = self.index.clone();
+                (
+                    Arc::new(VectorTarget(index)),
+                    Some(failpoint::worker_embedder(self.ready_embedder()?)),
+                )
+            }
+            KEYWORD_CONSUMER => {
+                let index: Arc<dyn KeywordIndex> = self.keyword_or_unsupported()?.clone();
+                (Arc::new(KeywordTarget(index)), None)
+            }
+            other => {
+                return Err(ServerError::UnsupportedConsumer {
+                    name: other.into(),
+                    reason: format!("this build has indexes for {INDEXED_CONSUMERS:?} only"),
+                });
+            }
+        };
         let source: Arc<dyn SourceStore> = self.store.clone();
-        let index: Arc<dyn VectorIndex> = self.index.clone();
         (0..n.max(1))
             .map(|_| {
                 let k = self.next_worker.fetch_add(1, Ordering::SeqCst);
-                let id = format!("{}-{}-{k}", self.options.role, std::process::id());
-                let w = IndexWorker::new(
-                    WorkerConfig::from_config(&self.config, &id, VECTOR_CONSUMER),
+                let id = format!(
+                    "{}-{consumer}-{}-{k}",
+                    self.options.role,
+                    std::process::id()
+                );
+                let w = IndexWorker::for_target(
+                    WorkerConfig::from_config(&self.config, &id, consumer),
                     source.clone(),
+                    target.clone(),
                     embedder.clone(),
-                    index.clone(),
                     IndexProjector::new(self.config.projector),
                 )?;
                 Ok(Arc::new(w))
@@ -302,7 +386,16 @@ impl Engine {
             .collect()
     }
 
-    /// Starts the continuous workers if configured, enabled and ready (else logs why not).
+    fn keyword_or_unsupported(&self) -> Result<&Arc<EmbeddedKeywordIndex>> {
+        self.keyword
+            .as_ref()
+            .ok_or_else(|| ServerError::UnsupportedConsumer {
+                name: KEYWORD_CONSUMER.into(),
+                reason: "it is not listed in index.outbox.consumers".into(),
+            })
+    }
+
+    /// Starts the continuous workers of every ready consumer if enabled (else logs why not).
     fn start_pool(&self) -> Result<()> {
         let mut pool = lock(&self.pool);
         if pool.is_some() || self.options.workers == 0 {
@@ -312,25 +405,31 @@ impl Engine {
             info!("index.worker.enabled is false: no workers");
             return Ok(());
         }
-        if !self.vector_configured() {
-            warn!("the vector consumer is not configured: no workers");
+        for c in self.served_consumers() {
+            if let Applier::Blocked(why) = self.applier(c) {
+                warn!(consumer = c, reason = %why, "consumer blocked: no workers for it");
+            }
+        }
+        let consumers = self.ready_consumers();
+        let mut workers = Vec::new();
+        for c in &consumers {
+            workers.extend(self.make_workers(c, self.options.workers)?);
+        }
+        if workers.is_empty() {
             return Ok(());
         }
-        let readiness = self.readiness();
-        if !readiness.ready {
-            warn!(reasons = ?readiness.reasons, "not ready: workers not started");
-            return Ok(());
-        }
-        let workers = self.make_workers(self.options.workers)?;
         let n = workers.len();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
         *pool = Some(WorkerPool::start(workers, self.wake.clone(), poll));
         self.running_workers.store(n, Ordering::SeqCst);
-        *lock(&self.upkeep) = Some(upkeep::Upkeep::start(
-            self.index.clone(),
-            upkeep::UpkeepPolicy::from_config(&self.config),
-        ));
-        info!(workers = n, consumer = VECTOR_CONSUMER, "workers started");
+        if consumers.contains(&VECTOR_CONSUMER) {
+            *lock(&self.upkeep) = Some(upkeep::Upkeep::start(
+                self.index.clone(),
+                upkeep::UpkeepPolicy::from_config(&self.config),
+            ));
+        }
+        *lock(&self.pool_consumers) = consumers.iter().map(|c| (*c).to_owned()).collect();
+        info!(workers = n, consumers = ?consumers, "workers started");
         Ok(())
     }
 
@@ -343,6 +442,7 @@ impl Engine {
         if let Some(p) = pool {
             p.shutdown();
             self.running_workers.store(0, Ordering::SeqCst);
+            lock(&self.pool_consumers).clear();
             info!("workers stopped");
         }
     }
@@ -407,27 +507,67 @@ impl Engine {
 
     // --- search, status, maintenance -------------------------------------------------------
 
-    /// Searches the vector index and hydrates the hits (see `ce-retrieval`).
+    /// Searches the indexes and hydrates the hits (see `ce-retrieval`). Without a mode the
+    /// configured default runs (`retrieval.default_mode`; `auto`: hybrid when both the vector
+    /// and keyword consumers are configured, else the configured one). A mode that needs
+    /// vectors while the vector side is not ready gets the not-ready error (it never falls
+    /// back silently); keyword search works without the model.
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
-        let embedder = self.ready_embedder()?;
-        Ok(ce_retrieval::search(
-            self.store.as_ref(),
-            embedder.as_ref(),
-            self.index.as_ref(),
-            req,
-        )?)
+        let embedder = self
+            .ready_embedder()
+            .ok()
+            .filter(|_| self.readiness().ready);
+        let vector = embedder
+            .as_deref()
+            .filter(|_| self.configured(VECTOR_CONSUMER))
+            .map(|e| VectorSide {
+                embedder: e as &dyn Embedder,
+                index: self.index.as_ref() as &dyn VectorIndex,
+            });
+        let retriever = Retriever {
+            source: self.store.as_ref(),
+            vector,
+            keyword: self.keyword.as_deref().map(|k| k as &dyn KeywordIndex),
+            fusion: Fusion::from_config(&self.config.retrieval),
+        };
+        let mode = req.mode.or(retriever.fusion.default_mode).unwrap_or(
+            match (
+                self.configured(VECTOR_CONSUMER),
+                self.configured(KEYWORD_CONSUMER),
+            ) {
+                (true, true) => SearchMode::Hybrid,
+                (false, true) => SearchMode::Keyword,
+                _ => SearchMode::Vector,
+            },
+        );
+        if mode != SearchMode::Keyword && vector.is_none() && self.configured(VECTOR_CONSUMER) {
+            return Err(self.not_ready());
+        }
+        let req = SearchRequest {
+            mode: Some(mode),
+            ..req.clone()
+        };
+        Ok(retriever.search(&req)?)
     }
 
     /// Whether `consumer`'s events can be applied by this build and configuration.
     fn applier(&self, consumer: &str) -> Applier {
-        if consumer != VECTOR_CONSUMER {
-            return Applier::Blocked(format!(
+        let ready = match consumer {
+            VECTOR_CONSUMER => {
+                let readiness = self.readiness();
+                if readiness.ready {
+                    Ok(())
+                } else {
+                    Err(readiness.reasons.join("; "))
+                }
+            }
+            KEYWORD_CONSUMER if self.keyword.is_some() => Ok(()),
+            _ => Err(format!(
                 "no index for consumer {consumer:?} in this build yet: its events wait in the journal"
-            ));
-        }
-        let readiness = self.readiness();
-        if !readiness.ready {
-            return Applier::Blocked(readiness.reasons.join("; "));
+            )),
+        };
+        if let Err(why) = ready {
+            return Applier::Blocked(why);
         }
         if !self.config.index.worker.enabled {
             return Applier::NotRequested("index.worker.enabled is false".into());
@@ -455,36 +595,41 @@ impl Engine {
             model: self.embedder.as_ref().ok().map(|e| e.identity().clone()),
             index_model: self.index.model()?,
             index_records: self.index.count()?,
+            keyword_records: self.keyword.as_ref().map(|k| k.count()).transpose()?,
             consumers,
             workers: self.running_workers(),
-            worker_consumer: VECTOR_CONSUMER.into(),
+            worker_consumers: lock(&self.pool_consumers).clone(),
             embed_cache: self.embedder.as_ref().ok().map(|e| e.stats().into()),
         })
     }
 
     /// Rebuilds `consumer`'s index from the source of truth: stops the workers, appends one
-    /// `UPSERT_CONTEXT` (reason `repair`) per node with text, clears the index and binds it
-    /// to the configured model, then restarts the workers. The repair events come first, so
-    /// a crash at any point leaves either the old index or work that a rerun completes.
-    /// Re-embedding is cheap: unchanged texts come from the embedding cache.
+    /// `UPSERT_CONTEXT` (reason `repair`) per node with text — delivered to `consumer` only,
+    /// the other indexes are left alone — clears the index (and binds the vector index to the
+    /// configured model), then restarts the workers. The repair events come first, so a crash
+    /// at any point leaves either the old index or work that a rerun completes. Re-embedding
+    /// is cheap: unchanged texts come from the embedding cache.
     pub fn reindex(&self, consumer: &str) -> Result<ReindexReport> {
-        if consumer != VECTOR_CONSUMER {
+        if !INDEXED_CONSUMERS.contains(&consumer) {
             return Err(ServerError::UnsupportedConsumer {
                 name: consumer.into(),
-                reason: format!("only the {VECTOR_CONSUMER:?} consumer has an index here"),
+                reason: format!("this build has indexes for {INDEXED_CONSUMERS:?} only"),
             });
         }
-        if !self.vector_configured() {
+        if !self.configured(consumer) {
             return Err(ServerError::UnsupportedConsumer {
                 name: consumer.into(),
                 reason: "it is not listed in index.outbox.consumers".into(),
             });
         }
-        let embedder = self.ready_embedder()?;
+        let model = match consumer {
+            VECTOR_CONSUMER => Some(self.ready_embedder()?.identity().clone()),
+            _ => None,
+        };
         let _maintenance = lock(&self.maintenance);
         let started = Instant::now();
         self.stop_pool();
-        let result = self.requeue_and_clear(embedder.identity());
+        let result = self.requeue_and_clear(consumer, model.as_ref());
         // Workers come back even if the rebuild failed half-way (a rerun finishes it).
         if let Err(e) = self.bind() {
             warn!(error = %e, "rebinding the vector index failed");
@@ -494,20 +639,25 @@ impl Engine {
         }
         self.wake.notify();
         let (requeued, cleared) = result?;
-        metrics::counter!("index_repair_requeued_total", "consumer" => VECTOR_CONSUMER)
+        metrics::counter!("index_repair_requeued_total", "consumer" => consumer.to_owned())
             .increment(requeued);
         info!(consumer, requeued, cleared, "reindex queued");
         Ok(ReindexReport {
             consumer: consumer.into(),
             cleared_records: cleared,
             requeued,
-            model: embedder.identity().clone(),
+            model,
             took_ms: ms(started.elapsed()),
         })
     }
 
-    fn requeue_and_clear(&self, model: &ModelIdentity) -> Result<(u64, u64)> {
+    fn requeue_and_clear(
+        &self,
+        consumer: &str,
+        model: Option<&ModelIdentity>,
+    ) -> Result<(u64, u64)> {
         let trace_id = format!("reindex-{}", uuid::Uuid::now_v7());
+        let only = [consumer.to_owned()];
         let mut requeued = 0u64;
         for account in self.store.ls(&CtxUri::root())? {
             let mut batch = Vec::new();
@@ -525,23 +675,41 @@ impl Engine {
                     }),
                 });
                 if batch.len() >= REQUEUE_CHUNK {
-                    requeued += self.store.append_batch(std::mem::take(&mut batch))?.len() as u64;
+                    requeued += self
+                        .store
+                        .append_batch_for(&only, std::mem::take(&mut batch))?
+                        .len() as u64;
                 }
             }
             if !batch.is_empty() {
-                requeued += self.store.append_batch(batch)?.len() as u64;
+                requeued += self.store.append_batch_for(&only, batch)?.len() as u64;
             }
         }
-        let cleared = self.index.count()?;
-        self.index.clear()?;
-        self.index.bind_model(model)?;
+        let cleared = match consumer {
+            VECTOR_CONSUMER => {
+                let cleared = self.index.count()?;
+                self.index.clear()?;
+                if let Some(m) = model {
+                    self.index.bind_model(m)?;
+                }
+                cleared
+            }
+            _ => {
+                let k = self.keyword_or_unsupported()?;
+                let cleared = k.count()?;
+                k.clear()?;
+                cleared
+            }
+        };
         Ok((requeued, cleared))
     }
 
-    /// Runs `options.workers` workers until the vector consumer has nothing pending or
-    /// claimed (claims of a crashed worker are waited for until their lease expires);
-    /// deliveries waiting to retry are left for later and reported. `progress` is called
-    /// after every batch.
+    /// Runs `options.workers` workers per ready consumer until each of those consumers has
+    /// nothing pending or claimed (claims of a crashed worker are waited for until their lease
+    /// expires); deliveries waiting to retry are left for later. The report lists every
+    /// served consumer afterwards (`options.consumers`), blocked ones included (a blocked
+    /// consumer never holds the others back). `progress` is called after every batch. With no
+    /// consumer ready the error says why (e.g. the model is not loaded).
     pub fn drain(&self, progress: &(dyn Fn(&DrainProgress) + Sync)) -> Result<DrainReport> {
         let _maintenance = lock(&self.maintenance);
         if lock(&self.pool).is_some() {
@@ -549,7 +717,14 @@ impl Engine {
                 "drain needs the workers: this engine runs them continuously".into(),
             ));
         }
-        let workers = self.make_workers(self.options.workers)?;
+        let consumers = self.ready_consumers();
+        if consumers.is_empty() {
+            return Err(self.not_ready());
+        }
+        let mut workers = Vec::new();
+        for c in &consumers {
+            workers.extend(self.make_workers(c, self.options.workers)?);
+        }
         let started = Instant::now();
         let totals = DrainTotals::default();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
@@ -572,8 +747,12 @@ impl Engine {
             .store
             .stats()?
             .into_iter()
-            .find(|s| s.consumer == VECTOR_CONSUMER)
-            .map(|s| ConsumerStatus::new(s, now, &self.applier(VECTOR_CONSUMER)));
+            .filter(|s| self.served_consumers().contains(&s.consumer.as_str()))
+            .map(|s| {
+                let applier = self.applier(&s.consumer);
+                ConsumerStatus::new(s, now, &applier)
+            })
+            .collect();
         Ok(DrainReport {
             progress: totals.snapshot(started),
             workers: workers.len(),
@@ -612,7 +791,7 @@ impl Engine {
             let stats = self.store.stats()?;
             let open = stats
                 .iter()
-                .find(|s| s.consumer == VECTOR_CONSUMER)
+                .find(|s| s.consumer == w.config().consumer)
                 .is_some_and(|s| s.pending + s.claimed > 0);
             if !open {
                 return Ok(());

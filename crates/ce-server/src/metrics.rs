@@ -158,6 +158,9 @@ fn refresh(engine: &Engine) {
         metrics::gauge!("index_outbox_lag_seconds", "consumer" => consumer).set(c.lag_seconds);
     }
     metrics::gauge!("index_vector_records").set(status.index_records as f64);
+    if let Some(n) = status.keyword_records {
+        metrics::gauge!("index_keyword_records").set(n as f64);
+    }
     metrics::gauge!("index_workers_running").set(status.workers as f64);
     metrics::gauge!("ce_ready").set(if status.ready { 1.0 } else { 0.0 });
     if let Some(c) = status.embed_cache {

@@ -181,12 +181,14 @@ pub struct Status {
     pub index_model: Option<ModelIdentity>,
     /// Records in the vector index.
     pub index_records: u64,
+    /// Records in the keyword index (`None`: the keyword consumer is not configured).
+    pub keyword_records: Option<u64>,
     /// Outbox progress and lag per consumer.
     pub consumers: Vec<ConsumerStatus>,
     /// Worker threads running in this process.
     pub workers: usize,
-    /// The consumer those workers serve.
-    pub worker_consumer: String,
+    /// The consumers those workers serve.
+    pub worker_consumers: Vec<String>,
     /// Embedding cache counters of this process, when the model is loaded.
     pub embed_cache: Option<EmbedCacheStatus>,
 }
@@ -200,8 +202,8 @@ pub struct ReindexReport {
     pub cleared_records: u64,
     /// Repair events appended (one per node with text).
     pub requeued: u64,
-    /// The model the index is now bound to.
-    pub model: ModelIdentity,
+    /// The model the index is now bound to (indexes of vectors only).
+    pub model: Option<ModelIdentity>,
     /// Time to queue the rebuild (the workers then do it).
     pub took_ms: f64,
 }
@@ -230,8 +232,9 @@ pub struct DrainReport {
     pub progress: DrainProgress,
     /// Worker threads used.
     pub workers: usize,
-    /// The vector consumer's state afterwards (retry_wait deliveries are left for later).
-    pub remaining: Option<ConsumerStatus>,
+    /// The state afterwards of every consumer this engine applies, and of those it could not
+    /// (blocked); retry_wait deliveries are left for later.
+    pub remaining: Vec<ConsumerStatus>,
 }
 
 #[cfg(test)]

@@ -191,7 +191,10 @@ pub struct SearchBody {
     /// Number of nodes to return (default 10, at most 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
-    /// Hits scoring below this are not returned.
+    /// `vector`, `keyword` or `hybrid` (default: `retrieval.default_mode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Vector candidates below this cosine similarity are not considered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_score: Option<f32>,
     /// Only records of this level (0, 1 or 2).
@@ -259,6 +262,7 @@ impl SearchBody {
             filter,
             min_score: self.min_score,
             embed_timeout: DEFAULT_EMBED_TIMEOUT,
+            mode: self.mode.as_deref().map(str::parse).transpose()?,
         })
     }
 
@@ -268,6 +272,7 @@ impl SearchBody {
         SearchBody {
             query: req.query.clone(),
             top_k: Some(req.top_k),
+            mode: req.mode.map(|m| m.as_str().to_owned()),
             min_score: req.min_score,
             level: f.level.map(|l| i64::from(l.as_u8())),
             subtree: f.subtree.as_ref().map(|u| u.to_string()),

@@ -326,6 +326,14 @@ pub trait OutboxStore: Send + Sync {
     fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent>;
     /// Appends events in one transaction.
     fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>>;
+    /// Appends events in one transaction with deliveries for `consumers` only (repair of one
+    /// index, e.g. a rebuild, leaves the others' queues alone). Every name must be a
+    /// configured consumer.
+    fn append_batch_for(
+        &self,
+        consumers: &[String],
+        events: Vec<OutboxEventCreate>,
+    ) -> Result<Vec<OutboxEvent>>;
     /// Claims up to `limit` runnable deliveries of `consumer` in sequence order: pending or
     /// retry-wait ones that are visible, and claimed ones whose lease expired.
     fn claim_batch(

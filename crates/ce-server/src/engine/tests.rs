@@ -1,7 +1,9 @@
 //! The engine on a real data directory with the hashing embedder.
 
 use ce_core::{Classify as _, Config, ErrorCode};
-use ce_retrieval::SearchRequest;
+use ce_retrieval::{SearchMode, SearchRequest};
+
+use crate::status::Validation;
 use ce_store::{PutRequest, UriVersion};
 
 use super::*;
@@ -15,6 +17,7 @@ fn on_demand(dir: &Path, cfg: Config) -> Engine {
         workers: 2,
         run_workers: false,
         role: "test".into(),
+        consumers: Vec::new(),
     };
     Engine::open_with(dir, cfg, options).expect("engine")
 }
@@ -35,6 +38,7 @@ fn put(e: &Engine, uri: &str, text: &str) {
 fn hits(e: &Engine, q: &str) -> Vec<String> {
     let mut req = SearchRequest::new(q);
     req.min_score = Some(0.3);
+    req.mode = Some(SearchMode::Vector);
     e.search(&req)
         .expect("search")
         .hits
@@ -70,9 +74,13 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
         validation(&e, VECTOR_CONSUMER),
         (crate::status::Validation::AppliedValid, true)
     );
-    // No index serves "keyword" yet: blocked, never counted as applied.
     assert_eq!(
-        validation(&e, "keyword"),
+        validation(&e, KEYWORD_CONSUMER),
+        (crate::status::Validation::AppliedValid, true)
+    );
+    // No index serves "relation" yet: blocked, never counted as applied.
+    assert_eq!(
+        validation(&e, "relation"),
         (crate::status::Validation::Blocked, false)
     );
     assert!(report.progress.succeeded >= 2, "{report:?}");
@@ -86,6 +94,7 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
     assert_eq!(vector.lag_events, 0);
     assert_eq!(vector.lag_seconds, 0.0);
     assert!(s.index_records >= 4, "{s:?}");
+    assert_eq!(s.keyword_records, Some(s.index_records));
     assert_eq!(s.model, s.index_model);
     // The other consumers have no worker here: they lag.
     assert!(s.consumers.iter().any(|c| c.lag_events > 0));
@@ -114,6 +123,7 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
         workers: 2,
         run_workers: true,
         role: "test".into(),
+        consumers: Vec::new(),
     };
     // A long poll interval: only the wake-up hint can make this fast.
     let e = Engine::open_with(
@@ -122,7 +132,12 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
         options,
     )
     .expect("engine");
-    assert_eq!(e.running_workers(), 2);
+    // Two per consumer with an index.
+    assert_eq!(e.running_workers(), 4);
+    assert_eq!(
+        e.status().expect("status").worker_consumers,
+        [VECTOR_CONSUMER, KEYWORD_CONSUMER]
+    );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     let wait = |q: &str, want: &str| {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -220,23 +235,36 @@ fn a_model_change_is_not_ready_until_reindexed() {
     );
     let err = e.search(&SearchRequest::new("dark")).expect_err("mismatch");
     assert_eq!(err.code(), ErrorCode::SchemaMismatch, "{err}");
-    assert_eq!(
-        e.drain(&quiet).expect_err("no workers").code(),
-        ErrorCode::SchemaMismatch
-    );
+    // The blocked vector consumer holds nobody back: keyword search still answers, and a
+    // drain applies the keyword consumer and reports the vector one blocked.
+    let mut keyword = SearchRequest::new("dark");
+    keyword.mode = Some(SearchMode::Keyword);
+    let found = e.search(&keyword).expect("keyword search");
+    assert_eq!(found.hits[0].uri, u("ctx://acc/docs/a"));
+    put(&e, "ctx://acc/docs/b", "light theme");
+    let drained = e.drain(&quiet).expect("keyword drain");
+    let state = |c: &str| {
+        drained
+            .remaining
+            .iter()
+            .find(|s| s.consumer == c)
+            .map(|s| (s.validation, s.lag_events))
+    };
+    assert_eq!(state(VECTOR_CONSUMER), Some((Validation::Blocked, 1)));
+    assert_eq!(state(KEYWORD_CONSUMER), Some((Validation::AppliedValid, 0)));
 
     let report = e.reindex(VECTOR_CONSUMER).expect("reindex");
     assert_eq!(
-        report.requeued, 1,
-        "only nodes with text are requeued: {report:?}"
+        report.requeued, 2,
+        "only nodes with text (a, b) are requeued: {report:?}"
     );
     assert!(report.cleared_records > 0);
-    assert_eq!(report.model.dimension, 64);
+    assert_eq!(report.model.as_ref().map(|m| m.dimension), Some(64));
     assert!(e.readiness().ready);
     e.drain(&quiet).expect("drain");
-    assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
+    assert_eq!(hits(&e, "dark mode everywhere")[0], "ctx://acc/docs/a");
     assert_eq!(
-        e.reindex("keyword").expect_err("unsupported").code(),
+        e.reindex("relation").expect_err("unsupported").code(),
         ErrorCode::InvalidField
     );
 }
@@ -254,7 +282,12 @@ fn a_missing_model_keeps_nodes_working_but_not_search() {
     let r = e.readiness();
     assert!(!r.ready);
     assert!(r.reasons[0].contains("scripts/fetch-model.sh"), "{r:?}");
-    assert_eq!(e.running_workers(), 0);
+    // The keyword consumer does not need the model: its workers run.
+    assert_eq!(e.running_workers(), 2);
+    assert_eq!(
+        e.status().expect("status").worker_consumers,
+        [KEYWORD_CONSUMER]
+    );
     put(&e, "ctx://acc/docs/a", "still writable");
     assert!(matches!(
         e.store()
@@ -275,4 +308,33 @@ fn a_second_engine_on_the_same_directory_is_refused_with_the_fix() {
         Engine::open_with(dir.path(), config(""), EngineOptions::default()).expect_err("locked");
     assert_eq!(err.code(), ErrorCode::Unavailable);
     assert!(err.to_string().contains("--server"), "{err}");
+}
+
+#[test]
+fn a_keyword_reindex_rebuilds_that_index_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = on_demand(dir.path(), config(""));
+    put(&e, "ctx://acc/docs/a", "dark mode everywhere");
+    put(&e, "ctx://acc/docs/b", "refunds within thirty days");
+    e.drain(&quiet).expect("drain");
+    let done = |e: &Engine, c: &str| {
+        let s = e.status().expect("status");
+        let c = s.consumers.iter().find(|s| s.consumer == c).cloned();
+        c.map(|c| (c.done, c.lag_events)).expect("consumer")
+    };
+    let vector_before = done(&e, VECTOR_CONSUMER);
+    let records = e.status().expect("status").keyword_records;
+    let report = e.reindex(KEYWORD_CONSUMER).expect("reindex");
+    assert_eq!((report.requeued, report.model.as_ref()), (2, None));
+    assert_eq!(Some(report.cleared_records), records);
+    assert_eq!(e.status().expect("status").keyword_records, Some(0));
+    // The repair went to the keyword consumer only.
+    assert_eq!(done(&e, VECTOR_CONSUMER), vector_before);
+    assert_eq!(done(&e, KEYWORD_CONSUMER).1, 2);
+    e.drain(&quiet).expect("drain");
+    assert_eq!(e.status().expect("status").keyword_records, records);
+    let mut req = SearchRequest::new("refunds");
+    req.mode = Some(SearchMode::Keyword);
+    let found = e.search(&req).expect("search");
+    assert_eq!(found.hits[0].uri, u("ctx://acc/docs/b"));
 }

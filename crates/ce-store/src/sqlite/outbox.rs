@@ -5,7 +5,8 @@
 //! live claims can ever hold one delivery. Acks are fenced by the claim token and the lease.
 
 use ce_core::{
-    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
+    CoreError, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
+    OutboxEventCreate,
 };
 use rand::Rng as _;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
@@ -284,7 +285,30 @@ impl OutboxStore for SqliteStore {
     }
 
     fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
-        let consumers = &self.config.index.outbox.consumers;
+        let consumers = self.config.index.outbox.consumers.clone();
+        self.append_batch_for(&consumers, events)
+    }
+
+    fn append_batch_for(
+        &self,
+        consumers: &[String],
+        events: Vec<OutboxEventCreate>,
+    ) -> Result<Vec<OutboxEvent>> {
+        let configured = &self.config.index.outbox.consumers;
+        if let Some(c) = consumers.iter().find(|c| !configured.contains(c)) {
+            return Err(StoreError::Core(CoreError::InvalidField {
+                field: "consumer",
+                reason: format!(
+                    "{c:?} is not a configured consumer (index.outbox.consumers: {configured:?})"
+                ),
+            }));
+        }
+        if consumers.is_empty() {
+            return Err(StoreError::Core(CoreError::InvalidField {
+                field: "consumer",
+                reason: "an event needs at least one consumer".into(),
+            }));
+        }
         let payloads: Vec<EventPayload> = events.into_iter().map(|e| e.payload).collect();
         // Never store what the journal cannot read back: one bad event would block every
         // consumer at the head of its queue.
@@ -607,6 +631,43 @@ mod tests {
                 .expect("explain");
             assert!(plan.contains(index), "{sql}\n{plan}");
         }
+    }
+
+    /// A repair for one consumer creates deliveries for it only; unknown or no consumers are
+    /// refused and append nothing.
+    #[test]
+    fn append_for_one_consumer_leaves_the_others_alone() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = SqliteStore::open(tmp.path(), ce_core::Config::default()).expect("open");
+        let uri = ce_core::CtxUri::parse("ctx://acc/resources/a").expect("uri");
+        let event = || ce_core::OutboxEventCreate {
+            payload: ce_core::EventPayload::DeleteContext(ce_core::DeleteContextPayload {
+                event_version: ce_core::EVENT_VERSION,
+                uri: uri.clone(),
+                expected_deleted_version: 1,
+                recursive: false,
+                trace_id: "t".into(),
+            }),
+        };
+        let appended = store
+            .append_batch_for(&["keyword".to_owned()], vec![event()])
+            .expect("append");
+        let (_, deliveries) = store.show(&appended[0].event_id).expect("show");
+        let consumers: Vec<&str> = deliveries.iter().map(|d| d.consumer.as_str()).collect();
+        assert_eq!(consumers, ["keyword"]);
+        for bad in [vec!["nope".to_owned()], vec![]] {
+            let err = store
+                .append_batch_for(&bad, vec![event()])
+                .expect_err("refused");
+            assert!(err.to_string().contains("consumer"), "{err}");
+        }
+        let pending: u64 = store
+            .stats()
+            .expect("stats")
+            .iter()
+            .map(|s| s.pending)
+            .sum();
+        assert_eq!(pending, 1);
     }
 
     #[test]

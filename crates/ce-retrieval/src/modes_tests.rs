@@ -1,0 +1,175 @@
+//! Keyword and hybrid modes against the same fixture as the vector tests.
+
+use ce_core::{Classify as _, ErrorCode};
+
+use super::tests::{Fixture, u, uris};
+use super::*;
+
+fn mode(q: &str, m: SearchMode) -> SearchRequest {
+    SearchRequest {
+        mode: Some(m),
+        ..SearchRequest::new(q)
+    }
+}
+
+fn corpus() -> Fixture {
+    let f = Fixture::new();
+    f.put(
+        "ctx://acc/docs/kafka",
+        "Kafka consumer lag runbook.",
+        "When consumer lag grows, check the partition rebalance and the fetch size.",
+    );
+    f.put(
+        "ctx://acc/docs/queues",
+        "Message queue notes.",
+        "Queues decouple producers from consumers; watch lag and retries.",
+    );
+    f.put(
+        "ctx://acc/docs/garden",
+        "Tomato garden.",
+        "Water tomatoes in the morning; 番茄需要充足的阳光。",
+    );
+    f.index_all();
+    f
+}
+
+#[test]
+fn keyword_mode_ranks_by_bm25_without_the_embedder() {
+    let f = corpus();
+    let r = f
+        .retriever()
+        .search(&mode("rebalance partition", SearchMode::Keyword))
+        .expect("search");
+    assert_eq!(r.mode, SearchMode::Keyword);
+    assert_eq!(uris(&r), ["ctx://acc/docs/kafka"]);
+    assert!(
+        r.model.is_empty(),
+        "keyword mode embeds nothing: {}",
+        r.model
+    );
+    assert_eq!(r.timings.embed_ms, 0.0);
+    assert!(r.hits[0].score > 0.0);
+    // Chinese text is segmented: a word of the sentence finds it.
+    let zh = f
+        .retriever()
+        .search(&mode("阳光", SearchMode::Keyword))
+        .expect("search");
+    assert_eq!(uris(&zh), ["ctx://acc/docs/garden"]);
+}
+
+#[test]
+fn hybrid_fuses_the_two_rankings_by_reciprocal_rank() {
+    let f = corpus();
+    let r = f
+        .retriever()
+        .search(&mode("consumer lag", SearchMode::Hybrid))
+        .expect("search");
+    assert_eq!(r.mode, SearchMode::Hybrid);
+    let fusion = Fusion::default();
+    for h in &r.hits {
+        let ranks = h.ranks.expect("hybrid hits carry their ranks");
+        let part = |rank: Option<usize>, w: f64| {
+            rank.map_or(0.0, |r| w / (f64::from(fusion.rrf_k) + r as f64))
+        };
+        let expected =
+            part(ranks.vector, fusion.vector_weight) + part(ranks.keyword, fusion.keyword_weight);
+        assert!((f64::from(h.score) - expected).abs() < 1e-6, "{h:?}");
+    }
+    let scores: Vec<f32> = r.hits.iter().map(|h| h.score).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // Both lag documents match the words; the keyword ranking puts them first.
+    let top2: Vec<&str> = uris(&r).into_iter().take(2).collect();
+    assert!(top2.contains(&"ctx://acc/docs/kafka"), "{top2:?}");
+    assert!(top2.contains(&"ctx://acc/docs/queues"), "{top2:?}");
+}
+
+#[test]
+fn fusion_weights_decide_which_ranking_counts() {
+    let f = corpus();
+    let only = |vector_weight: f64, keyword_weight: f64, m: SearchMode| {
+        let mut r = f.retriever();
+        r.fusion.vector_weight = vector_weight;
+        r.fusion.keyword_weight = keyword_weight;
+        let hybrid = r
+            .search(&mode("tomatoes morning", SearchMode::Hybrid))
+            .expect("hybrid");
+        let single = r.search(&mode("tomatoes morning", m)).expect("single");
+        (
+            uris(&hybrid)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+            uris(&single)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+        )
+    };
+    // With one weight at 0 the fused order is that mode's order (nodes only the other mode
+    // found follow with score 0, ordered by URI).
+    let (hybrid, keyword) = only(0.0, 1.0, SearchMode::Keyword);
+    assert_eq!(hybrid[..keyword.len()], keyword[..]);
+    let (hybrid, vector) = only(1.0, 0.0, SearchMode::Vector);
+    assert_eq!(
+        hybrid[..vector.len().min(hybrid.len())],
+        vector[..vector.len().min(hybrid.len())]
+    );
+}
+
+#[test]
+fn hybrid_hydrates_both_rankings_and_counts_what_it_drops() {
+    let f = corpus();
+    // Changed after indexing: every record of it, in both indexes, is now stale.
+    f.put(
+        "ctx://acc/docs/kafka",
+        "Kafka consumer lag runbook, v2.",
+        "Rewritten.",
+    );
+    let r = f
+        .retriever()
+        .search(&mode("rebalance partition", SearchMode::Hybrid))
+        .expect("search");
+    assert!(!uris(&r).contains(&"ctx://acc/docs/kafka"), "{r:?}");
+    assert!(r.dropped_by_hydration >= 2, "{r:?}");
+    f.index_all();
+    let r = f
+        .retriever()
+        .search(&mode("runbook", SearchMode::Keyword))
+        .expect("search");
+    assert_eq!(uris(&r), ["ctx://acc/docs/kafka"]);
+    assert_eq!(r.hits[0].version, 2);
+    assert_eq!(r.dropped_by_hydration, 0);
+}
+
+#[test]
+fn modes_without_their_index_and_bad_modes_are_refused() {
+    let f = corpus();
+    let mut r = f.retriever();
+    r.keyword = None;
+    for m in [SearchMode::Keyword, SearchMode::Hybrid] {
+        let err = r.search(&mode("lag", m)).expect_err("no keyword index");
+        assert_eq!(err.code(), ErrorCode::InvalidField, "{err}");
+        assert!(err.to_string().contains("keyword index"), "{err}");
+    }
+    assert_eq!(
+        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        SearchMode::Vector
+    );
+    r.keyword = Some(f.keyword.as_ref());
+    assert_eq!(
+        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        SearchMode::Hybrid
+    );
+    r.vector = None;
+    assert_eq!(
+        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        SearchMode::Keyword
+    );
+    let mut req = mode("lag", SearchMode::Keyword);
+    req.min_score = Some(0.5);
+    let err = r.search(&req).expect_err("min_score in keyword mode");
+    assert!(err.to_string().contains("min_score"), "{err}");
+    let err = "fuzzy".parse::<SearchMode>().expect_err("bad mode");
+    assert!(err.to_string().contains("mode"), "{err}");
+    assert_eq!(u("ctx://acc/docs/kafka").account_id(), "acc");
+}
