@@ -375,6 +375,13 @@ pub struct WorkerArgs {
     /// Drain the outbox (waiting for claims of crashed workers to expire) and exit.
     #[arg(long)]
     pub once: bool,
+    /// Report the delta the open events would apply (counts by action, sample URIs) without
+    /// claiming, embedding, writing or advancing anything, and exit.
+    #[arg(long, conflicts_with = "once")]
+    pub dry_run: bool,
+    /// With --dry-run: open events examined per consumer, oldest first.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub limit: usize,
 }
 
 /// `ce import`.

@@ -496,6 +496,25 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     }
     check_workers(a.workers, 1)?;
     let consumers: Vec<String> = a.consumer.iter().cloned().collect();
+    if a.dry_run {
+        let engine = open_engine_for(cli, a.workers, false, "worker", consumers.clone())?;
+        let names: Vec<String> = if consumers.is_empty() {
+            let configured = engine.store().consumers();
+            ce_server::engine::INDEXED_CONSUMERS
+                .iter()
+                .map(|c| (*c).to_owned())
+                .filter(|c| configured.contains(c))
+                .collect()
+        } else {
+            consumers
+        };
+        let reports = names
+            .iter()
+            .map(|c| engine.dry_run(c, a.limit))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        engine.shutdown();
+        return Rendered::new(&reports, output::dry_runs(&reports));
+    }
     if a.once {
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers)?;
         let report = engine.drain(&progress_printer(cli.json, "worker"))?;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use ce_core::{Classify, CtxUri, Delivery, Millis, OutboxEvent, RelationEdge, rfc3339};
+use ce_index::worker::dry_run::DryRunReport;
 use ce_retrieval::SearchResponse;
 use ce_server::status::{DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
@@ -345,6 +346,49 @@ pub fn drain(d: &DrainReport) -> String {
         pairs.push(("remaining", remaining.join("; ")));
     }
     kv(&pairs)
+}
+
+/// `ce worker --dry-run`.
+pub fn dry_runs(reports: &[DryRunReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        let actions: Vec<String> = r
+            .actions
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(a, n)| format!("{a} {n}"))
+            .collect();
+        let mut pairs = vec![
+            ("consumer", r.consumer.clone()),
+            (
+                "events",
+                format!(
+                    "{}{} (through seq {})",
+                    r.events,
+                    if r.truncated { "+, truncated" } else { "" },
+                    r.through_seq.map_or_else(|| "-".into(), |s| s.to_string())
+                ),
+            ),
+            (
+                "would",
+                if actions.is_empty() {
+                    "change nothing".into()
+                } else {
+                    actions.join(", ")
+                },
+            ),
+        ];
+        for (kind, uris) in &r.samples {
+            pairs.push(("sample", format!("{kind}: {}", uris.join(" "))));
+        }
+        for e in &r.errors {
+            pairs.push(("error", e.clone()));
+        }
+        pairs.push(("valid", r.valid.to_string()));
+        out.push_str(&kv(&pairs));
+        out.push('\n');
+    }
+    out
 }
 
 /// `ce reindex`.

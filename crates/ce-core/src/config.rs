@@ -53,6 +53,11 @@ pub struct WorkerConfig {
     pub heartbeat_seconds: u32,
     /// Events in flight per worker (50..=2000).
     pub max_inflight_events: u32,
+    /// Consumers in dry-run mode: no worker applies their events (their queue does not
+    /// advance); `ce worker --dry-run` reports the delta they would apply, and status shows
+    /// `dry_run_valid` once that report covers every open event. Each must be a configured
+    /// consumer.
+    pub dry_run_consumers: Vec<String>,
 }
 
 impl Default for WorkerConfig {
@@ -64,6 +69,7 @@ impl Default for WorkerConfig {
             lease_seconds: 60,
             heartbeat_seconds: 20,
             max_inflight_events: 200,
+            dry_run_consumers: Vec::new(),
         }
     }
 }
@@ -326,6 +332,19 @@ impl Config {
                 });
             }
         }
+        if let Some(c) = w
+            .dry_run_consumers
+            .iter()
+            .find(|c| !o.consumers.contains(c))
+        {
+            return Err(CoreError::InvalidConfig {
+                key: "index.worker.dry_run_consumers".into(),
+                reason: format!(
+                    "{c:?} is not one of index.outbox.consumers {:?}",
+                    o.consumers
+                ),
+            });
+        }
         let e = &self.index.embedding;
         if !matches!(e.provider.as_str(), "local" | "openai" | "hash") {
             return Err(CoreError::InvalidConfig {
@@ -458,6 +477,10 @@ mod tests {
                 "retrieval.default_mode",
             ),
             ("[retrieval]\nrrf_k = 0\n", "retrieval.rrf_k"),
+            (
+                "[index.worker]\ndry_run_consumers = [\"graph\"]\n",
+                "index.worker.dry_run_consumers",
+            ),
             (
                 "[retrieval]\nkeyword_weight = -1.0\n",
                 "retrieval.keyword_weight",

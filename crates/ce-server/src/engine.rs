@@ -31,6 +31,7 @@ use ce_index::keyword::KeywordIndex;
 use ce_index::keyword::embedded::EmbeddedKeywordIndex;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
+use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerConfig};
@@ -57,6 +58,8 @@ pub const KEYWORD_CONSUMER: &str = "keyword";
 pub const KEYWORD_DIR: &str = "keyword";
 /// The consumers this build has an index for.
 pub const INDEXED_CONSUMERS: [&str; 2] = [VECTOR_CONSUMER, KEYWORD_CONSUMER];
+/// Where dry-run reports are recorded, inside the data directory.
+pub const DRY_RUN_DIR: &str = "dry-run";
 /// Worker threads per consumer when not configured.
 pub const DEFAULT_WORKERS: usize = 2;
 /// Repair events appended per outbox transaction by [`Engine::reindex`].
@@ -552,6 +555,9 @@ impl Engine {
 
     /// Whether `consumer`'s events can be applied by this build and configuration.
     fn applier(&self, consumer: &str) -> Applier {
+        if self.has_index(consumer) && self.in_dry_run_mode(consumer) {
+            return Applier::DryRun(self.last_dry_run(consumer));
+        }
         let ready = match consumer {
             VECTOR_CONSUMER => {
                 let readiness = self.readiness();
@@ -573,6 +579,81 @@ impl Engine {
             return Applier::NotRequested("index.worker.enabled is false".into());
         }
         Applier::Ready
+    }
+
+    fn has_index(&self, consumer: &str) -> bool {
+        match consumer {
+            VECTOR_CONSUMER => true,
+            KEYWORD_CONSUMER => self.keyword.is_some(),
+            _ => false,
+        }
+    }
+
+    fn in_dry_run_mode(&self, consumer: &str) -> bool {
+        self.config
+            .index
+            .worker
+            .dry_run_consumers
+            .iter()
+            .any(|c| c == consumer)
+    }
+
+    fn dry_run_path(&self, consumer: &str) -> PathBuf {
+        self.data_dir
+            .join(DRY_RUN_DIR)
+            .join(format!("{consumer}.json"))
+    }
+
+    /// The last dry run of `consumer` recorded in the data directory, if readable.
+    fn last_dry_run(&self, consumer: &str) -> Option<DryRunReport> {
+        let text = std::fs::read(self.dry_run_path(consumer)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Computes the delta `consumer`'s first `limit` open events would apply to its index,
+    /// without claiming, embedding, writing or acknowledging anything (see
+    /// `ce_index::worker::dry_run`); works while the model is missing. The report is recorded
+    /// in the data directory: in dry-run mode (`index.worker.dry_run_consumers`) status
+    /// reports `dry_run_valid` from it.
+    pub fn dry_run(&self, consumer: &str, limit: usize) -> Result<DryRunReport> {
+        if !self.configured(consumer) || !self.has_index(consumer) {
+            return Err(ServerError::UnsupportedConsumer {
+                name: consumer.into(),
+                reason: format!(
+                    "it must be listed in index.outbox.consumers and be one of {INDEXED_CONSUMERS:?}"
+                ),
+            });
+        }
+        let target: Arc<dyn IndexTarget> = match consumer {
+            VECTOR_CONSUMER => Arc::new(VectorTarget(self.index.clone())),
+            _ => Arc::new(KeywordTarget(self.keyword_or_unsupported()?.clone())),
+        };
+        let cfg = WorkerConfig::from_config(&self.config, "dry-run", consumer);
+        let report = ce_index::worker::dry_run::dry_run(
+            &cfg,
+            self.store.as_ref(),
+            target.as_ref(),
+            &IndexProjector::new(self.config.projector),
+            limit,
+        )
+        .map_err(|e| ServerError::Internal(format!("dry run of {consumer}: {e}")))?;
+        let path = self.dry_run_path(consumer);
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(path.parent().unwrap_or(&self.data_dir))?;
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&report)?)?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            warn!(error = %e, path = %path.display(), "dry-run report not recorded");
+        }
+        info!(
+            consumer,
+            events = report.events,
+            valid = report.valid,
+            "dry run"
+        );
+        Ok(report)
     }
 
     /// Outbox progress and lag per consumer, index size, model and readiness.

@@ -3,11 +3,12 @@
 
 use ce_core::Millis;
 use ce_embed::{CacheStats, ModelIdentity};
+use ce_index::worker::dry_run::DryRunReport;
 use ce_store::{ConsumerError, ConsumerStats};
 use serde::{Deserialize, Serialize};
 
 /// Whether a consumer's index can apply its events here and now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Applier {
     /// A worker can apply them (running, or started on demand by `ce worker` / a drain).
     Ready,
@@ -15,6 +16,9 @@ pub enum Applier {
     Blocked(String),
     /// Applying is not requested (e.g. `index.worker.enabled = false`), with the reason.
     NotRequested(String),
+    /// The consumer is in dry-run mode (`index.worker.dry_run_consumers`): events are not
+    /// applied; the last dry run's report, if any.
+    DryRun(Option<DryRunReport>),
 }
 
 /// Validation state of a consumer (spec "Delta Validation"; docs/indexing.md). Only
@@ -28,6 +32,8 @@ pub enum Validation {
     Partial,
     /// The journal holds valid events, but applying is not requested.
     DeltaValid,
+    /// Dry-run mode: the last dry run computed the delta of every open event without error.
+    DryRunValid,
     /// Every event was applied and nothing is dead: lag 0.
     AppliedValid,
 }
@@ -39,6 +45,7 @@ impl Validation {
             Validation::Blocked => "blocked",
             Validation::Partial => "partial",
             Validation::DeltaValid => "delta_valid",
+            Validation::DryRunValid => "dry_run_valid",
             Validation::AppliedValid => "applied_valid",
         }
     }
@@ -49,6 +56,24 @@ impl Validation {
         match applier {
             Applier::Blocked(why) => (Validation::Blocked, why.clone()),
             Applier::NotRequested(why) => (Validation::DeltaValid, why.clone()),
+            // In dry-run mode nothing is applied, so the open set only grows: a report that
+            // examined as many events as are open examined exactly those.
+            Applier::DryRun(Some(r)) if r.valid && !r.truncated && r.events == lag => (
+                Validation::DryRunValid,
+                format!("dry-run mode: the delta of {lag} open events is computed, not applied"),
+            ),
+            Applier::DryRun(Some(r)) if !r.valid => (
+                Validation::Partial,
+                format!(
+                    "dry-run mode: the last dry run failed: {}",
+                    r.errors.join("; ")
+                ),
+            ),
+            Applier::DryRun(_) => (
+                Validation::Partial,
+                "dry-run mode: no dry run covers the open events yet (run `ce worker --dry-run`)"
+                    .into(),
+            ),
             Applier::Ready if stats.dead > 0 => (
                 Validation::Partial,
                 format!(
@@ -264,6 +289,35 @@ mod tests {
         assert_eq!(state(stats(0, 0, 0), &blocked), Validation::Blocked);
         let off = Applier::NotRequested("workers disabled".into());
         assert_eq!(state(stats(5, 0, 0), &off), Validation::DeltaValid);
+        let report = |events: u64, valid: bool, truncated: bool| {
+            Applier::DryRun(Some(DryRunReport {
+                events,
+                valid,
+                truncated,
+                ..DryRunReport::default()
+            }))
+        };
+        assert_eq!(
+            state(stats(5, 0, 0), &report(5, true, false)),
+            Validation::DryRunValid
+        );
+        // Events arrived since, the report was cut short, failed, or none was made.
+        assert_eq!(
+            state(stats(6, 0, 0), &report(5, true, false)),
+            Validation::Partial
+        );
+        assert_eq!(
+            state(stats(5, 0, 0), &report(5, true, true)),
+            Validation::Partial
+        );
+        assert_eq!(
+            state(stats(5, 0, 0), &report(5, false, false)),
+            Validation::Partial
+        );
+        assert_eq!(
+            state(stats(5, 0, 0), &Applier::DryRun(None)),
+            Validation::Partial
+        );
         let s = ConsumerStatus::new(stats(0, 0, 0), 0, &ready);
         assert!(s.applied && s.validation_reason.is_empty());
         let s = ConsumerStatus::new(stats(1, 0, 0), 0, &blocked);
@@ -273,6 +327,7 @@ mod tests {
             Validation::Blocked,
             Validation::Partial,
             Validation::DeltaValid,
+            Validation::DryRunValid,
             Validation::AppliedValid,
         ] {
             assert_eq!(serde_json::to_value(v).expect("json"), v.as_str());

@@ -117,3 +117,56 @@ fn claims_of_a_killed_worker_are_finished_after_their_lease() {
     assert_eq!(after["dead"], 0, "{after}");
     assert_eq!(search_uris(&ce, "delta epsilon zeta"), ["ctx://acc/docs/b"]);
 }
+
+/// A consumer in dry-run mode is never applied; `ce worker --dry-run` reports its delta,
+/// changes nothing, and status then calls the consumer `dry_run_valid`.
+#[test]
+fn dry_run_mode_reports_the_delta_and_applies_nothing() {
+    let ce = Ce::hash("[index.worker]\ndry_run_consumers = [\"keyword\"]\n");
+    ce.put("ctx://acc/docs/a", "alpha beta gamma");
+    ce.put("ctx://acc/docs/b", "delta epsilon");
+    let consumer = |name: &str| {
+        let s = ce.json(&["status"]);
+        let c = s["consumers"]
+            .as_array()
+            .expect("consumers")
+            .iter()
+            .find(|c| c["consumer"] == name)
+            .cloned()
+            .expect("consumer");
+        (c, s["keyword_records"].clone())
+    };
+    // The vector consumer drains; the keyword one waits, its queue untouched.
+    ce.json(&["worker", "--once"]);
+    let (keyword, records) = consumer("keyword");
+    assert_eq!(keyword["validation"], "partial", "{keyword}");
+    assert_eq!(records, 0);
+    let lag = keyword["lag_events"].as_u64().expect("lag");
+    assert_eq!(consumer("vector").0["validation"], "applied_valid");
+
+    let reports = ce.json(&["worker", "--dry-run", "--consumer", "keyword"]);
+    let r = &reports[0];
+    assert_eq!(r["consumer"], "keyword", "{reports}");
+    assert_eq!(r["valid"], true, "{r}");
+    assert_eq!(r["events"].as_u64(), Some(lag), "{r}");
+    assert!(r["actions"]["text"].as_u64() >= Some(2), "{r}");
+    let synced: Vec<&str> = r["samples"]["sync"]
+        .as_array()
+        .expect("sample")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(synced, ["ctx://acc/docs/a", "ctx://acc/docs/b"], "{r}");
+    let (keyword, records) = consumer("keyword");
+    assert_eq!(keyword["validation"], "dry_run_valid", "{keyword}");
+    assert_eq!(keyword["applied"], false);
+    assert_eq!(
+        (keyword["lag_events"].as_u64(), records),
+        (Some(lag), 0.into())
+    );
+    // A new event makes the report out of date.
+    ce.put("ctx://acc/docs/c", "zeta");
+    assert_eq!(consumer("keyword").0["validation"], "partial");
+    let human = ce.ok(&["worker", "--dry-run", "--consumer", "keyword"]);
+    assert!(human.contains("would") && human.contains("text"), "{human}");
+}

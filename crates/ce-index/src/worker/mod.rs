@@ -15,6 +15,7 @@
 mod ack;
 pub mod apply;
 pub mod compact;
+pub mod dry_run;
 mod error;
 mod heartbeat;
 pub mod runner;
