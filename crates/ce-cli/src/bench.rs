@@ -246,7 +246,8 @@ fn rate(n: u64, d: Duration) -> f64 {
     if s > 0.0 { n as f64 / s } else { 0.0 }
 }
 
-fn round(x: f64, digits: i32) -> f64 {
+/// `x` rounded to `digits` decimals.
+pub(crate) fn round(x: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (x * f).round() / f
 }

@@ -30,7 +30,7 @@ use ce_index::worker::{IndexWorker, WorkError, WorkerCallbacks, WorkerConfig};
 use ce_store::{ContextFs, OutboxStore, PutRequest, SqliteStore, WriteOp};
 use serde_json::{Value, json};
 
-use crate::bench::{latency_summary, machine};
+use crate::bench::{latency_summary, machine, round};
 
 /// Options of `ce bench pipeline`.
 #[derive(Debug, clap::Args)]
@@ -376,9 +376,4 @@ fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(round(kib / 1024.0, 1))
-}
-
-fn round(x: f64, digits: i32) -> f64 {
-    let m = 10f64.powi(digits);
-    (x * m).round() / m
 }

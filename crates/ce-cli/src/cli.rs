@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::bench::BenchOutboxArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
+use crate::bench_retrieval::BenchRetrievalArgs;
 
 /// ContextEngine: a context database for AI agents.
 #[derive(Debug, Parser)]
@@ -419,4 +420,7 @@ pub enum BenchCommand {
     /// Commit → searchable: worker throughput (hash embedder and local model), vector search
     /// latency and recall at 100k, commit→searchable latency at a steady write rate, peak RSS.
     Pipeline(BenchPipelineArgs),
+    /// Keyword back-fill of a new consumer over the journal (docs/s), and vector / keyword /
+    /// hybrid search latency at 100k nodes.
+    Retrieval(BenchRetrievalArgs),
 }

@@ -28,7 +28,7 @@ use crate::cli::{
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, bench_pipeline, demo, remote};
+use crate::{bench, bench_pipeline, bench_retrieval, demo, remote};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -119,6 +119,13 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }
         Command::Bench(BenchCommand::Pipeline(args)) => {
             let json = bench_pipeline::run_pipeline(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
+        Command::Bench(BenchCommand::Retrieval(args)) => {
+            let json = bench_retrieval::run_retrieval(args).map_err(CliError::Other)?;
             Ok(Rendered {
                 human: output::json_text(&json),
                 json,

@@ -8,6 +8,7 @@
 
 mod bench;
 mod bench_pipeline;
+mod bench_retrieval;
 mod cli;
 mod commands;
 mod demo;
