@@ -197,9 +197,14 @@ struct Env {
 }
 
 fn env() -> Env {
+    env_with(&["vector"])
+}
+
+fn env_with(consumers: &[&str]) -> Env {
     let dir = tempfile::tempdir().expect("tmp");
     let mut cfg = Config::default();
-    cfg.index.outbox.consumers = vec!["vector".into()];
+    cfg.index.outbox.consumers = consumers.iter().map(|c| (*c).to_owned()).collect();
+    cfg.index.outbox.max_retries = 20;
     cfg.index.outbox.retry_base_seconds = 1;
     cfg.index.outbox.retry_max_seconds = 30;
     let clock = ManualClock::new(1_700_000_000_000);
@@ -576,10 +581,60 @@ fn embedding_batches_respect_the_batch_size() {
     assert_eq!(actual(index.as_ref()), expected(&env));
 }
 
-/// The convergence simulation (DESIGN.md §5): random put / update / metadata update / mv /
-/// rm / link with 4 concurrent workers, embedder timeouts, rate limits and 5xx, index write
-/// failures, abandoned claims (a worker killed mid-batch) and acks lost to lease expiry.
-/// After faults stop and the outbox drains, the index equals the projection exactly.
+/// A worker target whose writes fail while `failing` is set or by a seeded rate.
+struct FlakyTarget {
+    inner: Arc<dyn IndexTarget>,
+    failing: AtomicBool,
+    rate: f64,
+    rng: Mutex<StdRng>,
+}
+
+impl FlakyTarget {
+    fn new(inner: Arc<dyn IndexTarget>, rate: f64, seed: u64) -> Arc<Self> {
+        Arc::new(FlakyTarget {
+            inner,
+            failing: AtomicBool::new(false),
+            rate,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        })
+    }
+}
+
+impl IndexTarget for FlakyTarget {
+    fn uses_vectors(&self) -> bool {
+        self.inner.uses_vectors()
+    }
+    fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
+        self.inner.bind_model(model)
+    }
+    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.get(ids)
+    }
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
+        self.inner.vectors(ids)
+    }
+    fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.list_under(uri)
+    }
+    fn write_nodes(
+        &self,
+        writes: Vec<NodeWrite>,
+    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+        let roll = self.rng.lock().expect("rng").random::<f64>();
+        if self.failing.load(Ordering::SeqCst) || roll < self.rate {
+            return Err(IndexError::Unavailable("injected write failure".into()));
+        }
+        self.inner.write_nodes(writes)
+    }
+}
+
+/// The convergence simulation (DESIGN.md §5), vector and keyword consumers together: random
+/// put / update / metadata update / mv / rm / link / unlink with 4 concurrent workers per
+/// consumer, embedder timeouts, rate limits and 5xx, index write failures, abandoned claims (a
+/// worker killed mid-batch) and acks lost to lease expiry — and the keyword index failing
+/// every write for a long stretch, during which the vector consumer still reaches lag 0.
+/// After faults stop and the outbox drains, each index equals the projection exactly, and a
+/// metadata-only update of every node then embeds nothing.
 #[test]
 fn convergence_with_concurrent_workers_and_faults() {
     let runs = ce_core::test_cases(3);
@@ -588,8 +643,66 @@ fn convergence_with_concurrent_workers_and_faults() {
     }
 }
 
+/// Deliveries of `consumer` still to apply.
+fn open_of(env: &Env, consumer: &str) -> u64 {
+    env.store
+        .stats()
+        .expect("stats")
+        .iter()
+        .find(|s| s.consumer == consumer)
+        .map_or(0, |s| s.pending + s.claimed + s.retry_wait)
+}
+
+/// Advances time over leases and backoffs until `done` holds (bounded).
+fn settle(env: &Env, seed: u64, what: &str, done: impl Fn() -> bool) {
+    let mut rounds = 0;
+    while !done() {
+        rounds += 1;
+        assert!(
+            rounds < 2_000,
+            "seed {seed}: {what}: {:?}",
+            env.store.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        env.clock.advance(31_000);
+    }
+}
+
+/// Missing, extra and stale records of `got` against the projection `want`.
+fn diff(
+    want: &BTreeMap<String, IndexRecord>,
+    got: &BTreeMap<String, IndexRecord>,
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let show = |r: &IndexRecord| format!("{}#{}", r.uri, r.level);
+    let missing = want
+        .iter()
+        .filter(|(k, _)| !got.contains_key(*k))
+        .map(|(_, r)| show(r))
+        .collect();
+    let extra = got
+        .iter()
+        .filter(|(k, _)| !want.contains_key(*k))
+        .map(|(_, r)| show(r))
+        .collect();
+    let stale = want
+        .iter()
+        .filter(|(k, r)| got.get(*k).is_some_and(|g| g != *r))
+        .map(|(_, r)| show(r))
+        .collect();
+    (missing, extra, stale)
+}
+
+fn records_of(target: &dyn IndexTarget) -> BTreeMap<String, IndexRecord> {
+    target
+        .list_under(&CtxUri::root())
+        .expect("list")
+        .into_iter()
+        .map(|s| (s.record.id.clone(), s.record))
+        .collect()
+}
+
 fn converge(seed: u64) {
-    let env = env();
+    let env = env_with(&["vector", "keyword"]);
     let faults_on = Arc::new(AtomicBool::new(true));
     let (f, clock) = (faults_on.clone(), env.clock.clone());
     let mut frng = StdRng::seed_from_u64(seed ^ 0x5eed);
@@ -610,9 +723,25 @@ fn converge(seed: u64) {
         }
     });
     let index = FlakyIndex::new(0.05, seed);
-    let workers: Vec<Arc<IndexWorker>> = (0..4)
-        .map(|i| Arc::new(worker(&env, emb.clone(), index.clone(), &format!("w{i}"))))
+    let keyword_index = Arc::new(crate::keyword::memory::MemoryKeywordIndex::new());
+    let keyword = FlakyTarget::new(Arc::new(KeywordTarget(keyword_index)), 0.05, seed ^ 0x6b77);
+    keyword.failing.store(true, Ordering::SeqCst);
+    let mut workers: Vec<Arc<IndexWorker>> = (0..4)
+        .map(|i| Arc::new(worker(&env, emb.clone(), index.clone(), &format!("v{i}"))))
         .collect();
+    for i in 0..4 {
+        let mut cfg = wcfg(&format!("k{i}"));
+        cfg.consumer = "keyword".into();
+        let w = IndexWorker::for_target(
+            cfg,
+            env.store.clone(),
+            keyword.clone(),
+            None,
+            IndexProjector::default(),
+        )
+        .expect("keyword worker");
+        workers.push(Arc::new(w));
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = workers
         .iter()
@@ -638,6 +767,33 @@ fn converge(seed: u64) {
         uri(&format!("ctx://acc/{}", segs.join("/")))
     };
     for i in 0..300 {
+        if i == 150 {
+            // The end of the keyword index's outage: meanwhile the vector consumer caught up
+            // completely, while every keyword write failed.
+            settle(
+                &env,
+                seed,
+                "vector did not catch up during the outage",
+                || open_of(&env, "vector") == 0,
+            );
+            let keyword_stats = env
+                .store
+                .stats()
+                .expect("stats")
+                .into_iter()
+                .find(|s| s.consumer == "keyword")
+                .expect("keyword");
+            assert!(
+                keyword_stats.pending + keyword_stats.retry_wait + keyword_stats.dead > 0,
+                "seed {seed}: the failing keyword consumer has nothing open: {keyword_stats:?}"
+            );
+            assert!(keyword_stats.last_error.is_some(), "{keyword_stats:?}");
+            keyword.failing.store(false, Ordering::SeqCst);
+            // What the outage made dead is requeued, as an operator would after the fix.
+            env.store
+                .requeue_dead(Some("keyword"), None)
+                .expect("requeue");
+        }
         let u = pick(&mut rng);
         match rng.random_range(0..100) {
             0..=44 => {
@@ -660,10 +816,10 @@ fn converge(seed: u64) {
             60..=71 => {
                 let _ = env.store.mv(&u, &pick(&mut rng), None);
             }
-            72..=84 => {
+            72..=82 => {
                 let _ = env.store.rm(&u, true, None, None);
             }
-            85..=94 => {
+            83..=89 => {
                 let _ = env.store.link(LinkRequest {
                     from: u,
                     to: pick(&mut rng),
@@ -673,9 +829,17 @@ fn converge(seed: u64) {
                     trace_id: None,
                 });
             }
+            90..=94 => {
+                let _ = env.store.unlink(&u, &pick(&mut rng), "rel", None);
+            }
             _ => {
                 // A worker killed mid-batch: claims taken and never acknowledged.
-                let _ = env.store.claim_batch("vector", &format!("dead-{i}"), 3);
+                let consumer = if rng.random_bool(0.5) {
+                    "vector"
+                } else {
+                    "keyword"
+                };
+                let _ = env.store.claim_batch(consumer, &format!("dead-{i}"), 3);
             }
         }
         if i % 25 == 0 {
@@ -683,23 +847,8 @@ fn converge(seed: u64) {
         }
     }
     faults_on.store(false, Ordering::SeqCst);
-    // Drain: advance time over leases and backoffs until every delivery is done or dead.
-    let mut rounds = 0;
-    loop {
-        let s = env.store.stats().expect("stats");
-        let open: u64 = s.iter().map(|s| s.pending + s.claimed + s.retry_wait).sum();
-        if open == 0 {
-            break;
-        }
-        rounds += 1;
-        assert!(rounds < 2_000, "seed {seed}: outbox did not drain: {s:?}");
-        std::thread::sleep(Duration::from_millis(5));
-        env.clock.advance(31_000);
-    }
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().expect("worker thread");
-    }
+    let all_open = || open_of(&env, "vector") + open_of(&env, "keyword") == 0;
+    settle(&env, seed, "outbox did not drain", all_open);
     let dead = env
         .store
         .list(&OutboxFilter {
@@ -712,32 +861,50 @@ fn converge(seed: u64) {
         "seed {seed}: only retryable faults were injected, yet {} dead",
         dead.len()
     );
-    let (want, got) = (expected(&env), actual(index.as_ref()));
-    let show = |r: &IndexRecord| format!("{}#{}", r.uri, r.level);
-    let missing: Vec<_> = want
-        .iter()
-        .filter(|(k, _)| !got.contains_key(*k))
-        .map(|(_, r)| show(r))
-        .collect();
-    let extra: Vec<_> = got
-        .iter()
-        .filter(|(k, _)| !want.contains_key(*k))
-        .map(|(_, r)| show(r))
-        .collect();
-    let stale: Vec<_> = want
-        .iter()
-        .filter(|(k, r)| got.get(*k).is_some_and(|g| g != *r))
-        .map(|(_, r)| show(r))
-        .collect();
-    if let Some((k, w)) = want
-        .iter()
-        .find(|(k, r)| got.get(*k).is_some_and(|g| g != *r))
-    {
-        eprintln!("first stale record:\n want {w:?}\n got  {:?}", got.get(k));
-    }
-    assert!(
-        missing.is_empty() && extra.is_empty() && stale.is_empty(),
-        "seed {seed}: missing {missing:?} extra {extra:?} stale {stale:?}"
-    );
+    let check = |phase: &str| {
+        let want = expected(&env);
+        for (name, got) in [
+            ("vector", actual(index.as_ref())),
+            ("keyword", records_of(keyword.as_ref())),
+        ] {
+            let (missing, extra, stale) = diff(&want, &got);
+            assert!(
+                missing.is_empty() && extra.is_empty() && stale.is_empty(),
+                "seed {seed}, {phase}, {name}: missing {missing:?} extra {extra:?} stale {stale:?}"
+            );
+        }
+        // Both consumers are applied_valid: lag 0 and nothing dead.
+        for s in env.store.stats().expect("stats") {
+            assert_eq!(
+                (s.pending + s.claimed + s.retry_wait, s.dead),
+                (0, 0),
+                "seed {seed}, {phase}: {s:?}"
+            );
+        }
+    };
+    check("after the faults");
     assert_vectors_match_text(index.as_ref());
+
+    // A metadata-only update of every node with text: both indexes follow, nothing is embedded.
+    let texts_before = emb.texts.load(Ordering::SeqCst);
+    for n in env.store.read_subtree(&CtxUri::root()).expect("read") {
+        let mut req = PutRequest {
+            mode: PutMode::Merge,
+            ..PutRequest::default()
+        };
+        req.meta
+            .insert("phase".into(), serde_json::json!("meta-only"));
+        env.store.put(&n.uri, req).expect("meta put");
+    }
+    settle(&env, seed, "meta-only updates did not drain", all_open);
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().expect("worker thread");
+    }
+    check("after the metadata-only updates");
+    assert_eq!(
+        emb.texts.load(Ordering::SeqCst),
+        texts_before,
+        "seed {seed}: a metadata-only update was embedded"
+    );
 }
