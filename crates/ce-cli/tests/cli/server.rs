@@ -521,3 +521,54 @@ fn the_cli_talks_to_the_server_with_the_same_exit_codes() {
     });
     assert!(server.metric("index_repair_requeued_total", &[]) >= 1.0);
 }
+
+/// `mode` over HTTP: keyword and hybrid answer with their mode; a bad mode, or `min_score` in
+/// keyword mode, is a 400 naming the field.
+#[test]
+fn search_modes_over_http() {
+    let ce = Ce::hash("");
+    let server = ce.serve(&[]);
+    let doc = "ctx://acc/docs/incident";
+    server.ok(
+        "/v1/put",
+        &json!({"uri": doc, "abstract": "Incident ERR_CONN_RESET", "content": "the proxy reset connections"}),
+    );
+    let keyword = |q: &str| {
+        server
+            .post("/v1/search", &json!({"query": q, "mode": "keyword"}))
+            .1
+    };
+    let caught_up = super::harness::eventually(std::time::Duration::from_secs(20), || {
+        let hits = keyword("ERR_CONN_RESET")["hits"].clone();
+        (uris(hits.as_array().expect("hits")) == [doc]).then_some(())
+    });
+    assert!(caught_up.is_some(), "the keyword index never caught up");
+    let r = keyword("ERR_CONN_RESET");
+    assert_eq!(
+        (r["mode"].as_str(), r["model"].as_str()),
+        (Some("keyword"), Some(""))
+    );
+    let hybrid = server.search_until("proxy reset connections", |h| uris(h).contains(&doc));
+    assert!(hybrid[0]["ranks"].is_object(), "{hybrid:?}");
+    let (status, body) = server.post("/v1/search", &json!({"query": "x", "mode": "fuzzy"}));
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_field")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains("mode")),
+        "{body}"
+    );
+    let (status, body) = server.post(
+        "/v1/search",
+        &json!({"query": "x", "mode": "keyword", "min_score": 0.5}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("min_score")),
+        "{body}"
+    );
+}
