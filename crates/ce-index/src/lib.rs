@@ -4,11 +4,15 @@
 //! - [`vector`]: the `VectorIndex` contract (spec §6) and its implementations
 //! - [`keyword`]: the `KeywordIndex` contract (BM25, Chinese and English) and its
 //!   implementations
+//! - [`relation`]: the `RelationIndex` contract (spec §4.3, §6.2: typed edges by owner, with
+//!   versioned replaces) and its implementations
 //! - [`worker`]: `IndexWorker` (spec §5): claim → dispatch → read source → project → embed →
 //!   write → ack
 
 pub mod error;
 pub mod keyword;
+pub mod relation;
+mod sqlite;
 pub mod vector;
 pub mod worker;
 

@@ -26,14 +26,15 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use serde::Serialize;
 
 use self::schema::{
-    WITHIN, decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta,
-    set_uri_version, sql, stats, subtree_bounds, uri_version, within,
+    decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta, set_uri_version,
+    sql, stats, uri_version,
 };
 use super::{
     Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
     UriVersion, check_records, query_terms,
 };
 use crate::error::{IndexError, Result};
+use crate::sqlite::{subtree_bounds, within, within_sql};
 
 pub use self::schema::DB_FILE;
 
@@ -177,7 +178,10 @@ impl<'c> WriteTx<'c> {
         let (lo, hi) = subtree_bounds(uri);
         let rows: Vec<(i64, String)> = self
             .tx
-            .prepare_cached(&format!("SELECT doc, uri FROM records WHERE {WITHIN}"))
+            .prepare_cached(&format!(
+                "SELECT doc, uri FROM records WHERE {}",
+                within_sql("uri")
+            ))
             .and_then(|mut s| {
                 s.query_map(params![uri.as_str(), lo, hi], |r| {
                     Ok((r.get(0)?, r.get(1)?))
@@ -648,8 +652,9 @@ impl KeywordIndex for EmbeddedKeywordIndex {
         self.read(|tx| {
             let rows: Vec<(String, String, String, i64)> = tx
                 .prepare_cached(&format!(
-                    "SELECT uri, head, text, node_version FROM records WHERE {WITHIN}
-                     ORDER BY uri, level, id"
+                    "SELECT uri, head, text, node_version FROM records WHERE {}
+                     ORDER BY uri, level, id",
+                    within_sql("uri")
                 ))
                 .and_then(|mut s| {
                     s.query_map(params![uri.as_str(), lo, hi], |r| {

@@ -7,25 +7,23 @@ use ce_core::Classify;
 use ce_store::ClaimedEvent;
 use tracing::{info, info_span, warn};
 
-use super::apply::Applied;
 use super::compact::Plan;
 use super::{IndexBatchResult, IndexWorker, WorkError, each_callback};
 
+/// Acknowledges `claimed` given the outcome of each operation of `plan` (`results`, by
+/// operation index).
 pub(super) fn acknowledge(
     w: &IndexWorker,
     claimed: &[ClaimedEvent],
     plan: &Plan,
-    applied: &Applied,
+    results: &[Result<(), WorkError>],
     started: Instant,
     result: &mut IndexBatchResult,
 ) {
     let mut done = Vec::new();
     let mut failures: Vec<(&ClaimedEvent, &WorkError)> = Vec::new();
     for (c, needs) in claimed.iter().zip(&plan.needs) {
-        match needs
-            .iter()
-            .find_map(|&i| applied.results[i].as_ref().err())
-        {
+        match needs.iter().find_map(|&i| results[i].as_ref().err()) {
             None => done.push(c),
             Some(e) => failures.push((c, e)),
         }

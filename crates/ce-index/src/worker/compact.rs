@@ -73,26 +73,60 @@ impl Plan {
 /// Compacts `events` for a consumer. `relations` says whether `UPSERT_RELATION` events need
 /// work from this consumer; when they do not, they need no operation and are simply acked.
 pub fn compact(events: &[ClaimedEvent], relations: bool) -> Plan {
-    let mut raw: Vec<Vec<Op>> = Vec::with_capacity(events.len());
-    for e in events {
-        let ops = match &e.event.payload {
-            EventPayload::UpsertContext(p) => vec![Op::SyncNode(p.uri.clone())],
-            EventPayload::DeleteContext(p) if p.recursive => vec![Op::SyncSubtree(p.uri.clone())],
-            EventPayload::DeleteContext(p) => vec![Op::SyncNode(p.uri.clone())],
-            EventPayload::MoveContext(p) if p.from_uri == p.to_uri => Vec::new(),
-            EventPayload::MoveContext(p) => vec![
-                Op::Move {
-                    from: p.from_uri.clone(),
-                    to: p.to_uri.clone(),
-                },
-                Op::SyncSubtree(p.from_uri.clone()),
-                Op::SyncSubtree(p.to_uri.clone()),
-            ],
-            EventPayload::UpsertRelation(p) if relations => vec![Op::SyncNode(p.uri.clone())],
-            EventPayload::UpsertRelation(_) => Vec::new(),
-        };
-        raw.push(ops);
-    }
+    plan(
+        events
+            .iter()
+            .map(|e| match &e.event.payload {
+                EventPayload::UpsertContext(p) => vec![Op::SyncNode(p.uri.clone())],
+                EventPayload::DeleteContext(p) if p.recursive => {
+                    vec![Op::SyncSubtree(p.uri.clone())]
+                }
+                EventPayload::DeleteContext(p) => vec![Op::SyncNode(p.uri.clone())],
+                EventPayload::MoveContext(p) if p.from_uri == p.to_uri => Vec::new(),
+                EventPayload::MoveContext(p) => vec![
+                    Op::Move {
+                        from: p.from_uri.clone(),
+                        to: p.to_uri.clone(),
+                    },
+                    Op::SyncSubtree(p.from_uri.clone()),
+                    Op::SyncSubtree(p.to_uri.clone()),
+                ],
+                EventPayload::UpsertRelation(p) if relations => vec![Op::SyncNode(p.uri.clone())],
+                EventPayload::UpsertRelation(_) => Vec::new(),
+            })
+            .collect(),
+    )
+}
+
+/// Compacts `events` for the relation consumer, whose operations sync *owners* (the nodes
+/// whose outgoing edges the index holds): `UPSERT_RELATION(u)` and a non-recursive
+/// `DELETE_CONTEXT(u)` mean "sync owner u", a recursive delete "sync the owners within u", a
+/// move "sync the owners within both subtrees". `UPSERT_CONTEXT` needs nothing: a node's
+/// content never changes its edges (a new node has none; every edge change bumps the owner's
+/// relation version and appends `UPSERT_RELATION`).
+pub fn compact_relations(events: &[ClaimedEvent]) -> Plan {
+    plan(
+        events
+            .iter()
+            .map(|e| match &e.event.payload {
+                EventPayload::UpsertContext(_) => Vec::new(),
+                EventPayload::DeleteContext(p) if p.recursive => {
+                    vec![Op::SyncSubtree(p.uri.clone())]
+                }
+                EventPayload::DeleteContext(p) => vec![Op::SyncNode(p.uri.clone())],
+                EventPayload::MoveContext(p) if p.from_uri == p.to_uri => Vec::new(),
+                EventPayload::MoveContext(p) => vec![
+                    Op::SyncSubtree(p.from_uri.clone()),
+                    Op::SyncSubtree(p.to_uri.clone()),
+                ],
+                EventPayload::UpsertRelation(p) => vec![Op::SyncNode(p.uri.clone())],
+            })
+            .collect(),
+    )
+}
+
+/// Deduplicates the operations each event needs into a plan.
+fn plan(raw: Vec<Vec<Op>>) -> Plan {
     let mut distinct: Vec<Op> = Vec::new();
     for op in raw.iter().flatten() {
         if !distinct.contains(op) {
@@ -246,5 +280,54 @@ mod tests {
             ]
         );
         let _ = EventType::UpsertContext;
+    }
+
+    fn link(seq: i64, u: &str) -> ClaimedEvent {
+        ev(
+            seq,
+            EventPayload::UpsertRelation(ce_core::UpsertRelationPayload {
+                event_version: EVENT_VERSION,
+                uri: uri(u),
+                relation_version: seq as u64,
+                mode: ce_core::RelationMode::Replace,
+                trace_id: String::new(),
+            }),
+        )
+    }
+
+    #[test]
+    fn relation_plans_sync_owners_and_ignore_content_upserts() {
+        let p = compact_relations(&[
+            upsert(1, "ctx://a/x"),
+            link(2, "ctx://a/x"),
+            link(3, "ctx://a/x"),
+            mv(4, "ctx://a/x", "ctx://a/y"),
+            delete(5, "ctx://a/z", false),
+            delete(6, "ctx://a/w", true),
+            mv(7, "ctx://a/q", "ctx://a/q"),
+        ]);
+        assert_eq!(
+            p.ops,
+            [
+                Op::SyncSubtree(uri("ctx://a/x")),
+                Op::SyncSubtree(uri("ctx://a/y")),
+                Op::SyncSubtree(uri("ctx://a/w")),
+                Op::SyncNode(uri("ctx://a/x")),
+                Op::SyncNode(uri("ctx://a/z")),
+            ]
+        );
+        assert_eq!(
+            p.needs,
+            [
+                vec![],
+                vec![3],
+                vec![3],
+                vec![0, 1],
+                vec![4],
+                vec![2],
+                vec![]
+            ]
+        );
+        assert_eq!(p.folded(), 1);
     }
 }

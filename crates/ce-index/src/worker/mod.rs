@@ -9,6 +9,11 @@
 //! 4. `ack` each event: `mark_done` when all its operations succeeded, else `mark_failed`
 //!    classified per spec §8.4 (rate limits also pause the worker).
 //!
+//! The relation consumer shares claim, heartbeat and ack; its batch is compacted into owner
+//! syncs ([`compact::compact_relations`]) and applied by [`relation`]: read each owner's
+//! current edges and write its whole edge set, versioned (no projection to text, no
+//! embedding).
+//!
 //! The worker keeps no durable state of its own: a crash anywhere means the claims expire
 //! and another worker redoes the idempotent work.
 
@@ -18,6 +23,7 @@ pub mod compact;
 pub mod dry_run;
 mod error;
 mod heartbeat;
+pub mod relation;
 pub mod runner;
 pub mod target;
 
@@ -33,8 +39,10 @@ use tracing::{info_span, warn};
 
 pub use apply::ChangeCounts;
 pub use error::WorkError;
+pub use relation::RelationCounts;
 pub use target::{IndexTarget, KeywordTarget, VectorTarget};
 
+use crate::relation::RelationIndex;
 use crate::vector::VectorIndex;
 
 /// Worker settings (spec §12.1 `index.worker`, `index.embedding`, `index.vector`).
@@ -137,13 +145,31 @@ fn each_callback(
     }
 }
 
+/// What a worker writes to, and how a batch is applied to it.
+enum Sink {
+    /// Node records (vector, keyword): project, embed when the target uses vectors, write
+    /// versioned node records ([`apply`]).
+    Records {
+        /// `None` for targets without vectors.
+        embedder: Option<Arc<dyn Embedder>>,
+        target: Arc<dyn IndexTarget>,
+    },
+    /// Relation records: write each owner's whole edge set, versioned ([`relation`]).
+    Relations(Arc<dyn RelationIndex>),
+}
+
+/// What applying a batch did: each operation's outcome (by index), and the
+/// `index_worker_changes_total` actions with their counts.
+struct Outcomes {
+    results: Vec<Result<(), WorkError>>,
+    actions: Vec<(&'static str, u64)>,
+}
+
 /// One consumer's worker.
 pub struct IndexWorker {
     cfg: WorkerConfig,
     source: Arc<dyn SourceStore>,
-    /// `None` for targets without vectors.
-    embedder: Option<Arc<dyn Embedder>>,
-    target: Arc<dyn IndexTarget>,
+    sink: Sink,
     projector: IndexProjector,
     callbacks: Vec<Arc<dyn WorkerCallbacks>>,
     paused_until: Mutex<Option<Instant>>,
@@ -194,9 +220,30 @@ impl IndexWorker {
         Ok(IndexWorker {
             cfg,
             source,
-            embedder: embedder.filter(|_| target.uses_vectors()),
-            target,
+            sink: Sink::Records {
+                embedder: embedder.filter(|_| target.uses_vectors()),
+                target,
+            },
             projector,
+            callbacks: Vec::new(),
+            paused_until: Mutex::new(None),
+        })
+    }
+
+    /// A worker of the relation index: it claims `cfg.consumer`'s deliveries (normally
+    /// `relation`) and keeps `index` equal to the source's edges — after the outbox drains,
+    /// every owner's records in the index are exactly its edges in the source (see
+    /// [`relation`]). Of the settings, the embedding and vector ones are unused.
+    pub fn for_relations(
+        cfg: WorkerConfig,
+        source: Arc<dyn SourceStore>,
+        index: Arc<dyn RelationIndex>,
+    ) -> crate::Result<Self> {
+        Ok(IndexWorker {
+            cfg,
+            source,
+            sink: Sink::Relations(index),
+            projector: IndexProjector::default(),
             callbacks: Vec::new(),
             paused_until: Mutex::new(None),
         })
@@ -243,40 +290,73 @@ impl IndexWorker {
                 cb.on_event_start(&c.event)
             });
         }
-        let plan = compact::compact(&claimed, self.cfg.relation_index_enabled);
-        let applier = apply::Applier {
-            source: self.source.as_ref(),
-            embedder: self.embedder.as_deref(),
-            target: self.target.as_ref(),
-            projector: &self.projector,
-            cfg: &self.cfg,
-        };
         let claims: Vec<_> = claimed.iter().map(|c| c.claim.clone()).collect();
-        let applied = {
-            let _s = info_span!("index.handle_event", worker_id = %self.cfg.worker_id, events = claimed.len(), ops = plan.ops.len(), folded = plan.folded()).entered();
-            heartbeat::with_heartbeat(self.source.as_ref(), &claims, self.cfg.heartbeat, || {
-                applier.apply(&plan.ops)
-            })
+        let plan = match &self.sink {
+            Sink::Records { .. } => compact::compact(&claimed, self.cfg.relation_index_enabled),
+            Sink::Relations(_) => compact::compact_relations(&claimed),
         };
-        ack::acknowledge(self, &claimed, &plan, &applied, started, &mut result);
+        let Outcomes { results, actions } = {
+            let _s = info_span!("index.handle_event", worker_id = %self.cfg.worker_id, events = claimed.len(), ops = plan.ops.len(), folded = plan.folded()).entered();
+            self.apply(&plan.ops, &claims)
+        };
+        ack::acknowledge(self, &claimed, &plan, &results, started, &mut result);
         metrics::histogram!("index_worker_run_once_latency_ms")
             .record(started.elapsed().as_secs_f64() * 1e3);
-        let c = applied.counts;
         let consumer = self.cfg.consumer.clone();
-        for (action, n) in [
-            ("embed", c.embedded),
-            ("payload", c.payload_only),
-            ("text", c.rewritten),
-            ("unchanged", c.unchanged),
-            ("delete", c.removed),
-            ("stale", c.stale),
-            ("reuse", c.reused),
-        ] {
+        for (action, n) in actions {
             if n > 0 {
                 metrics::counter!("index_worker_changes_total", "consumer" => consumer.clone(), "action" => action).increment(n);
             }
         }
         Ok(result)
+    }
+
+    /// Applies `ops` to the sink while a heartbeat renews `claims`; returns each operation's
+    /// outcome and the `index_worker_changes_total` actions.
+    fn apply(&self, ops: &[compact::Op], claims: &[ce_store::Claim]) -> Outcomes {
+        let source = self.source.as_ref();
+        match &self.sink {
+            Sink::Records { embedder, target } => {
+                let applier = apply::Applier {
+                    source,
+                    embedder: embedder.as_deref(),
+                    target: target.as_ref(),
+                    projector: &self.projector,
+                    cfg: &self.cfg,
+                };
+                let applied = heartbeat::with_heartbeat(source, claims, self.cfg.heartbeat, || {
+                    applier.apply(ops)
+                });
+                let c = applied.counts;
+                let actions = vec![
+                    ("embed", c.embedded),
+                    ("payload", c.payload_only),
+                    ("text", c.rewritten),
+                    ("unchanged", c.unchanged),
+                    ("delete", c.removed),
+                    ("stale", c.stale),
+                    ("reuse", c.reused),
+                ];
+                Outcomes {
+                    results: applied.results,
+                    actions,
+                }
+            }
+            Sink::Relations(index) => {
+                let applier = relation::RelationApplier {
+                    source,
+                    index: index.as_ref(),
+                    projector: &self.projector,
+                };
+                let applied = heartbeat::with_heartbeat(source, claims, self.cfg.heartbeat, || {
+                    applier.apply(ops)
+                });
+                Outcomes {
+                    results: applied.results,
+                    actions: applied.counts.actions().to_vec(),
+                }
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! scales the number of property-test cases.
 
 mod keyword;
+mod relation;
 mod vector_common;
 mod vector_contract;
 mod vector_crash;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ce_core::{CtxUri, IndexRecord};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::super::{Terms, UriVersion};
 use crate::error::{IndexError, Result};
@@ -71,53 +71,31 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
 /// term order, scattered over the file: a 64 MiB cache made writing 20k records 1.5× faster.
 const CACHE_KIB: i64 = 64 * 1024;
 
-/// Opens a connection with the pragmas every connection needs.
+/// Opens a connection with the pragmas every connection needs (see
+/// [`crate::sqlite::open_conn`]), plus a larger page cache.
 pub(super) fn open_conn(path: &Path) -> Result<Connection> {
-    let conn = Connection::open(path)
-        .map_err(|e| IndexError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))
-        .map_err(sql)?;
+    let conn = crate::sqlite::open_conn(path, DB_FILE)?;
     conn.pragma_update(None, "cache_size", -CACHE_KIB)
         .map_err(sql)?;
     Ok(conn)
 }
 
-/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and meta defaults.
+/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and layout version (see
+/// [`crate::sqlite::init_writer`]).
 pub(super) fn init(conn: &mut Connection) -> Result<()> {
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(sql)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(sql)?;
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(sql)?;
-    tx.execute_batch(SCHEMA).map_err(sql)?;
-    match meta_u64(&tx, "schema_version")? {
-        None => set_meta(&tx, "schema_version", SCHEMA_VERSION)?,
-        Some(SCHEMA_VERSION) => {}
-        Some(v) => {
-            return Err(IndexError::SchemaMismatch(format!(
-                "{DB_FILE} has layout version {v}, this build reads version {SCHEMA_VERSION}"
-            )));
-        }
-    }
-    tx.commit().map_err(sql)
+    crate::sqlite::init_writer(conn, DB_FILE, SCHEMA, SCHEMA_VERSION)?
+        .commit()
+        .map_err(sql)
 }
 
 fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
-    let v: Option<String> = c
-        .prepare_cached("SELECT value FROM meta WHERE key = ?1")
-        .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
-        .map_err(sql)?;
-    v.map(|v| v.parse().map_err(|e| corrupt(&format!("meta {key}"), e)))
+    crate::sqlite::meta(c, DB_FILE, key)?
+        .map(|v| v.parse().map_err(|e| corrupt(&format!("meta {key}"), e)))
         .transpose()
 }
 
 pub(super) fn set_meta(c: &Connection, key: &str, value: u64) -> Result<()> {
-    c.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
-        .and_then(|mut s| s.execute(params![key, value.to_string()]))
-        .map_err(sql)?;
-    Ok(())
+    crate::sqlite::set_meta(c, DB_FILE, key, &value.to_string())
 }
 
 /// BM25's collection statistics: `(docs, total_len)`.
@@ -151,18 +129,6 @@ pub(super) fn set_uri_version(c: &Connection, uri: &CtxUri, v: UriVersion) -> Re
     .map_err(sql)?;
     Ok(())
 }
-
-/// SQL bounds for "within `uri`": `uri = ?1 OR (uri > ?2 AND uri < ?3)` admits every
-/// descendant (and a few siblings such as `a/b!x` for `a/b`, dropped with `is_within`).
-pub(super) fn subtree_bounds(uri: &CtxUri) -> (String, String) {
-    if uri.is_root() {
-        ("ctx://".to_owned(), "ctx:/0".to_owned())
-    } else {
-        (format!("{uri}/"), format!("{uri}0"))
-    }
-}
-
-pub(super) const WITHIN: &str = "(uri = ?1 OR (uri > ?2 AND uri < ?3))";
 
 /// A record from its stored head and text.
 pub(super) fn decode(head: &str, text: String) -> Result<IndexRecord> {
@@ -203,10 +169,4 @@ pub(super) fn decode_terms(s: &str) -> Result<BTreeMap<&str, u32>> {
             Ok((term, tf))
         })
         .collect()
-}
-
-/// `uri` (a stored URI string) equals `root` or lies below it.
-pub(super) fn within(uri: &str, root: &CtxUri) -> bool {
-    let r = root.as_str();
-    root.is_root() || uri == r || (uri.starts_with(r) && uri.as_bytes().get(r.len()) == Some(&b'/'))
 }

@@ -23,6 +23,7 @@ use serde_json::Value;
 use super::super::StoredRecord;
 use super::super::memory::UriVersion;
 use crate::error::{IndexError, Result};
+use crate::sqlite::{subtree_bounds, within, within_sql};
 
 /// Version of this layout; a file with another version is refused.
 pub(super) const SCHEMA_VERSION: u64 = 1;
@@ -64,35 +65,16 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
     IndexError::Corrupt(format!("{}: {what}: {e}", super::DB_FILE))
 }
 
-/// Opens a connection with the pragmas every connection needs.
+/// Opens a connection with the pragmas every connection needs (see
+/// [`crate::sqlite::open_conn`]).
 pub(super) fn open_conn(path: &Path) -> Result<Connection> {
-    let conn = Connection::open(path)
-        .map_err(|e| IndexError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))
-        .map_err(sql)?;
-    Ok(conn)
+    crate::sqlite::open_conn(path, super::DB_FILE)
 }
 
-/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and meta defaults.
-/// Returns the database id.
+/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and layout version (see
+/// [`crate::sqlite::init_writer`]), meta defaults. Returns the database id.
 pub(super) fn init(conn: &mut Connection) -> Result<String> {
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(sql)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(sql)?;
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(sql)?;
-    tx.execute_batch(SCHEMA).map_err(sql)?;
-    match meta_u64(&tx, "schema_version")? {
-        None => set_meta(&tx, "schema_version", &SCHEMA_VERSION.to_string())?,
-        Some(SCHEMA_VERSION) => {}
-        Some(v) => {
-            return Err(IndexError::SchemaMismatch(format!(
-                "vectors.db has layout version {v}, this build reads version {SCHEMA_VERSION}"
-            )));
-        }
-    }
+    let tx = crate::sqlite::init_writer(conn, super::DB_FILE, SCHEMA, SCHEMA_VERSION)?;
     let id = match meta(&tx, "db_id")? {
         Some(id) => id,
         None => {
@@ -113,9 +95,7 @@ pub(super) fn init(conn: &mut Connection) -> Result<String> {
 }
 
 pub(super) fn meta(c: &Connection, key: &str) -> Result<Option<String>> {
-    c.prepare_cached("SELECT value FROM meta WHERE key = ?1")
-        .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
-        .map_err(sql)
+    crate::sqlite::meta(c, super::DB_FILE, key)
 }
 
 pub(super) fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
@@ -125,10 +105,7 @@ pub(super) fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
 }
 
 pub(super) fn set_meta(c: &Connection, key: &str, value: &str) -> Result<()> {
-    c.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
-        .and_then(|mut s| s.execute(params![key, value]))
-        .map_err(sql)?;
-    Ok(())
+    crate::sqlite::set_meta(c, super::DB_FILE, key, value)
 }
 
 pub(super) fn delete_meta(c: &Connection, key: &str) -> Result<()> {
@@ -289,23 +266,13 @@ pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64
         .map_err(sql)
 }
 
-/// SQL bounds for "within `uri`": `uri = ?1 OR (uri > ?2 AND uri < ?3)`.
-fn subtree_bounds(uri: &CtxUri) -> (String, String) {
-    if uri.is_root() {
-        ("ctx://".to_owned(), "ctx:/0".to_owned())
-    } else {
-        (format!("{uri}/"), format!("{uri}0"))
-    }
-}
-
-const WITHIN: &str = "(uri = ?1 OR (uri > ?2 AND uri < ?3))";
-
 /// Stored records within `uri`, with their keys, in (uri, level) order.
 pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, StoredRecord)>> {
     let (lo, hi) = subtree_bounds(uri);
     let rows: Vec<(i64, String, i64)> = c
         .prepare_cached(&format!(
-            "SELECT key, record, node_version FROM records WHERE {WITHIN} ORDER BY uri, level"
+            "SELECT key, record, node_version FROM records WHERE {} ORDER BY uri, level",
+            within_sql("uri")
         ))
         .and_then(|mut s| {
             s.query_map(params![uri.as_str(), lo, hi], |r| {
@@ -327,7 +294,10 @@ pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, Stor
 pub(super) fn ids_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
     let (lo, hi) = subtree_bounds(uri);
     let rows: Vec<(String, String, i64)> = c
-        .prepare_cached(&format!("SELECT id, uri, key FROM records WHERE {WITHIN}"))
+        .prepare_cached(&format!(
+            "SELECT id, uri, key FROM records WHERE {}",
+            within_sql("uri")
+        ))
         .and_then(|mut s| {
             s.query_map(params![uri.as_str(), lo, hi], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -336,14 +306,9 @@ pub(super) fn ids_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u6
         })
         .map_err(sql)?;
     // The bounds also admit e.g. `a/b!x` for `a/b`; keep only true descendants.
-    let root = uri.as_str();
     Ok(rows
         .into_iter()
-        .filter(|(_, u, _)| {
-            uri.is_root()
-                || u == root
-                || (u.starts_with(root) && u.as_bytes().get(root.len()) == Some(&b'/'))
-        })
+        .filter(|(_, u, _)| within(u, uri))
         .map(|(id, _, k)| (id, k as u64))
         .collect())
 }

@@ -1,0 +1,622 @@
+//! The relation consumer's apply step: every operation of a compacted batch
+//! ([`super::compact::compact_relations`]) names owners to sync, and syncing an owner makes
+//! the index hold exactly the source's current edge set of that URI.
+//!
+//! 1. Expand the operations into owners. `SyncNode(u)` is owner `u`, plus — when the source no
+//!    longer holds `u` — the owners of the edges the index still has pointing at `u`.
+//!    `SyncSubtree(u)` (a recursive delete, either side of a move) is every owner within `u`
+//!    that the source or the index knows, plus the owners of the edges the index has pointing
+//!    into `u`. (The source already bumps, and announces with `UPSERT_RELATION`, every owner
+//!    outside a removed or moved subtree whose edges pointed into it; resyncing them here
+//!    too makes a move or delete converge on its own.)
+//! 2. Read each owner's current state: node, edges, node again. An owner whose
+//!    `(version, relation_version)` did not change between the two node reads had exactly
+//!    those edges at that version (every edge change bumps one of them); one that changed is
+//!    read again (a few rounds, then the operation fails retryably).
+//! 3. Write, in batches, one versioned write per owner: a live owner replaces its edge set at
+//!    [`RelationVersion`] `(version, relation_version)`; a removed (or moved-away) owner is
+//!    removed at its tombstone's version; a URI the source never stored is purged. The index
+//!    drops writes older than what it holds (invariant RX1), so concurrent workers converge.
+//!
+//! Failures are per owner: an owner whose read or write failed fails the operations that
+//! include it, and only the events needing those operations are retried.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use ce_core::{ContextNode, CtxUri, IndexProjector, RelationEdge};
+use ce_store::{SourceStore, UriVersion};
+use tracing::{debug, info_span, warn};
+
+use super::compact::Op;
+use super::error::WorkError;
+use crate::relation::{Direction, RelationIndex, RelationOutcome, RelationVersion, RelationWrite};
+
+/// Owners per index write transaction.
+const WRITE_BATCH: usize = 256;
+
+/// Times an owner is read before a batch gives up on it (it kept changing).
+const READ_ROUNDS: u32 = 3;
+
+/// What a batch did to the relation index, by owner.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RelationCounts {
+    /// Owners whose edge set was replaced with a different one.
+    pub upserted: u64,
+    /// Owners whose records were removed (removed or moved away in the source, or orphans).
+    pub removed: u64,
+    /// Owners whose records already were exactly the source's.
+    pub unchanged: u64,
+    /// Writes skipped because the index already held a newer state of the owner.
+    pub stale: u64,
+}
+
+impl RelationCounts {
+    /// `(metric action, count)` pairs of `index_worker_changes_total`.
+    pub fn actions(&self) -> [(&'static str, u64); 4] {
+        [
+            ("upsert", self.upserted),
+            ("delete", self.removed),
+            ("unchanged", self.unchanged),
+            ("stale", self.stale),
+        ]
+    }
+}
+
+pub(super) struct RelationApplier<'a> {
+    pub source: &'a dyn SourceStore,
+    pub index: &'a dyn RelationIndex,
+    pub projector: &'a IndexProjector,
+}
+
+/// The outcome of each operation of a plan (by index), plus counts.
+pub(super) struct RelationApplied {
+    pub results: Vec<Result<(), WorkError>>,
+    pub counts: RelationCounts,
+}
+
+/// An owner read consistently: its node and its edges at the node's version.
+struct ReadOwner {
+    node: ContextNode,
+    edges: Vec<RelationEdge>,
+}
+
+impl RelationApplier<'_> {
+    pub fn apply(&self, ops: &[Op]) -> RelationApplied {
+        let mut results: Vec<Result<(), WorkError>> = (0..ops.len()).map(|_| Ok(())).collect();
+        let mut counts = RelationCounts::default();
+
+        // 1. Expand every operation into owners, remembering which operations need each.
+        let gone = self.gone_nodes(ops);
+        let mut owner_ops: BTreeMap<CtxUri, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let owners = match op {
+                Op::Move { .. } => continue,
+                Op::SyncNode(u) => match &gone {
+                    Ok(gone) if gone.contains(u) => self.inbound_owners(u).map(|mut o| {
+                        o.insert(u.clone());
+                        o
+                    }),
+                    Ok(_) => Ok(BTreeSet::from([u.clone()])),
+                    Err(e) => Err(e.clone()),
+                },
+                Op::SyncSubtree(u) => self.owners_within(u),
+            };
+            match owners {
+                Ok(owners) => {
+                    for o in owners {
+                        owner_ops.entry(o).or_default().push(i);
+                    }
+                }
+                Err(e) => results[i] = Err(e),
+            }
+        }
+
+        // 2-3. Read and write every owner once.
+        let owners: Vec<CtxUri> = owner_ops.keys().cloned().collect();
+        let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
+        if let Err(e) = self.sync_owners(&owners, &mut failed, &mut counts) {
+            // A batched read failed: every operation with owners fails with it.
+            for ops in owner_ops.values() {
+                for &i in ops {
+                    if results[i].is_ok() {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        for (owner, err) in failed {
+            for &i in owner_ops.get(&owner).map(Vec::as_slice).unwrap_or(&[]) {
+                if results[i].is_ok() {
+                    results[i] = Err(err.clone());
+                }
+            }
+        }
+        RelationApplied { results, counts }
+    }
+
+    /// The `SyncNode` URIs the source no longer holds (one batched read).
+    fn gone_nodes(&self, ops: &[Op]) -> Result<BTreeSet<CtxUri>, WorkError> {
+        let uris: Vec<CtxUri> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::SyncNode(u) => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        if uris.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let versions = self.source.versions(&uris)?;
+        Ok(uris
+            .into_iter()
+            .zip(versions)
+            .filter(|(_, v)| !matches!(v, UriVersion::Live(_)))
+            .map(|(u, _)| u)
+            .collect())
+    }
+
+    /// The owners of the edges the index holds into `u`.
+    fn inbound_owners(&self, u: &CtxUri) -> Result<BTreeSet<CtxUri>, WorkError> {
+        Ok(self
+            .index
+            .related(u, None, Direction::In, usize::MAX)?
+            .into_iter()
+            .map(|r| r.record.from_uri)
+            .collect())
+    }
+
+    /// Every owner within `u` that the source or the index knows, `u` itself, and the owners
+    /// of the edges the index holds into the subtree.
+    fn owners_within(&self, u: &CtxUri) -> Result<BTreeSet<CtxUri>, WorkError> {
+        let mut set: BTreeSet<CtxUri> = self
+            .source
+            .read_subtree(u)?
+            .into_iter()
+            .map(|n| n.uri)
+            .collect();
+        set.extend(
+            self.index
+                .list_under(u)?
+                .into_iter()
+                .map(|r| r.record.from_uri),
+        );
+        set.extend(
+            self.index
+                .list_targeting(u)?
+                .into_iter()
+                .map(|r| r.record.from_uri),
+        );
+        if !u.is_root() {
+            set.insert(u.clone());
+        }
+        Ok(set)
+    }
+
+    /// Reads every owner (see the module documentation) and writes it; per-owner failures go
+    /// to `failed`, a failure of a batched read is returned.
+    fn sync_owners(
+        &self,
+        owners: &[CtxUri],
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut RelationCounts,
+    ) -> Result<(), WorkError> {
+        let mut writes: Vec<RelationWrite> = Vec::new();
+        let mut todo: Vec<CtxUri> = owners.to_vec();
+        for _ in 0..READ_ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            todo = self.read_owners(&todo, &mut writes, failed)?;
+        }
+        for u in todo {
+            failed.insert(
+                u,
+                WorkError::internal("owner kept changing while its edges were read"),
+            );
+        }
+        for chunk in writes.chunks(WRITE_BATCH) {
+            self.write_chunk(chunk.to_vec(), failed, counts);
+        }
+        Ok(())
+    }
+
+    /// Reads `uris` once: the write of each owner read consistently goes to `writes`; the
+    /// owners that changed while they were read are returned (to read again).
+    fn read_owners(
+        &self,
+        uris: &[CtxUri],
+        writes: &mut Vec<RelationWrite>,
+        failed: &mut HashMap<CtxUri, WorkError>,
+    ) -> Result<Vec<CtxUri>, WorkError> {
+        let _s = info_span!("index.read_relations", owners = uris.len()).entered();
+        let mut read: BTreeMap<CtxUri, ReadOwner> = BTreeMap::new();
+        for node in self.source.read_nodes(uris)? {
+            match self.source.get_edges(&node.uri) {
+                Ok(edges) => {
+                    read.insert(node.uri.clone(), ReadOwner { node, edges });
+                }
+                Err(e) => {
+                    warn!(uri = %node.uri, error = %e, "reading relations failed");
+                    failed.insert(node.uri, e.into());
+                }
+            }
+        }
+        let missing: Vec<CtxUri> = uris
+            .iter()
+            .filter(|u| !read.contains_key(*u) && !failed.contains_key(*u))
+            .cloned()
+            .collect();
+        let versions = self.source.versions(&missing)?;
+        let live: Vec<CtxUri> = read.keys().cloned().collect();
+        let again: HashMap<CtxUri, (u64, u64)> = self
+            .source
+            .read_nodes(&live)?
+            .into_iter()
+            .map(|n| (n.uri, (n.version, n.relation_version)))
+            .collect();
+
+        let mut changed = Vec::new();
+        for (uri, r) in read {
+            let version = RelationVersion {
+                node_version: r.node.version,
+                relation_version: r.node.relation_version,
+            };
+            if again.get(&uri) != Some(&(version.node_version, version.relation_version)) {
+                debug!(uri = %uri, "owner changed while its edges were read: reading again");
+                changed.push(uri);
+                continue;
+            }
+            writes.push(RelationWrite::Replace {
+                records: self.projector.build_relation_records(&r.node, &r.edges),
+                owner: uri,
+                version,
+            });
+        }
+        for (uri, v) in missing.into_iter().zip(versions) {
+            match v {
+                UriVersion::Deleted(node_version) => writes.push(RelationWrite::Remove {
+                    owner: uri,
+                    node_version,
+                }),
+                // Never stored in the source: whatever the index holds for it is an orphan.
+                UriVersion::Unknown => writes.push(RelationWrite::Purge { owner: uri }),
+                // Created between the two reads.
+                UriVersion::Live(_) => changed.push(uri),
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Applies one batched index write, counting outcomes; failures go to `failed`.
+    fn write_chunk(
+        &self,
+        writes: Vec<RelationWrite>,
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut RelationCounts,
+    ) {
+        let _s = info_span!("index.relation_write", owners = writes.len()).entered();
+        let keys: Vec<(CtxUri, bool)> = writes
+            .iter()
+            .map(|w| {
+                (
+                    w.owner().clone(),
+                    matches!(w, RelationWrite::Replace { .. }),
+                )
+            })
+            .collect();
+        let t0 = Instant::now();
+        match self.index.write_owners(writes) {
+            Ok(outcomes) => {
+                metrics::histogram!("index_relation_write_latency_ms")
+                    .record(t0.elapsed().as_secs_f64() * 1e3);
+                for ((owner, replace), outcome) in keys.into_iter().zip(outcomes) {
+                    match outcome {
+                        Ok(RelationOutcome::Applied) if replace => counts.upserted += 1,
+                        Ok(RelationOutcome::Applied) => counts.removed += 1,
+                        Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
+                        Ok(RelationOutcome::Stale) => counts.stale += 1,
+                        Err(e) => {
+                            warn!(uri = %owner, error = %e, "relation write failed");
+                            failed.insert(owner, e.into());
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, owners = keys.len(), "batched relation write failed");
+                let e = WorkError::from(e);
+                for (owner, _) in keys {
+                    failed.insert(owner, e.clone());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ce_core::{Config, ManualClock};
+    use ce_store::{
+        ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SqliteStore,
+    };
+
+    use super::*;
+    use crate::relation::RelationRecord;
+    use crate::relation::memory::MemoryRelationIndex;
+    use crate::worker::{IndexWorker, WorkerConfig};
+
+    struct Env {
+        _dir: tempfile::TempDir,
+        store: Arc<SqliteStore>,
+        clock: ManualClock,
+        index: Arc<MemoryRelationIndex>,
+        worker: IndexWorker,
+    }
+
+    fn env() -> Env {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut cfg = Config::default();
+        cfg.index.outbox.consumers = vec!["relation".into()];
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = Arc::new(
+            SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
+        );
+        let index = Arc::new(MemoryRelationIndex::new());
+        let mut wcfg = WorkerConfig::from_config(&Config::default(), "r1", "relation");
+        wcfg.heartbeat = Duration::from_millis(50);
+        let worker =
+            IndexWorker::for_relations(wcfg, store.clone(), index.clone()).expect("worker");
+        Env {
+            _dir: dir,
+            store,
+            clock,
+            index,
+            worker,
+        }
+    }
+
+    fn uri(s: &str) -> CtxUri {
+        CtxUri::parse(s).expect("uri")
+    }
+
+    fn put(env: &Env, u: &str) {
+        let req = PutRequest {
+            content: Some(format!("content of {u}")),
+            ..PutRequest::default()
+        };
+        env.store.put(&uri(u), req).expect("put");
+    }
+
+    fn link(env: &Env, from: &str, to: &str, ty: &str) {
+        env.store
+            .link(LinkRequest {
+                from: uri(from),
+                to: uri(to),
+                relation_type: ty.into(),
+                weight: 1.0,
+                reason: String::new(),
+                trace_id: None,
+            })
+            .expect("link");
+    }
+
+    fn drain(env: &Env) {
+        for _ in 0..100 {
+            if env.worker.run_once(100).expect("run_once").claimed == 0 {
+                let open: u64 = env
+                    .store
+                    .stats()
+                    .expect("stats")
+                    .iter()
+                    .map(|s| s.pending + s.claimed + s.retry_wait)
+                    .sum();
+                if open == 0 {
+                    return;
+                }
+                env.clock.advance(31_000);
+            }
+        }
+        panic!("outbox did not drain");
+    }
+
+    /// Every node's edges in the source, as the index must hold them.
+    fn expected(env: &Env) -> Vec<RelationRecord> {
+        let p = IndexProjector::default();
+        let mut out: Vec<RelationRecord> = env
+            .store
+            .read_subtree(&CtxUri::root())
+            .expect("read")
+            .iter()
+            .flat_map(|n| {
+                let edges = env.store.get_edges(&n.uri).expect("edges");
+                p.build_relation_records(n, &edges)
+                    .into_iter()
+                    .map(|record| RelationRecord {
+                        record,
+                        relation_version: n.relation_version,
+                    })
+            })
+            .collect();
+        out.sort_by(crate::relation::by_key);
+        out
+    }
+
+    fn actual(env: &Env) -> Vec<RelationRecord> {
+        env.index.list_under(&CtxUri::root()).expect("list")
+    }
+
+    #[test]
+    fn links_unlinks_removals_and_moves_converge() {
+        let env = env();
+        for u in [
+            "ctx://acc/a",
+            "ctx://acc/b",
+            "ctx://acc/m/x",
+            "ctx://acc/m/y",
+        ] {
+            put(&env, u);
+        }
+        link(&env, "ctx://acc/a", "ctx://acc/b", "ref");
+        link(&env, "ctx://acc/a", "ctx://acc/m/x", "cites");
+        link(&env, "ctx://acc/m/x", "ctx://acc/m/y", "ref");
+        link(&env, "ctx://acc/m/y", "ctx://acc/b", "ref");
+        drain(&env);
+        assert_eq!(actual(&env).len(), 4);
+        assert_eq!(actual(&env), expected(&env));
+
+        env.store
+            .unlink(&uri("ctx://acc/a"), &uri("ctx://acc/b"), "ref", None)
+            .expect("unlink");
+        drain(&env);
+        assert_eq!(actual(&env), expected(&env));
+
+        // A move rewrites edges from, within and into the subtree.
+        env.store
+            .mv(&uri("ctx://acc/m"), &uri("ctx://acc/n"), None)
+            .expect("mv");
+        drain(&env);
+        assert_eq!(actual(&env), expected(&env));
+        assert!(
+            env.index
+                .list_under(&uri("ctx://acc/m"))
+                .expect("list")
+                .is_empty()
+        );
+        assert_eq!(
+            env.index
+                .list_targeting(&uri("ctx://acc/n"))
+                .expect("list")
+                .len(),
+            2
+        );
+
+        // Removing a target removes the edges into it; removing an owner, its own.
+        env.store
+            .rm(&uri("ctx://acc/b"), false, None, None)
+            .expect("rm");
+        env.store
+            .rm(&uri("ctx://acc/n"), true, None, None)
+            .expect("rm");
+        drain(&env);
+        assert_eq!(actual(&env), expected(&env));
+        assert!(actual(&env).is_empty());
+        // The removed owners are remembered as removed (RX1).
+        let v = env
+            .index
+            .owner_version(&uri("ctx://acc/n/x"))
+            .expect("version")
+            .expect("known");
+        assert!(v.deleted);
+    }
+
+    #[test]
+    fn a_move_alone_resyncs_the_owners_pointing_into_the_subtree() {
+        let env = env();
+        for u in ["ctx://acc/o", "ctx://acc/m/x"] {
+            put(&env, u);
+        }
+        link(&env, "ctx://acc/o", "ctx://acc/m/x", "ref");
+        link(&env, "ctx://acc/m/x", "ctx://acc/o", "ref");
+        drain(&env);
+        env.store
+            .mv(&uri("ctx://acc/m"), &uri("ctx://acc/n"), None)
+            .expect("mv");
+        // Only the move's own operations (not the owner's UPSERT_RELATION the store adds).
+        let applier = RelationApplier {
+            source: env.store.as_ref(),
+            index: env.index.as_ref(),
+            projector: &IndexProjector::default(),
+        };
+        let applied = applier.apply(&[
+            Op::SyncSubtree(uri("ctx://acc/m")),
+            Op::SyncSubtree(uri("ctx://acc/n")),
+        ]);
+        assert!(applied.results.iter().all(Result::is_ok));
+        assert_eq!(actual(&env), expected(&env));
+        assert_eq!(
+            applied.counts,
+            RelationCounts {
+                upserted: 2,
+                removed: 1,
+                unchanged: 2,
+                stale: 0
+            },
+            "o re-pointed, n/x written, m/x removed; the containers m and n own nothing"
+        );
+        // Replaying changes nothing.
+        let again = applier.apply(&[
+            Op::SyncSubtree(uri("ctx://acc/m")),
+            Op::SyncSubtree(uri("ctx://acc/n")),
+            Op::SyncNode(uri("ctx://acc/o")),
+        ]);
+        assert_eq!(again.counts.upserted + again.counts.removed, 0);
+        assert_eq!(actual(&env), expected(&env));
+    }
+
+    #[test]
+    fn a_deleted_target_alone_resyncs_the_owners_pointing_at_it() {
+        let env = env();
+        for u in ["ctx://acc/o", "ctx://acc/t"] {
+            put(&env, u);
+        }
+        link(&env, "ctx://acc/o", "ctx://acc/t", "ref");
+        drain(&env);
+        env.store
+            .rm(&uri("ctx://acc/t"), false, None, None)
+            .expect("rm");
+        let applier = RelationApplier {
+            source: env.store.as_ref(),
+            index: env.index.as_ref(),
+            projector: &IndexProjector::default(),
+        };
+        let applied = applier.apply(&[Op::SyncNode(uri("ctx://acc/t"))]);
+        assert!(applied.results.iter().all(Result::is_ok));
+        assert!(actual(&env).is_empty());
+        assert_eq!(actual(&env), expected(&env));
+    }
+
+    #[test]
+    fn an_older_state_never_overwrites_a_newer_one() {
+        let env = env();
+        for u in ["ctx://acc/a", "ctx://acc/b", "ctx://acc/c"] {
+            put(&env, u);
+        }
+        link(&env, "ctx://acc/a", "ctx://acc/b", "ref");
+        drain(&env);
+        let old = actual(&env);
+        link(&env, "ctx://acc/a", "ctx://acc/c", "ref");
+        drain(&env);
+        // A slow worker that read the older state writes it late: stale.
+        let node = env
+            .store
+            .read_node(&uri("ctx://acc/a"))
+            .expect("read")
+            .expect("node");
+        let out = env
+            .index
+            .write_owners(vec![RelationWrite::Replace {
+                owner: uri("ctx://acc/a"),
+                version: RelationVersion {
+                    node_version: node.version,
+                    relation_version: node.relation_version - 1,
+                },
+                records: old.into_iter().map(|r| r.record).collect(),
+            }])
+            .expect("write");
+        assert!(matches!(out[0], Ok(RelationOutcome::Stale)));
+        assert_eq!(actual(&env), expected(&env));
+        // Content updates need no relation work.
+        let req = PutRequest {
+            content: Some("new content".into()),
+            ..PutRequest::default()
+        };
+        env.store.put(&uri("ctx://acc/a"), req).expect("put");
+        let claimed = env.worker.run_once(100).expect("run");
+        assert_eq!((claimed.claimed, claimed.succeeded), (1, 1));
+        assert_eq!(actual(&env), expected(&env));
+    }
+}
