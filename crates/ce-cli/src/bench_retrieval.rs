@@ -94,7 +94,7 @@ fn words(rng: &mut Rng, topic: usize, n: usize) -> Vec<String> {
     let slice = VOCABULARY / TOPICS;
     (0..n)
         .map(|_| {
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 word(topic * slice + rng.zipf(slice))
             } else {
                 word(rng.zipf(VOCABULARY))

@@ -45,6 +45,17 @@ pub struct Cli {
         display_order = 903
     )]
     pub server: Option<String>,
+    /// API key sent to the `--server` with every request (`Authorization: Bearer KEY`);
+    /// needed when the server has `[[server.api_keys]]`.
+    #[arg(
+        long,
+        global = true,
+        env = "CE_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY",
+        display_order = 905
+    )]
+    pub api_key: Option<String>,
     /// Log format on stderr: human or json (level from $CE_LOG, e.g. `info`, `debug`).
     #[arg(
         long,

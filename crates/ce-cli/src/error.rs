@@ -24,6 +24,16 @@ pub enum CliError {
     /// Arguments that are well-formed one by one but do not fit together.
     #[error("{0}")]
     Usage(String),
+    /// A line of an evaluation data set (BEIR corpus, queries or qrels) that cannot be read.
+    #[error("{path}:{line}: {message}")]
+    EvalData {
+        /// The file.
+        path: String,
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong with the line.
+        message: String,
+    },
     /// The server at `--server` answered with an error.
     #[error("{message}")]
     Remote {
@@ -66,7 +76,7 @@ impl Classify for CliError {
             CliError::Core(e) => e.code(),
             CliError::Server(e) => e.code(),
             CliError::Io(_) => ErrorCode::Io,
-            CliError::Usage(_) => ErrorCode::InvalidField,
+            CliError::Usage(_) | CliError::EvalData { .. } => ErrorCode::InvalidField,
             CliError::Remote { code, .. } => *code,
             CliError::Transport { .. } => ErrorCode::Unavailable,
             CliError::Other(e) => {
@@ -87,7 +97,7 @@ impl Classify for CliError {
             CliError::Core(e) => e.is_retryable(),
             CliError::Server(e) => e.is_retryable(),
             // The CLI's own I/O is on the caller's files: retrying will not help.
-            CliError::Io(_) | CliError::Usage(_) => false,
+            CliError::Io(_) | CliError::Usage(_) | CliError::EvalData { .. } => false,
             CliError::Remote { retryable, .. } => *retryable,
             CliError::Transport { .. } => true,
             CliError::Other(e) => e

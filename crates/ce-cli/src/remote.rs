@@ -3,6 +3,8 @@
 //! directory. Arguments are validated here first, exactly as in local mode; the answer's JSON
 //! is printed as is with `--json`, or decoded and rendered like a local answer. An error body
 //! `{code, message, retryable}` becomes the same exit status as the local error would.
+//! `--api-key` (or `CE_API_KEY`) goes with every request as `Authorization: Bearer KEY`; a
+//! server that refuses it answers `401 unauthenticated` or `403 forbidden` (exit 7).
 
 use std::time::Duration;
 
@@ -34,11 +36,14 @@ const MAX_ANSWER_BYTES: u64 = 1 << 30;
 pub struct Client {
     base: String,
     agent: ureq::Agent,
+    /// `Bearer KEY`, when a key is given.
+    authorization: Option<String>,
 }
 
 impl Client {
-    /// A client of the server at `url` (`http://host:port`, a trailing `/` is fine).
-    pub fn new(url: &str) -> Result<Self> {
+    /// A client of the server at `url` (`http://host:port`, a trailing `/` is fine) that
+    /// sends `api_key`, if any, with every request.
+    pub fn new(url: &str, api_key: Option<&str>) -> Result<Self> {
         let base = url.trim().trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) || base.len() < 8 {
             return Err(CliError::Usage(format!(
@@ -51,13 +56,29 @@ impl Client {
             .user_agent(concat!("ce/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Ok(Client { base, agent })
+        let authorization = match api_key.map(str::trim) {
+            None => None,
+            Some(k) if k.is_empty() || k.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                return Err(CliError::Usage(
+                    "--api-key (or CE_API_KEY) must be a non-empty key without whitespace".into(),
+                ));
+            }
+            Some(k) => Some(format!("Bearer {k}")),
+        };
+        Ok(Client {
+            base,
+            agent,
+            authorization,
+        })
     }
 
     /// `GET path?query`.
     pub fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
         let url = format!("{}{path}", self.base);
         let mut req = self.agent.get(&url);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
         for (k, v) in query {
             req = req.query(*k, v);
         }
@@ -68,11 +89,14 @@ impl Client {
     pub fn post(&self, path: &str, body: &impl Serialize) -> Result<Value> {
         let url = format!("{}{path}", self.base);
         let bytes = serde_json::to_vec(body).map_err(|e| CliError::Other(e.into()))?;
-        let res = self
+        let mut req = self
             .agent
             .post(&url)
-            .header("Content-Type", "application/json")
-            .send(&bytes[..]);
+            .header("Content-Type", "application/json");
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        let res = req.send(&bytes[..]);
         self.answer(&url, res)
     }
 
@@ -121,6 +145,8 @@ impl Client {
 fn code_for_status(status: u16) -> ErrorCode {
     match status {
         400 | 405 => ErrorCode::InvalidField,
+        401 => ErrorCode::Unauthenticated,
+        403 => ErrorCode::Forbidden,
         404 => ErrorCode::NotFound,
         409 => ErrorCode::AlreadyExists,
         413 => ErrorCode::PayloadTooLarge,
@@ -168,7 +194,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Worker(_) => return local_only("worker"),
         _ => {}
     }
-    let c = Client::new(url)?;
+    let c = Client::new(url, cli.api_key.as_deref())?;
     match &cli.command {
         Command::Put(a) => {
             let body = commands::put_body(a)?;
@@ -351,17 +377,28 @@ mod tests {
 
     #[test]
     fn unknown_codes_follow_the_status() {
-        for status in [400u16, 404, 409, 413, 429, 500, 502, 503, 504] {
+        for status in [400u16, 401, 403, 404, 409, 413, 429, 500, 502, 503, 504] {
             assert_eq!(code_for_status(status).http_status(), status);
         }
     }
 
     #[test]
     fn server_urls_are_checked() {
-        assert!(Client::new("http://127.0.0.1:7420/").is_ok());
+        assert!(Client::new("http://127.0.0.1:7420/", None).is_ok());
         assert!(matches!(
-            Client::new("127.0.0.1:7420"),
+            Client::new("127.0.0.1:7420", None),
             Err(CliError::Usage(_))
         ));
+        let c = Client::new("http://127.0.0.1:7420", Some(" key-0123456789abcdef ")).expect("key");
+        assert_eq!(
+            c.authorization.as_deref(),
+            Some("Bearer key-0123456789abcdef")
+        );
+        for bad in ["", "  ", "two words"] {
+            assert!(matches!(
+                Client::new("http://127.0.0.1:7420", Some(bad)),
+                Err(CliError::Usage(_))
+            ));
+        }
     }
 }

@@ -19,6 +19,8 @@ pub struct Config {
     pub projector: ProjectorConfig,
     /// `[retrieval]`: search modes and hybrid fusion.
     pub retrieval: RetrievalConfig,
+    /// `[server]`: API keys and tenants of `ce serve`.
+    pub server: ServerConfig,
 }
 
 /// `[index]`.
@@ -242,6 +244,147 @@ impl Default for RetrievalConfig {
 /// The values of `retrieval.default_mode`.
 pub const RETRIEVAL_MODES: [&str; 4] = ["auto", "vector", "keyword", "hybrid"];
 
+/// `[server]`: who may call `ce serve` (docs/http-api.md, "Authentication and tenants").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Lets `ce serve` listen on a non-loopback address without API keys (default false:
+    /// it refuses to start, since every caller would see every account).
+    pub allow_unauthenticated: bool,
+    /// `[[server.api_keys]]`. None: the server is single-user (no key asked, everything
+    /// visible). Any: every route but `/healthz` and `/readyz` needs one of them.
+    pub api_keys: Vec<ApiKeyConfig>,
+}
+
+/// One `[[server.api_keys]]` entry: a secret and what it may see.
+#[derive(Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The key itself (at least 16 characters). Prefer `key_env`, which keeps the secret
+    /// out of the file.
+    pub key: Option<String>,
+    /// The environment variable holding the key, read when the server starts.
+    pub key_env: Option<String>,
+    /// The account (first URI segment) the key works in; required unless `admin`.
+    pub account_id: Option<String>,
+    /// The owner spaces (`user:ID`, `agent:ID`, `shared`) the key sees within its account;
+    /// empty: all of them.
+    pub owner_spaces: Vec<String>,
+    /// An admin key sees every account and may call the operations routes (outbox,
+    /// status, reindex, metrics); it has no `account_id` or `owner_spaces`.
+    pub admin: bool,
+}
+
+/// Shortest accepted API key, in characters.
+pub const MIN_API_KEY_CHARS: usize = 16;
+
+impl std::fmt::Debug for ApiKeyConfig {
+    // The key is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeyConfig")
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key_env", &self.key_env)
+            .field("account_id", &self.account_id)
+            .field("owner_spaces", &self.owner_spaces)
+            .field("admin", &self.admin)
+            .finish()
+    }
+}
+
+impl ApiKeyConfig {
+    /// The owner spaces, parsed (empty: all spaces of the account).
+    pub fn owner_spaces(&self) -> Result<Vec<crate::OwnerSpace>, CoreError> {
+        self.owner_spaces.iter().map(|o| o.parse()).collect()
+    }
+}
+
+/// Checks that `key` is usable as an API key: long enough, printable, no whitespace.
+pub fn check_api_key(key: &str) -> Result<(), String> {
+    if key.chars().count() < MIN_API_KEY_CHARS {
+        return Err(format!("is shorter than {MIN_API_KEY_CHARS} characters"));
+    }
+    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain whitespace or control characters".into());
+    }
+    Ok(())
+}
+
+impl ServerConfig {
+    /// Checks every `[[server.api_keys]]` entry; errors name it (`server.api_keys[1].key`).
+    /// Keys read from the environment are checked when the server starts.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        for (i, k) in self.api_keys.iter().enumerate() {
+            let bad = |field: &str, reason: String| CoreError::InvalidConfig {
+                key: format!("server.api_keys[{i}]{field}"),
+                reason,
+            };
+            match (&k.key, &k.key_env) {
+                (Some(key), None) => {
+                    check_api_key(key).map_err(|r| bad(".key", r))?;
+                    if self.api_keys[..i]
+                        .iter()
+                        .any(|o| o.key.as_ref() == Some(key))
+                    {
+                        return Err(bad(".key", "is the same key as an earlier entry".into()));
+                    }
+                }
+                (None, Some(var)) => {
+                    let ok = !var.is_empty()
+                        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    if !ok {
+                        return Err(bad(
+                            ".key_env",
+                            format!("{var:?} is not an environment variable name ([A-Za-z0-9_]+)"),
+                        ));
+                    }
+                    if self.api_keys[..i]
+                        .iter()
+                        .any(|o| o.key_env.as_ref() == Some(var))
+                    {
+                        return Err(bad(
+                            ".key_env",
+                            format!("{var:?} is already the key of an earlier entry"),
+                        ));
+                    }
+                }
+                _ => return Err(bad("", "set exactly one of key and key_env".into())),
+            }
+            if k.admin {
+                if k.account_id.is_some() || !k.owner_spaces.is_empty() {
+                    return Err(bad(
+                        "",
+                        "an admin key sees every account: remove account_id and owner_spaces"
+                            .into(),
+                    ));
+                }
+                continue;
+            }
+            let Some(account) = &k.account_id else {
+                return Err(bad(
+                    ".account_id",
+                    "is required (or set admin = true for a key that sees every account)".into(),
+                ));
+            };
+            let canonical = crate::CtxUri::parse(&format!("{}{account}", crate::uri::SCHEME));
+            if !canonical.is_ok_and(|u| u.depth() == 1 && u.account_id() == account) {
+                return Err(bad(
+                    ".account_id",
+                    format!("{account:?} is not a single ctx:// URI segment"),
+                ));
+            }
+            let spaces = k
+                .owner_spaces()
+                .map_err(|e| bad(".owner_spaces", e.to_string()))?;
+            for (j, o) in spaces.iter().enumerate() {
+                if spaces[..j].contains(o) {
+                    return Err(bad(".owner_spaces", format!("{o} is listed twice")));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn range<T: PartialOrd + Copy + std::fmt::Display>(
     key: &str,
     v: T,
@@ -437,6 +580,7 @@ impl Config {
             1,
             1_000_000,
         )?;
+        self.server.validate()?;
         Ok(())
     }
 }
@@ -498,6 +642,76 @@ mod tests {
         assert_eq!(
             (c.retrieval.default_mode.as_str(), c.retrieval.rrf_k),
             ("keyword", 10)
+        );
+    }
+
+    #[test]
+    fn api_keys_are_checked_and_errors_name_the_entry() {
+        let ok = Config::from_toml(
+            "[[server.api_keys]]\nkey_env = \"CE_KEY_A\"\naccount_id = \"acc1\"\n\
+             owner_spaces = [\"user:u1\", \"shared\"]\n\
+             [[server.api_keys]]\nkey = \"0123456789abcdef-admin\"\nadmin = true\n",
+        )
+        .expect("valid keys");
+        assert_eq!(ok.server.api_keys.len(), 2);
+        assert!(
+            !format!("{ok:?}").contains("0123456789abcdef"),
+            "key printed"
+        );
+        let err = |toml: &str| Config::from_toml(toml).expect_err("refused").to_string();
+        let cases = [
+            (
+                "key = \"short\"\naccount_id = \"a\"",
+                "server.api_keys[0].key",
+            ),
+            ("account_id = \"a\"", "server.api_keys[0]: set exactly one"),
+            (
+                "key_env = \"K\"\nkey = \"0123456789abcdef\"\naccount_id = \"a\"",
+                "server.api_keys[0]: set exactly one",
+            ),
+            (
+                "key_env = \"K-1\"\naccount_id = \"a\"",
+                "server.api_keys[0].key_env",
+            ),
+            ("key_env = \"K\"", "server.api_keys[0].account_id"),
+            (
+                "key_env = \"K\"\naccount_id = \"a/b\"",
+                "server.api_keys[0].account_id",
+            ),
+            (
+                "key_env = \"K\"\naccount_id = \"..\"",
+                "server.api_keys[0].account_id",
+            ),
+            (
+                "key_env = \"K\"\naccount_id = \"a\"\nowner_spaces = [\"user:\"]",
+                "server.api_keys[0].owner_spaces",
+            ),
+            (
+                "key_env = \"K\"\naccount_id = \"a\"\nowner_spaces = [\"shared\", \"shared\"]",
+                "server.api_keys[0].owner_spaces",
+            ),
+            (
+                "key_env = \"K\"\nadmin = true\naccount_id = \"a\"",
+                "server.api_keys[0]: an admin key",
+            ),
+        ];
+        for (entry, want) in cases {
+            let e = err(&format!("[[server.api_keys]]\n{entry}\n"));
+            assert!(e.contains(want), "{entry}: {e}");
+        }
+        let twice = "[[server.api_keys]]\nkey_env = \"K\"\nadmin = true\n\
+                     [[server.api_keys]]\nkey_env = \"K\"\naccount_id = \"a\"\n";
+        assert!(
+            err(twice).contains("server.api_keys[1].key_env"),
+            "{}",
+            err(twice)
+        );
+        let same = "[[server.api_keys]]\nkey = \"0123456789abcdef\"\nadmin = true\n\
+                    [[server.api_keys]]\nkey = \"0123456789abcdef\"\naccount_id = \"a\"\n";
+        assert!(
+            err(same).contains("server.api_keys[1].key"),
+            "{}",
+            err(same)
         );
     }
 

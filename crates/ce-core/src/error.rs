@@ -61,11 +61,16 @@ pub enum ErrorCode {
     Io,
     /// Anything else.
     Internal,
+    /// The request carries no API key, or one the server does not know.
+    Unauthenticated,
+    /// The caller's API key does not allow this (another account, an owner space it lacks,
+    /// or an admin-only route).
+    Forbidden,
 }
 
 impl ErrorCode {
     /// All codes.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::InvalidUri,
         ErrorCode::InvalidLevel,
         ErrorCode::InvalidField,
@@ -88,6 +93,8 @@ impl ErrorCode {
         ErrorCode::Corrupt,
         ErrorCode::Io,
         ErrorCode::Internal,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
     ];
 
     /// The snake_case name used in JSON error bodies.
@@ -115,6 +122,8 @@ impl ErrorCode {
             ErrorCode::Corrupt => "corrupt",
             ErrorCode::Io => "io",
             ErrorCode::Internal => "internal",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
         }
     }
 
@@ -128,6 +137,8 @@ impl ErrorCode {
             | ErrorCode::InvalidPayload
             | ErrorCode::InvalidConfig
             | ErrorCode::InvalidMove => 400,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::AlreadyExists
             | ErrorCode::VersionConflict
@@ -145,7 +156,8 @@ impl ErrorCode {
     }
 
     /// The `ce` exit code (documented in the README): 2 bad input, 3 not found, 4 conflict,
-    /// 5 too large, 6 unavailable or overloaded (retry), 1 anything else.
+    /// 5 too large, 6 unavailable or overloaded (retry), 7 not allowed (no or unknown API
+    /// key, or a key without the right), 1 anything else.
     pub fn exit_code(self) -> i32 {
         match self.http_status() {
             400 => 2,
@@ -153,6 +165,7 @@ impl ErrorCode {
             409 => 4,
             413 => 5,
             429 | 502 | 503 | 504 => 6,
+            401 | 403 => 7,
             _ => 1,
         }
     }

@@ -52,6 +52,7 @@ impl Ce {
         c.env_remove("CE_DATA_DIR")
             .env_remove("CE_CONFIG")
             .env_remove("CE_SERVER")
+            .env_remove("CE_API_KEY")
             .env_remove("CE_FAILPOINT_WORKER_EMBED_DELAY_MS")
             .arg("--data-dir")
             .arg(self.data_dir());
@@ -180,6 +181,11 @@ impl Ce {
 
     /// Starts `ce serve --bind 127.0.0.1:0 ARGS` and waits for its address.
     pub fn serve(&self, args: &[&str]) -> Server {
+        self.serve_with_env(args, &[])
+    }
+
+    /// [`Ce::serve`] with extra environment variables (e.g. the `key_env` of API keys).
+    pub fn serve_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Server {
         let log_path = self.data_dir().join(format!(
             "serve-{}.log",
             std::time::SystemTime::now()
@@ -192,6 +198,7 @@ impl Ce {
         all.extend_from_slice(args);
         let mut child = self
             .command(&all)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()

@@ -9,4 +9,5 @@ mod outbox;
 mod relations;
 mod search;
 mod server;
+mod tenants;
 mod worker;

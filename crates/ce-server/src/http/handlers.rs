@@ -3,16 +3,18 @@
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ce_core::{CtxUri, DeliveryStatus, EventPayload, EventType, Level, OutboxEventCreate};
-use ce_store::{ContextFs as _, OutboxFilter, OutboxStore as _, RelationStore as _, StoreError};
+use ce_store::{OutboxFilter, OutboxStore as _, RelationStore as _};
 use serde::Serialize;
 
 use super::AppState;
+use super::auth::Principal;
 use super::error::ApiError;
 use super::params::Params;
+use super::scope::Scope;
 use crate::engine::{Engine, VECTOR_CONSUMER};
 use crate::error::ServerError;
 use crate::wire::{
@@ -46,91 +48,150 @@ where
     }
 }
 
+/// Runs `f` on the blocking pool with the caller's [`Scope`] (tenant routes; see
+/// `super::scope` for what a route must check).
+async fn scoped<T, F>(state: &AppState, p: Principal, f: F) -> Answer
+where
+    T: Serialize + Send + 'static,
+    F: FnOnce(&Engine, &Scope<'_>) -> Result<T, ApiError> + Send + 'static,
+{
+    blocking(state, move |e| f(e, &Scope::new(&p, e.store().as_ref()))).await
+}
+
 /// `POST /v1/put`.
-pub async fn put(State(s): State<AppState>, b: J<PutBody>) -> Answer {
+pub async fn put(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<PutBody>,
+) -> Answer {
     let (uri, req) = body(b)?.into_request()?;
-    blocking(&s, move |e| Ok(e.put(&uri, req)?)).await
+    scoped(&s, p, move |e, scope| {
+        scope.check_put(&uri, &req)?;
+        Ok(e.put(&uri, req)?)
+    })
+    .await
 }
 
 /// `GET /v1/cat?uri=&level=`.
-pub async fn cat(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(q, &["uri", "level"])?;
-    let uri = p.uri("uri")?;
-    let level = p.level("level")?.unwrap_or(Level::L2);
-    blocking(&s, move |e| {
-        let node = e
-            .store()
-            .read_node(&uri)?
-            .ok_or(StoreError::NodeNotFound { uri })?;
-        Ok(CatAnswer::of(&node, level))
+pub async fn cat(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
+    let params = params(q, &["uri", "level"])?;
+    let uri = params.uri("uri")?;
+    let level = params.level("level")?.unwrap_or(Level::L2);
+    scoped(&s, p, move |_, scope| {
+        Ok(CatAnswer::of(&scope.read_node(&uri)?, level))
     })
     .await
 }
 
 /// `GET /v1/stat?uri=`.
-pub async fn stat(State(s): State<AppState>, q: Q) -> Answer {
+pub async fn stat(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
     let uri = params(q, &["uri"])?.uri("uri")?;
-    blocking(&s, move |e| Ok(e.store().stat(&uri)?)).await
+    scoped(&s, p, move |_, scope| scope.stat(&uri)).await
 }
 
-/// `GET /v1/ls?uri=` (default: the root, which lists accounts).
-pub async fn ls(State(s): State<AppState>, q: Q) -> Answer {
+/// `GET /v1/ls?uri=` (default: the root, which lists accounts — a tenant's own only).
+pub async fn ls(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
     let uri = params(q, &["uri"])?.uri_or("uri", CtxUri::root())?;
-    blocking(&s, move |e| Ok(e.store().ls(&uri)?)).await
+    scoped(&s, p, move |_, scope| scope.ls(&uri)).await
 }
 
 /// `GET /v1/tree?uri=&depth=`.
-pub async fn tree(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(q, &["uri", "depth"])?;
-    let uri = p.uri("uri")?;
-    let depth = p.number::<u32>("depth")?;
-    blocking(&s, move |e| Ok(e.store().tree(&uri, depth)?)).await
+pub async fn tree(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
+    let params = params(q, &["uri", "depth"])?;
+    let uri = params.uri("uri")?;
+    let depth = params.number::<u32>("depth")?;
+    scoped(&s, p, move |_, scope| scope.tree(&uri, depth)).await
 }
 
 /// `POST /v1/rm`.
-pub async fn rm(State(s): State<AppState>, b: J<RmBody>) -> Answer {
+pub async fn rm(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<RmBody>,
+) -> Answer {
     let b = body(b)?;
     let uri = wire::uri(&b.uri)?;
-    blocking(&s, move |e| {
+    scoped(&s, p, move |e, scope| {
+        scope.check_rm(&uri, b.recursive)?;
         Ok(e.rm(&uri, b.recursive, b.expect_version, b.trace_id)?)
     })
     .await
 }
 
 /// `POST /v1/mv`.
-pub async fn mv(State(s): State<AppState>, b: J<MvBody>) -> Answer {
+pub async fn mv(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<MvBody>,
+) -> Answer {
     let b = body(b)?;
     let (from, to) = (wire::uri(&b.from)?, wire::uri(&b.to)?);
-    blocking(&s, move |e| Ok(e.mv(&from, &to, b.trace_id)?)).await
+    scoped(&s, p, move |e, scope| {
+        scope.check_mv(&from, &to)?;
+        Ok(e.mv(&from, &to, b.trace_id)?)
+    })
+    .await
 }
 
 /// `POST /v1/link`.
-pub async fn link(State(s): State<AppState>, b: J<LinkBody>) -> Answer {
+pub async fn link(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<LinkBody>,
+) -> Answer {
     let req = body(b)?.into_request()?;
-    blocking(&s, move |e| Ok(e.link(req)?)).await
+    scoped(&s, p, move |e, scope| {
+        scope.check_link(&req.from, &req.to)?;
+        Ok(e.link(req)?)
+    })
+    .await
 }
 
 /// `POST /v1/unlink`.
-pub async fn unlink(State(s): State<AppState>, b: J<UnlinkBody>) -> Answer {
+pub async fn unlink(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<UnlinkBody>,
+) -> Answer {
     let b = body(b)?;
     let (from, to) = (wire::uri(&b.from)?, wire::uri(&b.to)?);
-    blocking(&s, move |e| {
+    scoped(&s, p, move |e, scope| {
+        scope.check_link(&from, &to)?;
         Ok(e.unlink(&from, &to, &b.relation_type, b.trace_id)?)
     })
     .await
 }
 
-/// `GET /v1/relations?uri=`.
-pub async fn relations(State(s): State<AppState>, q: Q) -> Answer {
+/// `GET /v1/relations?uri=` (edges whose other end the caller does not see are left out).
+pub async fn relations(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    q: Q,
+) -> Answer {
     let uri = params(q, &["uri"])?.uri("uri")?;
-    blocking(&s, move |e| Ok(e.store().relations(&uri)?)).await
+    scoped(&s, p, move |e, scope| {
+        scope.check_read(&uri)?;
+        scope.relations(e.store().relations(&uri)?)
+    })
+    .await
 }
 
-/// `POST /v1/search`.
-pub async fn search(State(s): State<AppState>, b: J<SearchBody>) -> Answer {
-    let req = body(b)?.into_request()?;
+/// `POST /v1/search` (the filter is forced into the caller's account and owner spaces).
+pub async fn search(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    b: J<SearchBody>,
+) -> Answer {
+    let mut req = body(b)?.into_request()?;
     req.validate()?;
-    blocking(&s, move |e| Ok(e.search(&req)?)).await
+    p.scope_filter(&mut req.filter)?;
+    scoped(&s, p, move |e, scope| {
+        let mut answer = e.search(&req)?;
+        // The index filter already did this; the source of truth has the last word.
+        scope.retain(&mut answer.hits, |h| &h.uri)?;
+        Ok(answer)
+    })
+    .await
 }
 
 /// `GET /v1/outbox/list?status=&consumer=&type=&after=&after_consumer=&limit=`.

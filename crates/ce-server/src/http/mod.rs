@@ -2,12 +2,24 @@
 //! `/healthz`, `/readyz` and `/metrics`. The routes and bodies are documented in
 //! `docs/http-api.md`.
 //!
+//! Every route is one row of [`ROUTES`] with its [`Access`]: the route's [`auth::gate`]
+//! authenticates the caller's API key (when `[[server.api_keys]]` are configured) and hands
+//! the handler its [`Principal`]; tenant handlers check their inputs and filter their
+//! answers through a [`scope::Scope`]. To add a route: add a row here (a route without a row
+//! is not served), take `Extension<Principal>` in the handler and run it with
+//! `handlers::scoped`, check every URI it addresses (`Scope::check_read` / `check_write`,
+//! or `Principal::scope_filter` for a search filter) and pass every node it answers through
+//! `Scope::retain`; then add the route to the tenant-isolation test table
+//! (`crates/ce-server/tests/integration/tenants.rs`), which fails until it does.
+//!
 //! [`serve`] runs until SIGINT or SIGTERM, then stops accepting, lets in-flight requests
 //! finish, and stops the workers (each finishes its batch, so no claim is left behind).
 
+pub mod auth;
 mod error;
 mod handlers;
 mod params;
+pub mod scope;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,11 +27,13 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use tracing::{info, warn};
 
+pub use self::auth::{Access, KeyRing, Principal};
 pub use self::error::ApiError;
 use crate::engine::Engine;
 use crate::error::{Result, ServerError};
@@ -37,6 +51,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// The metrics recorder, if installed in this process.
     pub metrics: Option<Metrics>,
+    /// The API keys (empty: single-user mode).
+    pub keys: Arc<KeyRing>,
 }
 
 /// Server settings.
@@ -59,32 +75,76 @@ impl ServeOptions {
     }
 }
 
-/// The router with every route (see the module docs).
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// One route: its method and path, who may call it, and its handler.
+pub struct Route {
+    /// The method.
+    pub method: Method,
+    /// The path.
+    pub path: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    handler: fn() -> MethodRouter<AppState>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} ({:?})", self.method, self.path, self.access)
+    }
+}
+
+macro_rules! routes {
+    ($($method:ident $path:literal $access:ident => $handler:path),* $(,)?) => {
+        &[$(Route {
+            method: Method::$method,
+            path: $path,
+            access: Access::$access,
+            handler: || routes!(@on $method $handler),
+        }),*]
+    };
+    (@on GET $h:path) => { get($h) };
+    (@on POST $h:path) => { post($h) };
+}
+
+/// Every route the server serves (the router is built from this table only).
+pub const ROUTES: &[Route] = {
     use handlers as h;
-    Router::new()
-        .route("/v1/put", post(h::put))
-        .route("/v1/cat", get(h::cat))
-        .route("/v1/stat", get(h::stat))
-        .route("/v1/ls", get(h::ls))
-        .route("/v1/tree", get(h::tree))
-        .route("/v1/rm", post(h::rm))
-        .route("/v1/mv", post(h::mv))
-        .route("/v1/link", post(h::link))
-        .route("/v1/unlink", post(h::unlink))
-        .route("/v1/relations", get(h::relations))
-        .route("/v1/search", post(h::search))
-        .route("/v1/outbox/list", get(h::outbox_list))
-        .route("/v1/outbox/show", get(h::outbox_show))
-        .route("/v1/outbox/stats", get(h::outbox_stats))
-        .route("/v1/outbox/append", post(h::outbox_append))
-        .route("/v1/status", get(h::status))
-        .route("/v1/reindex", post(h::reindex))
-        .route("/healthz", get(h::healthz))
-        .route("/readyz", get(h::readyz))
-        .route("/metrics", get(h::metrics))
-        .fallback(h::not_found)
-        .method_not_allowed_fallback(h::method_not_allowed)
+    routes![
+        POST "/v1/put" Tenant => h::put,
+        GET "/v1/cat" Tenant => h::cat,
+        GET "/v1/stat" Tenant => h::stat,
+        GET "/v1/ls" Tenant => h::ls,
+        GET "/v1/tree" Tenant => h::tree,
+        POST "/v1/rm" Tenant => h::rm,
+        POST "/v1/mv" Tenant => h::mv,
+        POST "/v1/link" Tenant => h::link,
+        POST "/v1/unlink" Tenant => h::unlink,
+        GET "/v1/relations" Tenant => h::relations,
+        POST "/v1/search" Tenant => h::search,
+        GET "/v1/outbox/list" Admin => h::outbox_list,
+        GET "/v1/outbox/show" Admin => h::outbox_show,
+        GET "/v1/outbox/stats" Admin => h::outbox_stats,
+        POST "/v1/outbox/append" Admin => h::outbox_append,
+        GET "/v1/status" Admin => h::status,
+        POST "/v1/reindex" Admin => h::reindex,
+        GET "/healthz" Open => h::healthz,
+        GET "/readyz" Open => h::readyz,
+        GET "/metrics" Admin => h::metrics,
+    ]
+};
+
+/// The router with every route of [`ROUTES`], each behind its [`auth::gate`].
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let mut router = Router::new();
+    for r in ROUTES {
+        let gate = auth::Gate::new(state.keys.clone(), r.access);
+        router = router.route(
+            r.path,
+            (r.handler)().route_layer(middleware::from_fn_with_state(gate, auth::gate)),
+        );
+    }
+    router
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
@@ -117,6 +177,14 @@ pub fn serve(
         let context = context.to_owned();
         move |source| ServerError::Io { context, source }
     };
+    let server_config = &engine.config().server;
+    let keys = match KeyRing::from_config(server_config, |var| std::env::var(var).ok()) {
+        Ok(k) => Arc::new(k),
+        Err(e) => {
+            engine.shutdown();
+            return Err(e.into());
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ce-http")
@@ -125,6 +193,7 @@ pub fn serve(
     let state = AppState {
         engine: engine.clone(),
         metrics: metrics.clone(),
+        keys: keys.clone(),
     };
     let app = router(state, options.max_body_bytes);
     let served = runtime.block_on(async {
@@ -134,6 +203,12 @@ pub fn serve(
         let addr = listener
             .local_addr()
             .map_err(io("reading the bound address"))?;
+        auth::check_bind(addr, &keys, server_config)?;
+        if keys.is_enabled() {
+            info!(keys = keys.len(), "api keys required");
+        } else if !addr.ip().is_loopback() {
+            warn!(%addr, "serving without api keys on a non-loopback address (server.allow_unauthenticated)");
+        }
         info!(%addr, "listening");
         on_listening(addr);
         if let Some(m) = metrics {

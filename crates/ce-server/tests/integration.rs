@@ -1,0 +1,5 @@
+//! The HTTP router in-process against a real data directory (one test binary; modules only).
+
+mod integration {
+    mod tenants;
+}
