@@ -97,6 +97,8 @@ pub enum Command {
     Unlink(UnlinkArgs),
     /// Print a node's outgoing and incoming relations.
     Relations(UriArg),
+    /// A node's edges from the relation index, strongest first, checked against the source.
+    Related(RelatedArgs),
     /// Search the vector index; hits are checked against the source of truth.
     Search(SearchArgs),
     /// Inspect or repair the outbox.
@@ -348,6 +350,22 @@ pub struct SearchArgs {
     /// indexes are configured).
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
+}
+
+/// `ce related`.
+#[derive(Debug, Args)]
+pub struct RelatedArgs {
+    /// The node.
+    pub uri: String,
+    /// Only edges of this relation type.
+    #[arg(long = "type", value_name = "T")]
+    pub relation_type: Option<String>,
+    /// out (the node owns the edge), in, or both.
+    #[arg(long, value_name = "D", default_value = "out")]
+    pub direction: String,
+    /// At most this many edges (1-1000).
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub limit: usize,
 }
 
 /// `ce reindex`.

@@ -10,7 +10,7 @@ use ce_core::{
     Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType, Level, Meta,
     OutboxEventCreate,
 };
-use ce_retrieval::SearchRequest;
+use ce_retrieval::{RelatedRequest, SearchRequest};
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
 use ce_server::wire::{CatAnswer, PutBody};
 use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError};
@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use crate::cli::{
     BenchCommand, CatArgs, Cli, Command, ExportArgs, ImportArgs, LinkArgs, LsArgs, MvArgs,
-    OutboxAppendArgs, OutboxCommand, OutboxListArgs, PutArgs, ReindexArgs, RmArgs, SearchArgs,
-    ServeArgs, TreeArgs, UnlinkArgs, WorkerArgs,
+    OutboxAppendArgs, OutboxCommand, OutboxListArgs, PutArgs, ReindexArgs, RelatedArgs, RmArgs,
+    SearchArgs, ServeArgs, TreeArgs, UnlinkArgs, WorkerArgs,
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
@@ -91,6 +91,12 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         Command::Outbox(c) => outbox(&open, c),
         Command::Import(a) => import(&open, a),
         Command::Export(a) => export(&open, a),
+        Command::Related(a) => {
+            let req = related_request(a)?;
+            let engine = open_engine(cli, 1, false, "related")?;
+            let r = engine.related(&req)?;
+            Rendered::new(&r, output::related(&r))
+        }
         Command::Search(a) => {
             let req = search_request(a)?;
             let engine = open_engine(cli, 1, false, "search")?;
@@ -385,6 +391,16 @@ pub fn append_payload(event_type: &str, payload: &str) -> Result<(EventType, Val
     })?;
     EventPayload::parse(event_type.as_str(), &json)?;
     Ok((event_type, json))
+}
+
+/// The request a `ce related` asks for.
+pub fn related_request(a: &RelatedArgs) -> Result<RelatedRequest> {
+    Ok(RelatedRequest {
+        uri: parse_uri(&a.uri)?,
+        relation_type: a.relation_type.clone(),
+        direction: a.direction.parse()?,
+        limit: a.limit,
+    })
 }
 
 /// The search a `ce search` asks for (validated).

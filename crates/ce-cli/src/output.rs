@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use ce_core::{Classify, CtxUri, Delivery, Millis, OutboxEvent, RelationEdge, rfc3339};
+use ce_index::relation::Direction;
 use ce_index::worker::dry_run::DryRunReport;
+use ce_retrieval::RelatedResponse;
 use ce_retrieval::SearchResponse;
 use ce_server::status::{DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
@@ -546,6 +548,40 @@ pub fn relations(uri: &CtxUri, r: &Relations) -> String {
     rows.extend(r.outgoing.iter().map(|e| row("->", &e.to_uri, e)));
     rows.extend(r.incoming.iter().map(|e| row("<-", &e.from_uri, e)));
     table(&["DIR", "TYPE", "NODE", "WEIGHT", "REASON"], &rows)
+}
+
+/// `ce related`.
+pub fn related(r: &RelatedResponse) -> String {
+    let mut out = if r.edges.is_empty() {
+        format!("{} has no indexed relations\n", r.uri)
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .edges
+            .iter()
+            .map(|e| {
+                vec![
+                    if e.direction == Direction::Out {
+                        "->"
+                    } else {
+                        "<-"
+                    }
+                    .to_owned(),
+                    e.relation_type.clone(),
+                    e.other.to_string(),
+                    e.weight.to_string(),
+                    e.abstract_text.clone(),
+                ]
+            })
+            .collect();
+        table(&["DIR", "TYPE", "NODE", "WEIGHT", "ABSTRACT"], &rows)
+    };
+    if r.dropped_by_hydration > 0 {
+        out.push_str(&format!(
+            "({} indexed edges the source no longer holds were left out)\n",
+            r.dropped_by_hydration
+        ));
+    }
+    out
 }
 
 /// `ce outbox list`.

@@ -272,6 +272,19 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
             let json = c.get("/v1/relations", &[("uri", uri.to_string())])?;
             rendered(json, |r: Relations| Ok(output::relations(&uri, &r)))
         }
+        Command::Related(a) => {
+            let req = commands::related_request(a)?;
+            let mut q = vec![
+                ("uri", req.uri.to_string()),
+                ("direction", req.direction.to_string()),
+                ("limit", req.limit.to_string()),
+            ];
+            if let Some(t) = &req.relation_type {
+                q.push(("type", t.clone()));
+            }
+            let json = c.get("/v1/related", &q)?;
+            rendered(json, |r| Ok(output::related(&r)))
+        }
         Command::Search(a) => {
             let req = commands::search_request(a)?;
             let json = c.post("/v1/search", &SearchBody::from_request(&req))?;

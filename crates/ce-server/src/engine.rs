@@ -24,18 +24,24 @@ use std::time::{Duration, Instant};
 
 use ce_core::{
     Classify as _, Config, CtxUri, EVENT_VERSION, ErrorCode, EventPayload, IndexProjector,
-    OutboxEvent, OutboxEventCreate, UpsertContextPayload, UpsertReason,
+    OutboxEvent, OutboxEventCreate, RelationMode, UpsertContextPayload, UpsertReason,
+    UpsertRelationPayload,
 };
 use ce_embed::{CachedEmbedder, Embedder, ModelIdentity};
 use ce_index::keyword::KeywordIndex;
 use ce_index::keyword::embedded::EmbeddedKeywordIndex;
+use ce_index::relation::RelationIndex;
+use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
 use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerConfig};
-use ce_retrieval::{Fusion, Retriever, SearchMode, SearchRequest, SearchResponse, VectorSide};
+use ce_retrieval::{
+    Fusion, RelatedRequest, RelatedResponse, Retriever, SearchMode, SearchRequest, SearchResponse,
+    VectorSide,
+};
 use ce_store::{
     ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SourceStore,
     SqliteStore, WriteOutcome,
@@ -56,8 +62,12 @@ pub const VECTOR_DIR: &str = "vector";
 pub const KEYWORD_CONSUMER: &str = "keyword";
 /// The keyword index's directory inside the data directory.
 pub const KEYWORD_DIR: &str = "keyword";
+/// The consumer of the relation index.
+pub const RELATION_CONSUMER: &str = "relation";
+/// The relation index's directory inside the data directory.
+pub const RELATION_DIR: &str = "relation";
 /// The consumers this build has an index for.
-pub const INDEXED_CONSUMERS: [&str; 2] = [VECTOR_CONSUMER, KEYWORD_CONSUMER];
+pub const INDEXED_CONSUMERS: [&str; 3] = [VECTOR_CONSUMER, KEYWORD_CONSUMER, RELATION_CONSUMER];
 /// Where dry-run reports are recorded, inside the data directory.
 pub const DRY_RUN_DIR: &str = "dry-run";
 /// Worker threads per consumer when not configured.
@@ -112,6 +122,8 @@ pub struct Engine {
     index: Arc<EmbeddedVectorIndex>,
     /// The keyword index, when the keyword consumer is configured.
     keyword: Option<Arc<EmbeddedKeywordIndex>>,
+    /// The relation index, when the relation consumer is configured.
+    relations: Option<Arc<EmbeddedRelationIndex>>,
     wake: Arc<Wakeup>,
     /// `None` when the index is bound to the embedder's model, else why not.
     binding_error: Mutex<Option<String>>,
@@ -171,15 +183,17 @@ impl Engine {
                 _ => ServerError::Index(e),
             })?,
         );
-        let keyword = if config
-            .index
-            .outbox
-            .consumers
-            .iter()
-            .any(|c| c == KEYWORD_CONSUMER)
-        {
+        let wants = |c: &str| config.index.outbox.consumers.iter().any(|x| x == c);
+        let keyword = if wants(KEYWORD_CONSUMER) {
             Some(Arc::new(EmbeddedKeywordIndex::open(
                 &data_dir.join(KEYWORD_DIR),
+            )?))
+        } else {
+            None
+        };
+        let relations = if wants(RELATION_CONSUMER) {
+            Some(Arc::new(EmbeddedRelationIndex::open(
+                &data_dir.join(RELATION_DIR),
             )?))
         } else {
             None
@@ -191,6 +205,7 @@ impl Engine {
             embedder,
             index,
             keyword,
+            relations,
             wake: Wakeup::new(),
             binding_error: Mutex::new(None),
             pool: Mutex::new(None),
@@ -258,6 +273,11 @@ impl Engine {
     /// The keyword index, when its consumer is configured.
     pub fn keyword_index(&self) -> Option<&Arc<EmbeddedKeywordIndex>> {
         self.keyword.as_ref()
+    }
+
+    /// The relation index, when its consumer is configured.
+    pub fn relation_index(&self) -> Option<&Arc<EmbeddedRelationIndex>> {
+        self.relations.as_ref()
     }
 
     /// The embedder, or why it is not loaded.
@@ -341,11 +361,18 @@ impl Engine {
     /// `n` workers for `consumer`, which must be configured and ready.
     fn make_workers(&self, consumer: &str, n: usize) -> Result<Vec<Arc<IndexWorker>>> {
         if !self.configured(consumer) {
-            return Err(ServerError::UnsupportedConsumer {
-                name: consumer.into(),
-                reason: "it is not listed in index.outbox.consumers".into(),
-            });
+            return Err(not_listed(consumer));
         }
+        let source: Arc<dyn SourceStore> = self.store.clone();
+        let cfg = |k: u64| {
+            let id = format!(
+                "{}-{consumer}-{}-{k}",
+                self.options.role,
+                std::process::id()
+            );
+            WorkerConfig::from_config(&self.config, &id, consumer)
+        };
+        let next = || self.next_worker.fetch_add(1, Ordering::SeqCst);
         let (target, embedder): (Arc<dyn IndexTarget>, Option<Arc<dyn Embedder>>) = match consumer {
             VECTOR_CONSUMER => {
                 if !self.readiness().ready {
@@ -361,6 +388,16 @@ impl Engine {
                 let index: Arc<dyn KeywordIndex> = self.keyword_or_unsupported()?.clone();
                 (Arc::new(KeywordTarget(index)), None)
             }
+            RELATION_CONSUMER => {
+                let index: Arc<dyn RelationIndex> = self.relations_or_unsupported()?.clone();
+                return (0..n.max(1))
+                    .map(|_| {
+                        let w =
+                            IndexWorker::for_relations(cfg(next()), source.clone(), index.clone())?;
+                        Ok(Arc::new(w))
+                    })
+                    .collect();
+            }
             other => {
                 return Err(ServerError::UnsupportedConsumer {
                     name: other.into(),
@@ -368,17 +405,10 @@ impl Engine {
                 });
             }
         };
-        let source: Arc<dyn SourceStore> = self.store.clone();
         (0..n.max(1))
             .map(|_| {
-                let k = self.next_worker.fetch_add(1, Ordering::SeqCst);
-                let id = format!(
-                    "{}-{consumer}-{}-{k}",
-                    self.options.role,
-                    std::process::id()
-                );
                 let w = IndexWorker::for_target(
-                    WorkerConfig::from_config(&self.config, &id, consumer),
+                    cfg(next()),
                     source.clone(),
                     target.clone(),
                     embedder.clone(),
@@ -392,10 +422,13 @@ impl Engine {
     fn keyword_or_unsupported(&self) -> Result<&Arc<EmbeddedKeywordIndex>> {
         self.keyword
             .as_ref()
-            .ok_or_else(|| ServerError::UnsupportedConsumer {
-                name: KEYWORD_CONSUMER.into(),
-                reason: "it is not listed in index.outbox.consumers".into(),
-            })
+            .ok_or_else(|| not_listed(KEYWORD_CONSUMER))
+    }
+
+    fn relations_or_unsupported(&self) -> Result<&Arc<EmbeddedRelationIndex>> {
+        self.relations
+            .as_ref()
+            .ok_or_else(|| not_listed(RELATION_CONSUMER))
     }
 
     /// Starts the continuous workers of every ready consumer if enabled (else logs why not).
@@ -553,6 +586,17 @@ impl Engine {
         Ok(retriever.search(&req)?)
     }
 
+    /// The edges of a node from the relation index, each checked against the source of
+    /// truth (see `ce_retrieval::related`).
+    pub fn related(&self, req: &RelatedRequest) -> Result<RelatedResponse> {
+        let index = self.relations_or_unsupported()?;
+        Ok(ce_retrieval::related(
+            self.store.as_ref(),
+            index.as_ref(),
+            req,
+        )?)
+    }
+
     /// Whether `consumer`'s events can be applied by this build and configuration.
     fn applier(&self, consumer: &str) -> Applier {
         if self.has_index(consumer) && self.in_dry_run_mode(consumer) {
@@ -568,6 +612,7 @@ impl Engine {
                 }
             }
             KEYWORD_CONSUMER if self.keyword.is_some() => Ok(()),
+            RELATION_CONSUMER if self.relations.is_some() => Ok(()),
             _ => Err(format!(
                 "no index for consumer {consumer:?} in this build yet: its events wait in the journal"
             )),
@@ -585,6 +630,7 @@ impl Engine {
         match consumer {
             VECTOR_CONSUMER => true,
             KEYWORD_CONSUMER => self.keyword.is_some(),
+            RELATION_CONSUMER => self.relations.is_some(),
             _ => false,
         }
     }
@@ -626,7 +672,13 @@ impl Engine {
         }
         let target: Arc<dyn IndexTarget> = match consumer {
             VECTOR_CONSUMER => Arc::new(VectorTarget(self.index.clone())),
-            _ => Arc::new(KeywordTarget(self.keyword_or_unsupported()?.clone())),
+            KEYWORD_CONSUMER => Arc::new(KeywordTarget(self.keyword_or_unsupported()?.clone())),
+            _ => {
+                return Err(ServerError::UnsupportedConsumer {
+                    name: consumer.into(),
+                    reason: "dry runs cover the vector and keyword consumers".into(),
+                });
+            }
         };
         let cfg = WorkerConfig::from_config(&self.config, "dry-run", consumer);
         let report = ce_index::worker::dry_run::dry_run(
@@ -677,6 +729,7 @@ impl Engine {
             index_model: self.index.model()?,
             index_records: self.index.count()?,
             keyword_records: self.keyword.as_ref().map(|k| k.count()).transpose()?,
+            relation_records: self.relations.as_ref().map(|r| r.count()).transpose()?,
             consumers,
             workers: self.running_workers(),
             worker_consumers: lock(&self.pool_consumers).clone(),
@@ -743,18 +796,31 @@ impl Engine {
         for account in self.store.ls(&CtxUri::root())? {
             let mut batch = Vec::new();
             for n in self.store.tree(&account.uri, None)? {
-                if n.layer_bytes.iter().all(|&b| b == 0) {
-                    continue;
-                }
-                batch.push(OutboxEventCreate {
-                    payload: EventPayload::UpsertContext(UpsertContextPayload {
+                let payload = if consumer == RELATION_CONSUMER {
+                    // Only nodes whose edges ever changed can own edges.
+                    if n.relation_version == 0 {
+                        continue;
+                    }
+                    EventPayload::UpsertRelation(UpsertRelationPayload {
+                        event_version: EVENT_VERSION,
+                        uri: n.uri,
+                        relation_version: n.relation_version,
+                        mode: RelationMode::Replace,
+                        trace_id: trace_id.clone(),
+                    })
+                } else {
+                    if n.layer_bytes.iter().all(|&b| b == 0) {
+                        continue;
+                    }
+                    EventPayload::UpsertContext(UpsertContextPayload {
                         event_version: EVENT_VERSION,
                         uri: n.uri,
                         expected_node_version: n.version,
                         reason: UpsertReason::Repair,
                         trace_id: trace_id.clone(),
-                    }),
-                });
+                    })
+                };
+                batch.push(OutboxEventCreate { payload });
                 if batch.len() >= REQUEUE_CHUNK {
                     requeued += self
                         .store
@@ -775,10 +841,16 @@ impl Engine {
                 }
                 cleared
             }
-            _ => {
+            KEYWORD_CONSUMER => {
                 let k = self.keyword_or_unsupported()?;
                 let cleared = k.count()?;
                 k.clear()?;
+                cleared
+            }
+            _ => {
+                let r = self.relations_or_unsupported()?;
+                let cleared = r.count()?;
+                r.clear()?;
                 cleared
             }
         };
@@ -881,6 +953,14 @@ impl Engine {
             // lease has not expired yet) or the worker is paused by a rate limit.
             std::thread::sleep(w.paused_for().unwrap_or(poll).min(DRAIN_RECHECK));
         }
+    }
+}
+
+/// The error for a consumer missing from `index.outbox.consumers`.
+fn not_listed(consumer: &str) -> ServerError {
+    ServerError::UnsupportedConsumer {
+        name: consumer.into(),
+        reason: "it is not listed in index.outbox.consumers".into(),
     }
 }
 

@@ -208,6 +208,8 @@ pub struct Status {
     pub index_records: u64,
     /// Records in the keyword index (`None`: the keyword consumer is not configured).
     pub keyword_records: Option<u64>,
+    /// Edges in the relation index (`None`: the relation consumer is not configured).
+    pub relation_records: Option<u64>,
     /// Outbox progress and lag per consumer.
     pub consumers: Vec<ConsumerStatus>,
     /// Worker threads running in this process.

@@ -59,7 +59,12 @@ fn demo_json_reports_every_step_and_is_idempotent() {
     );
     // Every event was indexed by every consumer, and the searches ran on the demo subtree.
     let remaining = first["index"]["remaining"].as_array().expect("remaining");
-    assert_eq!(remaining.len(), 2, "vector and keyword: {}", first["index"]);
+    assert_eq!(
+        remaining.len(),
+        3,
+        "vector, keyword, relation: {}",
+        first["index"]
+    );
     assert!(
         remaining
             .iter()
@@ -67,7 +72,7 @@ fn demo_json_reports_every_step_and_is_idempotent() {
     );
     assert_eq!(
         first["index"]["progress"]["succeeded"].as_u64(),
-        first["import"]["events"].as_u64().map(|n| n * 2),
+        first["import"]["events"].as_u64().map(|n| n * 3),
         "{}",
         first["index"]
     );

@@ -139,3 +139,80 @@ fn mv_carries_relations_along() {
         "ctx://acc/a"
     );
 }
+
+/// `ce related` reads the relation index (after the relation worker ran), follows mv and rm
+/// of the endpoints, leaves out what the source no longer holds, and works over `--server`.
+#[test]
+fn related_reads_the_relation_index_and_follows_the_source() {
+    let ce = Ce::hash("");
+    ce.put("ctx://acc/skills/refund", "how to refund");
+    ce.put("ctx://acc/docs/policy", "the policy");
+    ce.put("ctx://acc/docs/faq", "questions");
+    for (to, w) in [
+        ("ctx://acc/docs/policy", "0.5"),
+        ("ctx://acc/docs/faq", "0.9"),
+    ] {
+        ce.ok(&[
+            "link",
+            "ctx://acc/skills/refund",
+            to,
+            "--type",
+            "references",
+            "--weight",
+            w,
+        ]);
+    }
+    let others = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["related"];
+        all.extend_from_slice(args);
+        ce.json(&all)["edges"]
+            .as_array()
+            .expect("edges")
+            .iter()
+            .map(|e| e["other"].as_str().expect("uri").to_owned())
+            .collect()
+    };
+    // Not indexed yet: nothing, never a guess.
+    assert!(others(&["ctx://acc/skills/refund"]).is_empty());
+    ce.json(&["worker", "--once"]);
+    assert_eq!(
+        others(&["ctx://acc/skills/refund"]),
+        ["ctx://acc/docs/faq", "ctx://acc/docs/policy"]
+    );
+    assert_eq!(
+        others(&["ctx://acc/docs/faq", "--direction", "in"]),
+        ["ctx://acc/skills/refund"]
+    );
+    // Moves and removals: stale edges are dropped at once, the index follows after a drain.
+    ce.ok(&["mv", "ctx://acc/docs/faq", "ctx://acc/docs/help"]);
+    let r = ce.json(&["related", "ctx://acc/skills/refund"]);
+    assert_eq!(r["dropped_by_hydration"], 2, "{r}");
+    ce.json(&["worker", "--once"]);
+    assert_eq!(
+        others(&["ctx://acc/skills/refund"]),
+        ["ctx://acc/docs/help", "ctx://acc/docs/policy"]
+    );
+    ce.ok(&["rm", "ctx://acc/docs/policy"]);
+    ce.json(&["worker", "--once"]);
+    assert_eq!(
+        others(&["ctx://acc/skills/refund"]),
+        ["ctx://acc/docs/help"]
+    );
+    assert_eq!(
+        ce.fail(
+            &["related", "ctx://acc/skills/refund", "--direction", "up"],
+            2
+        )
+        .error["code"],
+        "invalid_field"
+    );
+    assert_eq!(
+        ce.fail(&["related", "ctx://acc/docs/none"], 3).error["code"],
+        "not_found"
+    );
+    let server = ce.serve(&[]);
+    let out = ce.remote(&server, &["--json", "related", "ctx://acc/skills/refund"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["edges"][0]["other"], "ctx://acc/docs/help", "{v}");
+}

@@ -63,8 +63,8 @@ fn index_then_search_with_filters() {
     );
 
     let report = ce.json(&["worker", "--once", "--workers", "1"]);
-    // Each event once per consumer with an index (vector, keyword).
-    assert_eq!(report["progress"]["succeeded"], lag * 2, "{report}");
+    // Each event once per consumer with an index (vector, keyword, relation).
+    assert_eq!(report["progress"]["succeeded"], lag * 3, "{report}");
     let s = ce.json(&["status"]);
     assert_eq!(vector(&s)["lag_events"], 0, "{s}");
     assert!(s["index_records"].as_u64() >= Some(6), "{s}");
@@ -134,7 +134,7 @@ fn index_then_search_with_filters() {
         assert_eq!(ce.fail(args, 2).error["code"], code, "{args:?}");
     }
     assert_eq!(
-        ce.fail(&["worker", "--consumer", "relation", "--once"], 2)
+        ce.fail(&["worker", "--consumer", "graph", "--once"], 2)
             .error["code"],
         "invalid_field"
     );
@@ -190,7 +190,7 @@ fn a_model_change_needs_a_reindex_and_gets_one() {
     assert!(r["drain"].is_null(), "{r}");
     assert_eq!(vector(&ce.json(&["status"]))["lag_events"], 1);
     assert_eq!(
-        ce.fail(&["reindex", "--consumer", "relation"], 2).error["code"],
+        ce.fail(&["reindex", "--consumer", "graph"], 2).error["code"],
         "invalid_field"
     );
     // The keyword index rebuilds on its own, without the vector consumer's help.

@@ -116,7 +116,7 @@ fn writes_converge_in_search_and_survive_a_restart() {
         .expect("vector")
         .clone();
     assert_eq!(vector["lag_events"], 0, "{status}");
-    assert_eq!(status["workers"], 4, "two per consumer with an index");
+    assert_eq!(status["workers"], 6, "two per consumer with an index");
     assert_eq!(status["ready"], true);
 
     // Graceful stop, restart: the index is still there (no reindex, no re-embedding).
@@ -287,7 +287,7 @@ fn errors_have_a_code_a_message_and_the_right_status() {
         false,
     );
     error(
-        server.post("/v1/reindex", &json!({"consumer": "relation"})),
+        server.post("/v1/reindex", &json!({"consumer": "graph"})),
         400,
         "invalid_field",
         false,

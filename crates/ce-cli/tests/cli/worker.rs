@@ -58,7 +58,7 @@ fn a_worker_drains_and_stops_on_sigterm() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("4 workers running for vector, keyword"),
+        stdout.contains("6 workers running for vector, keyword, relation"),
         "{stdout}"
     );
     assert!(stdout.trim_end().ends_with("stopped"), "{stdout}");
@@ -105,7 +105,7 @@ fn claims_of_a_killed_worker_are_finished_after_their_lease() {
         "{report}"
     );
     let remaining = report["remaining"].as_array().expect("remaining");
-    assert_eq!(remaining.len(), 2, "{report}");
+    assert_eq!(remaining.len(), 3, "{report}");
     for r in remaining {
         assert_eq!(
             (r["pending"].as_u64(), r["claimed"].as_u64()),

@@ -78,10 +78,9 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
         validation(&e, KEYWORD_CONSUMER),
         (crate::status::Validation::AppliedValid, true)
     );
-    // No index serves "relation" yet: blocked, never counted as applied.
     assert_eq!(
-        validation(&e, "relation"),
-        (crate::status::Validation::Blocked, false)
+        validation(&e, RELATION_CONSUMER),
+        (crate::status::Validation::AppliedValid, true)
     );
     assert!(report.progress.succeeded >= 2, "{report:?}");
     assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
@@ -96,8 +95,9 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
     assert!(s.index_records >= 4, "{s:?}");
     assert_eq!(s.keyword_records, Some(s.index_records));
     assert_eq!(s.model, s.index_model);
-    // The other consumers have no worker here: they lag.
-    assert!(s.consumers.iter().any(|c| c.lag_events > 0));
+    // Every consumer was drained.
+    assert!(s.consumers.iter().all(|c| c.lag_events == 0), "{s:?}");
+    assert_eq!(s.relation_records, Some(0));
 }
 
 #[test]
@@ -133,10 +133,10 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     )
     .expect("engine");
     // Two per consumer with an index.
-    assert_eq!(e.running_workers(), 4);
+    assert_eq!(e.running_workers(), 6);
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        [VECTOR_CONSUMER, KEYWORD_CONSUMER]
+        INDEXED_CONSUMERS
     );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     let wait = |q: &str, want: &str| {
@@ -264,7 +264,7 @@ fn a_model_change_is_not_ready_until_reindexed() {
     e.drain(&quiet).expect("drain");
     assert_eq!(hits(&e, "dark mode everywhere")[0], "ctx://acc/docs/a");
     assert_eq!(
-        e.reindex("relation").expect_err("unsupported").code(),
+        e.reindex("graph").expect_err("unsupported").code(),
         ErrorCode::InvalidField
     );
 }
@@ -282,11 +282,11 @@ fn a_missing_model_keeps_nodes_working_but_not_search() {
     let r = e.readiness();
     assert!(!r.ready);
     assert!(r.reasons[0].contains("scripts/fetch-model.sh"), "{r:?}");
-    // The keyword consumer does not need the model: its workers run.
-    assert_eq!(e.running_workers(), 2);
+    // The keyword and relation consumers do not need the model: their workers run.
+    assert_eq!(e.running_workers(), 4);
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        [KEYWORD_CONSUMER]
+        [KEYWORD_CONSUMER, RELATION_CONSUMER]
     );
     put(&e, "ctx://acc/docs/a", "still writable");
     assert!(matches!(

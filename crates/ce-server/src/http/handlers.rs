@@ -7,6 +7,8 @@ use axum::extract::{Extension, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ce_core::{CtxUri, DeliveryStatus, EventPayload, EventType, Level, OutboxEventCreate};
+use ce_index::relation::Direction;
+use ce_retrieval::{DEFAULT_RELATED_LIMIT, RelatedRequest};
 use ce_store::{OutboxFilter, OutboxStore as _, RelationStore as _};
 use serde::Serialize;
 
@@ -172,6 +174,30 @@ pub async fn relations(
     scoped(&s, p, move |e, scope| {
         scope.check_read(&uri)?;
         scope.relations(e.store().relations(&uri)?)
+    })
+    .await
+}
+
+/// `GET /v1/related?uri=U[&type=T][&direction=out|in|both][&limit=N]`: the node's edges from
+/// the relation index, checked against the source; edges whose other end the caller may not
+/// see are left out.
+pub async fn related(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    q: Q,
+) -> Answer {
+    let q = params(q, &["uri", "type", "direction", "limit"])?;
+    let req = RelatedRequest {
+        uri: q.uri("uri")?,
+        relation_type: q.get("type").map(str::to_owned),
+        direction: q.parse("direction")?.unwrap_or(Direction::Out),
+        limit: q.number("limit")?.unwrap_or(DEFAULT_RELATED_LIMIT),
+    };
+    scoped(&s, p, move |e, scope| {
+        scope.check_read(&req.uri)?;
+        let mut answer = e.related(&req)?;
+        scope.retain(&mut answer.edges, |x| &x.other)?;
+        Ok(answer)
     })
     .await
 }

@@ -119,6 +119,7 @@ pub const ROUTES: &[Route] = {
         POST "/v1/link" Tenant => h::link,
         POST "/v1/unlink" Tenant => h::unlink,
         GET "/v1/relations" Tenant => h::relations,
+        GET "/v1/related" Tenant => h::related,
         POST "/v1/search" Tenant => h::search,
         GET "/v1/outbox/list" Admin => h::outbox_list,
         GET "/v1/outbox/show" Admin => h::outbox_show,

@@ -351,6 +351,24 @@ fn isolation(h: &H, r: &Route) {
             assert_eq!(all["outgoing"].as_array().map(Vec::len), Some(3), "{all}");
             assert_eq!(all["incoming"].as_array().map(Vec::len), Some(1), "{all}");
         }
+        ("GET", "/v1/related") => {
+            h.hidden(r.path, B_SECRET, "ctx://b/docs/missing");
+            let others = |key: Option<&str>, dir: &str| -> Vec<String> {
+                let path = format!("/v1/related?uri={A_PLAN}&direction={dir}");
+                let v = h.expect(h.get(key, &path), 200, None, &what);
+                v["edges"]
+                    .as_array()
+                    .expect("edges")
+                    .iter()
+                    .map(|e| e["other"].as_str().expect("uri").to_owned())
+                    .collect()
+            };
+            assert_eq!(others(a, "out"), [A_U1, A_U2]);
+            assert_eq!(others(a, "in"), Vec::<String>::new());
+            let mut all = others(admin, "both");
+            all.sort();
+            assert_eq!(all, [A_U1, A_U2, B_SECRET, B_SECRET]);
+        }
         ("POST", "/v1/search") => {
             let q = "bravo confidential merger plans";
             let hits = h.expect(h.search(KEY_A, json!({"query": q})), 200, None, &what);
