@@ -18,6 +18,7 @@
 
 mod error;
 mod hydrate;
+mod related;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -32,6 +33,9 @@ use serde_json::Value;
 use tracing::debug;
 
 pub use error::{Result, RetrievalError};
+pub use related::{
+    DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, RelatedEdge, RelatedRequest, RelatedResponse, related,
+};
 
 use hydrate::Current;
 
