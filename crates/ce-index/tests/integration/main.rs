@@ -3,6 +3,7 @@
 //! Randomized tests print their seed; `CE_SEED=<seed>` replays one, `CE_PROPTEST_CASES`
 //! scales the number of property-test cases.
 
+mod convergence;
 mod keyword;
 mod relation;
 mod vector_common;

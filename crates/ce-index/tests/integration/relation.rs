@@ -31,16 +31,17 @@ use crate::vector_common::{seed, uri};
 
 /// A relation index whose writes fail while faults are on: a whole batch, or single writes
 /// (retryable), at a seeded rate; and writes of one owner non-retryably while it is poisoned.
-struct FlakyRelations {
+pub(crate) struct FlakyRelations {
     inner: Arc<dyn RelationIndex>,
-    faults: AtomicBool,
+    /// Whether faults are injected.
+    pub(crate) faults: AtomicBool,
     rate: f64,
     rng: Mutex<StdRng>,
     poisoned: Mutex<Option<CtxUri>>,
 }
 
 impl FlakyRelations {
-    fn new(inner: Arc<dyn RelationIndex>, rate: f64, seed: u64) -> Arc<Self> {
+    pub(crate) fn new(inner: Arc<dyn RelationIndex>, rate: f64, seed: u64) -> Arc<Self> {
         Arc::new(FlakyRelations {
             inner,
             faults: AtomicBool::new(rate > 0.0),
@@ -181,15 +182,15 @@ fn key(r: &RelationRecord) -> (String, String, String) {
 }
 
 /// Every node's edges in the source, projected as the index must hold them.
-fn expected(env: &Env) -> Vec<RelationRecord> {
+/// Every node's edges, as the relation index must hold them, in `list_under` order.
+pub(crate) fn expected_edges(store: &SqliteStore) -> Vec<RelationRecord> {
     let p = IndexProjector::default();
-    let mut out: Vec<RelationRecord> = env
-        .store
+    let mut out: Vec<RelationRecord> = store
         .read_subtree(&CtxUri::root())
         .expect("read")
         .iter()
         .flat_map(|n| {
-            let edges = env.store.get_edges(&n.uri).expect("edges");
+            let edges = store.get_edges(&n.uri).expect("edges");
             p.build_relation_records(n, &edges)
                 .into_iter()
                 .map(|record| RelationRecord {
@@ -204,7 +205,7 @@ fn expected(env: &Env) -> Vec<RelationRecord> {
 
 /// Asserts the index equals the source's edges, naming the differences.
 fn assert_converged(env: &Env, index: &dyn RelationIndex, what: &str) {
-    let want = expected(env);
+    let want = expected_edges(&env.store);
     let got = index.list_under(&CtxUri::root()).expect("list");
     if got != want {
         let show = |rs: &[RelationRecord]| -> BTreeSet<String> {
