@@ -9,9 +9,10 @@
 //! nothing behind while the others commit together.
 //!
 //! Search path: one read transaction on the reader connection (a consistent snapshot) →
-//! postings of each query term → scores of every record holding a term → candidates in
-//! score order, checked against the filter page by page until `top_k` pass and no unchecked
-//! candidate can tie or beat the `top_k`-th → the hits' texts.
+//! postings of the query terms, rarest first, with MaxScore pruning of records that cannot
+//! reach the top `k` (see `score`) → exact scores of the rest → candidates in score order,
+//! checked against the filter page by page until `top_k` pass and no unchecked candidate can
+//! tie or beat the `top_k`-th → the hits' texts.
 //!
 //! Everything lives in SQLite, so several connections (or processes) may open the same file.
 
@@ -506,24 +507,126 @@ impl EmbeddedKeywordIndex {
 }
 
 /// Scores every record holding a query term: `doc → score`, summed in term order.
-fn score(tx: &Transaction<'_>, terms: &[String]) -> Result<HashMap<i64, f64>> {
+/// Head lookups spent looking for `top_k` filter-passing candidates before pruning is tried.
+const PRUNE_PROBES: usize = 256;
+
+/// The exact BM25 score of every record that can still be among the `top_k` best records
+/// passing `filter` (MaxScore-style dynamic pruning; records that provably cannot are left
+/// out, so callers rank what is returned exactly as if everything had been scored).
+///
+/// Terms are read rarest first (`df` by an index count). A term contributes less than its
+/// upper bound `idf·(k1+1)`; once the upper bounds of the terms not read yet sum to less than
+/// the `top_k`-th best partial score among filter-passing candidates (a lower bound of the
+/// final `top_k`-th score), no record outside the candidates can enter the top `k`: the
+/// remaining terms are then only looked up, posting by posting, for the candidates whose
+/// partial score plus those bounds still reaches that threshold. Contributions are kept per
+/// term and summed in ascending term order, so scores are bit-identical to the reference's.
+fn score(
+    tx: &Transaction<'_>,
+    terms: &[String],
+    filter: &SearchFilter,
+    top_k: usize,
+) -> Result<HashMap<i64, f64>> {
     let (docs, total_len) = stats(tx)?;
     let bm25 = Bm25::new(docs, total_len);
-    let mut st = tx
-        .prepare_cached("SELECT doc, tf, len FROM postings WHERE term = ?1")
+    let mut count = tx
+        .prepare_cached("SELECT count(*) FROM postings WHERE term = ?1")
         .map_err(sql)?;
-    let mut scores: HashMap<i64, f64> = HashMap::new();
-    for t in terms {
-        let postings: Vec<(i64, u32, u32)> = st
-            .query_map([t], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .and_then(|it| it.collect())
-            .map_err(sql)?;
-        let idf = bm25.idf(postings.len() as u64);
-        for (doc, tf, len) in postings {
-            *scores.entry(doc).or_insert(0.0) += bm25.term(idf, tf, len);
+    let mut plan: Vec<(usize, u64, f64)> = Vec::with_capacity(terms.len());
+    for (i, t) in terms.iter().enumerate() {
+        let df: i64 = count.query_row([t], |r| r.get(0)).map_err(sql)?;
+        let df = df as u64;
+        if df > 0 {
+            plan.push((i, df, bm25.idf(df)));
         }
     }
-    Ok(scores)
+    plan.sort_by_key(|&(i, df, _)| (df, i));
+    // rest[j]: the sum of the upper bounds of plan[j..].
+    let mut rest = vec![0.0; plan.len() + 1];
+    for j in (0..plan.len()).rev() {
+        rest[j] = rest[j + 1] + plan[j].2 * (super::K1 + 1.0);
+    }
+
+    let mut all = tx
+        .prepare_cached("SELECT doc, tf, len FROM postings WHERE term = ?1")
+        .map_err(sql)?;
+    let mut one = tx
+        .prepare_cached("SELECT tf, len FROM postings WHERE term = ?1 AND doc = ?2")
+        .map_err(sql)?;
+    let mut parts: HashMap<i64, Vec<f64>> = HashMap::new();
+    let mut passes: HashMap<i64, bool> = HashMap::new();
+    let mut pruned_from = plan.len();
+    for (j, &(i, _, idf)) in plan.iter().enumerate() {
+        if j > 0
+            && let Some(theta) = threshold(tx, &parts, &mut passes, filter, top_k)?
+            && rest[j] < theta
+        {
+            pruned_from = j;
+            // Only candidates that can still reach the threshold are completed.
+            parts.retain(|_, p| p.iter().sum::<f64>() + rest[j] >= theta);
+            break;
+        }
+        let postings: Vec<(i64, u32, u32)> = all
+            .query_map([&terms[i]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .and_then(|it| it.collect())
+            .map_err(sql)?;
+        for (doc, tf, len) in postings {
+            parts.entry(doc).or_insert_with(|| vec![0.0; terms.len()])[i] = bm25.term(idf, tf, len);
+        }
+    }
+    for &(i, _, idf) in &plan[pruned_from..] {
+        for (doc, p) in parts.iter_mut() {
+            let hit: Option<(u32, u32)> = one
+                .query_row(params![&terms[i], doc], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+                .map_err(sql)?;
+            if let Some((tf, len)) = hit {
+                p[i] = bm25.term(idf, tf, len);
+            }
+        }
+    }
+    Ok(parts
+        .into_iter()
+        .map(|(doc, p)| (doc, p.iter().sum::<f64>()))
+        .collect())
+}
+
+/// The `top_k`-th best partial score among filter-passing candidates, if `top_k` of them are
+/// found within [`PRUNE_PROBES`] head lookups (best partial scores first; results cached).
+fn threshold(
+    tx: &Transaction<'_>,
+    parts: &HashMap<i64, Vec<f64>>,
+    passes: &mut HashMap<i64, bool>,
+    filter: &SearchFilter,
+    top_k: usize,
+) -> Result<Option<f64>> {
+    let mut best: Vec<(f64, i64)> = parts
+        .iter()
+        .map(|(doc, p)| (p.iter().sum::<f64>(), *doc))
+        .collect();
+    best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+    let (mut found, mut probes) = (0, 0);
+    for (partial, doc) in best {
+        let pass = match passes.get(&doc) {
+            Some(&p) => p,
+            None => {
+                probes += 1;
+                if probes > PRUNE_PROBES {
+                    return Ok(None);
+                }
+                let p = head(tx, doc)?.is_some_and(|r| filter.matches(&r));
+                passes.insert(doc, p);
+                p
+            }
+        };
+        if pass {
+            found += 1;
+            if found == top_k {
+                return Ok(Some(partial));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The head (record without text) of record `doc`.
@@ -573,7 +676,7 @@ impl KeywordIndex for EmbeddedKeywordIndex {
             return Ok(Vec::new());
         }
         self.read(|tx| {
-            let mut candidates: Vec<(f32, i64)> = score(tx, &terms)?
+            let mut candidates: Vec<(f32, i64)> = score(tx, &terms, filter, top_k)?
                 .into_iter()
                 .map(|(doc, s)| (s as f32, doc))
                 .collect();

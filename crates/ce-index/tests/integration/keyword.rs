@@ -360,6 +360,48 @@ fn a_filter_dropping_the_best_candidates_still_fills_top_k() {
 // ---------------------------------------------------------------------------------------------
 // Versioned writes.
 
+/// A skewed corpus — one term in every record, one in a quarter, one rare term per ten —
+/// makes the embedded search prune (the common terms' bounds fall below the `k`-th score):
+/// its hits must still equal the exhaustive reference's, with and without filters.
+#[test]
+fn pruned_searches_agree_with_the_exhaustive_reference() {
+    let writes: Vec<KeywordWrite> = (0..400)
+        .map(|i| {
+            let mut text = format!("common filler{} ", i % 7);
+            if i % 4 == 0 {
+                text.push_str("medium medium ");
+            }
+            if i % 10 == 0 {
+                text.push_str(&format!("rare{} ", i % 30));
+            }
+            let u = format!("ctx://acc/docs/d{i}");
+            sync(&u, 1, vec![doc(&u, 2, &text, &[("tag", json!(i % 3))])])
+        })
+        .collect();
+    let memory = MemoryKeywordIndex::new();
+    apply_all(&memory, writes.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let embedded = open(dir.path());
+    apply_all(&embedded, writes);
+    let tagged = SearchFilter {
+        meta: [("tag".to_owned(), json!(1))].into_iter().collect(),
+        ..SearchFilter::default()
+    };
+    for q in [
+        "common rare10",
+        "common medium rare0",
+        "medium common",
+        "filler3 common rare20",
+    ] {
+        for f in [SearchFilter::default(), tagged.clone()] {
+            for k in [1, 3, 10, 50] {
+                let (want, got) = (search(&memory, q, &f, k), search(&embedded, q, &f, k));
+                assert_eq!(got, want, "{q:?} k={k} filter={f:?}");
+            }
+        }
+    }
+}
+
 fn levels_of(idx: &dyn KeywordIndex, u: &str) -> Vec<(u8, String)> {
     idx.list_under(&uri(u))
         .expect("list")
