@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::bench::BenchOutboxArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
+use crate::eval::EvalArgs;
 
 /// ContextEngine: a context database for AI agents.
 #[derive(Debug, Parser)]
@@ -106,6 +107,9 @@ pub enum Command {
     Outbox(OutboxCommand),
     /// Readiness, model, index size, and outbox progress and lag per consumer.
     Status,
+    /// Retrieval quality on a BEIR-format data set: nDCG@k, recall@k, MRR@k and latency per
+    /// search mode (the corpus is indexed in a temporary data directory).
+    Eval(EvalArgs),
     /// Rebuild an index from the source of truth (embedding cache makes it cheap).
     Reindex(ReindexArgs),
     /// Run the HTTP server (API, health, readiness, metrics) with the index workers.

@@ -28,7 +28,7 @@ use crate::cli::{
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, bench_pipeline, bench_retrieval, demo, remote};
+use crate::{bench, bench_pipeline, bench_retrieval, demo, eval, remote};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -115,6 +115,14 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let started = Instant::now();
             let engine = open_engine(cli, 2, false, "demo")?;
             demo::run(&engine, args, started.elapsed(), cli.json)
+        }
+        Command::Eval(args) => {
+            let (_, config) = resolve(cli)?;
+            let report = eval::run(args, config)?;
+            Ok(Rendered {
+                human: report.human(),
+                json: serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?,
+            })
         }
         Command::Bench(BenchCommand::Outbox(args)) => {
             let json = bench::run_outbox(args).map_err(CliError::Other)?;

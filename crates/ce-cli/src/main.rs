@@ -13,6 +13,7 @@ mod cli;
 mod commands;
 mod demo;
 mod error;
+mod eval;
 mod output;
 mod remote;
 

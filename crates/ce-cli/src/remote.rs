@@ -190,6 +190,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Export(_) => return local_only("export"),
         Command::Demo(_) => return local_only("demo"),
         Command::Bench(_) => return local_only("bench"),
+        Command::Eval(_) => return local_only("eval"),
         Command::Serve(_) => return local_only("serve"),
         Command::Worker(_) => return local_only("worker"),
         _ => {}
@@ -306,6 +307,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         | Command::Export(_)
         | Command::Demo(_)
         | Command::Bench(_)
+        | Command::Eval(_)
         | Command::Serve(_)
         | Command::Worker(_) => Err(CliError::Usage("not a server command".into())),
     }

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod demo;
+mod eval;
 mod harness;
 mod layout;
 mod nodes;
