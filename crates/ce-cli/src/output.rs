@@ -261,6 +261,11 @@ pub fn status(s: &Status) -> String {
                 .map_or_else(|| "not configured".into(), |n| format!("{n} records")),
         ),
         (
+            "relation_index",
+            s.relation_records
+                .map_or_else(|| "not configured".into(), |n| format!("{n} edges")),
+        ),
+        (
             "workers",
             format!("{} ({})", s.workers, s.worker_consumers.join(", ")),
         ),
