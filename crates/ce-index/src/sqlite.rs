@@ -1,22 +1,32 @@
 //! SQLite plumbing shared by the embedded indexes (keyword, vector, relation): how a
 //! connection is opened, how the writer connection is prepared (WAL, `synchronous=FULL`,
-//! schema, layout version), the `meta` key/value table, and the key range that finds every
-//! row within a URI's subtree.
+//! schema, layout version), read and write transactions and the savepoint that isolates one
+//! write of a batch, the `meta` key/value table, and the key range that finds every row
+//! within a URI's subtree.
 //!
 //! Every function takes the database's file name (`file`), which error messages name (see
 //! [`crate::error::sqlite_error`]).
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ce_core::CtxUri;
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use crate::error::{IndexError, Result, sqlite_error};
 
 /// How long a connection waits for a lock held by another connection before giving up with
 /// a (retryable) busy error.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `meta` key/value table every database has (created by [`init_writer`]).
+const META_TABLE: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY NOT NULL,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+";
 
 /// Opens a connection to `path` with the settings every connection needs.
 pub(crate) fn open_conn(path: &Path, file: &str) -> Result<Connection> {
@@ -27,11 +37,17 @@ pub(crate) fn open_conn(path: &Path, file: &str) -> Result<Connection> {
     Ok(conn)
 }
 
+/// Makes `conn` a reader: it refuses every write.
+pub(crate) fn read_only(conn: Connection, file: &str) -> Result<Connection> {
+    conn.pragma_update(None, "query_only", "ON")
+        .map_err(|e| sqlite_error(file, e))?;
+    Ok(conn)
+}
+
 /// Prepares the writer connection: WAL, `synchronous=FULL`, then, in an `IMMEDIATE`
-/// transaction returned to the caller (who adds its own defaults and commits), creates
-/// `schema` (which must create a `meta (key, value)` table) and checks the layout version:
-/// a new file records `version`, a file of another version is a
-/// [`IndexError::SchemaMismatch`].
+/// transaction returned to the caller (who adds its own defaults and commits), creates the
+/// `meta (key, value)` table and `schema` and checks the layout version: a new file records
+/// `version`, a file of another version is a [`IndexError::SchemaMismatch`].
 pub(crate) fn init_writer<'c>(
     conn: &'c mut Connection,
     file: &str,
@@ -46,6 +62,7 @@ pub(crate) fn init_writer<'c>(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql)?;
+    tx.execute_batch(META_TABLE).map_err(sql)?;
     tx.execute_batch(schema).map_err(sql)?;
     match meta(&tx, file, "schema_version")? {
         None => set_meta(&tx, file, "schema_version", &version.to_string())?,
@@ -66,12 +83,112 @@ pub(crate) fn meta(c: &Connection, file: &str, key: &str) -> Result<Option<Strin
         .map_err(|e| sqlite_error(file, e))
 }
 
+/// The value of `key` in the `meta` table as a number; another value means a damaged file.
+pub(crate) fn meta_u64(c: &Connection, file: &str, key: &str) -> Result<Option<u64>> {
+    meta(c, file, key)?
+        .map(|v| {
+            v.parse()
+                .map_err(|e| IndexError::Corrupt(format!("{file}: meta {key}: {e}")))
+        })
+        .transpose()
+}
+
 /// Sets `key` in the `meta` table.
 pub(crate) fn set_meta(c: &Connection, file: &str, key: &str, value: &str) -> Result<()> {
     c.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
         .and_then(|mut s| s.execute(params![key, value]))
         .map_err(|e| sqlite_error(file, e))?;
     Ok(())
+}
+
+/// Number of rows of `table`.
+pub(crate) fn count_rows(c: &Connection, file: &str, table: &str) -> Result<u64> {
+    c.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map(|n| n as u64)
+    .map_err(|e| sqlite_error(file, e))
+}
+
+/// Locks a connection. Connections hold no half-done state across a panic (transactions roll
+/// back on drop), so a poisoned lock is taken over.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `f` in one read transaction (a consistent snapshot) on `conn`.
+pub(crate) fn read<T>(
+    conn: &Mutex<Connection>,
+    file: &str,
+    f: impl FnOnce(&Transaction<'_>) -> Result<T>,
+) -> Result<T> {
+    let mut conn = lock(conn);
+    let tx = conn.transaction().map_err(|e| sqlite_error(file, e))?;
+    f(&tx)
+}
+
+/// Runs `f` in one `IMMEDIATE` write transaction on `conn`, committed if `f` succeeds.
+pub(crate) fn write<T>(
+    conn: &Mutex<Connection>,
+    file: &str,
+    f: impl FnOnce(&Transaction<'_>) -> Result<T>,
+) -> Result<T> {
+    let sql = |e| sqlite_error(file, e);
+    let mut conn = lock(conn);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    let out = f(&tx)?;
+    tx.commit().map_err(sql)?;
+    Ok(out)
+}
+
+/// Runs `f` in a savepoint of the transaction on `c`: if it fails, its rows are rolled back
+/// and its error is returned inside `Ok` (the transaction goes on; callers undo their own
+/// in-memory changes). The outer error means the savepoint itself failed.
+pub(crate) fn savepoint<T>(
+    c: &Connection,
+    file: &str,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<Result<T>> {
+    let sql = |e| sqlite_error(file, e);
+    c.execute_batch("SAVEPOINT one_write").map_err(sql)?;
+    match f() {
+        Ok(v) => {
+            c.execute_batch("RELEASE one_write").map_err(sql)?;
+            Ok(Ok(v))
+        }
+        Err(e) => {
+            c.execute_batch("ROLLBACK TO one_write; RELEASE one_write")
+                .map_err(sql)?;
+            Ok(Err(e))
+        }
+    }
+}
+
+/// Runs `select`, a query whose first column is a URI and whose condition is [`within_sql`]
+/// over it, for `uri`; reads each row with `row` and keeps those whose URI is `uri` or lies
+/// below it (the SQL range also admits e.g. `a/b!x` for `a/b`).
+pub(crate) fn select_within<T>(
+    c: &Connection,
+    file: &str,
+    select: &str,
+    uri: &CtxUri,
+    mut row: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>> {
+    let (lo, hi) = subtree_bounds(uri);
+    let rows: Vec<Option<T>> = c
+        .prepare_cached(select)
+        .and_then(|mut s| {
+            s.query_map(params![uri.as_str(), lo, hi], |r| {
+                let u: String = r.get(0)?;
+                let t = row(r)?;
+                Ok(within(&u, uri).then_some(t))
+            })?
+            .collect()
+        })
+        .map_err(|e| sqlite_error(file, e))?;
+    Ok(rows.into_iter().flatten().collect())
 }
 
 /// The bounds `?2`, `?3` of [`within_sql`] for `uri` (`?1`): every descendant of `uri` sorts

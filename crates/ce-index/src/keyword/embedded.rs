@@ -20,10 +20,10 @@ mod schema;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use ce_core::{CtxUri, IndexRecord};
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 
 use self::schema::{
@@ -35,7 +35,7 @@ use super::{
     UriVersion, check_records, query_terms,
 };
 use crate::error::{IndexError, Result};
-use crate::sqlite::{subtree_bounds, within, within_sql};
+use crate::sqlite::{self, select_within, within_sql};
 
 pub use self::schema::DB_FILE;
 
@@ -59,11 +59,6 @@ impl Default for EmbeddedKeywordOptions {
 }
 
 const PAGE_GROWTH: usize = 4;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Connections hold no half-done state across a panic (transactions roll back on drop).
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// A write with its records tokenized, ready for the transaction.
 enum Prepared {
@@ -176,25 +171,16 @@ impl<'c> WriteTx<'c> {
 
     /// Deletes every record within `uri`; how many.
     fn delete_within(&mut self, uri: &CtxUri) -> Result<u64> {
-        let (lo, hi) = subtree_bounds(uri);
-        let rows: Vec<(i64, String)> = self
-            .tx
-            .prepare_cached(&format!(
-                "SELECT doc, uri FROM records WHERE {}",
-                within_sql("uri")
-            ))
-            .and_then(|mut s| {
-                s.query_map(params![uri.as_str(), lo, hi], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?
-                .collect()
-            })
-            .map_err(sql)?;
+        let docs: Vec<i64> = select_within(
+            self.tx,
+            DB_FILE,
+            &format!("SELECT uri, doc FROM records WHERE {}", within_sql("uri")),
+            uri,
+            |r| r.get(1),
+        )?;
         let mut n = 0;
-        for (doc, u) in rows {
-            if within(&u, uri) {
-                n += u64::from(self.delete_doc(doc)?);
-            }
+        for doc in docs {
+            n += u64::from(self.delete_doc(doc)?);
         }
         Ok(n)
     }
@@ -327,25 +313,15 @@ impl<'c> WriteTx<'c> {
         Ok(SyncOutcome::Applied)
     }
 
-    /// Runs `f` in a savepoint: if it fails, its rows and statistics are rolled back and its
-    /// error is returned inside `Ok` (the transaction goes on). The outer error means the
-    /// savepoint itself failed.
+    /// Runs `f` in a savepoint (see [`sqlite::savepoint`]): if it fails, its rows and
+    /// statistics are rolled back and its error is returned inside `Ok`.
     fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
-        self.tx.execute_batch("SAVEPOINT node_write").map_err(sql)?;
         let saved = (self.docs, self.total_len);
-        match f(self) {
-            Ok(v) => {
-                self.tx.execute_batch("RELEASE node_write").map_err(sql)?;
-                Ok(Ok(v))
-            }
-            Err(e) => {
-                self.tx
-                    .execute_batch("ROLLBACK TO node_write; RELEASE node_write")
-                    .map_err(sql)?;
-                (self.docs, self.total_len) = saved;
-                Ok(Err(e))
-            }
+        let out = sqlite::savepoint(self.tx, DB_FILE, || f(self))?;
+        if out.is_err() {
+            (self.docs, self.total_len) = saved;
         }
+        Ok(out)
     }
 
     /// Writes the statistics if they changed.
@@ -395,10 +371,7 @@ impl EmbeddedKeywordIndex {
         let path = dir.join(DB_FILE);
         let mut writer = open_conn(&path)?;
         init(&mut writer)?;
-        let reader = open_conn(&path)?;
-        reader
-            .pragma_update(None, "query_only", "ON")
-            .map_err(sql)?;
+        let reader = sqlite::read_only(open_conn(&path)?, DB_FILE)?;
         Ok(EmbeddedKeywordIndex {
             dir: dir.to_owned(),
             options,
@@ -419,22 +392,17 @@ impl EmbeddedKeywordIndex {
 
     /// Runs `f` in one write transaction.
     fn write<T>(&self, f: impl FnOnce(&mut WriteTx<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = lock(&self.writer);
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        let mut w = WriteTx::new(&tx)?;
-        let out = f(&mut w)?;
-        w.finish()?;
-        tx.commit().map_err(sql)?;
-        Ok(out)
+        sqlite::write(&self.writer, DB_FILE, |tx| {
+            let mut w = WriteTx::new(tx)?;
+            let out = f(&mut w)?;
+            w.finish()?;
+            Ok(out)
+        })
     }
 
     /// Runs `f` in one read transaction (a consistent snapshot) on the reader connection.
     fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = lock(&self.reader);
-        let tx = conn.transaction().map_err(sql)?;
-        f(&tx)
+        sqlite::read(&self.reader, DB_FILE, f)
     }
 
     /// Checks that the postings agree with the stored texts (re-tokenizing every record) and
@@ -506,7 +474,6 @@ impl EmbeddedKeywordIndex {
     }
 }
 
-/// Scores every record holding a query term: `doc → score`, summed in term order.
 /// Head lookups spent looking for `top_k` filter-passing candidates before pruning is tried.
 const PRUNE_PROBES: usize = 256;
 
@@ -751,34 +718,26 @@ impl KeywordIndex for EmbeddedKeywordIndex {
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
-        let (lo, hi) = subtree_bounds(uri);
         self.read(|tx| {
-            let rows: Vec<(String, String, String, i64)> = tx
-                .prepare_cached(&format!(
+            let rows: Vec<(String, String, i64)> = select_within(
+                tx,
+                DB_FILE,
+                &format!(
                     "SELECT uri, head, text, node_version FROM records WHERE {}
                      ORDER BY uri, level, id",
                     within_sql("uri")
-                ))
-                .and_then(|mut s| {
-                    s.query_map(params![uri.as_str(), lo, hi], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                    })?
-                    .collect()
-                })
-                .map_err(sql)?;
+                ),
+                uri,
+                |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
             rows.into_iter()
-                .filter(|(u, ..)| within(u, uri))
-                .map(|(_, head, text, v)| stored(&head, text, v))
+                .map(|(head, text, v)| stored(&head, text, v))
                 .collect()
         })
     }
 
     fn count(&self) -> Result<u64> {
-        self.read(|tx| {
-            tx.query_row("SELECT COUNT(*) FROM records", [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(sql)
-        })
+        self.read(|tx| sqlite::count_rows(tx, DB_FILE, "records"))
     }
 
     fn clear(&self) -> Result<()> {

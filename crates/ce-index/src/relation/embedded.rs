@@ -11,18 +11,20 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use ce_core::CtxUri;
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
-use super::memory::{changed, check_write};
 use super::{
-    Direction, OwnerVersion, RelationIndex, RelationIndexRecord, RelationOutcome, RelationRecord,
-    RelationWrite, check_record, check_type_filter, rank, stored,
+    Direction, OwnerStore, OwnerVersion, RelationIndex, RelationIndexRecord, RelationOutcome,
+    RelationRecord, RelationWrite, apply_write, check_record, check_type_filter, check_write, rank,
+    stored,
 };
 use crate::error::{IndexError, Result};
-use crate::sqlite::{init_writer, open_conn, subtree_bounds, within, within_sql};
+use crate::sqlite::{
+    self, init_writer, open_conn, savepoint, select_within, subtree_bounds, within, within_sql,
+};
 
 /// File name of the database inside the index directory.
 pub const DB_FILE: &str = "relations.db";
@@ -35,7 +37,7 @@ const SCHEMA_VERSION: u64 = 1;
 ///   in listing order) and by target (`to_uri`). Versions are stored as the `i64` with the
 ///   same bits (lossless for every `u64`).
 /// - `owner_versions`: the newest state applied per owner URI (invariant RX1).
-/// - `meta`: `schema_version`.
+/// - `meta` ([`crate::sqlite::init_writer`]): `schema_version`.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS relations (
     id TEXT PRIMARY KEY NOT NULL,
@@ -56,10 +58,6 @@ CREATE TABLE IF NOT EXISTS owner_versions (
     relation_version INTEGER NOT NULL,
     deleted INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY NOT NULL,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
 ";
 
 /// The columns of a record, in the order [`decode`] reads them.
@@ -68,11 +66,6 @@ const COLUMNS: &str = "id, from_uri, to_uri, relation_type, weight, reason, acco
 /// Maps a SQLite error of this database (see [`crate::error::sqlite_error`]).
 fn sql(e: rusqlite::Error) -> IndexError {
     crate::error::sqlite_error(DB_FILE, e)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Connections hold no half-done state across a panic (transactions roll back on drop).
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A stored row, before its URIs are parsed.
@@ -133,141 +126,83 @@ fn query(c: &Connection, sql_text: &str, p: impl rusqlite::Params) -> Result<Vec
     rows.into_iter().map(decode).collect()
 }
 
-fn owner_version(c: &Connection, owner: &CtxUri) -> Result<Option<OwnerVersion>> {
-    c.prepare_cached(
-        "SELECT node_version, relation_version, deleted FROM owner_versions WHERE uri = ?1",
-    )
-    .and_then(|mut s| {
-        s.query_row([owner.as_str()], |r| {
-            Ok(OwnerVersion {
-                node_version: r.get::<_, i64>(0)? as u64,
-                relation_version: r.get::<_, i64>(1)? as u64,
-                deleted: r.get(2)?,
+/// The relation tables seen through one connection (inside a transaction).
+struct Tables<'a>(&'a Connection);
+
+impl OwnerStore for Tables<'_> {
+    fn owner_version(&self, owner: &CtxUri) -> Result<Option<OwnerVersion>> {
+        self.0
+            .prepare_cached(
+                "SELECT node_version, relation_version, deleted FROM owner_versions WHERE uri = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([owner.as_str()], |r| {
+                    Ok(OwnerVersion {
+                        node_version: r.get::<_, i64>(0)? as u64,
+                        relation_version: r.get::<_, i64>(1)? as u64,
+                        deleted: r.get(2)?,
+                    })
+                })
+                .optional()
             })
-        })
-        .optional()
-    })
-    .map_err(sql)
-}
-
-fn set_owner_version(c: &Connection, owner: &CtxUri, v: OwnerVersion) -> Result<()> {
-    c.prepare_cached(
-        "INSERT OR REPLACE INTO owner_versions (uri, node_version, relation_version, deleted)
-         VALUES (?1, ?2, ?3, ?4)",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            owner.as_str(),
-            v.node_version as i64,
-            v.relation_version as i64,
-            v.deleted
-        ])
-    })
-    .map_err(sql)?;
-    Ok(())
-}
-
-/// The records owned by `owner`, by id.
-fn owned(c: &Connection, owner: &CtxUri) -> Result<Vec<RelationRecord>> {
-    query(
-        c,
-        &format!("SELECT {COLUMNS} FROM relations WHERE from_uri = ?1 ORDER BY id"),
-        [owner.as_str()],
-    )
-}
-
-fn remove_owned(c: &Connection, owner: &CtxUri) -> Result<u64> {
-    c.prepare_cached("DELETE FROM relations WHERE from_uri = ?1")
-        .and_then(|mut s| s.execute([owner.as_str()]))
-        .map(|n| n as u64)
-        .map_err(sql)
-}
-
-/// Inserts or replaces (by id) record `r`.
-fn put(c: &Connection, r: &RelationRecord) -> Result<()> {
-    let x = &r.record;
-    c.prepare_cached(&format!(
-        "INSERT OR REPLACE INTO relations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-    ))
-    .and_then(|mut s| {
-        s.execute(params![
-            x.id,
-            x.from_uri.as_str(),
-            x.to_uri.as_str(),
-            x.relation_type,
-            x.weight,
-            x.reason,
-            x.account_id,
-            x.owner_space,
-            r.relation_version as i64,
-        ])
-    })
-    .map_err(sql)?;
-    Ok(())
-}
-
-/// Applies one checked write inside the write transaction.
-fn apply(tx: &Transaction<'_>, w: RelationWrite) -> Result<RelationOutcome> {
-    match w {
-        RelationWrite::Replace {
-            owner,
-            version,
-            records,
-        } => {
-            if !OwnerVersion::admits_replace(owner_version(tx, &owner)?, version) {
-                return Ok(RelationOutcome::Stale);
-            }
-            let mut new: Vec<RelationRecord> = records
-                .into_iter()
-                .map(|r| stored(r, version.relation_version))
-                .collect();
-            new.sort_by(|a, b| a.record.id.cmp(&b.record.id));
-            let same = owned(tx, &owner)? == new;
-            if !same {
-                remove_owned(tx, &owner)?;
-                for r in &new {
-                    put(tx, r)?;
-                }
-            }
-            set_owner_version(tx, &owner, OwnerVersion::live(version))?;
-            Ok(if same {
-                RelationOutcome::Unchanged
-            } else {
-                RelationOutcome::Applied
-            })
-        }
-        RelationWrite::Remove {
-            owner,
-            node_version,
-        } => {
-            if !OwnerVersion::admits_removal(owner_version(tx, &owner)?, node_version) {
-                return Ok(RelationOutcome::Stale);
-            }
-            let removed = remove_owned(tx, &owner)?;
-            set_owner_version(tx, &owner, OwnerVersion::removed(node_version))?;
-            Ok(changed(removed))
-        }
-        RelationWrite::Purge { owner } => Ok(changed(remove_owned(tx, &owner)?)),
+            .map_err(sql)
     }
-}
 
-/// Runs `f` in a savepoint: if it fails, its rows are rolled back and its error is returned
-/// inside `Ok` (the transaction goes on). The outer error means the savepoint itself failed.
-fn isolated<T>(
-    tx: &Transaction<'_>,
-    f: impl FnOnce(&Transaction<'_>) -> Result<T>,
-) -> Result<Result<T>> {
-    tx.execute_batch("SAVEPOINT owner_write").map_err(sql)?;
-    match f(tx) {
-        Ok(v) => {
-            tx.execute_batch("RELEASE owner_write").map_err(sql)?;
-            Ok(Ok(v))
-        }
-        Err(e) => {
-            tx.execute_batch("ROLLBACK TO owner_write; RELEASE owner_write")
-                .map_err(sql)?;
-            Ok(Err(e))
-        }
+    fn set_owner_version(&mut self, owner: &CtxUri, v: OwnerVersion) -> Result<()> {
+        self.0
+            .prepare_cached(
+                "INSERT OR REPLACE INTO owner_versions (uri, node_version, relation_version, deleted)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    owner.as_str(),
+                    v.node_version as i64,
+                    v.relation_version as i64,
+                    v.deleted
+                ])
+            })
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    fn owned(&self, owner: &CtxUri) -> Result<Vec<RelationRecord>> {
+        query(
+            self.0,
+            &format!("SELECT {COLUMNS} FROM relations WHERE from_uri = ?1 ORDER BY id"),
+            [owner.as_str()],
+        )
+    }
+
+    fn remove_owned(&mut self, owner: &CtxUri) -> Result<u64> {
+        self.0
+            .prepare_cached("DELETE FROM relations WHERE from_uri = ?1")
+            .and_then(|mut s| s.execute([owner.as_str()]))
+            .map(|n| n as u64)
+            .map_err(sql)
+    }
+
+    fn put(&mut self, r: RelationRecord) -> Result<()> {
+        let x = &r.record;
+        self.0
+            .prepare_cached(&format!(
+                "INSERT OR REPLACE INTO relations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ))
+            .and_then(|mut s| {
+                s.execute(params![
+                    x.id,
+                    x.from_uri.as_str(),
+                    x.to_uri.as_str(),
+                    x.relation_type,
+                    x.weight,
+                    x.reason,
+                    x.account_id,
+                    x.owner_space,
+                    r.relation_version as i64,
+                ])
+            })
+            .map_err(sql)?;
+        Ok(())
     }
 }
 
@@ -298,10 +233,7 @@ impl EmbeddedRelationIndex {
         init_writer(&mut writer, DB_FILE, SCHEMA, SCHEMA_VERSION)?
             .commit()
             .map_err(sql)?;
-        let reader = open_conn(&path, DB_FILE)?;
-        reader
-            .pragma_update(None, "query_only", "ON")
-            .map_err(sql)?;
+        let reader = sqlite::read_only(open_conn(&path, DB_FILE)?, DB_FILE)?;
         Ok(EmbeddedRelationIndex {
             dir: dir.to_owned(),
             writer: Mutex::new(writer),
@@ -316,20 +248,12 @@ impl EmbeddedRelationIndex {
 
     /// Runs `f` in one write transaction, committed if `f` succeeds.
     fn write<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = lock(&self.writer);
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql)?;
-        let out = f(&tx)?;
-        tx.commit().map_err(sql)?;
-        Ok(out)
+        sqlite::write(&self.writer, DB_FILE, f)
     }
 
     /// Runs `f` in one read transaction (a consistent snapshot) on the reader connection.
     fn read<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = lock(&self.reader);
-        let tx = conn.transaction().map_err(sql)?;
-        f(&tx)
+        sqlite::read(&self.reader, DB_FILE, f)
     }
 
     /// Records whose column `col` is within `uri`, in listing order.
@@ -371,7 +295,7 @@ impl RelationIndex for EmbeddedRelationIndex {
             checked
                 .into_iter()
                 .map(|w| match w {
-                    Ok(w) => isolated(tx, |tx| apply(tx, w)),
+                    Ok(w) => savepoint(tx, DB_FILE, || apply_write(&mut Tables(tx), w)),
                     Err(e) => Ok(Err(e)),
                 })
                 .collect()
@@ -384,7 +308,7 @@ impl RelationIndex for EmbeddedRelationIndex {
         }
         self.write(|tx| {
             for r in records {
-                put(tx, &stored(r.record.clone(), r.relation_version))?;
+                Tables(tx).put(stored(r.record.clone(), r.relation_version))?;
             }
             Ok(())
         })
@@ -393,29 +317,24 @@ impl RelationIndex for EmbeddedRelationIndex {
     fn delete_relations_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64> {
         self.write(|tx| {
             if !subtree {
-                return remove_owned(tx, uri);
+                return Tables(tx).remove_owned(uri);
             }
-            let (lo, hi) = subtree_bounds(uri);
-            let rows: Vec<(String, String)> = tx
-                .prepare_cached(&format!(
-                    "SELECT id, from_uri FROM relations WHERE {}",
+            let ids: Vec<String> = select_within(
+                tx,
+                DB_FILE,
+                &format!(
+                    "SELECT from_uri, id FROM relations WHERE {}",
                     within_sql("from_uri")
-                ))
-                .and_then(|mut s| {
-                    s.query_map(params![uri.as_str(), lo, hi], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })?
-                    .collect()
-                })
-                .map_err(sql)?;
+                ),
+                uri,
+                |r| r.get(1),
+            )?;
             let mut st = tx
                 .prepare_cached("DELETE FROM relations WHERE id = ?1")
                 .map_err(sql)?;
             let mut n = 0;
-            for (id, from) in rows {
-                if within(&from, uri) {
-                    n += st.execute([id]).map_err(sql)? as u64;
-                }
+            for id in ids {
+                n += st.execute([id]).map_err(sql)? as u64;
             }
             Ok(n)
         })
@@ -475,15 +394,11 @@ impl RelationIndex for EmbeddedRelationIndex {
     }
 
     fn owner_version(&self, owner: &CtxUri) -> Result<Option<OwnerVersion>> {
-        self.read(|tx| owner_version(tx, owner))
+        self.read(|tx| Tables(tx).owner_version(owner))
     }
 
     fn count(&self) -> Result<u64> {
-        self.read(|tx| {
-            tx.query_row("SELECT COUNT(*) FROM relations", [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(sql)
-        })
+        self.read(|tx| sqlite::count_rows(tx, DB_FILE, "relations"))
     }
 
     fn clear(&self) -> Result<()> {

@@ -8,8 +8,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use ce_core::CtxUri;
 
 use super::{
-    Direction, OwnerVersion, RelationIndex, RelationOutcome, RelationRecord, RelationWrite, by_key,
-    check_owner, check_record, check_replace, check_type_filter, rank, stored,
+    Direction, OwnerStore, OwnerVersion, RelationIndex, RelationIndexRecord, RelationOutcome,
+    RelationRecord, RelationWrite, apply_write, by_key, check_record, check_type_filter,
+    check_write, rank, stored,
 };
 use crate::error::Result;
 
@@ -27,84 +28,47 @@ struct State {
 }
 
 impl State {
-    /// The records owned by `owner`, by id.
-    fn owned(&self, owner: &CtxUri) -> Vec<RelationRecord> {
-        self.records
+    /// Every record `keep` accepts, in listing order ([`by_key`]).
+    fn select(&self, keep: impl Fn(&RelationIndexRecord) -> bool) -> Vec<RelationRecord> {
+        let mut out: Vec<RelationRecord> = self
+            .records
+            .values()
+            .filter(|r| keep(&r.record))
+            .cloned()
+            .collect();
+        out.sort_by(by_key);
+        out
+    }
+}
+
+impl OwnerStore for State {
+    fn owner_version(&self, owner: &CtxUri) -> Result<Option<OwnerVersion>> {
+        Ok(self.owners.get(owner).copied())
+    }
+
+    fn set_owner_version(&mut self, owner: &CtxUri, v: OwnerVersion) -> Result<()> {
+        self.owners.insert(owner.clone(), v);
+        Ok(())
+    }
+
+    fn owned(&self, owner: &CtxUri) -> Result<Vec<RelationRecord>> {
+        Ok(self
+            .records
             .values()
             .filter(|r| r.record.from_uri == *owner)
             .cloned()
-            .collect()
+            .collect())
     }
 
-    /// Removes the records owned by `owner`; how many.
-    fn remove_owned(&mut self, owner: &CtxUri) -> u64 {
+    fn remove_owned(&mut self, owner: &CtxUri) -> Result<u64> {
         let before = self.records.len();
         self.records.retain(|_, r| r.record.from_uri != *owner);
-        (before - self.records.len()) as u64
+        Ok((before - self.records.len()) as u64)
     }
 
-    /// Applies one write (already checked).
-    fn apply(&mut self, w: RelationWrite) -> RelationOutcome {
-        match w {
-            RelationWrite::Replace {
-                owner,
-                version,
-                records,
-            } => {
-                if !OwnerVersion::admits_replace(self.owners.get(&owner).copied(), version) {
-                    return RelationOutcome::Stale;
-                }
-                let mut new: Vec<RelationRecord> = records
-                    .into_iter()
-                    .map(|r| stored(r, version.relation_version))
-                    .collect();
-                new.sort_by(|a, b| a.record.id.cmp(&b.record.id));
-                let same = self.owned(&owner) == new;
-                if !same {
-                    self.remove_owned(&owner);
-                    for r in new {
-                        self.records.insert(r.record.id.clone(), r);
-                    }
-                }
-                self.owners.insert(owner, OwnerVersion::live(version));
-                if same {
-                    RelationOutcome::Unchanged
-                } else {
-                    RelationOutcome::Applied
-                }
-            }
-            RelationWrite::Remove {
-                owner,
-                node_version,
-            } => {
-                if !OwnerVersion::admits_removal(self.owners.get(&owner).copied(), node_version) {
-                    return RelationOutcome::Stale;
-                }
-                let removed = self.remove_owned(&owner);
-                self.owners
-                    .insert(owner, OwnerVersion::removed(node_version));
-                changed(removed)
-            }
-            RelationWrite::Purge { owner } => changed(self.remove_owned(&owner)),
-        }
-    }
-}
-
-/// `Applied` when records were removed, else `Unchanged`.
-pub(crate) fn changed(removed: u64) -> RelationOutcome {
-    if removed > 0 {
-        RelationOutcome::Applied
-    } else {
-        RelationOutcome::Unchanged
-    }
-}
-
-/// Checks a write before it is applied.
-pub(crate) fn check_write(w: &RelationWrite) -> Result<()> {
-    match w {
-        RelationWrite::Replace { owner, records, .. } => check_replace(owner, records),
-        RelationWrite::Remove { owner, .. } => check_owner(owner),
-        RelationWrite::Purge { .. } => Ok(()),
+    fn put(&mut self, r: RelationRecord) -> Result<()> {
+        self.records.insert(r.record.id.clone(), r);
+        Ok(())
     }
 }
 
@@ -128,7 +92,7 @@ impl RelationIndex for MemoryRelationIndex {
             .into_iter()
             .map(|w| {
                 check_write(&w)?;
-                Ok(s.apply(w))
+                apply_write(&mut *s, w)
             })
             .collect())
     }
@@ -139,8 +103,7 @@ impl RelationIndex for MemoryRelationIndex {
         }
         let mut s = self.state();
         for r in records {
-            let r = stored(r.record.clone(), r.relation_version);
-            s.records.insert(r.record.id.clone(), r);
+            s.put(stored(r.record.clone(), r.relation_version))?;
         }
         Ok(())
     }
@@ -166,42 +129,19 @@ impl RelationIndex for MemoryRelationIndex {
         limit: usize,
     ) -> Result<Vec<RelationRecord>> {
         check_type_filter(relation_type)?;
-        let mut out: Vec<RelationRecord> = self
-            .state()
-            .records
-            .values()
-            .filter(|r| {
-                direction.matches(&r.record, uri)
-                    && relation_type.is_none_or(|t| r.record.relation_type == t)
-            })
-            .cloned()
-            .collect();
+        let mut out = self.state().select(|r| {
+            direction.matches(r, uri) && relation_type.is_none_or(|t| r.relation_type == t)
+        });
         rank(&mut out, limit);
         Ok(out)
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<RelationRecord>> {
-        let mut out: Vec<RelationRecord> = self
-            .state()
-            .records
-            .values()
-            .filter(|r| r.record.from_uri.is_within(uri))
-            .cloned()
-            .collect();
-        out.sort_by(by_key);
-        Ok(out)
+        Ok(self.state().select(|r| r.from_uri.is_within(uri)))
     }
 
     fn list_targeting(&self, uri: &CtxUri) -> Result<Vec<RelationRecord>> {
-        let mut out: Vec<RelationRecord> = self
-            .state()
-            .records
-            .values()
-            .filter(|r| r.record.to_uri.is_within(uri))
-            .cloned()
-            .collect();
-        out.sort_by(by_key);
-        Ok(out)
+        Ok(self.state().select(|r| r.to_uri.is_within(uri)))
     }
 
     fn owner_version(&self, owner: &CtxUri) -> Result<Option<OwnerVersion>> {

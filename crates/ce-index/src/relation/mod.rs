@@ -340,6 +340,15 @@ pub(crate) fn check_replace(owner: &CtxUri, records: &[RelationIndexRecord]) -> 
     Ok(())
 }
 
+/// Checks a write before it is applied.
+pub(crate) fn check_write(w: &RelationWrite) -> Result<()> {
+    match w {
+        RelationWrite::Replace { owner, records, .. } => check_replace(owner, records),
+        RelationWrite::Remove { owner, .. } => check_owner(owner),
+        RelationWrite::Purge { .. } => Ok(()),
+    }
+}
+
 /// Checks the owner of a versioned write: the root is never a node.
 pub(crate) fn check_owner(owner: &CtxUri) -> Result<()> {
     if owner.is_root() {
@@ -353,6 +362,75 @@ pub(crate) fn check_type_filter(relation_type: Option<&str>) -> Result<()> {
     match relation_type {
         Some(t) => Ok(validate_relation_type(t)?),
         None => Ok(()),
+    }
+}
+
+/// What an implementation stores per owner: its records and its newest applied state.
+/// [`apply_write`] is the write rule (RX1) over it, once for every implementation.
+pub(crate) trait OwnerStore {
+    /// The newest state of `owner` applied, if any.
+    fn owner_version(&self, owner: &CtxUri) -> Result<Option<OwnerVersion>>;
+    /// Records `v` as the newest state of `owner`.
+    fn set_owner_version(&mut self, owner: &CtxUri, v: OwnerVersion) -> Result<()>;
+    /// The records owned by `owner`, by id.
+    fn owned(&self, owner: &CtxUri) -> Result<Vec<RelationRecord>>;
+    /// Removes the records owned by `owner`; how many.
+    fn remove_owned(&mut self, owner: &CtxUri) -> Result<u64>;
+    /// Inserts or replaces (by id) record `r`.
+    fn put(&mut self, r: RelationRecord) -> Result<()>;
+}
+
+/// Applies one checked write ([`check_write`]) to `s`: stale unless its version is admitted
+/// (RX1); `Unchanged` when the owner's records already were exactly the new ones.
+pub(crate) fn apply_write(s: &mut impl OwnerStore, w: RelationWrite) -> Result<RelationOutcome> {
+    // `Applied` when records were removed, else `Unchanged`.
+    let changed = |removed: u64| {
+        if removed > 0 {
+            RelationOutcome::Applied
+        } else {
+            RelationOutcome::Unchanged
+        }
+    };
+    match w {
+        RelationWrite::Replace {
+            owner,
+            version,
+            records,
+        } => {
+            if !OwnerVersion::admits_replace(s.owner_version(&owner)?, version) {
+                return Ok(RelationOutcome::Stale);
+            }
+            let mut new: Vec<RelationRecord> = records
+                .into_iter()
+                .map(|r| stored(r, version.relation_version))
+                .collect();
+            new.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+            let same = s.owned(&owner)? == new;
+            if !same {
+                s.remove_owned(&owner)?;
+                for r in new {
+                    s.put(r)?;
+                }
+            }
+            s.set_owner_version(&owner, OwnerVersion::live(version))?;
+            Ok(if same {
+                RelationOutcome::Unchanged
+            } else {
+                RelationOutcome::Applied
+            })
+        }
+        RelationWrite::Remove {
+            owner,
+            node_version,
+        } => {
+            if !OwnerVersion::admits_removal(s.owner_version(&owner)?, node_version) {
+                return Ok(RelationOutcome::Stale);
+            }
+            let removed = s.remove_owned(&owner)?;
+            s.set_owner_version(&owner, OwnerVersion::removed(node_version))?;
+            Ok(changed(removed))
+        }
+        RelationWrite::Purge { owner } => Ok(changed(s.remove_owned(&owner)?)),
     }
 }
 

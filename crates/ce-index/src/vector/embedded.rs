@@ -27,7 +27,7 @@ mod schema;
 mod table;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ce_core::{CtxUri, IndexRecord};
 use ce_embed::ModelIdentity;
@@ -46,6 +46,7 @@ use super::{
     VectorRecord,
 };
 use crate::error::{IndexError, Result};
+use crate::sqlite::lock;
 
 /// File name of the database inside the index directory.
 pub const DB_FILE: &str = "vectors.db";
@@ -363,27 +364,17 @@ impl<'c> WriteTx<'c> {
         Ok(SyncOutcome::Applied)
     }
 
-    /// Runs `f` in a savepoint: if it fails, its rows and its in-memory changes are rolled
-    /// back and its error is returned inside `Ok` (the transaction goes on). The outer error
-    /// means the savepoint itself failed.
+    /// Runs `f` in a savepoint (see [`crate::sqlite::savepoint`]): if it fails, its rows and
+    /// its in-memory changes are rolled back and its error is returned inside `Ok`.
     fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
-        self.tx.execute_batch("SAVEPOINT node_write").map_err(sql)?;
         let (ops, next_key, dimension) = (self.ops.len(), self.next_key, self.dimension);
-        match f(self) {
-            Ok(v) => {
-                self.tx.execute_batch("RELEASE node_write").map_err(sql)?;
-                Ok(Ok(v))
-            }
-            Err(e) => {
-                self.tx
-                    .execute_batch("ROLLBACK TO node_write; RELEASE node_write")
-                    .map_err(sql)?;
-                self.ops.truncate(ops);
-                self.next_key = next_key;
-                self.dimension = dimension;
-                Ok(Err(e))
-            }
+        let out = crate::sqlite::savepoint(self.tx, DB_FILE, || f(self))?;
+        if out.is_err() {
+            self.ops.truncate(ops);
+            self.next_key = next_key;
+            self.dimension = dimension;
         }
+        Ok(out)
     }
 
     fn finish(self) -> Result<Committed> {
@@ -420,11 +411,6 @@ impl<'c> WriteTx<'c> {
             dimension: self.dimension,
         })
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Connections hold no half-done state across a panic (transactions roll back on drop).
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Mem {
@@ -789,10 +775,7 @@ impl EmbeddedVectorIndex {
         let path = dir.join(DB_FILE);
         let mut writer = schema::open_conn(&path)?;
         let db_id = schema::init(&mut writer)?;
-        let reader = schema::open_conn(&path)?;
-        reader
-            .pragma_update(None, "query_only", "ON")
-            .map_err(sql)?;
+        let reader = crate::sqlite::read_only(schema::open_conn(&path)?, DB_FILE)?;
         let mem = Mem::load(&writer, dir, &db_id, &options, true)?;
         Ok(EmbeddedVectorIndex {
             dir: dir.to_owned(),

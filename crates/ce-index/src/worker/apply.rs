@@ -16,6 +16,7 @@ use tracing::{debug, info_span, warn};
 use super::WorkerConfig;
 use super::compact::Op;
 use super::error::WorkError;
+use super::fanout::{Applied, OpFanout};
 use super::target::IndexTarget;
 use crate::vector::{NodeRecord, NodeWrite, SyncOutcome};
 
@@ -50,12 +51,6 @@ pub(super) struct Applier<'a> {
     pub cfg: &'a WorkerConfig,
 }
 
-/// The outcome of each operation of a plan (by index), plus counts.
-pub(super) struct Applied {
-    pub results: Vec<Result<(), WorkError>>,
-    pub counts: ChangeCounts,
-}
-
 /// A node to write once its embeddings are ready.
 struct PendingNode {
     node: ContextNode,
@@ -65,8 +60,7 @@ struct PendingNode {
 }
 
 impl Applier<'_> {
-    pub fn apply(&self, ops: &[Op]) -> Applied {
-        let mut results: Vec<Result<(), WorkError>> = (0..ops.len()).map(|_| Ok(())).collect();
+    pub fn apply(&self, ops: &[Op]) -> Applied<ChangeCounts> {
         let mut counts = ChangeCounts::default();
 
         // 1. Moves: the syncs of both subtrees do the work; the pairs let the target's sync
@@ -80,40 +74,18 @@ impl Applier<'_> {
             .collect();
 
         // 2. Resolve every node URI the syncs cover, remembering which ops need it.
-        let mut uri_ops: BTreeMap<CtxUri, Vec<usize>> = BTreeMap::new();
-        for (i, op) in ops.iter().enumerate() {
-            let uris = match op {
-                Op::Move { .. } => continue,
-                Op::SyncNode(u) => Ok(vec![u.clone()]),
-                Op::SyncSubtree(u) => self.subtree_uris(u),
-            };
-            match uris {
-                Ok(uris) => {
-                    for u in uris {
-                        uri_ops.entry(u).or_default().push(i);
-                    }
-                }
-                Err(e) => results[i] = Err(e),
-            }
-        }
-        let uris: Vec<CtxUri> = uri_ops.keys().cloned().collect();
+        let mut fanout = OpFanout::expand(ops, |op| match op {
+            Op::Move { .. } => None,
+            Op::SyncNode(u) => Some(Ok(vec![u.clone()])),
+            Op::SyncSubtree(u) => Some(self.subtree_uris(u)),
+        });
         let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
-        if let Err(e) = self.sync_nodes(&uris, &moves, &mut failed, &mut counts, 0) {
+        if let Err(e) = self.sync_nodes(&fanout.uris(), &moves, &mut failed, &mut counts, 0) {
             // The batched read failed: every sync op fails with it.
-            for (i, op) in ops.iter().enumerate() {
-                if !matches!(op, Op::Move { .. }) && results[i].is_ok() {
-                    results[i] = Err(e.clone());
-                }
-            }
+            fanout.fail_all(&e);
         }
-        for (uri, err) in failed {
-            for &i in uri_ops.get(&uri).map(Vec::as_slice).unwrap_or(&[]) {
-                if results[i].is_ok() {
-                    results[i] = Err(err.clone());
-                }
-            }
-        }
-        Applied { results, counts }
+        fanout.fail_uris(failed);
+        fanout.finish(counts)
     }
 
     /// Every URI within `u` that the source or the index knows.

@@ -22,6 +22,7 @@ pub mod apply;
 pub mod compact;
 pub mod dry_run;
 mod error;
+mod fanout;
 mod heartbeat;
 pub mod relation;
 pub mod runner;
@@ -360,5 +361,7 @@ impl IndexWorker {
     }
 }
 
+#[cfg(test)]
+mod testkit;
 #[cfg(test)]
 mod tests;

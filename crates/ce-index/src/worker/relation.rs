@@ -30,6 +30,7 @@ use tracing::{debug, info_span, warn};
 
 use super::compact::Op;
 use super::error::WorkError;
+use super::fanout::{Applied, OpFanout};
 use crate::relation::{Direction, RelationIndex, RelationOutcome, RelationVersion, RelationWrite};
 
 /// Owners per index write transaction.
@@ -69,12 +70,6 @@ pub(super) struct RelationApplier<'a> {
     pub projector: &'a IndexProjector,
 }
 
-/// The outcome of each operation of a plan (by index), plus counts.
-pub(super) struct RelationApplied {
-    pub results: Vec<Result<(), WorkError>>,
-    pub counts: RelationCounts,
-}
-
 /// An owner read consistently: its node and its edges at the node's version.
 struct ReadOwner {
     node: ContextNode,
@@ -82,57 +77,32 @@ struct ReadOwner {
 }
 
 impl RelationApplier<'_> {
-    pub fn apply(&self, ops: &[Op]) -> RelationApplied {
-        let mut results: Vec<Result<(), WorkError>> = (0..ops.len()).map(|_| Ok(())).collect();
+    pub fn apply(&self, ops: &[Op]) -> Applied<RelationCounts> {
         let mut counts = RelationCounts::default();
 
         // 1. Expand every operation into owners, remembering which operations need each.
         let gone = self.gone_nodes(ops);
-        let mut owner_ops: BTreeMap<CtxUri, Vec<usize>> = BTreeMap::new();
-        for (i, op) in ops.iter().enumerate() {
-            let owners = match op {
-                Op::Move { .. } => continue,
-                Op::SyncNode(u) => match &gone {
-                    Ok(gone) if gone.contains(u) => self.inbound_owners(u).map(|mut o| {
-                        o.insert(u.clone());
-                        o
-                    }),
-                    Ok(_) => Ok(BTreeSet::from([u.clone()])),
-                    Err(e) => Err(e.clone()),
-                },
-                Op::SyncSubtree(u) => self.owners_within(u),
-            };
-            match owners {
-                Ok(owners) => {
-                    for o in owners {
-                        owner_ops.entry(o).or_default().push(i);
-                    }
-                }
-                Err(e) => results[i] = Err(e),
-            }
-        }
+        let mut fanout = OpFanout::expand(ops, |op| match op {
+            Op::Move { .. } => None,
+            Op::SyncNode(u) => Some(match &gone {
+                Ok(gone) if gone.contains(u) => self.inbound_owners(u).map(|mut o| {
+                    o.insert(u.clone());
+                    o
+                }),
+                Ok(_) => Ok(BTreeSet::from([u.clone()])),
+                Err(e) => Err(e.clone()),
+            }),
+            Op::SyncSubtree(u) => Some(self.owners_within(u)),
+        });
 
         // 2-3. Read and write every owner once.
-        let owners: Vec<CtxUri> = owner_ops.keys().cloned().collect();
         let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
-        if let Err(e) = self.sync_owners(&owners, &mut failed, &mut counts) {
+        if let Err(e) = self.sync_owners(&fanout.uris(), &mut failed, &mut counts) {
             // A batched read failed: every operation with owners fails with it.
-            for ops in owner_ops.values() {
-                for &i in ops {
-                    if results[i].is_ok() {
-                        results[i] = Err(e.clone());
-                    }
-                }
-            }
+            fanout.fail_all(&e);
         }
-        for (owner, err) in failed {
-            for &i in owner_ops.get(&owner).map(Vec::as_slice).unwrap_or(&[]) {
-                if results[i].is_ok() {
-                    results[i] = Err(err.clone());
-                }
-            }
-        }
-        RelationApplied { results, counts }
+        fanout.fail_uris(failed);
+        fanout.finish(counts)
     }
 
     /// The `SyncNode` URIs the source no longer holds (one batched read).
@@ -339,44 +309,38 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use ce_core::{Config, ManualClock};
-    use ce_store::{
-        ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SqliteStore,
-    };
+    use ce_core::Config;
+    use ce_store::{ContextFs as _, LinkRequest, PutRequest, RelationStore as _};
 
     use super::*;
     use crate::relation::RelationRecord;
     use crate::relation::memory::MemoryRelationIndex;
+    use crate::worker::testkit::{self, Env};
     use crate::worker::{IndexWorker, WorkerConfig};
 
-    struct Env {
-        _dir: tempfile::TempDir,
-        store: Arc<SqliteStore>,
-        clock: ManualClock,
+    /// The store, the relation index and a worker between them.
+    struct Fixture {
+        env: Env,
         index: Arc<MemoryRelationIndex>,
         worker: IndexWorker,
     }
 
-    fn env() -> Env {
-        let dir = tempfile::tempdir().expect("tmp");
-        let mut cfg = Config::default();
-        cfg.index.outbox.consumers = vec!["relation".into()];
-        let clock = ManualClock::new(1_700_000_000_000);
-        let store = Arc::new(
-            SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
-        );
+    impl std::ops::Deref for Fixture {
+        type Target = Env;
+
+        fn deref(&self) -> &Env {
+            &self.env
+        }
+    }
+
+    fn env() -> Fixture {
+        let env = Env::new("relation");
         let index = Arc::new(MemoryRelationIndex::new());
         let mut wcfg = WorkerConfig::from_config(&Config::default(), "r1", "relation");
         wcfg.heartbeat = Duration::from_millis(50);
         let worker =
-            IndexWorker::for_relations(wcfg, store.clone(), index.clone()).expect("worker");
-        Env {
-            _dir: dir,
-            store,
-            clock,
-            index,
-            worker,
-        }
+            IndexWorker::for_relations(wcfg, env.store.clone(), index.clone()).expect("worker");
+        Fixture { env, index, worker }
     }
 
     fn uri(s: &str) -> CtxUri {
@@ -404,23 +368,8 @@ mod tests {
             .expect("link");
     }
 
-    fn drain(env: &Env) {
-        for _ in 0..100 {
-            if env.worker.run_once(100).expect("run_once").claimed == 0 {
-                let open: u64 = env
-                    .store
-                    .stats()
-                    .expect("stats")
-                    .iter()
-                    .map(|s| s.pending + s.claimed + s.retry_wait)
-                    .sum();
-                if open == 0 {
-                    return;
-                }
-                env.clock.advance(31_000);
-            }
-        }
-        panic!("outbox did not drain");
+    fn drain(f: &Fixture) {
+        testkit::drain(f, &f.worker);
     }
 
     /// Every node's edges in the source, as the index must hold them.
@@ -445,7 +394,7 @@ mod tests {
         out
     }
 
-    fn actual(env: &Env) -> Vec<RelationRecord> {
+    fn actual(env: &Fixture) -> Vec<RelationRecord> {
         env.index.list_under(&CtxUri::root()).expect("list")
     }
 

@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ce_core::{
-    Classify as _, Config, CtxUri, DeliveryStatus, IndexProjector, IndexRecord, ManualClock,
-    OutboxEvent,
+    Classify as _, Config, CtxUri, DeliveryStatus, IndexProjector, IndexRecord, OutboxEvent,
 };
 use ce_embed::{EmbedError, Embedder, ModelIdentity};
-use ce_store::{ContextFs as _, OutboxFilter, OutboxStore as _, PutMode, PutRequest, SqliteStore};
+use ce_store::{ContextFs as _, OutboxFilter, OutboxStore as _, PutMode, PutRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::testkit::{Env, drain};
 use super::*;
 use crate::error::IndexError;
 use crate::vector::memory::MemoryVectorIndex;
@@ -188,27 +188,8 @@ impl VectorIndex for FlakyIndex {
     }
 }
 
-struct Env {
-    _dir: tempfile::TempDir,
-    store: Arc<SqliteStore>,
-    clock: ManualClock,
-}
-
 fn env() -> Env {
-    let dir = tempfile::tempdir().expect("tmp");
-    let mut cfg = Config::default();
-    cfg.index.outbox.consumers = vec!["vector".into()];
-    cfg.index.outbox.retry_base_seconds = 1;
-    cfg.index.outbox.retry_max_seconds = 30;
-    let clock = ManualClock::new(1_700_000_000_000);
-    let store = Arc::new(
-        SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
-    );
-    Env {
-        _dir: dir,
-        store,
-        clock,
-    }
+    Env::new("vector")
 }
 
 fn wcfg(id: &str) -> WorkerConfig {
@@ -242,28 +223,6 @@ fn put(env: &Env, u: &str, abs: &str, content: &str) -> u64 {
         ..PutRequest::default()
     };
     env.store.put(&uri(u), req).expect("put").version
-}
-
-/// Runs the worker until nothing is runnable, advancing the clock over backoffs.
-fn drain(env: &Env, w: &IndexWorker) {
-    for _ in 0..200 {
-        let r = w.run_once(100).expect("run_once");
-        if r.claimed == 0 {
-            let open = env
-                .store
-                .stats()
-                .expect("stats")
-                .iter()
-                .map(|s| s.pending + s.claimed + s.retry_wait)
-                .sum::<u64>();
-            if open == 0 {
-                return;
-            }
-            env.clock.advance(31_000);
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-    panic!("outbox did not drain");
 }
 
 /// The projection of the whole source, as the index must hold it.

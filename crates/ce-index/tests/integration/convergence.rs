@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ce_core::{Config, CtxUri, DeliveryStatus, IndexProjector, IndexRecord, ManualClock};
+use ce_core::{CtxUri, IndexProjector, IndexRecord, ManualClock};
 use ce_embed::hash::HashEmbedder;
 use ce_embed::{EmbedError, Embedder, ModelIdentity};
 use ce_index::IndexError;
@@ -25,14 +25,13 @@ use ce_index::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex as _};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::{
-    ContextFs as _, LinkRequest, OutboxFilter, OutboxStore as _, PutMode, PutRequest,
-    RelationStore as _, SqliteStore,
+    ContextFs as _, LinkRequest, OutboxStore as _, PutMode, PutRequest, RelationStore as _,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::common::{Env, Running, seed, uri, worker_config};
 use crate::relation::{FlakyRelations, expected_edges};
-use crate::vector_common::{seed, uri};
 
 const CONSUMERS: [&str; 3] = ["vector", "keyword", "relation"];
 
@@ -130,62 +129,16 @@ impl IndexTarget for FlakyTarget {
     }
 }
 
-struct Env {
-    _dir: tempfile::TempDir,
-    store: Arc<SqliteStore>,
-    clock: ManualClock,
-}
-
 fn env() -> Env {
-    let dir = tempfile::tempdir().expect("tmp");
-    let mut cfg = Config::default();
-    cfg.index.outbox.consumers = CONSUMERS.map(str::to_owned).to_vec();
-    cfg.index.outbox.retry_base_seconds = 1;
-    cfg.index.outbox.retry_max_seconds = 30;
-    cfg.index.outbox.max_retries = 20;
-    let clock = ManualClock::new(1_700_000_000_000);
-    let store = Arc::new(
-        SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
-    );
-    Env {
-        _dir: dir,
-        store,
-        clock,
-    }
+    Env::new(&CONSUMERS, |cfg| cfg.index.outbox.max_retries = 20)
 }
 
 fn wcfg(id: &str, consumer: &str) -> WorkerConfig {
-    let mut c = WorkerConfig::from_config(&Config::default(), id, consumer);
-    c.heartbeat = Duration::from_millis(50);
+    let mut c = worker_config(id, consumer);
     c.default_rate_limit_pause = Duration::from_millis(1);
     // Several index writes per batch, so chunking is exercised everywhere.
     c.vector_upsert_batch_size = 5;
     c
-}
-
-/// Deliveries of `consumer` still to apply.
-fn open_of(env: &Env, consumer: &str) -> u64 {
-    env.store
-        .stats()
-        .expect("stats")
-        .iter()
-        .find(|s| s.consumer == consumer)
-        .map_or(0, |s| s.pending + s.claimed + s.retry_wait)
-}
-
-/// Advances time over leases and backoffs until `done` holds (bounded).
-fn settle(env: &Env, seed: u64, what: &str, done: impl Fn() -> bool) {
-    let mut rounds = 0;
-    while !done() {
-        rounds += 1;
-        assert!(
-            rounds < 2_000,
-            "seed {seed}: {what}: {:?}",
-            env.store.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        env.clock.advance(31_000);
-    }
 }
 
 /// The projection of the whole source, as the vector and keyword indexes must hold it.
@@ -282,20 +235,7 @@ fn converge(seed: u64) {
         .expect("relation worker");
         workers.push(Arc::new(rw));
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = workers
-        .iter()
-        .map(|w| {
-            let (w, stop) = (w.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    if w.run_once(16).map(|r| r.claimed).unwrap_or(0) == 0 {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            })
-        })
-        .collect();
+    let running = Running::start(&workers);
 
     let mut rng = StdRng::seed_from_u64(seed);
     let names = ["a", "b", "c", "d"];
@@ -310,9 +250,10 @@ fn converge(seed: u64) {
         if i == 150 {
             // The end of the keyword index's outage: meanwhile the other consumers caught up
             // completely, while every keyword write failed.
-            settle(&env, seed, "vector and relation did not catch up", || {
-                open_of(&env, "vector") + open_of(&env, "relation") == 0
-            });
+            env.settle(
+                &format!("seed {seed}: vector and relation did not catch up"),
+                || env.open_deliveries(Some("vector")) + env.open_deliveries(Some("relation")) == 0,
+            );
             let k = env
                 .store
                 .stats()
@@ -389,15 +330,9 @@ fn converge(seed: u64) {
     vector.faults.store(false, Ordering::SeqCst);
     keyword.faults.store(false, Ordering::SeqCst);
     relations.faults.store(false, Ordering::SeqCst);
-    let all_open = || CONSUMERS.iter().map(|c| open_of(&env, c)).sum::<u64>() == 0;
-    settle(&env, seed, "outbox did not drain", all_open);
-    let dead = env
-        .store
-        .list(&OutboxFilter {
-            status: Some(DeliveryStatus::Dead),
-            ..OutboxFilter::default()
-        })
-        .expect("dead");
+    let all_open = || env.open_deliveries(None) == 0;
+    env.settle(&format!("seed {seed}: outbox did not drain"), all_open);
+    let dead = env.dead();
     assert!(
         dead.is_empty(),
         "seed {seed}: only retryable faults were injected, yet {} dead",
@@ -467,11 +402,11 @@ fn converge(seed: u64) {
             .insert("phase".into(), serde_json::json!("meta-only"));
         env.store.put(&n.uri, req).expect("meta put");
     }
-    settle(&env, seed, "meta-only updates did not drain", all_open);
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().expect("worker thread");
-    }
+    env.settle(
+        &format!("seed {seed}: meta-only updates did not drain"),
+        all_open,
+    );
+    running.stop();
     check("after the metadata-only updates");
     assert_eq!(
         emb.texts.load(Ordering::SeqCst),

@@ -17,7 +17,7 @@ use proptest::test_runner::{
 };
 use serde_json::{Value, json};
 
-use crate::vector_common::{record, seed, uri};
+use crate::common::{record, seed, uri};
 
 /// Scores of the two implementations may differ by this much (they are computed by the same
 /// formula in the same order, so in practice they are equal).

@@ -3,10 +3,10 @@
 //! Randomized tests print their seed; `CE_SEED=<seed>` replays one, `CE_PROPTEST_CASES`
 //! scales the number of property-test cases.
 
+mod common;
 mod convergence;
 mod keyword;
 mod relation;
-mod vector_common;
 mod vector_contract;
 mod vector_crash;
 mod vector_model;

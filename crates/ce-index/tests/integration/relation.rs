@@ -9,9 +9,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use ce_core::{Classify, Config, CtxUri, DeliveryStatus, ErrorCode, IndexProjector, ManualClock};
+use ce_core::{Classify, CtxUri, ErrorCode, IndexProjector};
 use ce_index::IndexError;
 use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::relation::memory::MemoryRelationIndex;
@@ -19,15 +18,15 @@ use ce_index::relation::{
     Direction, OwnerVersion, RelationIndex, RelationOutcome, RelationRecord, RelationVersion,
     RelationWrite,
 };
-use ce_index::worker::{IndexWorker, WorkerConfig};
+use ce_index::worker::IndexWorker;
 use ce_store::{
-    ContextFs as _, LinkRequest, OutboxFilter, OutboxStore as _, PutRequest, RelationStore as _,
-    SqliteStore, WriteOp,
+    ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SqliteStore,
+    WriteOp,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::vector_common::{seed, uri};
+use crate::common::{Env, Running, seed, uri, worker_config};
 
 /// A relation index whose writes fail while faults are on: a whole batch, or single writes
 /// (retryable), at a seeded rate; and writes of one owner non-retryably while it is poisoned.
@@ -121,56 +120,13 @@ impl RelationIndex for FlakyRelations {
     }
 }
 
-struct Env {
-    _dir: tempfile::TempDir,
-    store: Arc<SqliteStore>,
-    clock: ManualClock,
-}
-
 fn env() -> Env {
-    let dir = tempfile::tempdir().expect("tmp");
-    let mut cfg = Config::default();
-    cfg.index.outbox.consumers = vec!["relation".into()];
-    cfg.index.outbox.retry_base_seconds = 1;
-    cfg.index.outbox.retry_max_seconds = 30;
-    let clock = ManualClock::new(1_700_000_000_000);
-    let store = Arc::new(
-        SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
-    );
-    Env {
-        _dir: dir,
-        store,
-        clock,
-    }
+    Env::new(&["relation"], |_| {})
 }
 
 fn worker(env: &Env, index: Arc<dyn RelationIndex>, id: &str) -> IndexWorker {
-    let mut cfg = WorkerConfig::from_config(&Config::default(), id, "relation");
-    cfg.heartbeat = Duration::from_millis(50);
-    IndexWorker::for_relations(cfg, env.store.clone(), index).expect("relation worker")
-}
-
-/// Open deliveries (pending, claimed, waiting to retry).
-fn open_deliveries(env: &Env) -> u64 {
-    env.store
-        .stats()
-        .expect("stats")
-        .iter()
-        .map(|s| s.pending + s.claimed + s.retry_wait)
-        .sum()
-}
-
-/// Runs `w` until no delivery is open, advancing the clock over backoffs and leases.
-fn drain(env: &Env, w: &IndexWorker) {
-    for _ in 0..2_000 {
-        if w.run_once(64).expect("run_once").claimed == 0 {
-            if open_deliveries(env) == 0 {
-                return;
-            }
-            env.clock.advance(31_000);
-        }
-    }
-    panic!("outbox did not drain");
+    IndexWorker::for_relations(worker_config(id, "relation"), env.store.clone(), index)
+        .expect("relation worker")
 }
 
 fn key(r: &RelationRecord) -> (String, String, String) {
@@ -317,41 +273,16 @@ fn converge(seed: u64, index: Arc<dyn RelationIndex>, what: &str) -> Env {
     let workers: Vec<Arc<IndexWorker>> = (0..4)
         .map(|i| Arc::new(worker(&env, flaky.clone(), &format!("w{i}"))))
         .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = workers
-        .iter()
-        .map(|w| {
-            let (w, stop) = (w.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    if w.run_once(16).map(|r| r.claimed).unwrap_or(0) == 0 {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            })
-        })
-        .collect();
+    let running = Running::start(&workers);
     let mut rng = StdRng::seed_from_u64(seed);
     random_writes(&env, &mut rng, 300, true);
     flaky.faults.store(false, Ordering::SeqCst);
-    let mut rounds = 0;
-    while open_deliveries(&env) > 0 {
-        rounds += 1;
-        assert!(rounds < 2_000, "{what}: seed {seed}: outbox did not drain");
-        std::thread::sleep(Duration::from_millis(5));
-        env.clock.advance(31_000);
-    }
-    stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().expect("worker thread");
-    }
-    let dead = env
-        .store
-        .list(&OutboxFilter {
-            status: Some(DeliveryStatus::Dead),
-            ..OutboxFilter::default()
-        })
-        .expect("dead");
+    env.settle(
+        &format!("{what}: seed {seed}: outbox did not drain"),
+        || env.open_deliveries(None) == 0,
+    );
+    running.stop();
+    let dead = env.dead();
     assert!(
         dead.is_empty(),
         "{what}: seed {seed}: only retryable faults were injected, yet {} dead: {:?}",
@@ -388,7 +319,7 @@ fn embedded_index_converges_and_persists_across_reopen() {
         let w = worker(&env, index.clone(), "after-reopen");
         let mut rng = StdRng::seed_from_u64(seed ^ 0xa5a5);
         random_writes(&env, &mut rng, 60, false);
-        drain(&env, &w);
+        env.drain(&w);
         assert_converged(&env, index.as_ref(), "after more writes");
     }
 }
@@ -423,14 +354,8 @@ fn a_permanent_write_failure_goes_dead_and_converges_after_requeue() {
     };
     link("ctx://acc/a", "ctx://acc/b");
     link("ctx://acc/b", "ctx://acc/c");
-    drain(&env, &w);
-    let dead = env
-        .store
-        .list(&OutboxFilter {
-            status: Some(DeliveryStatus::Dead),
-            ..OutboxFilter::default()
-        })
-        .expect("dead");
+    env.drain(&w);
+    let dead = env.dead();
     assert_eq!(dead.len(), 1, "only a's event is dead: {dead:?}");
     assert_eq!(
         edge_list(index.as_ref()),
@@ -445,7 +370,7 @@ fn a_permanent_write_failure_goes_dead_and_converges_after_requeue() {
             .expect("requeue"),
         1
     );
-    drain(&env, &w);
+    env.drain(&w);
     assert_converged(&env, index.as_ref(), "after requeue");
     assert_eq!(
         edge_list(index.as_ref()),
@@ -475,7 +400,7 @@ fn bad_input_gets_typed_errors_and_harms_nothing() {
     let w = worker(&env, index.clone(), "w");
     let mut rng = StdRng::seed_from_u64(7);
     random_writes(&env, &mut rng, 80, false);
-    drain(&env, &w);
+    env.drain(&w);
     assert_converged(&env, index.as_ref(), "before bad input");
     let before = index.list_under(&CtxUri::root()).expect("list");
     let owner = before

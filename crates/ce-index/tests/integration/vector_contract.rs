@@ -10,7 +10,7 @@ use ce_index::IndexError;
 use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
 use serde_json::json;
 
-use crate::vector_common::{DIM, both, hit_ids, nr, record, snapshot, unit, uri, vr};
+use crate::common::{DIM, both, hit_ids, nr, record, snapshot, unit, uri, vr};
 
 fn ids(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
     idx.list_under(&uri(under))

@@ -20,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::vector_common::{record, seed, uri};
+use crate::common::{record, seed, uri};
 
 const DIR_ENV: &str = "CE_VECTOR_CRASH_DIR";
 const ROUND_ENV: &str = "CE_VECTOR_CRASH_ROUND";

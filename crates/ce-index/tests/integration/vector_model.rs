@@ -19,7 +19,7 @@ use proptest::test_runner::{
 };
 use serde_json::json;
 
-use crate::vector_common::{graph_only, record, seed, uri};
+use crate::common::{graph_only, record, seed, uri};
 
 const NODES: [&str; 9] = [
     "ctx://p/a",

@@ -13,7 +13,7 @@ use ce_index::vector::embedded::{EmbeddedVectorIndex, SearchStrategy};
 use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
 use serde_json::json;
 
-use crate::vector_common::{nr, open, record, snapshot, uri};
+use crate::common::{nr, open, record, snapshot, uri};
 
 const DIM: usize = 16;
 

@@ -25,7 +25,7 @@ const SCHEMA_VERSION: u64 = 1;
 ///   record's length (so scoring never reads `records`).
 /// - `uri_versions`: the newest source version seen per URI, and whether it was a removal
 ///   (invariant VX1).
-/// - `meta`: `schema_version`, and `docs` / `total_len` (the record count and the sum of
+/// - `meta` ([`crate::sqlite::init_writer`]): `schema_version`, and `docs` / `total_len` (the record count and the sum of
 ///   their lengths, BM25's collection statistics, kept up to date by every write).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
@@ -51,10 +51,6 @@ CREATE TABLE IF NOT EXISTS uri_versions (
     uri TEXT PRIMARY KEY NOT NULL,
     version INTEGER NOT NULL,
     deleted INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY NOT NULL,
-    value TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
 
@@ -89,9 +85,7 @@ pub(super) fn init(conn: &mut Connection) -> Result<()> {
 }
 
 fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
-    crate::sqlite::meta(c, DB_FILE, key)?
-        .map(|v| v.parse().map_err(|e| corrupt(&format!("meta {key}"), e)))
-        .transpose()
+    crate::sqlite::meta_u64(c, DB_FILE, key)
 }
 
 pub(super) fn set_meta(c: &Connection, key: &str, value: u64) -> Result<()> {

@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::super::StoredRecord;
 use super::super::memory::UriVersion;
 use crate::error::{IndexError, Result};
-use crate::sqlite::{subtree_bounds, within, within_sql};
+use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
 /// Version of this layout; a file with another version is refused.
 pub(super) const SCHEMA_VERSION: u64 = 1;
@@ -49,10 +49,6 @@ CREATE TABLE IF NOT EXISTS uri_versions (
     uri TEXT PRIMARY KEY NOT NULL,
     version INTEGER NOT NULL,
     deleted INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY NOT NULL,
-    value TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
 
@@ -99,9 +95,7 @@ pub(super) fn meta(c: &Connection, key: &str) -> Result<Option<String>> {
 }
 
 pub(super) fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
-    meta(c, key)?
-        .map(|v| v.parse().map_err(|e| corrupt(&format!("meta {key}"), e)))
-        .transpose()
+    crate::sqlite::meta_u64(c, super::DB_FILE, key)
 }
 
 pub(super) fn set_meta(c: &Connection, key: &str, value: &str) -> Result<()> {
@@ -292,25 +286,17 @@ pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, Stor
 
 /// `(id, key)` of every record within `uri`.
 pub(super) fn ids_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
-    let (lo, hi) = subtree_bounds(uri);
-    let rows: Vec<(String, String, i64)> = c
-        .prepare_cached(&format!(
-            "SELECT id, uri, key FROM records WHERE {}",
+    let rows: Vec<(String, i64)> = select_within(
+        c,
+        super::DB_FILE,
+        &format!(
+            "SELECT uri, id, key FROM records WHERE {}",
             within_sql("uri")
-        ))
-        .and_then(|mut s| {
-            s.query_map(params![uri.as_str(), lo, hi], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })?
-            .collect()
-        })
-        .map_err(sql)?;
-    // The bounds also admit e.g. `a/b!x` for `a/b`; keep only true descendants.
-    Ok(rows
-        .into_iter()
-        .filter(|(_, u, _)| within(u, uri))
-        .map(|(id, _, k)| (id, k as u64))
-        .collect())
+        ),
+        uri,
+        |r| Ok((r.get(1)?, r.get(2)?)),
+    )?;
+    Ok(rows.into_iter().map(|(id, k)| (id, k as u64)).collect())
 }
 
 /// Decodes a stored record.

@@ -1,0 +1,256 @@
+//! Helpers shared by the suites: records shaped like the projector's, both vector-index
+//! implementations behind one runner, seeds and whole-index snapshots; and the worker
+//! suites' harness ([`Env`]: a real store on a manual clock, [`Running`] worker threads).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ce_core::{
+    Config, CtxUri, DeliveryStatus, IndexRecord, Level, ManualClock, PathDefaults, stable_hash,
+};
+use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex};
+use ce_index::vector::memory::MemoryVectorIndex;
+use ce_index::vector::{NodeRecord, SearchFilter, StoredRecord, VectorIndex, VectorRecord};
+use ce_index::worker::{IndexWorker, WorkerConfig};
+use ce_store::{DeliveryRow, OutboxFilter, OutboxStore as _, SqliteStore};
+use serde_json::{Value, json};
+
+/// Parses a URI literal.
+pub fn uri(s: &str) -> CtxUri {
+    CtxUri::parse(s).expect("valid uri literal")
+}
+
+pub use ce_testkit::seed;
+
+/// A record of `uri` at `level` with the projector's filter fields (path defaults) plus
+/// `extra` flat metadata filters.
+pub fn record(uri_s: &str, level: u8, extra: &[(&str, Value)]) -> IndexRecord {
+    let u = uri(uri_s);
+    let parent = u.parent().expect("not the root");
+    let d = PathDefaults::of(&u);
+    let mut filters: BTreeMap<String, Value> = extra
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    filters.insert("uri".into(), json!(u.as_str()));
+    filters.insert("parent_uri".into(), json!(parent.as_str()));
+    filters.insert("context_type".into(), json!(d.context_type.as_str()));
+    filters.insert("category".into(), json!(d.category));
+    filters.insert("level".into(), json!(level));
+    filters.insert("owner_space".into(), json!(d.owner_space.to_string()));
+    filters.insert("account_id".into(), json!(u.account_id()));
+    IndexRecord {
+        id: stable_hash(u.as_str(), level),
+        uri: u.clone(),
+        parent_uri: parent,
+        context_type: d.context_type.as_str().to_owned(),
+        category: d.category,
+        level: Level::try_from(level).expect("level"),
+        text: format!("text of {u} L{level}"),
+        filters,
+        metadata: BTreeMap::from([("node_version".to_owned(), json!(1))]),
+    }
+}
+
+/// [`record`] with a vector.
+pub fn vr(uri_s: &str, level: u8, vector: Vec<f32>) -> VectorRecord {
+    VectorRecord {
+        record: record(uri_s, level, &[]),
+        vector,
+    }
+}
+
+/// A node record for `sync_node`.
+pub fn nr(uri_s: &str, level: u8, vector: Option<Vec<f32>>) -> NodeRecord {
+    NodeRecord {
+        record: record(uri_s, level, &[]),
+        vector,
+    }
+}
+
+/// A deterministic unit vector of dimension `dim` for `i` (distinct `i`, distinct vectors).
+pub fn unit(i: u64, dim: usize) -> Vec<f32> {
+    let v: Vec<f32> = (0..dim)
+        .map(|j| {
+            let x = (i
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(j as u64 * 40_503))
+                % 1000;
+            x as f32 / 1000.0 - 0.5
+        })
+        .collect();
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.into_iter().map(|x| x / n).collect()
+}
+
+/// Dimension of the contract suites' vectors.
+pub const DIM: usize = 8;
+
+/// Runs `f` against the exact in-memory index and the embedded index (in a fresh directory,
+/// with default options and with the planner forced onto the graph), naming each.
+pub fn both(mut f: impl FnMut(&str, &dyn VectorIndex)) {
+    f("memory", &MemoryVectorIndex::new());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = EmbeddedVectorIndex::open(dir.path()).expect("open embedded");
+    f("embedded", &e);
+    e.check_consistency()
+        .expect("graph agrees with the records");
+    drop(e);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = EmbeddedVectorIndex::open_with(dir.path(), graph_only()).expect("open embedded");
+    f("embedded-graph", &e);
+    e.check_consistency()
+        .expect("graph agrees with the records");
+}
+
+/// Options that send every filtered search through the graph.
+pub fn graph_only() -> EmbeddedOptions {
+    EmbeddedOptions {
+        exact_max_candidates: 0,
+        exact_max_fraction: 0.0,
+        ..EmbeddedOptions::default()
+    }
+}
+
+/// Opens an embedded index in `dir`.
+pub fn open(dir: &Path) -> EmbeddedVectorIndex {
+    EmbeddedVectorIndex::open(dir).expect("open embedded index")
+}
+
+/// Every stored record, as comparable text lines (id, uri, parent, level, version, filters).
+pub fn snapshot(idx: &dyn VectorIndex) -> Vec<StoredRecord> {
+    idx.list_under(&CtxUri::root()).expect("list_under root")
+}
+
+/// Ids of `search` hits.
+pub fn hit_ids(idx: &dyn VectorIndex, q: &[f32], f: &SearchFilter, k: usize) -> Vec<String> {
+    idx.search(q, f, k)
+        .expect("search")
+        .into_iter()
+        .map(|h| h.record.id)
+        .collect()
+}
+
+/// A real `SqliteStore` in a temporary directory, on a manual clock, whose outbox retries
+/// after 1 s with backoffs capped at 30 s.
+pub struct Env {
+    _dir: tempfile::TempDir,
+    /// The store.
+    pub store: Arc<SqliteStore>,
+    /// Its clock.
+    pub clock: ManualClock,
+}
+
+impl Env {
+    /// A store whose outbox feeds `consumers`; `tune` adjusts the configuration further.
+    pub fn new(consumers: &[&str], tune: impl FnOnce(&mut Config)) -> Env {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut cfg = Config::default();
+        cfg.index.outbox.consumers = consumers.iter().map(|&c| c.to_owned()).collect();
+        cfg.index.outbox.retry_base_seconds = 1;
+        cfg.index.outbox.retry_max_seconds = 30;
+        tune(&mut cfg);
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store = Arc::new(
+            SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
+        );
+        Env {
+            _dir: dir,
+            store,
+            clock,
+        }
+    }
+
+    /// Deliveries still to apply (pending, claimed, waiting to retry) of `consumer`, or of
+    /// every consumer.
+    pub fn open_deliveries(&self, consumer: Option<&str>) -> u64 {
+        self.store
+            .stats()
+            .expect("stats")
+            .iter()
+            .filter(|s| consumer.is_none_or(|c| s.consumer == c))
+            .map(|s| s.pending + s.claimed + s.retry_wait)
+            .sum()
+    }
+
+    /// The dead deliveries.
+    pub fn dead(&self) -> Vec<DeliveryRow> {
+        self.store
+            .list(&OutboxFilter {
+                status: Some(DeliveryStatus::Dead),
+                ..OutboxFilter::default()
+            })
+            .expect("dead")
+    }
+
+    /// Advances time over leases and backoffs while worker threads run, until `done` holds;
+    /// after 2,000 rounds, panics with `what` and the outbox statistics.
+    pub fn settle(&self, what: &str, done: impl Fn() -> bool) {
+        let mut rounds = 0;
+        while !done() {
+            rounds += 1;
+            assert!(rounds < 2_000, "{what}: {:?}", self.store.stats());
+            std::thread::sleep(Duration::from_millis(5));
+            self.clock.advance(31_000);
+        }
+    }
+
+    /// Runs `w` until no delivery is open, advancing the clock over backoffs and leases.
+    pub fn drain(&self, w: &IndexWorker) {
+        for _ in 0..2_000 {
+            if w.run_once(64).expect("run_once").claimed == 0 {
+                if self.open_deliveries(None) == 0 {
+                    return;
+                }
+                self.clock.advance(31_000);
+            }
+        }
+        panic!("outbox did not drain");
+    }
+}
+
+/// The settings of worker `id` of `consumer`, renewing leases every 50 ms.
+pub fn worker_config(id: &str, consumer: &str) -> WorkerConfig {
+    let mut c = WorkerConfig::from_config(&Config::default(), id, consumer);
+    c.heartbeat = Duration::from_millis(50);
+    c
+}
+
+/// Worker threads, each running batches of 16 in a loop until [`Running::stop`].
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Starts a thread per worker.
+    pub fn start(workers: &[Arc<IndexWorker>]) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = workers
+            .iter()
+            .map(|w| {
+                let (w, stop) = (w.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        if w.run_once(16).map(|r| r.claimed).unwrap_or(0) == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Running { stop, threads }
+    }
+
+    /// Stops every thread and waits for it.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            t.join().expect("worker thread");
+        }
+    }
+}
