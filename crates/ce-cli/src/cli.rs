@@ -330,7 +330,7 @@ pub struct OutboxAppendArgs {
 }
 
 /// `ce search`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct SearchArgs {
     /// The query text.
     pub query: String,
@@ -351,9 +351,13 @@ pub struct SearchArgs {
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub min_score: Option<f32>,
     /// vector, keyword or hybrid (default: retrieval.default_mode, `auto` = hybrid when both
-    /// indexes are configured).
+    /// indexes are configured), or hierarchical (descend the best containers; leaves with
+    /// their path).
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
+    /// Hierarchical mode: weight of a node's own score against its parent's (0-1, default 0.5).
+    #[arg(long, value_name = "A")]
+    pub alpha: Option<f32>,
 }
 
 /// `ce related`.

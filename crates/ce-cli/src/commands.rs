@@ -10,7 +10,7 @@ use ce_core::{
     Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType, Level, Meta,
     OutboxEventCreate,
 };
-use ce_retrieval::{RelatedRequest, SearchRequest};
+use ce_retrieval::{HierarchicalParams, HierarchicalRequest, RelatedRequest, SearchRequest};
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
 use ce_server::wire::{CatAnswer, PutBody};
 use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError};
@@ -96,6 +96,12 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let engine = open_engine(cli, 1, false, "related")?;
             let r = engine.related(&req)?;
             Rendered::new(&r, output::related(&r))
+        }
+        Command::Search(a) if is_hierarchical(a) => {
+            let req = hierarchical_request(a)?;
+            let engine = open_engine(cli, 1, false, "search")?;
+            let r = engine.hierarchical(&req)?;
+            Rendered::new(&r, output::hierarchical(&r))
         }
         Command::Search(a) => {
             let req = search_request(a)?;
@@ -408,6 +414,28 @@ pub fn related_request(a: &RelatedArgs) -> Result<RelatedRequest> {
         relation_type: a.relation_type.clone(),
         direction: a.direction.parse()?,
         limit: a.limit,
+    })
+}
+
+/// Whether `ce search` asks for hierarchical search (`--mode hierarchical`).
+pub fn is_hierarchical(a: &SearchArgs) -> bool {
+    a.mode.as_deref() == Some(ce_server::wire::HIERARCHICAL_MODE)
+}
+
+/// The hierarchical search a `ce search --mode hierarchical` asks for (validated).
+pub fn hierarchical_request(a: &SearchArgs) -> Result<HierarchicalRequest> {
+    let mut params = HierarchicalParams::default();
+    if let Some(alpha) = a.alpha {
+        params.alpha = alpha;
+    }
+    params.validate().map_err(ServerError::from)?;
+    let flat = SearchArgs {
+        mode: None,
+        ..a.clone()
+    };
+    Ok(HierarchicalRequest {
+        search: search_request(&flat)?,
+        params,
     })
 }
 

@@ -7,8 +7,8 @@ use std::io::{self, Write};
 use ce_core::{Classify, CtxUri, Delivery, Millis, OutboxEvent, RelationEdge, rfc3339};
 use ce_index::relation::Direction;
 use ce_index::worker::dry_run::DryRunReport;
-use ce_retrieval::RelatedResponse;
 use ce_retrieval::SearchResponse;
+use ce_retrieval::{HierarchicalResponse, RelatedResponse};
 use ce_server::status::{DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
 use ce_store::layout::{ExportReport, ImportReport};
@@ -219,6 +219,41 @@ pub fn search(r: &SearchResponse) -> String {
         r.candidates,
         r.dropped_by_hydration,
         r.timings.total_ms
+    ));
+    out
+}
+
+/// `ce search --mode hierarchical`.
+pub fn hierarchical(r: &HierarchicalResponse) -> String {
+    let mut out = String::new();
+    if r.hits.is_empty() {
+        out.push_str("no hits\n");
+    }
+    for h in &r.hits {
+        out.push_str(&format!(
+            "{:.4}  {}  {}\n",
+            h.score,
+            h.uri,
+            one_line(&h.abstract_text, 100)
+        ));
+        for step in &h.path {
+            out.push_str(&format!(
+                "        in {} ({:.4}): {}\n",
+                step.uri,
+                step.score,
+                one_line(&step.abstract_text, 80)
+            ));
+        }
+    }
+    let s = &r.stats;
+    out.push_str(&format!(
+        "({} hits, {} containers expanded, {} index searches{}, {} dropped by hydration, {} ms)\n",
+        r.hits.len(),
+        s.containers_expanded,
+        s.index_searches,
+        if s.converged { ", converged" } else { "" },
+        r.dropped_by_hydration,
+        s.total_ms
     ));
     out
 }

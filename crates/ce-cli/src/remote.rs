@@ -286,6 +286,11 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
             let json = c.get("/v1/related", &q)?;
             rendered(json, |r| Ok(output::related(&r)))
         }
+        Command::Search(a) if commands::is_hierarchical(a) => {
+            let req = commands::hierarchical_request(a)?;
+            let json = c.post("/v1/search", &SearchBody::from_hierarchical(&req))?;
+            rendered(json, |r| Ok(output::hierarchical(&r)))
+        }
         Command::Search(a) => {
             let req = commands::search_request(a)?;
             let json = c.post("/v1/search", &SearchBody::from_request(&req))?;

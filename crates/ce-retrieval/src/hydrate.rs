@@ -38,12 +38,6 @@ impl Scored for KeywordHit {
     }
 }
 
-/// Hits that survived, and how many candidates were dropped.
-pub(crate) struct Hydrated {
-    pub hits: Vec<SearchHit>,
-    pub dropped: usize,
-}
-
 /// The version an index record was computed from (`metadata.node_version`), if recorded.
 pub(crate) fn indexed_version(record: &IndexRecord) -> Option<u64> {
     record.metadata.get("node_version").and_then(Value::as_u64)
@@ -60,9 +54,16 @@ impl Current {
         source: &dyn SourceStore,
         records: impl IntoIterator<Item = &'a IndexRecord>,
     ) -> Result<Self> {
-        let uris: Vec<CtxUri> = records
+        Self::read_uris(source, records.into_iter().map(|r| r.uri.clone()))
+    }
+
+    /// Reads the nodes at `uris` in one `read_nodes`.
+    pub(crate) fn read_uris(
+        source: &dyn SourceStore,
+        uris: impl IntoIterator<Item = CtxUri>,
+    ) -> Result<Self> {
+        let uris: Vec<CtxUri> = uris
             .into_iter()
-            .map(|r| r.uri.clone())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -76,6 +77,11 @@ impl Current {
                 .collect()
         };
         Ok(Current { nodes })
+    }
+
+    /// The node at `uri`, whatever its version.
+    pub(crate) fn node(&self, uri: &CtxUri) -> Option<&ContextNode> {
+        self.nodes.get(uri)
     }
 
     /// The node of `record` if the source holds it at exactly the indexed version (RT1).
@@ -129,23 +135,6 @@ impl Current {
             ranks: None,
         })
     }
-}
-
-/// Keeps the candidates (best first) whose node the source holds at the indexed version, one
-/// hit per node, until `top_k` nodes are found. Drops are counted among the candidates
-/// examined.
-pub(crate) fn hydrate<H: Scored>(
-    source: &dyn SourceStore,
-    candidates: &[H],
-    top_k: usize,
-) -> Result<Hydrated> {
-    let current = Current::read(source, candidates.iter().map(Scored::record))?;
-    let (ranked, dropped) = current.rank(candidates, top_k);
-    let hits = ranked
-        .into_iter()
-        .filter_map(|(r, score)| current.hit(r, score))
-        .collect();
-    Ok(Hydrated { hits, dropped })
 }
 
 /// The first [`SNIPPET_CHARS`] characters of `text`, with `…` when cut.

@@ -19,6 +19,7 @@
 mod error;
 mod hydrate;
 mod related;
+mod tree;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,6 +36,10 @@ use tracing::debug;
 pub use error::{Result, RetrievalError};
 pub use related::{
     DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, RelatedEdge, RelatedRequest, RelatedResponse, related,
+};
+pub use tree::{
+    HierarchicalHit, HierarchicalParams, HierarchicalRequest, HierarchicalResponse,
+    HierarchicalStats, PathStep, hierarchical_search,
 };
 
 use hydrate::Current;

@@ -16,9 +16,9 @@ use super::*;
 
 pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
-    store: Arc<SqliteStore>,
-    embedder: Arc<HashEmbedder>,
-    index: Arc<MemoryVectorIndex>,
+    pub(crate) store: Arc<SqliteStore>,
+    pub(crate) embedder: Arc<HashEmbedder>,
+    pub(crate) index: Arc<MemoryVectorIndex>,
     worker: IndexWorker,
     pub(crate) keyword: Arc<MemoryKeywordIndex>,
     keyword_worker: IndexWorker,

@@ -39,8 +39,8 @@ use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_retrieval::{
-    Fusion, RelatedRequest, RelatedResponse, Retriever, SearchMode, SearchRequest, SearchResponse,
-    VectorSide,
+    Fusion, HierarchicalRequest, HierarchicalResponse, RelatedRequest, RelatedResponse, Retriever,
+    SearchMode, SearchRequest, SearchResponse, VectorSide,
 };
 use ce_store::{
     ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SourceStore,
@@ -584,6 +584,20 @@ impl Engine {
             ..req.clone()
         };
         Ok(retriever.search(&req)?)
+    }
+
+    /// Hierarchical search (see `ce_retrieval::hierarchical_search`); needs the vector side.
+    pub fn hierarchical(&self, req: &HierarchicalRequest) -> Result<HierarchicalResponse> {
+        if !self.readiness().ready {
+            return Err(self.not_ready());
+        }
+        let embedder = self.ready_embedder()?;
+        Ok(ce_retrieval::hierarchical_search(
+            self.store.as_ref(),
+            embedder.as_ref(),
+            self.index.as_ref(),
+            req,
+        )?)
     }
 
     /// The edges of a node from the relation index, each checked against the source of

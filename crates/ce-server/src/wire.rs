@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 
 use ce_core::{ContextNode, CoreError, CtxUri, Delivery, Level, Meta, OutboxEvent};
 use ce_index::vector::SearchFilter;
-use ce_retrieval::{DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, SearchRequest};
+use ce_retrieval::{
+    DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, HierarchicalParams, HierarchicalRequest, SearchRequest,
+};
 use ce_store::{LinkRequest, PutRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -191,9 +193,13 @@ pub struct SearchBody {
     /// Number of nodes to return (default 10, at most 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
-    /// `vector`, `keyword` or `hybrid` (default: `retrieval.default_mode`).
+    /// `vector`, `keyword`, `hybrid` (default: `retrieval.default_mode`) or `hierarchical`
+    /// (answered by `POST /v1/search` with the hierarchical answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// Parameters of the descent in `hierarchical` mode (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hierarchical: Option<HierarchicalParams>,
     /// Vector candidates below this cosine similarity are not considered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_score: Option<f32>,
@@ -223,7 +229,38 @@ pub struct SearchBody {
     pub meta: BTreeMap<String, Value>,
 }
 
+/// The mode name of hierarchical search on the wire and in the CLI.
+pub const HIERARCHICAL_MODE: &str = "hierarchical";
+
 impl SearchBody {
+    /// The hierarchical request this body asks for, if its mode is `hierarchical`.
+    pub fn into_hierarchical(mut self) -> Result<Option<HierarchicalRequest>, CoreError> {
+        if self.mode.as_deref() != Some(HIERARCHICAL_MODE) {
+            if self.hierarchical.is_some() {
+                return Err(CoreError::InvalidField {
+                    field: "hierarchical",
+                    reason: "only with \"mode\": \"hierarchical\"".into(),
+                });
+            }
+            return Ok(None);
+        }
+        let params = self.hierarchical.take().unwrap_or_default();
+        self.mode = None;
+        Ok(Some(HierarchicalRequest {
+            search: self.into_request()?,
+            params,
+        }))
+    }
+
+    /// The body that asks for hierarchical `req` (the CLI's `--server` mode).
+    pub fn from_hierarchical(req: &HierarchicalRequest) -> Self {
+        SearchBody {
+            mode: Some(HIERARCHICAL_MODE.into()),
+            hierarchical: Some(req.params),
+            ..SearchBody::from_request(&req.search)
+        }
+    }
+
     /// The retrieval request (bad levels, URIs, types and owner spaces get typed errors).
     pub fn into_request(self) -> Result<SearchRequest, CoreError> {
         let mut pairs: Vec<(&str, String)> = Vec::new();
@@ -273,6 +310,7 @@ impl SearchBody {
             query: req.query.clone(),
             top_k: Some(req.top_k),
             mode: req.mode.map(|m| m.as_str().to_owned()),
+            hierarchical: None,
             min_score: req.min_score,
             level: f.level.map(|l| i64::from(l.as_u8())),
             subtree: f.subtree.as_ref().map(|u| u.to_string()),

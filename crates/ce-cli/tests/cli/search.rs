@@ -205,3 +205,60 @@ fn a_model_change_needs_a_reindex_and_gets_one() {
     assert_eq!(uris(&k), ["ctx://acc/docs/a"], "{k}");
     assert_eq!(k["mode"], "keyword");
 }
+
+/// `--mode hierarchical` descends the best containers and returns leaves with their path,
+/// locally and over `--server`.
+#[test]
+fn hierarchical_search_returns_leaves_with_their_path() {
+    let ce = Ce::hash("");
+    for (uri, abs) in [
+        ("ctx://acc/kb/cooking", "italian cooking recipes"),
+        ("ctx://acc/kb/cooking/pasta", "pasta al pomodoro"),
+        ("ctx://acc/kb/chores", "household chores"),
+        ("ctx://acc/kb/chores/floor", "mopping the floor"),
+    ] {
+        ce.json(&["put", uri, "--abstract", abs]);
+    }
+    ce.json(&["worker", "--once"]);
+    let r = ce.json(&[
+        "search",
+        "italian cooking recipes",
+        "--mode",
+        "hierarchical",
+        "--top-k",
+        "2",
+    ]);
+    let hits = r["hits"].as_array().expect("hits");
+    assert_eq!(hits[0]["uri"], "ctx://acc/kb/cooking/pasta", "{r}");
+    assert_eq!(hits[0]["path"][0]["uri"], "ctx://acc/kb/cooking", "{r}");
+    assert!(r["stats"]["containers_expanded"].as_u64() >= Some(1), "{r}");
+    let human = ce.ok(&[
+        "search",
+        "italian cooking recipes",
+        "--mode",
+        "hierarchical",
+    ]);
+    assert!(human.contains("in ctx://acc/kb/cooking"), "{human}");
+    assert_eq!(
+        ce.fail(
+            &["search", "x", "--mode", "hierarchical", "--alpha", "2"],
+            2
+        )
+        .error["code"],
+        "invalid_field"
+    );
+    let server = ce.serve(&[]);
+    let out = ce.remote(
+        &server,
+        &[
+            "--json",
+            "search",
+            "italian cooking recipes",
+            "--mode",
+            "hierarchical",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["hits"][0]["uri"], "ctx://acc/kb/cooking/pasta", "{v}");
+}

@@ -208,7 +208,17 @@ pub async fn search(
     Extension(p): Extension<Principal>,
     b: J<SearchBody>,
 ) -> Answer {
-    let mut req = body(b)?.into_request()?;
+    let b = body(b)?;
+    if let Some(mut req) = b.clone().into_hierarchical()? {
+        p.scope_filter(&mut req.search.filter)?;
+        return scoped(&s, p, move |e, scope| {
+            let mut answer = e.hierarchical(&req)?;
+            scope.retain(&mut answer.hits, |h| &h.uri)?;
+            Ok(answer)
+        })
+        .await;
+    }
+    let mut req = b.into_request()?;
     req.validate()?;
     p.scope_filter(&mut req.filter)?;
     scoped(&s, p, move |e, scope| {

@@ -395,6 +395,15 @@ fn isolation(h: &H, r: &Route) {
             }
             let own = json!({"query": q, "account_id": "a", "subtree": "ctx://a"});
             h.expect(h.search(KEY_A, own), 200, None, &what);
+            // Hierarchical mode on the same route: the descent never leaves the account.
+            let tree = json!({"query": q, "mode": "hierarchical"});
+            let hits = h.expect(h.search(KEY_A, tree.clone()), 200, None, &what);
+            let hits = search_uris(&hits);
+            assert!(hits.iter().all(|u| u.starts_with("ctx://a/")), "{hits:?}");
+            let every = h.expect(h.search(KEY_ADMIN, tree), 200, None, &what);
+            assert!(search_uris(&every).contains(&B_SECRET.to_owned()));
+            let escape = json!({"query": q, "mode": "hierarchical", "subtree": "ctx://b"});
+            h.expect(h.search(KEY_A, escape), 403, Some("forbidden"), &what);
         }
         ("GET", "/v1/outbox/list" | "/v1/outbox/stats" | "/v1/status") => {
             h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);
