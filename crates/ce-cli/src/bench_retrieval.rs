@@ -9,7 +9,9 @@
 //!    journal: events, seconds, documents (nodes) indexed per second; the vector consumer's
 //!    queue is untouched;
 //! 3. `search`: p50/p99 latency of `--queries` searches per mode (vector, keyword, hybrid) at
-//!    that size, with the hits' mean count and hydration drops.
+//!    that size, with the hits' mean count and hydration drops;
+//! 4. `hierarchical_search`: p50/p99 of the same queries in hierarchical mode on that tree,
+//!    with the mean containers expanded and index searches per query.
 //!
 //! Text is synthetic but shaped like prose: a Zipf-distributed vocabulary of pseudo-words,
 //! each topic drawing half of its words from its own slice of the vocabulary.
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ce_core::{Config, CtxUri};
 use ce_index::vector::VectorIndex as _;
-use ce_retrieval::{SearchMode, SearchRequest};
+use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
 use ce_server::engine::{Engine, EngineOptions, KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_store::{ContextFs as _, PutRequest, WriteOp};
 use serde_json::{Value, json};
@@ -258,6 +260,28 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
         search.insert(mode.as_str().into(), v);
     }
     report.insert("search".into(), Value::Object(search));
+
+    eprintln!("bench: {} queries, hierarchical", queries.len());
+    let mut samples: Vec<Duration> = Vec::with_capacity(queries.len());
+    let (mut hits, mut expanded, mut searches) = (0usize, 0usize, 0usize);
+    for q in &queries {
+        let req = HierarchicalRequest {
+            search: SearchRequest::new(q.clone()),
+            params: HierarchicalParams::default(),
+        };
+        let t = Instant::now();
+        let r = engine.hierarchical(&req)?;
+        samples.push(t.elapsed());
+        hits += r.hits.len();
+        expanded += r.stats.containers_expanded;
+        searches += r.stats.index_searches;
+    }
+    let n = queries.len().max(1) as f64;
+    let mut v = latency_summary(&mut samples);
+    v["mean_hits"] = json!(round(hits as f64 / n, 2));
+    v["mean_containers_expanded"] = json!(round(expanded as f64 / n, 2));
+    v["mean_index_searches"] = json!(round(searches as f64 / n, 2));
+    report.insert("hierarchical_search".into(), v);
     engine.shutdown();
     report.insert(
         "total_seconds".into(),
@@ -301,6 +325,9 @@ mod tests {
             r["keyword_backfill"]["records"].as_u64() > Some(6_000),
             "{r}"
         );
+        let h = &r["hierarchical_search"];
+        assert!(h["p99_ms"].as_f64().is_some() && h["mean_hits"].as_f64() > Some(0.0), "{r}");
+        assert!(h["mean_containers_expanded"].as_f64() >= Some(1.0), "{r}");
         for m in ["vector", "keyword", "hybrid"] {
             assert!(r["search"][m]["p99_ms"].as_f64().is_some(), "{m}: {r}");
             assert!(r["search"][m]["mean_hits"].as_f64() > Some(0.0), "{m}: {r}");

@@ -458,6 +458,6 @@ pub enum BenchCommand {
     /// latency and recall at 100k, commit→searchable latency at a steady write rate, peak RSS.
     Pipeline(BenchPipelineArgs),
     /// Keyword back-fill of a new consumer over the journal (docs/s), and vector / keyword /
-    /// hybrid search latency at 100k nodes.
+    /// hybrid / hierarchical search latency at 100k nodes.
     Retrieval(BenchRetrievalArgs),
 }
