@@ -5,23 +5,26 @@
 //! 1. **embed** the query once;
 //! 2. **seed**: one vector search over the L0 records within the start (the filter's subtree,
 //!    else everything): the containers among the hits (nodes with children) enter a max-heap
-//!    frontier with their L0 score; leaves among them are candidates;
+//!    frontier with their L0 score; a leaf among them brings its parent container in with the
+//!    leaf's score (a matching note suggests its folder); with no seed, the start itself;
 //! 3. **expand** the best container of the frontier: one vector search restricted to its
-//!    children (`parent_uri`), best record per child, and one `ls` of the source for which
-//!    children are containers. A child's propagated score is
-//!    `alpha · own + (1 − alpha) · parent's propagated score`; containers join the frontier,
-//!    leaves passing the request's filter become candidates;
+//!    children (`parent_uri`) and one `ls` of the source for which children are containers.
+//!    A child's propagated score is `alpha · own + (1 − alpha) · parent's propagated score`
+//!    (its own score alone below a start without a score). Containers join the frontier —
+//!    those without text (no index record) with their parent's score; a leaf becomes a
+//!    candidate with the best of its records that passes the request's filter. Every leaf is
+//!    scored through its parent, whatever route found it;
 //! 4. **stop** when the frontier is empty, `max_expansions` containers were expanded, or the
 //!    top-k leaves stayed the same for `convergence_rounds` expansions in a row;
-//! 5. **hydrate** the leaves and the containers on their paths in one batched read: a leaf
-//!    whose node is gone, moved or newer than its record is dropped and counted; path L0s are
-//!    the current ones.
+//! 5. **hydrate** the best leaves and the containers on their paths, `2 × top_k` leaves per
+//!    batched read (one read unless stale leaves were dropped): a leaf whose node is gone,
+//!    moved or newer than its record is dropped and counted; path L0s are the current ones.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Instant;
 
-use ce_core::{CoreError, CtxUri, IndexRecord, Level};
+use ce_core::{Classify as _, CoreError, CtxUri, ErrorCode, IndexRecord, Level};
 use ce_embed::Embedder;
 use ce_index::vector::{SearchFilter, VectorHit, VectorIndex};
 use ce_store::SourceStore;
@@ -167,7 +170,8 @@ pub struct HierarchicalResponse {
 
 /// A container waiting to be expanded.
 struct Frontier {
-    score: f32,
+    /// Propagated score; `None` for a start without one (its children score alone).
+    score: Option<f32>,
     uri: CtxUri,
     depth: usize,
     path: Vec<(CtxUri, f32)>,
@@ -187,8 +191,9 @@ impl PartialOrd for Frontier {
 impl Ord for Frontier {
     /// Best score first; ties by URI (ascending) so runs are deterministic.
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score
-            .total_cmp(&o.score)
+        let key = |f: &Frontier| f.score.unwrap_or(f32::INFINITY);
+        key(self)
+            .total_cmp(&key(o))
             .then_with(|| o.uri.cmp(&self.uri))
     }
 }
@@ -201,12 +206,50 @@ struct Leaf {
     path: Vec<(CtxUri, f32)>,
 }
 
-/// The best record of each node among `hits` (they come best first).
-fn best_per_node(hits: Vec<VectorHit>) -> Vec<VectorHit> {
-    let mut seen = std::collections::BTreeSet::new();
-    hits.into_iter()
-        .filter(|h| seen.insert(h.record.uri.clone()))
-        .collect()
+/// Per child among `hits` (best first): its best record (for scoring a container) and its
+/// best record that passes `filter` (for a leaf), in the order of the best records.
+fn per_child(hits: Vec<VectorHit>, filter: &SearchFilter) -> Vec<(VectorHit, Option<VectorHit>)> {
+    let mut order: Vec<CtxUri> = Vec::new();
+    let mut by: BTreeMap<CtxUri, (VectorHit, Option<VectorHit>)> = BTreeMap::new();
+    for h in hits {
+        let passes = filter.matches(&h.record);
+        match by.get_mut(&h.record.uri) {
+            Some(e) => {
+                if passes && e.1.is_none() {
+                    e.1 = Some(h);
+                }
+            }
+            None => {
+                order.push(h.record.uri.clone());
+                let leaf = passes.then(|| h.clone());
+                by.insert(h.record.uri.clone(), (h, leaf));
+            }
+        }
+    }
+    order.into_iter().filter_map(|u| by.remove(&u)).collect()
+}
+
+/// Children of `uri` per the source (`uri → children count`); a node gone meanwhile has none.
+fn children_of(source: &dyn SourceStore, uri: &CtxUri) -> Result<BTreeMap<CtxUri, u64>> {
+    match source.ls(uri) {
+        Ok(v) => Ok(v.into_iter().map(|s| (s.uri, s.children)).collect()),
+        Err(e) if e.code() == ErrorCode::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `uri` has children per the source (a node gone meanwhile has none).
+fn is_container(source: &dyn SourceStore, uri: &CtxUri) -> Result<bool> {
+    match source.stat(uri) {
+        Ok(s) => Ok(s.children > 0),
+        Err(e) if e.code() == ErrorCode::NotFound => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `uri` is within the search's start (`scope.subtree`; everything without one).
+fn within(uri: &CtxUri, scope: &SearchFilter) -> bool {
+    !uri.is_root() && scope.subtree.as_ref().is_none_or(|s| uri.is_within(s))
 }
 
 /// Runs `req` (see the module docs).
@@ -219,6 +262,12 @@ pub fn hierarchical_search(
     let started = Instant::now();
     req.search.validate()?;
     req.params.validate()?;
+    if req.search.min_score.is_some() {
+        return Err(RetrievalError::InvalidRequest(CoreError::InvalidField {
+            field: "min_score",
+            reason: "not used by hierarchical search (its scores are propagated)".into(),
+        }));
+    }
     let p = req.params;
     let identity = embedder.identity();
     if let Some(bound) = index.model()?
@@ -259,45 +308,45 @@ pub fn hierarchical_search(
         p.seeds,
     )?;
     stats.index_searches += 1;
-    for h in best_per_node(seeds) {
-        let children = source.stat(&h.record.uri).map_or(0, |s| s.children);
-        if children > 0 {
+    for (h, _) in per_child(seeds, &SearchFilter::default()) {
+        let uri = h.record.uri.clone();
+        let entry = if is_container(source, &uri)? {
+            Some(uri)
+        } else {
+            // A matching leaf brings its folder in; the leaf is scored when it is expanded.
+            uri.parent().filter(|parent| within(parent, &scope))
+        };
+        if let Some(uri) = entry {
             frontier.push(Frontier {
-                score: h.score,
-                uri: h.record.uri.clone(),
+                score: Some(h.score),
+                uri,
                 depth: 0,
                 path: Vec::new(),
             });
-        } else {
-            offer(&mut leaves, user, h.record, h.score, h.score, Vec::new());
         }
     }
-    if frontier.is_empty()
-        && let Some(start) = &user.subtree
-    {
+    if frontier.is_empty() {
         frontier.push(Frontier {
-            score: 0.0,
-            uri: start.clone(),
+            score: None,
+            uri: user.subtree.clone().unwrap_or_else(CtxUri::root),
             depth: 0,
             path: Vec::new(),
         });
     }
 
-    let mut last_top: Vec<CtxUri> = top_uris(&leaves, top_k);
+    let mut last_top: Vec<CtxUri> = Vec::new();
     let mut stable = 0;
     while let Some(c) = frontier.pop() {
         if stats.containers_expanded >= p.max_expansions {
             break;
         }
+        // A folder may be queued several times (as a seed, via a leaf, from its parent): the
+        // best entry comes first.
         if !expanded.insert(c.uri.clone()) {
             continue;
         }
         stats.containers_expanded += 1;
-        let kinds: BTreeMap<CtxUri, u64> = source
-            .ls(&c.uri)?
-            .into_iter()
-            .map(|s| (s.uri, s.children))
-            .collect();
+        let kinds = children_of(source, &c.uri)?;
         let hits = index.search(
             &q,
             &SearchFilter {
@@ -308,25 +357,42 @@ pub fn hierarchical_search(
         )?;
         stats.index_searches += 1;
         let mut path = c.path.clone();
-        path.push((c.uri.clone(), c.score));
-        for h in best_per_node(hits) {
-            let prop = if path.len() == 1 && c.score == 0.0 {
-                h.score
-            } else {
-                p.alpha * h.score + (1.0 - p.alpha) * c.score
-            };
-            let is_container = kinds.get(&h.record.uri).is_some_and(|&n| n > 0);
-            if is_container {
+        if let Some(score) = c.score {
+            path.push((c.uri.clone(), score));
+        }
+        let propagate = |own: f32| match c.score {
+            Some(parent) => p.alpha * own + (1.0 - p.alpha) * parent,
+            None => own,
+        };
+        let mut scored = std::collections::BTreeSet::new();
+        for (best, leaf) in per_child(hits, user) {
+            scored.insert(best.record.uri.clone());
+            if kinds.get(&best.record.uri).is_some_and(|&n| n > 0) {
                 if c.depth < p.max_depth {
                     frontier.push(Frontier {
-                        score: prop,
-                        uri: h.record.uri.clone(),
+                        score: Some(propagate(best.score)),
+                        uri: best.record.uri.clone(),
                         depth: c.depth + 1,
                         path: path.clone(),
                     });
                 }
-            } else {
-                offer(&mut leaves, user, h.record, h.score, prop, path.clone());
+            } else if let Some(l) = leaf {
+                let own = l.score;
+                offer(&mut leaves, l.record, own, propagate(own), path.clone());
+            }
+        }
+        // Containers without text have no record: they inherit their parent's score.
+        if c.depth < p.max_depth {
+            for (uri, _) in kinds
+                .into_iter()
+                .filter(|(u, n)| *n > 0 && !scored.contains(u))
+            {
+                frontier.push(Frontier {
+                    score: c.score,
+                    uri,
+                    depth: c.depth + 1,
+                    path: path.clone(),
+                });
             }
         }
         let top = top_uris(&leaves, top_k);
@@ -343,7 +409,8 @@ pub fn hierarchical_search(
     }
     stats.descend_ms = ms(t.elapsed());
 
-    // Hydrate the leaves and every container on their paths in one read.
+    // Hydrate the best leaves and the containers on their paths, `2 × top_k` leaves per read
+    // (a further read only when stale leaves were dropped).
     let t = Instant::now();
     let mut ranked: Vec<Leaf> = leaves.into_values().collect();
     ranked.sort_by(|a, b| {
@@ -351,52 +418,51 @@ pub fn hierarchical_search(
             .total_cmp(&a.score)
             .then_with(|| a.record.uri.cmp(&b.record.uri))
     });
-    let containers: Vec<CtxUri> = ranked
-        .iter()
-        .flat_map(|l| l.path.iter().map(|(u, _)| u.clone()))
-        .collect();
-    let current = Current::read_uris(
-        source,
-        ranked
-            .iter()
-            .map(|l| l.record.uri.clone())
-            .chain(containers),
-    )?;
     let mut hits = Vec::with_capacity(top_k);
     let mut dropped = 0;
-    for l in ranked {
+    for chunk in ranked.chunks(2 * top_k) {
         if hits.len() >= top_k {
             break;
         }
-        let Some(node) = current.of(&l.record) else {
-            dropped += 1;
-            continue;
-        };
-        let drill_down = Level::ALL
-            .into_iter()
-            .filter(|lv| !node.layers.get(*lv).is_empty())
-            .collect();
-        hits.push(HierarchicalHit {
-            uri: node.uri.clone(),
-            score: l.score,
-            own_score: l.own,
-            level: l.record.level,
-            abstract_text: node.layers.abstract_text.clone(),
-            version: node.version,
-            path: l
-                .path
-                .iter()
-                .map(|(u, s)| PathStep {
-                    abstract_text: current
-                        .node(u)
-                        .map(|n| n.layers.abstract_text.clone())
-                        .unwrap_or_default(),
-                    uri: u.clone(),
-                    score: *s,
-                })
-                .collect(),
-            drill_down,
-        });
+        let current = Current::read_uris(
+            source,
+            chunk.iter().flat_map(|l| {
+                std::iter::once(l.record.uri.clone()).chain(l.path.iter().map(|(u, _)| u.clone()))
+            }),
+        )?;
+        for l in chunk {
+            if hits.len() >= top_k {
+                break;
+            }
+            let Some(node) = current.of(&l.record) else {
+                dropped += 1;
+                continue;
+            };
+            hits.push(HierarchicalHit {
+                uri: node.uri.clone(),
+                score: l.score,
+                own_score: l.own,
+                level: l.record.level,
+                abstract_text: node.layers.abstract_text.clone(),
+                version: node.version,
+                path: l
+                    .path
+                    .iter()
+                    .map(|(u, s)| PathStep {
+                        abstract_text: current
+                            .node(u)
+                            .map(|n| n.layers.abstract_text.clone())
+                            .unwrap_or_default(),
+                        uri: u.clone(),
+                        score: *s,
+                    })
+                    .collect(),
+                drill_down: Level::ALL
+                    .into_iter()
+                    .filter(|lv| !node.layers.get(*lv).is_empty())
+                    .collect(),
+            });
+        }
     }
     stats.hydrate_ms = ms(t.elapsed());
     stats.total_ms = ms(started.elapsed());
@@ -414,18 +480,15 @@ pub fn hierarchical_search(
     })
 }
 
-/// Records a leaf candidate that passes the request's filter, keeping its best score.
+/// Records a leaf candidate (its record passed the request's filter), keeping its best
+/// score.
 fn offer(
     leaves: &mut BTreeMap<CtxUri, Leaf>,
-    filter: &SearchFilter,
     record: IndexRecord,
     own: f32,
     score: f32,
     path: Vec<(CtxUri, f32)>,
 ) {
-    if !filter.matches(&record) {
-        return;
-    }
     match leaves.get(&record.uri) {
         Some(l) if l.score >= score => {}
         _ => {
@@ -595,6 +658,70 @@ mod tests {
         assert!(out.stats.converged, "{:?}", out.stats);
         assert!(out.stats.containers_expanded < 12, "{:?}", out.stats);
         assert_eq!(out.hits.len(), 3);
+    }
+
+    #[test]
+    fn every_leaf_is_scored_through_its_parent_and_counters_add_up() {
+        let f = kb();
+        let r = run(&f, &req("cleaning recipes with vinegar"));
+        assert!(!r.hits.is_empty());
+        let alpha = HierarchicalParams::default().alpha;
+        for h in &r.hits {
+            let parent = h.path.last().expect("a leaf has its folder on its path");
+            let want = alpha * h.own_score + (1.0 - alpha) * parent.score;
+            assert!((h.score - want).abs() < 1e-6, "{h:?}");
+        }
+        assert_eq!(r.stats.index_searches, 1 + r.stats.containers_expanded);
+    }
+
+    #[test]
+    fn a_level_filter_keeps_leaves_whose_best_record_is_another_level() {
+        let f = kb();
+        let mut r = req("italian cooking recipes");
+        r.search.filter.level = Some(Level::L2);
+        let out = run(&f, &r);
+        assert!(!out.hits.is_empty(), "{out:?}");
+        assert!(out.hits.iter().all(|h| h.level == Level::L2), "{out:?}");
+        assert!(
+            out.hits
+                .iter()
+                .any(|h| h.uri.as_str() == "ctx://acc/kb/cooking/pasta"),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn folders_without_text_are_descended() {
+        let f = Fixture::new();
+        // Only leaves have text: every folder was created implicitly.
+        f.put("ctx://acc/notes/2024/jan/standup", "standup notes", "");
+        f.put(
+            "ctx://acc/notes/2024/feb/offsite",
+            "offsite planning agenda",
+            "",
+        );
+        f.put("ctx://acc/notes/2023/dec/party", "holiday party", "");
+        f.index_all();
+        let mut r = req("offsite planning agenda");
+        r.search.filter.subtree = Some(u("ctx://acc/notes"));
+        let out = run(&f, &r);
+        assert_eq!(
+            out.hits.first().map(|h| h.uri.as_str()),
+            Some("ctx://acc/notes/2024/feb/offsite"),
+            "{out:?}"
+        );
+        // With no subtree either: seeds bring their folders in.
+        let out = run(&f, &req("holiday party"));
+        assert_eq!(
+            out.hits.first().map(|h| h.uri.as_str()),
+            Some("ctx://acc/notes/2023/dec/party"),
+            "{out:?}"
+        );
+        let mut r = req("x");
+        r.search.min_score = Some(0.1);
+        let err = hierarchical_search(f.store.as_ref(), f.embedder.as_ref(), f.index.as_ref(), &r)
+            .expect_err("min_score");
+        assert!(err.to_string().contains("min_score"), "{err}");
     }
 
     #[test]
