@@ -326,7 +326,10 @@ mod tests {
             "{r}"
         );
         let h = &r["hierarchical_search"];
-        assert!(h["p99_ms"].as_f64().is_some() && h["mean_hits"].as_f64() > Some(0.0), "{r}");
+        assert!(
+            h["p99_ms"].as_f64().is_some() && h["mean_hits"].as_f64() > Some(0.0),
+            "{r}"
+        );
         assert!(h["mean_containers_expanded"].as_f64() >= Some(1.0), "{r}");
         for m in ["vector", "keyword", "hybrid"] {
             assert!(r["search"][m]["p99_ms"].as_f64().is_some(), "{m}: {r}");

@@ -64,8 +64,8 @@ fn a_bad_data_set_is_refused_naming_file_and_line() {
     std::fs::write(&qrels, "query-id\tcorpus-id\tscore\nq01\td001\tmany\n").expect("write");
     let (corpus, queries) = (set("corpus.jsonl"), set("queries.jsonl"));
     let q = qrels.display().to_string();
-    let f = ce.fail(
-        &[
+    let eval = |extra: &[&str]| {
+        let mut args = vec![
             "eval",
             "--corpus",
             &corpus,
@@ -73,24 +73,13 @@ fn a_bad_data_set_is_refused_naming_file_and_line() {
             &queries,
             "--qrels",
             &q,
-        ],
-        2,
-    );
+        ];
+        args.extend_from_slice(extra);
+        ce.fail(&args, 2)
+    };
+    let f = eval(&[]);
     let msg = f.error["message"].as_str().expect("message");
     assert!(msg.contains("qrels.tsv:2"), "{msg}");
-    let f = ce.fail(
-        &[
-            "eval",
-            "--corpus",
-            &corpus,
-            "--queries",
-            &queries,
-            "--qrels",
-            &q,
-            "--modes",
-            "fuzzy",
-        ],
-        2,
-    );
+    let f = eval(&["--modes", "fuzzy"]);
     assert_eq!(f.error["code"], "invalid_field", "{}", f.error);
 }
