@@ -1,5 +1,6 @@
 //! The HTTP router in-process against a real data directory (one test binary; modules only).
 
 mod integration {
+    mod fuzz;
     mod tenants;
 }
