@@ -258,6 +258,11 @@ pub fn hierarchical(r: &HierarchicalResponse) -> String {
     out
 }
 
+/// The size of an index whose consumer may not be configured.
+fn size(n: Option<u64>, unit: &str) -> String {
+    n.map_or_else(|| "not configured".into(), |n| format!("{n} {unit}"))
+}
+
 /// `ce status`.
 pub fn status(s: &Status) -> String {
     let ready = if s.ready {
@@ -290,16 +295,8 @@ pub fn status(s: &Status) -> String {
             "vector_index",
             format!("{} records, model {index_model}", s.index_records),
         ),
-        (
-            "keyword_index",
-            s.keyword_records
-                .map_or_else(|| "not configured".into(), |n| format!("{n} records")),
-        ),
-        (
-            "relation_index",
-            s.relation_records
-                .map_or_else(|| "not configured".into(), |n| format!("{n} edges")),
-        ),
+        ("keyword_index", size(s.keyword_records, "records")),
+        ("relation_index", size(s.relation_records, "edges")),
         (
             "workers",
             format!("{} ({})", s.workers, s.worker_consumers.join(", ")),

@@ -16,4 +16,13 @@ mod sqlite;
 pub mod vector;
 pub mod worker;
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Locks `m`, taking over a poisoned lock: everything this crate guards with a mutex is
+/// validated before it is mutated (or is a connection whose transaction rolls back on drop),
+/// so a panic never leaves it half-written.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 pub use error::{IndexError, Result};

@@ -8,7 +8,7 @@
 //! [`crate::error::sqlite_error`]).
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ce_core::CtxUri;
@@ -110,11 +110,9 @@ pub(crate) fn count_rows(c: &Connection, file: &str, table: &str) -> Result<u64>
     .map_err(|e| sqlite_error(file, e))
 }
 
-/// Locks a connection. Connections hold no half-done state across a panic (transactions roll
-/// back on drop), so a poisoned lock is taken over.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// Locks a connection (connections hold no half-done state across a panic: transactions roll
+/// back on drop).
+pub(crate) use crate::lock;
 
 /// Runs `f` in one read transaction (a consistent snapshot) on `conn`.
 pub(crate) fn read<T>(

@@ -910,11 +910,12 @@ impl Engine {
         });
         outcome.into_iter().collect::<Result<Vec<()>>>()?;
         let now = self.store.clock().now_ms();
+        let served = self.served_consumers();
         let remaining = self
             .store
             .stats()?
             .into_iter()
-            .filter(|s| self.served_consumers().contains(&s.consumer.as_str()))
+            .filter(|s| served.contains(&s.consumer.as_str()))
             .map(|s| {
                 let applier = self.applier(&s.consumer);
                 ConsumerStatus::new(s, now, &applier)

@@ -233,23 +233,19 @@ pub struct SearchBody {
 pub const HIERARCHICAL_MODE: &str = "hierarchical";
 
 impl SearchBody {
-    /// The hierarchical request this body asks for, if its mode is `hierarchical`.
-    pub fn into_hierarchical(mut self) -> Result<Option<HierarchicalRequest>, CoreError> {
-        if self.mode.as_deref() != Some(HIERARCHICAL_MODE) {
-            if self.hierarchical.is_some() {
-                return Err(CoreError::InvalidField {
-                    field: "hierarchical",
-                    reason: "only with \"mode\": \"hierarchical\"".into(),
-                });
-            }
-            return Ok(None);
-        }
+    /// Whether the body asks for hierarchical search (`"mode": "hierarchical"`).
+    pub fn is_hierarchical(&self) -> bool {
+        self.mode.as_deref() == Some(HIERARCHICAL_MODE)
+    }
+
+    /// The hierarchical request of a body whose mode is `hierarchical`.
+    pub fn into_hierarchical(mut self) -> Result<HierarchicalRequest, CoreError> {
         let params = self.hierarchical.take().unwrap_or_default();
         self.mode = None;
-        Ok(Some(HierarchicalRequest {
+        Ok(HierarchicalRequest {
             search: self.into_request()?,
             params,
-        }))
+        })
     }
 
     /// The body that asks for hierarchical `req` (the CLI's `--server` mode).
@@ -263,6 +259,12 @@ impl SearchBody {
 
     /// The retrieval request (bad levels, URIs, types and owner spaces get typed errors).
     pub fn into_request(self) -> Result<SearchRequest, CoreError> {
+        if self.hierarchical.is_some() {
+            return Err(CoreError::InvalidField {
+                field: "hierarchical",
+                reason: "only with \"mode\": \"hierarchical\"".into(),
+            });
+        }
         let mut pairs: Vec<(&str, String)> = Vec::new();
         if let Some(l) = self.level {
             pairs.push(("level", Level::from_i64(l)?.as_u8().to_string()));

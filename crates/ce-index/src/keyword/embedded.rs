@@ -571,6 +571,14 @@ fn threshold(
         .iter()
         .map(|(doc, p)| (p.iter().sum::<f64>(), *doc))
         .collect();
+    // At most `top_k` passes, `PRUNE_PROBES` new lookups and every cached failure are
+    // examined below: only that many best candidates need ordering, not all of them (any `k`
+    // passing candidates give a valid threshold, so ties at the cut do not matter).
+    let examined = top_k + PRUNE_PROBES + passes.len() + 1;
+    if examined < best.len() {
+        best.select_nth_unstable_by(examined - 1, |a, b| b.0.total_cmp(&a.0));
+        best.truncate(examined);
+    }
     best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
     let (mut found, mut probes) = (0, 0);
     for (partial, doc) in best {

@@ -4,7 +4,7 @@
 //! run the same operations on it and on [`super::embedded::EmbeddedKeywordIndex`] and compare.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use ce_core::{CtxUri, IndexRecord};
 
@@ -133,9 +133,7 @@ impl MemoryKeywordIndex {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic cannot leave the state half-written: every write validates first, then
-        // mutates without fallible steps.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 }
 

@@ -3,7 +3,7 @@
 //! [`super::embedded::EmbeddedRelationIndex`] and compare.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use ce_core::CtxUri;
 
@@ -79,9 +79,7 @@ impl MemoryRelationIndex {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic cannot leave the state half-written: every write is checked first, then
-        // mutates without fallible steps.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 }
 

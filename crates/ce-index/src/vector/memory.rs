@@ -7,7 +7,7 @@
 //! (`cosine`) and result order (`rank`).
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use ce_core::{CoreError, CtxUri, IndexRecord, PathDefaults, stable_hash};
 use ce_embed::ModelIdentity;
@@ -293,9 +293,7 @@ impl MemoryVectorIndex {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic cannot leave the state half-written: every write validates first, then
-        // mutates without fallible steps.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 }
 

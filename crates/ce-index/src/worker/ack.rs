@@ -64,7 +64,7 @@ pub(super) fn acknowledge(
         let e = &c.event;
         if err.is_rate_limit() {
             let pause = err.retry_after.unwrap_or(w.cfg.default_rate_limit_pause);
-            let mut until = w.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+            let mut until = crate::lock(&w.paused_until);
             let t = Instant::now() + pause;
             if until.is_none_or(|u| u < t) {
                 *until = Some(t);

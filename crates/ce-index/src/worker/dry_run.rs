@@ -89,7 +89,7 @@ pub fn dry_run(
     let writes = recording
         .writes
         .into_inner()
-        .unwrap_or_else(|p| p.into_inner());
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for (kind, uri) in writes {
         if kind != "sync" {
             *actions.entry(kind.to_owned()).or_default() += 1;
@@ -185,7 +185,7 @@ impl IndexTarget for RecordingTarget<'_> {
         &self,
         writes: Vec<NodeWrite>,
     ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
-        let mut log = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = crate::lock(&self.writes);
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
             let kind = match &w {

@@ -263,7 +263,7 @@ impl IndexWorker {
 
     /// How long the worker is still paused by a rate limit.
     pub fn paused_for(&self) -> Option<Duration> {
-        let until = (*self.paused_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let until = (*crate::lock(&self.paused_until))?;
         until.checked_duration_since(Instant::now())
     }
 

@@ -26,17 +26,17 @@ impl Wakeup {
 
     /// Wakes every waiting worker.
     pub fn notify(&self) {
-        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *crate::lock(&self.generation) += 1;
         self.cv.notify_all();
     }
 
     fn current(&self) -> u64 {
-        *self.generation.lock().unwrap_or_else(|p| p.into_inner())
+        *crate::lock(&self.generation)
     }
 
     /// Waits until a notify after `seen` or `timeout`.
     fn wait(&self, seen: u64, timeout: Duration) {
-        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let g = crate::lock(&self.generation);
         let _unused = self.cv.wait_timeout_while(g, timeout, |g| *g == seen);
     }
 }

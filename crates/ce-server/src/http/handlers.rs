@@ -209,7 +209,8 @@ pub async fn search(
     b: J<SearchBody>,
 ) -> Answer {
     let b = body(b)?;
-    if let Some(mut req) = b.clone().into_hierarchical()? {
+    if b.is_hierarchical() {
+        let mut req = b.into_hierarchical()?;
         p.scope_filter(&mut req.search.filter)?;
         return scoped(&s, p, move |e, scope| {
             let mut answer = e.hierarchical(&req)?;
