@@ -21,6 +21,43 @@ pub struct Config {
     pub retrieval: RetrievalConfig,
     /// `[server]`: API keys and tenants of `ce serve`.
     pub server: ServerConfig,
+    /// `[lock]`: path locks around multi-step writes (docs/locks.md).
+    pub lock: LockConfig,
+}
+
+/// The path-lock providers.
+pub const LOCK_PROVIDERS: [&str; 3] = ["filesystem", "memory", "redis"];
+
+/// `[lock]`: path locks (spec path-locks-crash-recovery; docs/locks.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockConfig {
+    /// `filesystem` (lock files under the data directory: every process on this host),
+    /// `memory` (this process only) or `redis` (every host that reaches the server).
+    pub provider: String,
+    /// Seconds after which a lease that was not renewed is stale (renewal: every third).
+    pub lock_expire_secs: f64,
+    /// Milliseconds an acquire waits (jittered backoff) before the busy error; 0: no wait.
+    pub wait_ms: u64,
+    /// Directory of the lock files; empty: `<data_dir>/locks`.
+    pub dir: String,
+    /// Redis URL of the `redis` provider.
+    pub redis_url: String,
+    /// Namespace of the `redis` provider's keys (the spec's `service_name`).
+    pub service_name: String,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        LockConfig {
+            provider: "filesystem".into(),
+            lock_expire_secs: 30.0,
+            wait_ms: 3_000,
+            dir: String::new(),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            service_name: "contextengine".into(),
+        }
+    }
 }
 
 /// `[index]`.
@@ -509,6 +546,26 @@ impl Config {
         }
         range("index.embedding.batch_size", e.batch_size, 8, 128)?;
         range("index.embedding.timeout_seconds", e.timeout_seconds, 5, 120)?;
+        let l = &self.lock;
+        if !LOCK_PROVIDERS.contains(&l.provider.as_str()) {
+            return Err(CoreError::InvalidConfig {
+                key: "lock.provider".into(),
+                reason: format!("{:?} is not one of {LOCK_PROVIDERS:?}", l.provider),
+            });
+        }
+        range("lock.lock_expire_secs", l.lock_expire_secs, 1.0, 3600.0)?;
+        range("lock.wait_ms", l.wait_ms, 0, 600_000)?;
+        if l.service_name.is_empty()
+            || !l
+                .service_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return Err(CoreError::InvalidConfig {
+                key: "lock.service_name".into(),
+                reason: format!("{:?} is not a name of [A-Za-z0-9_.-]+", l.service_name),
+            });
+        }
         let r = &self.retrieval;
         if !RETRIEVAL_MODES.contains(&r.default_mode.as_str()) {
             return Err(CoreError::InvalidConfig {

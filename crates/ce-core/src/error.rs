@@ -66,11 +66,19 @@ pub enum ErrorCode {
     /// The caller's API key does not allow this (another account, an owner space it lacks,
     /// or an admin-only route).
     Forbidden,
+    /// A path lock is held by someone else past the wait (retry later).
+    Busy,
+    /// A write carried a fencing token older than one the store has seen for its path: the
+    /// lease it was made under was lost (expired, taken over). Retrying the whole operation
+    /// takes a new lease.
+    LeaseLost,
+    /// A derived deletion larger than the delete-safety limits was refused.
+    LargeDelete,
 }
 
 impl ErrorCode {
     /// All codes.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::InvalidUri,
         ErrorCode::InvalidLevel,
         ErrorCode::InvalidField,
@@ -95,6 +103,9 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
+        ErrorCode::Busy,
+        ErrorCode::LeaseLost,
+        ErrorCode::LargeDelete,
     ];
 
     /// The snake_case name used in JSON error bodies.
@@ -124,6 +135,9 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::Busy => "busy",
+            ErrorCode::LeaseLost => "lease_lost",
+            ErrorCode::LargeDelete => "large_delete",
         }
     }
 
@@ -145,7 +159,10 @@ impl ErrorCode {
             | ErrorCode::NotEmpty
             | ErrorCode::ClaimConflict
             | ErrorCode::StateTransition
-            | ErrorCode::SchemaMismatch => 409,
+            | ErrorCode::SchemaMismatch
+            | ErrorCode::Busy
+            | ErrorCode::LeaseLost
+            | ErrorCode::LargeDelete => 409,
             ErrorCode::RateLimited => 429,
             ErrorCode::Upstream => 502,
             ErrorCode::EmbedTimeout => 504,
