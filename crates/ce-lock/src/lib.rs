@@ -233,3 +233,10 @@ impl Classify for LockError {
 
 /// Result of the lock layer.
 pub type Result<T, E = LockError> = std::result::Result<T, E>;
+
+pub mod filesystem;
+pub mod manager;
+pub mod memory;
+pub mod redis;
+
+pub use manager::{Lease, LeaseRef, LockManager, LockSettings};

@@ -1,0 +1,1 @@
+//! The filesystem provider (to be written).

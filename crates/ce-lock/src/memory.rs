@@ -1,0 +1,1 @@
+//! The memory provider (to be written).

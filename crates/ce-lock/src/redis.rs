@@ -1,0 +1,1 @@
+//! The redis provider (to be written).
