@@ -148,6 +148,12 @@ pub enum Attempt {
     Failed(LockError),
 }
 
+impl From<LockError> for Attempt {
+    fn from(e: LockError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
 /// A lock provider: the storage of tokens with an atomic (or double-checked) batch
 /// check-and-set. Every method is one attempt; waiting, renewal timing and hand-off
 /// bookkeeping live in the manager.
@@ -174,6 +180,27 @@ pub trait LockProvider: Send + Sync {
     /// Rewrites still-owned `tokens` to `new_owner`, stamped `now_ns`, keeping their fences
     /// (the adopt side of a hand-off); [`LockError::Lost`] if any is gone or replaced.
     fn transfer(&self, tokens: &[Token], new_owner: &str, now_ns: u64) -> Result<Vec<Token>>;
+}
+
+/// The next fencing token of a provider namespace whose last one was `last`, granted at
+/// `now_ns`: `max(last + 1, now in microseconds)`. The wall-clock floor keeps tokens above
+/// every earlier one even when a provider lost its counter (a memory provider after a
+/// restart), as long as the clock does not go back.
+pub fn next_fence(last: u64, now_ns: u64) -> FenceToken {
+    FenceToken(last.saturating_add(1).max(now_ns / 1_000))
+}
+
+/// Invariant `LK1`: no two owners hold conflicting locks. Returns the first offending pair
+/// among `held` (request, owner), or `None`.
+pub fn lk1_violation(held: &[(LockRequest, String)]) -> Option<(usize, usize)> {
+    for (i, (a, oa)) in held.iter().enumerate() {
+        for (j, (b, ob)) in held.iter().enumerate().skip(i + 1) {
+            if oa != ob && (conflicts(a, b) || conflicts(b, a)) {
+                return Some((i, j));
+            }
+        }
+    }
+    None
 }
 
 /// Errors of the lock layer.
@@ -239,4 +266,167 @@ pub mod manager;
 pub mod memory;
 pub mod redis;
 
-pub use manager::{Lease, LeaseRef, LockManager, LockSettings};
+pub use manager::{Lease, LeaseRef, LockManager, LockSettings, normalize_batch};
+
+#[cfg(test)]
+mod tests {
+    //! The spec's conflict tables, row by row ("锁类型" and "路径范围与目标类型").
+
+    use super::*;
+
+    fn e(p: &str) -> LockRequest {
+        LockRequest::exact(CtxUri::parse(p).expect("uri"))
+    }
+
+    fn t(p: &str) -> LockRequest {
+        LockRequest::tree(CtxUri::parse(p).expect("uri"))
+    }
+
+    /// Held `h`, wanted `w` by another owner: `conflicts` says `want`.
+    fn assert_conflict(h: &LockRequest, w: &LockRequest, want: bool) {
+        assert_eq!(conflicts(h, w), want, "held {h:?} wanted {w:?}");
+    }
+
+    // Matrix row EXACT: same-path EXACT, same-path TREE, descendant EXACT, ancestor TREE.
+    #[test]
+    fn exact_vs_same_path_exact_conflicts() {
+        assert_conflict(&e("ctx://a/docs"), &e("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn exact_vs_same_path_tree_conflicts() {
+        assert_conflict(&t("ctx://a/docs"), &e("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn exact_vs_descendant_exact_does_not_conflict() {
+        assert_conflict(&e("ctx://a/docs/x"), &e("ctx://a/docs"), false);
+    }
+
+    #[test]
+    fn exact_vs_ancestor_tree_conflicts() {
+        assert_conflict(&t("ctx://a/docs"), &e("ctx://a/docs/x/y"), true);
+    }
+
+    // Matrix row TREE.
+    #[test]
+    fn tree_vs_same_path_exact_conflicts() {
+        assert_conflict(&e("ctx://a/docs"), &t("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn tree_vs_same_path_tree_conflicts() {
+        assert_conflict(&t("ctx://a/docs"), &t("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn tree_vs_descendant_exact_conflicts() {
+        assert_conflict(&e("ctx://a/docs/x/y"), &t("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn tree_vs_ancestor_tree_conflicts() {
+        assert_conflict(&t("ctx://a"), &t("ctx://a/docs"), true);
+    }
+
+    // Cells the matrix leaves implicit: ancestor EXACT never, descendant TREE only for TREE.
+    #[test]
+    fn ancestor_exact_never_conflicts() {
+        assert_conflict(&e("ctx://a/docs"), &e("ctx://a/docs/x"), false);
+        assert_conflict(&e("ctx://a/docs"), &t("ctx://a/docs/x"), false);
+    }
+
+    #[test]
+    fn descendant_tree_conflicts_with_tree_only() {
+        assert_conflict(&t("ctx://a/docs/x"), &t("ctx://a/docs"), true);
+        assert_conflict(&t("ctx://a/docs/x"), &e("ctx://a/docs"), false);
+    }
+
+    // The "已持有 / 新请求" table.
+    #[test]
+    fn held_exact_file_blocks_exact_and_tree_on_it() {
+        assert_conflict(&e("ctx://a/docs/a.md"), &e("ctx://a/docs/a.md"), true);
+        assert_conflict(&e("ctx://a/docs/a.md"), &t("ctx://a/docs/a.md"), true);
+    }
+
+    #[test]
+    fn held_exact_dir_does_not_protect_its_children() {
+        assert_conflict(&e("ctx://a/docs"), &e("ctx://a/docs/a.md"), false);
+    }
+
+    #[test]
+    fn held_tree_dir_blocks_exact_and_tree_below() {
+        assert_conflict(&t("ctx://a/docs"), &e("ctx://a/docs/a.md"), true);
+        assert_conflict(&t("ctx://a/docs"), &t("ctx://a/docs/a.md"), true);
+    }
+
+    #[test]
+    fn held_exact_file_blocks_tree_on_its_dir() {
+        assert_conflict(&e("ctx://a/docs/a.md"), &t("ctx://a/docs"), true);
+    }
+
+    #[test]
+    fn held_tree_file_does_not_widen_to_siblings() {
+        assert_conflict(&t("ctx://a/docs/a.md"), &e("ctx://a/docs/b.md"), false);
+    }
+
+    // Scopes and names.
+    #[test]
+    fn different_accounts_never_conflict() {
+        for (h, w) in [
+            (t("ctx://a"), t("ctx://b")),
+            (t("ctx://a/docs"), e("ctx://b/docs")),
+            (e("ctx://a/docs"), t("ctx://b/docs")),
+        ] {
+            assert_conflict(&h, &w, false);
+        }
+    }
+
+    #[test]
+    fn the_root_is_its_own_scope() {
+        let root = LockRequest::tree(CtxUri::root());
+        assert_conflict(&root, &e("ctx://a/x"), false);
+        assert_conflict(&e("ctx://a/x"), &root, false);
+        assert_conflict(&root, &LockRequest::exact(CtxUri::root()), true);
+    }
+
+    #[test]
+    fn a_name_prefix_is_not_an_ancestor() {
+        assert_conflict(&t("ctx://a/doc"), &e("ctx://a/docs"), false);
+        assert_conflict(&e("ctx://a/docs"), &t("ctx://a/doc"), false);
+    }
+
+    #[test]
+    fn mv_locks_tree_for_dirs_and_exact_for_leaves() {
+        let from = CtxUri::parse("ctx://a/x").expect("uri");
+        let to = CtxUri::parse("ctx://a/y").expect("uri");
+        assert_eq!(
+            LockRequest::mv(from.clone(), to.clone(), true),
+            [t("ctx://a/x"), t("ctx://a/y")]
+        );
+        assert_eq!(
+            LockRequest::mv(from, to, false),
+            [e("ctx://a/x"), e("ctx://a/y")]
+        );
+    }
+
+    #[test]
+    fn fences_grow_and_never_fall_below_the_clock() {
+        assert_eq!(next_fence(5, 0), FenceToken(6));
+        assert_eq!(next_fence(5, 9_000_000), FenceToken(9_000));
+        assert_eq!(next_fence(9_000, 9_000_000), FenceToken(9_001));
+    }
+
+    #[test]
+    fn lk1_finds_conflicting_owners_only() {
+        let held = vec![
+            (t("ctx://a/docs"), "o1".to_owned()),
+            (e("ctx://a/docs/x"), "o1".to_owned()),
+            (e("ctx://a/img"), "o2".to_owned()),
+        ];
+        assert_eq!(lk1_violation(&held), None);
+        let mut bad = held;
+        bad.push((e("ctx://a/docs/y"), "o3".to_owned()));
+        assert_eq!(lk1_violation(&bad), Some((0, 3)));
+    }
+}
