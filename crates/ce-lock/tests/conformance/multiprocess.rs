@@ -1,10 +1,14 @@
-//! The filesystem provider across processes: this test binary re-executed as children
-//! (`mutex_child`, `holder_child`), which do nothing unless their environment says so.
+//! The filesystem and redis providers across processes: this test binary re-executed as
+//! children (`mutex_child`, `holder_child`), which do nothing unless their environment says
+//! so.
 //!
 //! - four processes × 50 critical sections on one path never overlap, and each sees a fence
 //!   newer than the previous holder's;
 //! - a holder killed with SIGKILL leaves its token, which goes stale: another process gets
 //!   the lock within `expire` plus a margin, with a newer fence.
+//!
+//! Redis runs against `CE_REDIS_URL` (default `redis://127.0.0.1:6379`) in a fresh namespace
+//! and fails, never skips, when the server is unreachable.
 
 use std::io::Write;
 use std::path::Path;
@@ -13,12 +17,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ce_lock::filesystem::FilesystemProvider;
+use ce_lock::redis::RedisProvider;
 use ce_lock::{LockManager, LockProvider, LockRequest, LockSettings};
 
 use crate::suite::{critical_sections, read_state, uri, write_state};
 
 const DIR_ENV: &str = "CE_LOCK_CHILD_DIR";
 const ROLE_ENV: &str = "CE_LOCK_CHILD_ROLE";
+/// `filesystem`, or the redis service namespace to use.
+const PROVIDER_ENV: &str = "CE_LOCK_CHILD_PROVIDER";
 const ITERATIONS: usize = 50;
 
 fn child_role() -> Option<(String, std::path::PathBuf)> {
@@ -27,8 +34,45 @@ fn child_role() -> Option<(String, std::path::PathBuf)> {
     Some((role, dir.into()))
 }
 
-fn open(dir: &Path) -> Arc<dyn LockProvider> {
-    Arc::new(FilesystemProvider::open(&dir.join("locks")).expect("open lock dir"))
+fn redis_url() -> String {
+    std::env::var("CE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The provider a process of the test uses: `filesystem`, or redis in namespace `service`.
+fn open(dir: &Path, provider: &str) -> Arc<dyn LockProvider> {
+    match provider {
+        "filesystem" => {
+            Arc::new(FilesystemProvider::open(&dir.join("locks")).expect("open lock dir"))
+        }
+        service => Arc::new(
+            RedisProvider::connect(&redis_url(), service)
+                .unwrap_or_else(|e| panic!("redis at {} unreachable: {e}", redis_url())),
+        ),
+    }
+}
+
+fn child_provider() -> String {
+    std::env::var(PROVIDER_ENV).expect("provider of the child")
+}
+
+/// A fresh redis namespace for one test (deleted at its end).
+fn redis_namespace() -> String {
+    format!("ce-lock-mp-{}", uuid::Uuid::now_v7().simple())
+}
+
+fn delete_namespace(service: &str) {
+    let Ok(mut con) = redis::Client::open(redis_url())
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+    else {
+        return;
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", ce_lock::redis::key_prefix(service)))
+        .query(&mut con)
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let _ = redis::cmd("DEL").arg(&keys).query::<i64>(&mut con);
+    }
 }
 
 /// Child: 50 critical sections. A no-op in a normal test run.
@@ -38,12 +82,27 @@ fn mutex_child() {
         return;
     };
     assert_eq!(role, "mutex");
-    critical_sections(open(&dir), &dir.join("state"), ITERATIONS);
+    critical_sections(
+        open(&dir, &child_provider()),
+        &dir.join("state"),
+        ITERATIONS,
+    );
     println!("\nDONE {ITERATIONS}");
 }
 
 #[test]
 fn filesystem_processes_exclude_each_other() {
+    processes_exclude_each_other("filesystem");
+}
+
+#[test]
+fn redis_processes_exclude_each_other() {
+    let service = redis_namespace();
+    processes_exclude_each_other(&service);
+    delete_namespace(&service);
+}
+
+fn processes_exclude_each_other(provider: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_state(&dir.path().join("state"), false, 0);
     let child = ce_testkit::test_name(module_path!(), "mutex_child");
@@ -53,6 +112,7 @@ fn filesystem_processes_exclude_each_other() {
                 .args(["--exact", &child, "--nocapture", "--test-threads=1"])
                 .env(DIR_ENV, dir.path())
                 .env(ROLE_ENV, "mutex")
+                .env(PROVIDER_ENV, provider)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -85,7 +145,7 @@ fn holder_child() {
     };
     assert_eq!(role, "holder");
     let m = LockManager::new(
-        open(&dir),
+        open(&dir, &child_provider()),
         LockSettings {
             expire: HOLDER_EXPIRE,
             wait: Duration::ZERO,
@@ -109,34 +169,33 @@ fn holder_child() {
     }
 }
 
-#[test]
-fn a_killed_holder_loses_the_lock_after_expire() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// Runs a holder child on `provider`, kills it with SIGKILL while it holds
+/// `Tree(ctx://k/docs)`, and returns its owner id and fence.
+fn kill_a_holder(dir: &Path, provider: &str) -> (String, u64) {
     let child = ce_testkit::test_name(module_path!(), "holder_child");
     let lines = ce_testkit::run_and_kill(
         &child,
         &[
-            (DIR_ENV, dir.path().display().to_string()),
+            (DIR_ENV, dir.display().to_string()),
             (ROLE_ENV, "holder".to_owned()),
+            (PROVIDER_ENV, provider.to_owned()),
         ],
         Duration::from_secs(4),
-        &dir.path().join("child.log"),
+        &dir.join("child.log"),
     );
     let held = lines
         .iter()
         .find_map(|l| l.strip_prefix("HELD "))
         .unwrap_or_else(|| panic!("the child never reported its lock: {lines:?}"));
     let (owner, fence) = held.split_once(' ').expect("HELD owner fence");
-    let fence: u64 = fence.parse().expect("fence");
-    // The SIGKILL left the token in place.
-    let provider = FilesystemProvider::open(&dir.path().join("locks")).expect("open");
-    let loc = provider.location(&LockRequest::tree(uri("ctx://k/docs")));
-    let token = std::fs::read_to_string(&loc).expect("token left by the killed child");
-    assert!(token.starts_with(&format!("{owner}:")), "{token}");
-    // It goes stale after `expire`; the wait bounds how long that may take.
+    (owner.to_owned(), fence.parse().expect("fence"))
+}
+
+/// The dead holder's lock goes stale after `expire`; the wait bounds how long that may take.
+fn taken_over(provider: Arc<dyn LockProvider>, fence: u64) {
     let margin = Duration::from_secs(10);
     let m = LockManager::new(
-        Arc::new(provider),
+        provider,
         LockSettings {
             expire: HOLDER_EXPIRE,
             wait: HOLDER_EXPIRE + margin,
@@ -146,6 +205,45 @@ fn a_killed_holder_loses_the_lock_after_expire() {
         .acquire(&[LockRequest::exact(uri("ctx://k/docs/a.md"))])
         .expect("the dead holder's lock goes stale");
     assert!(lease.fences()[0].token.0 > fence);
+}
+
+#[test]
+fn a_killed_redis_holder_loses_the_lock_after_expire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = redis_namespace();
+    let (owner, fence) = kill_a_holder(dir.path(), &service);
+    // The SIGKILL left the token in place.
+    let mut con = redis::Client::open(redis_url())
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("redis");
+    let key = format!(
+        "{}scope:account:k:tokens",
+        ce_lock::redis::key_prefix(&service)
+    );
+    let left: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("ctx://k/docs")
+        .query(&mut con)
+        .expect("HGET");
+    assert!(
+        left.as_deref()
+            .is_some_and(|t| t.starts_with(&format!("{owner}:"))),
+        "token left by the killed child: {left:?}"
+    );
+    taken_over(open(dir.path(), &service), fence);
+    delete_namespace(&service);
+}
+
+#[test]
+fn a_killed_holder_loses_the_lock_after_expire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (owner, fence) = kill_a_holder(dir.path(), "filesystem");
+    // The SIGKILL left the token in place.
+    let provider = FilesystemProvider::open(&dir.path().join("locks")).expect("open");
+    let loc = provider.location(&LockRequest::tree(uri("ctx://k/docs")));
+    let token = std::fs::read_to_string(&loc).expect("token left by the killed child");
+    assert!(token.starts_with(&format!("{owner}:")), "{token}");
+    taken_over(Arc::new(provider), fence);
     assert!(
         !std::fs::read_to_string(&loc).is_ok_and(|t| t.starts_with(&format!("{owner}:"))),
         "the stale token was removed"
