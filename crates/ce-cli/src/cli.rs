@@ -10,6 +10,7 @@ use crate::bench::BenchOutboxArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
 use crate::eval::EvalArgs;
+use crate::repair::RepairCommand;
 
 /// ContextEngine: a context database for AI agents.
 #[derive(Debug, Parser)]
@@ -112,6 +113,10 @@ pub enum Command {
     Eval(EvalArgs),
     /// Rebuild an index from the source of truth (embedding cache makes it cheap).
     Reindex(ReindexArgs),
+    /// Repair jobs: requeue or force-done dead deliveries; reconcile the indexes with the
+    /// source of truth (docs/repair.md).
+    #[command(subcommand)]
+    Repair(RepairCommand),
     /// Run the HTTP server (API, health, readiness, metrics) with the index workers.
     Serve(ServeArgs),
     /// Run index workers against the data directory (without the HTTP server).
@@ -430,6 +435,13 @@ pub struct ImportArgs {
     /// Target URI.
     #[arg(long, value_name = "URI")]
     pub into: String,
+    /// Also remove nodes under INTO that DIR no longer has (a re-sync; refused over the
+    /// delete-safety limits: more than 1000 nodes, or more than 25 % of at least 20).
+    #[arg(long)]
+    pub prune: bool,
+    /// Lift the delete-safety limits of --prune (check that DIR is complete first).
+    #[arg(long, requires = "prune")]
+    pub allow_large_delete: bool,
 }
 
 /// `ce export`.

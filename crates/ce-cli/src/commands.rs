@@ -10,7 +10,9 @@ use ce_core::{
     Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType, Level, Meta,
     OutboxEventCreate,
 };
+use ce_lock::LockManager;
 use ce_retrieval::{HierarchicalParams, HierarchicalRequest, RelatedRequest, SearchRequest};
+use ce_server::guarded::Guarded;
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
 use ce_server::wire::{CatAnswer, PutBody};
 use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError};
@@ -28,7 +30,7 @@ use crate::cli::{
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, bench_pipeline, bench_retrieval, demo, eval, remote};
+use crate::{bench, bench_pipeline, bench_retrieval, demo, eval, remote, repair};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -67,10 +69,11 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let nodes = open()?.tree(&uri, *depth)?;
             Rendered::new(&nodes, output::tree(&uri, &nodes))
         }
-        Command::Rm(a) => rm(&open, a),
+        Command::Rm(a) => rm(cli, a),
         Command::Mv(MvArgs { from, to }) => {
             let (from, to) = (parse_uri(from)?, parse_uri(to)?);
-            let o = open()?.mv(&from, &to, None)?;
+            let (store, locks) = open_locked(cli)?;
+            let o = guarded(&store, &locks).mv(&from, &to, None)?;
             Rendered::new(&o, output::outcome(&o))
         }
         Command::Link(a) => link(&open, a),
@@ -89,7 +92,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             Rendered::new(&r, output::relations(&uri, &r))
         }
         Command::Outbox(c) => outbox(&open, c),
-        Command::Import(a) => import(&open, a),
+        Command::Import(a) => import(cli, a),
         Command::Export(a) => export(&open, a),
         Command::Related(a) => {
             let req = related_request(a)?;
@@ -115,6 +118,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             Rendered::new(&s, output::status(&s))
         }
         Command::Reindex(a) => reindex(cli, a),
+        Command::Repair(c) => repair::run(cli, c),
         Command::Serve(a) => serve(cli, a),
         Command::Worker(a) => worker(cli, a),
         Command::Demo(args) => {
@@ -165,14 +169,26 @@ fn resolve(cli: &Cli) -> Result<(PathBuf, Config)> {
 }
 
 /// Resolves the data directory and configuration and opens the store.
-fn open_store(cli: &Cli) -> Result<SqliteStore> {
+pub(crate) fn open_store(cli: &Cli) -> Result<SqliteStore> {
     let (data_dir, config) = resolve(cli)?;
     Ok(SqliteStore::open(&data_dir, config)?)
 }
 
+/// Opens the store and the path locks of the data directory (rm, mv and import take them, so
+/// they exclude the same operations of a server or another `ce` on this data directory).
+fn open_locked(cli: &Cli) -> Result<(SqliteStore, LockManager)> {
+    let (data_dir, config) = resolve(cli)?;
+    let locks = LockManager::from_config(&config.lock, &data_dir).map_err(ServerError::from)?;
+    Ok((SqliteStore::open(&data_dir, config)?, locks))
+}
+
+fn guarded<'a>(store: &'a SqliteStore, locks: &'a LockManager) -> Guarded<'a> {
+    Guarded { store, locks }
+}
+
 /// Opens the engine (store, embedder, vector index) with `workers` worker threads, running
 /// continuously when `run`, else on demand (`drain`).
-fn open_engine(cli: &Cli, workers: usize, run: bool, role: &str) -> Result<Engine> {
+pub(crate) fn open_engine(cli: &Cli, workers: usize, run: bool, role: &str) -> Result<Engine> {
     open_engine_for(cli, workers, run, role, Vec::new())
 }
 
@@ -205,7 +221,7 @@ fn check_workers(n: usize, min: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_consumer(consumer: &str) -> Result<()> {
+pub(crate) fn check_consumer(consumer: &str) -> Result<()> {
     let known = ce_server::engine::INDEXED_CONSUMERS;
     if !known.contains(&consumer) {
         return Err(ServerError::UnsupportedConsumer {
@@ -330,9 +346,10 @@ pub fn cat_node(node: &ContextNode, level: Level) -> Result<Rendered> {
     Rendered::new(&out, output::cat_text(&out))
 }
 
-fn rm(open: Open<'_>, a: &RmArgs) -> Result<Rendered> {
+fn rm(cli: &Cli, a: &RmArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
-    let o = open()?.rm(&uri, a.recursive, a.expect_version, None)?;
+    let (store, locks) = open_locked(cli)?;
+    let o = guarded(&store, &locks).rm(&uri, a.recursive, a.expect_version, None)?;
     Rendered::new(&o, output::outcome(&o))
 }
 
@@ -558,8 +575,9 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     if a.dry_run {
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers.clone())?;
         let names: Vec<String> = if consumers.is_empty() {
+            // Every configured consumer that has a dry run.
             let configured = engine.store().consumers();
-            ce_server::engine::INDEXED_CONSUMERS
+            ce_server::engine::DRY_RUN_CONSUMERS
                 .iter()
                 .map(|c| (*c).to_owned())
                 .filter(|c| configured.contains(c))
@@ -638,10 +656,21 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     })
 }
 
-fn import(open: Open<'_>, a: &ImportArgs) -> Result<Rendered> {
+fn import(cli: &Cli, a: &ImportArgs) -> Result<Rendered> {
     let into = parse_uri(&a.into)?;
-    let report = layout::import_dir(&open()?, &a.dir, &into)?;
-    Rendered::new(&report, output::import(&report))
+    let (store, locks) = open_locked(cli)?;
+    let options = layout::ImportOptions {
+        prune: a.prune,
+        allow_large_delete: a.allow_large_delete,
+    };
+    let (report, hold) = guarded(&store, &locks).import(&a.dir, &into, options)?;
+    let mut json = serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?;
+    json["hold"] = hold.clone().into();
+    let human = format!(
+        "{}hold                {hold} (locks {into} until indexed)\n",
+        output::import(&report)
+    );
+    Ok(Rendered { json, human })
 }
 
 fn export(open: Open<'_>, a: &ExportArgs) -> Result<Rendered> {

@@ -16,6 +16,7 @@ mod error;
 mod eval;
 mod output;
 mod remote;
+mod repair;
 
 use std::process::ExitCode;
 
@@ -58,7 +59,7 @@ fn init_logging(cli: &Cli) -> Result<(), CliError> {
     })?;
     let default = match cli.command {
         Command::Serve(_) => "info",
-        Command::Worker(ref w) if !w.once => "info",
+        Command::Worker(ref w) if !w.once && !w.dry_run => "info",
         _ if cli.json => "off",
         _ => "error",
     };

@@ -738,6 +738,7 @@ pub fn import(r: &ImportReport) -> String {
         ("nodes_unchanged", r.nodes_unchanged.to_string()),
         ("relations_written", r.relations_written.to_string()),
         ("events", r.events.to_string()),
+        ("nodes_removed", r.nodes_removed.to_string()),
         ("skipped", r.skipped.len().to_string()),
     ]);
     for s in &r.skipped {

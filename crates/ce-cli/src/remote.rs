@@ -1,4 +1,4 @@
-//! `--server URL`: every node, relation, search, outbox, status and reindex command goes over
+//! `--server URL`: every node, relation, search, outbox, status, reindex and repair command goes over
 //! HTTP to a running `ce serve` (routes in `docs/http-api.md`) instead of opening the data
 //! directory. Arguments are validated here first, exactly as in local mode; the answer's JSON
 //! is printed as is with `--json`, or decoded and rendered like a local answer. An error body
@@ -308,6 +308,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
             let json = c.post("/v1/reindex", &body)?;
             rendered(json, |r: ReindexReport| Ok(output::reindex(&r, None)))
         }
+        Command::Repair(r) => crate::repair::remote(&c, r),
         Command::Import(_)
         | Command::Export(_)
         | Command::Demo(_)

@@ -217,6 +217,9 @@ impl Default for VectorConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RepairConfig {
+    /// Whether long-running processes (`ce serve`, `ce worker`) run the two repair jobs on
+    /// their periods (docs/repair.md); off by default.
+    pub enabled: bool,
     /// Period of the dead-event scan.
     pub dead_event_scan_interval_minutes: u32,
     /// Period of the index reconcile.
@@ -226,6 +229,7 @@ pub struct RepairConfig {
 impl Default for RepairConfig {
     fn default() -> Self {
         RepairConfig {
+            enabled: false,
             dead_event_scan_interval_minutes: 10,
             reconcile_interval_minutes: 60,
         }

@@ -12,9 +12,11 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod failpoint;
 pub mod hash;
 pub mod node;
 pub mod projector;
+pub mod safety;
 pub mod uri;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock, rfc3339};

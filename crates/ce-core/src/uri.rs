@@ -92,8 +92,8 @@ pub enum UriError {
 
 /// Canonicalizes a `ctx://` URI (spec §2.1.1).
 ///
-/// Trims surrounding whitespace, lower-cases the scheme, drops a trailing `/` except at the
-/// root and keeps the case of the path. Rejects empty input, other schemes, control
+/// Trims surrounding whitespace, lower-cases the scheme, drops a trailing `/` (and whitespace
+/// before it) except at the root and keeps the case of the path. Rejects empty input, other schemes, control
 /// characters, `.`/`..`, empty segments, backslashes and reserved layout names.
 pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
     let trimmed = input.trim();
@@ -114,7 +114,9 @@ pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
             });
         }
     };
-    let path = rest.strip_suffix('/').unwrap_or(rest);
+    // Whitespace before a trailing `/` is surrounding whitespace too: `ctx://a/b /` is
+    // `ctx://a/b`, as its canonical form would be trimmed again on the next parse.
+    let path = rest.strip_suffix('/').map_or(rest, str::trim_end);
     let mut canonical = String::with_capacity(SCHEME.len() + path.len());
     canonical.push_str(SCHEME);
     if !path.is_empty() {
@@ -260,11 +262,11 @@ impl CtxUri {
                 prefix: from.0.clone(),
             });
         }
-        let rest = &self.0[from.0.len()..];
-        let out = if to.is_root() {
-            format!("{SCHEME}{}", rest.trim_start_matches('/'))
-        } else {
-            format!("{}{rest}", to.0)
+        let rel = self.0[from.0.len()..].trim_start_matches('/');
+        let out = match (rel.is_empty(), to.is_root()) {
+            (true, _) => to.0.clone(),
+            (false, true) => format!("{SCHEME}{rel}"),
+            (false, false) => format!("{}/{rel}", to.0),
         };
         if out.len() > MAX_URI_BYTES {
             return Err(UriError::TooLong {

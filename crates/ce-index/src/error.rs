@@ -44,6 +44,11 @@ pub enum IndexError {
     /// A query the index cannot run (e.g. a query vector of the wrong dimension).
     #[error("invalid vector query: {0}")]
     InvalidQuery(String),
+    /// A write planned from what the index held no longer fits it: another worker moved or
+    /// removed the records in between (e.g. a payload-only update whose stored vector was
+    /// moved away). Retryable: the retry plans again from the index's current state.
+    #[error("index changed under the write: {0}")]
+    Raced(String),
 }
 
 impl Classify for IndexError {
@@ -54,13 +59,14 @@ impl Classify for IndexError {
             IndexError::SchemaMismatch(_) => ErrorCode::SchemaMismatch,
             IndexError::Corrupt(_) => ErrorCode::Corrupt,
             IndexError::InvalidQuery(_) => ErrorCode::InvalidField,
+            IndexError::Raced(_) => ErrorCode::VersionConflict,
         }
     }
 
     fn is_retryable(&self) -> bool {
         match self {
             IndexError::Core(e) => e.is_retryable(),
-            IndexError::Unavailable(_) => true,
+            IndexError::Unavailable(_) | IndexError::Raced(_) => true,
             IndexError::SchemaMismatch(_)
             | IndexError::Corrupt(_)
             | IndexError::InvalidQuery(_) => false,

@@ -8,10 +8,13 @@
 //!   versioned replaces) and its implementations
 //! - [`worker`]: `IndexWorker` (spec §5): claim → dispatch → read source → project → embed →
 //!   write → ack
+//! - [`repair`]: reconcile an index with the source (spec §8.3.2) and the delete-safety
+//!   policy of derived deletions
 
 pub mod error;
 pub mod keyword;
 pub mod relation;
+pub mod repair;
 mod sqlite;
 pub mod vector;
 pub mod worker;

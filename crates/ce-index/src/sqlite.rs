@@ -137,6 +137,7 @@ pub(crate) fn write<T>(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql)?;
     let out = f(&tx)?;
+    ce_core::failpoint::hit("index.before_commit");
     tx.commit().map_err(sql)?;
     Ok(out)
 }

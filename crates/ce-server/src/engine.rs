@@ -45,13 +45,18 @@ use ce_retrieval::{
 use ce_store::{
     ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SourceStore,
     SqliteStore, WriteOutcome,
+    layout::{ImportOptions, ImportReport},
 };
 use tracing::{info, warn};
 
 use crate::error::{Result, ServerError};
+use crate::guarded::Guarded;
 use crate::status::{Applier, ConsumerStatus, DrainProgress, DrainReport, ReindexReport, Status};
 
 mod failpoint;
+pub mod holds;
+mod periodic;
+pub mod repair;
 pub mod upkeep;
 
 /// The consumer of the vector index.
@@ -68,6 +73,8 @@ pub const RELATION_CONSUMER: &str = "relation";
 pub const RELATION_DIR: &str = "relation";
 /// The consumers this build has an index for.
 pub const INDEXED_CONSUMERS: [&str; 3] = [VECTOR_CONSUMER, KEYWORD_CONSUMER, RELATION_CONSUMER];
+/// The consumers [`Engine::dry_run`] covers (the relation index has no dry run yet).
+pub const DRY_RUN_CONSUMERS: [&str; 2] = [VECTOR_CONSUMER, KEYWORD_CONSUMER];
 /// Where dry-run reports are recorded, inside the data directory.
 pub const DRY_RUN_DIR: &str = "dry-run";
 /// Worker threads per consumer when not configured.
@@ -131,7 +138,13 @@ pub struct Engine {
     /// The consumers the pool's workers serve.
     pool_consumers: Mutex<Vec<String>>,
     /// Snapshots and graph rebuilds of the vector index, while workers run.
-    upkeep: Mutex<Option<upkeep::Upkeep>>,
+    upkeep: Mutex<Option<periodic::Periodic>>,
+    /// The scheduled repair jobs, while workers run (`index.repair.enabled`).
+    repair_schedule: Mutex<Option<periodic::Periodic>>,
+    /// Path locks of rm / mv / import (docs/locks.md).
+    locks: ce_lock::LockManager,
+    /// Keeps the leases handed off to background work, while workers run.
+    holds: Mutex<Option<periodic::Periodic>>,
     running_workers: AtomicUsize,
     options: EngineOptions,
     /// Serializes reindex and drain (both take the workers over).
@@ -168,6 +181,7 @@ impl Engine {
     /// model mismatch is not an error here: see [`Engine::readiness`].
     pub fn open_with(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
         let store = Arc::new(SqliteStore::open(data_dir, config.clone())?);
+        let locks = ce_lock::LockManager::from_config(&config.lock, data_dir)?;
         let embedder = ce_embed::build_cached(&config.index.embedding, data_dir).map_err(|e| {
             warn!(error = %e, "embedding model not loaded");
             e.to_string()
@@ -211,6 +225,9 @@ impl Engine {
             pool: Mutex::new(None),
             pool_consumers: Mutex::new(Vec::new()),
             upkeep: Mutex::new(None),
+            repair_schedule: Mutex::new(None),
+            locks,
+            holds: Mutex::new(None),
             running_workers: AtomicUsize::new(0),
             options,
             maintenance: Mutex::new(()),
@@ -459,20 +476,31 @@ impl Engine {
         *pool = Some(WorkerPool::start(workers, self.wake.clone(), poll));
         self.running_workers.store(n, Ordering::SeqCst);
         if consumers.contains(&VECTOR_CONSUMER) {
-            *lock(&self.upkeep) = Some(upkeep::Upkeep::start(
+            *lock(&self.upkeep) = Some(upkeep::start(
                 self.index.clone(),
                 upkeep::UpkeepPolicy::from_config(&self.config),
             ));
         }
+        self.start_repair_schedule(&consumers);
         *lock(&self.pool_consumers) = consumers.iter().map(|c| (*c).to_owned()).collect();
+        *lock(&self.holds) = Some(holds::start(
+            self.store.clone(),
+            // A hold adopted elsewhere is simply tried again on the next round.
+            self.locks.with_wait(Duration::ZERO),
+            consumers.iter().map(|c| (*c).to_owned()).collect(),
+        ));
         info!(workers = n, consumers = ?consumers, "workers started");
         Ok(())
     }
 
     /// Stops the continuous workers; each finishes its batch first, so no claim is left.
     fn stop_pool(&self) {
+        self.stop_repair_schedule();
         if let Some(u) = lock(&self.upkeep).take() {
             u.stop();
+        }
+        if let Some(h) = lock(&self.holds).take() {
+            h.stop();
         }
         let pool = lock(&self.pool).take();
         if let Some(p) = pool {
@@ -504,7 +532,19 @@ impl Engine {
         self.woke(self.store.put(uri, req))
     }
 
-    /// `ContextFs::rm`, then a wake-up.
+    /// The path locks of this engine's multi-step writes.
+    pub fn locks(&self) -> &ce_lock::LockManager {
+        &self.locks
+    }
+
+    fn guarded(&self) -> Guarded<'_> {
+        Guarded {
+            store: self.store.as_ref(),
+            locks: &self.locks,
+        }
+    }
+
+    /// `rm` under its path lock ([`Guarded::rm`]), then a wake-up.
     pub fn rm(
         &self,
         uri: &CtxUri,
@@ -512,12 +552,29 @@ impl Engine {
         expect_version: Option<u64>,
         trace_id: Option<String>,
     ) -> Result<WriteOutcome> {
-        self.woke(self.store.rm(uri, recursive, expect_version, trace_id))
+        let r = self.guarded().rm(uri, recursive, expect_version, trace_id);
+        // A refused rm of a missing node still queued its index cleanup.
+        self.wake.notify();
+        r
     }
 
-    /// `ContextFs::mv`, then a wake-up.
+    /// `mv` under its path locks ([`Guarded::mv`]), then a wake-up.
     pub fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome> {
-        self.woke(self.store.mv(from, to, trace_id))
+        let r = self.guarded().mv(from, to, trace_id)?;
+        self.wake.notify();
+        Ok(r)
+    }
+
+    /// `import` under its lifecycle lock ([`Guarded::import`]), then a wake-up.
+    pub fn import(
+        &self,
+        dir: &Path,
+        into: &CtxUri,
+        options: ImportOptions,
+    ) -> Result<(ImportReport, String)> {
+        let r = self.guarded().import(dir, into, options)?;
+        self.wake.notify();
+        Ok(r)
     }
 
     /// `RelationStore::link`, then a wake-up.
@@ -690,7 +747,7 @@ impl Engine {
             _ => {
                 return Err(ServerError::UnsupportedConsumer {
                     name: consumer.into(),
-                    reason: "dry runs cover the vector and keyword consumers".into(),
+                    reason: format!("dry runs cover the consumers {DRY_RUN_CONSUMERS:?}"),
                 });
             }
         };

@@ -3,6 +3,7 @@
 use ce_core::{Classify, CoreError, ErrorCode};
 use ce_embed::EmbedError;
 use ce_index::IndexError;
+use ce_lock::LockError;
 use ce_retrieval::RetrievalError;
 use ce_store::StoreError;
 
@@ -27,6 +28,9 @@ pub enum ServerError {
     /// A search failed.
     #[error(transparent)]
     Retrieval(#[from] RetrievalError),
+    /// A path lock was busy, lost, or its provider failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
     /// The engine cannot serve this yet (model missing, index bound to another model).
     #[error("not ready: {reason}")]
     NotReady {
@@ -54,6 +58,13 @@ pub enum ServerError {
     /// A blocking task failed to complete (it panicked or was cancelled).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A derived deletion refused by the delete-safety policy (DESIGN.md decision 11); the
+    /// reason names the counts and the override.
+    #[error("large delete refused: {reason}")]
+    LargeDelete {
+        /// What would have been deleted, and how to proceed.
+        reason: String,
+    },
 }
 
 impl Classify for ServerError {
@@ -64,10 +75,12 @@ impl Classify for ServerError {
             ServerError::Index(e) => e.code(),
             ServerError::Embed(e) => e.code(),
             ServerError::Retrieval(e) => e.code(),
+            ServerError::Lock(e) => e.code(),
             ServerError::NotReady { code, .. } => *code,
             ServerError::UnsupportedConsumer { .. } => ErrorCode::InvalidField,
             ServerError::Io { .. } => ErrorCode::Io,
             ServerError::Internal(_) => ErrorCode::Internal,
+            ServerError::LargeDelete { .. } => ErrorCode::LargeDelete,
         }
     }
 
@@ -78,8 +91,9 @@ impl Classify for ServerError {
             ServerError::Index(e) => e.is_retryable(),
             ServerError::Embed(e) => e.is_retryable(),
             ServerError::Retrieval(e) => e.is_retryable(),
+            ServerError::Lock(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
-            ServerError::UnsupportedConsumer { .. } => false,
+            ServerError::UnsupportedConsumer { .. } | ServerError::LargeDelete { .. } => false,
             ServerError::Io { .. } | ServerError::Internal(_) => true,
         }
     }

@@ -2,6 +2,7 @@
 //!
 //! - [`engine`]: one data directory wired up — SQLite source of truth, embedder, embedded
 //!   vector index, `IndexWorker`s with wake-up hints — plus search, status, reindex, drain
+//! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
 //! - [`status`]: the engine's reports
@@ -9,6 +10,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod guarded;
 pub mod http;
 pub mod logging;
 pub mod metrics;

@@ -120,6 +120,26 @@ fn describe() {
         "Events requeued by reindex or repair"
     );
     describe_counter!(
+        "index_repair_forced_done_total",
+        "Dead deliveries marked done without applying them, per consumer"
+    );
+    describe_counter!(
+        "index_repair_reconcile_findings_total",
+        "Index records found missing, orphan or stale by reconcile, per consumer and kind"
+    );
+    describe_counter!(
+        "index_repair_reconcile_events_total",
+        "Repair events appended by reconcile, per consumer"
+    );
+    describe_counter!(
+        "index_repair_large_delete_refused_total",
+        "Derived deletions over the delete-safety limits, per consumer (overridden or not)"
+    );
+    describe_counter!(
+        "index_repair_runs_total",
+        "Repair job runs, per job and trigger"
+    );
+    describe_counter!(
         "index_embed_cache_hits_total",
         "Texts answered by the embedding cache"
     );

@@ -2,5 +2,6 @@
 
 mod integration {
     mod fuzz;
+    mod locks;
     mod tenants;
 }

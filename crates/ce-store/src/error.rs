@@ -102,6 +102,27 @@ pub enum StoreError {
         /// What was refused.
         reason: &'static str,
     },
+    /// A derived deletion (an import's prune) over the delete-safety limits.
+    #[error(
+        "large delete refused: {0}; check that the source is complete, then pass --allow-large-delete"
+    )]
+    LargeDelete(#[from] ce_core::safety::LargeDelete),
+    /// A write under a path lock carried a fencing token older than one already recorded
+    /// for its path: its lease was lost to a newer holder.
+    #[error(
+        "lease on {path} lost: the write carries fencing token {token}, but {newest_path} was \
+         last written under token {newest} (a newer lock holder); retry the operation"
+    )]
+    LeaseLost {
+        /// The locked path the write was made under.
+        path: CtxUri,
+        /// The write's token.
+        token: u64,
+        /// Where the newer token was recorded.
+        newest_path: String,
+        /// The newer token.
+        newest: u64,
+    },
     /// Another process holds the database's write lock for longer than the busy timeout.
     #[error("the store is busy (locked by another writer): {0}")]
     Busy(rusqlite::Error),
@@ -182,6 +203,8 @@ impl Classify for StoreError {
             StoreError::ClaimConflict { .. } => ErrorCode::ClaimConflict,
             StoreError::StateTransition { .. } => ErrorCode::StateTransition,
             StoreError::Busy(_) => ErrorCode::Unavailable,
+            StoreError::LeaseLost { .. } => ErrorCode::LeaseLost,
+            StoreError::LargeDelete(_) => ErrorCode::LargeDelete,
             StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
             StoreError::Sqlite(_) => ErrorCode::Internal,
             StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => ErrorCode::NotFound,
@@ -196,6 +219,10 @@ impl Classify for StoreError {
             StoreError::Core(e) => e.is_retryable(),
             // Spec §8.1: a lost lease is retryable (the event is simply processed again).
             StoreError::ClaimConflict { .. } | StoreError::Busy(_) => true,
+            // The operation as a whole can be retried under a new lease.
+            StoreError::LeaseLost { .. } => true,
+            // The same deletion stays over the limits until the caller overrides it.
+            StoreError::LargeDelete(_) => false,
             // A missing or forbidden path stays so; other I/O (disk full, EINTR) may clear.
             StoreError::Io(e) => !matches!(
                 e.kind(),

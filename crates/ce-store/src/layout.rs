@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::SourceStore;
 use crate::error::{Result, StoreError};
-use crate::model::{LinkRequest, PutMode, PutRequest, WriteOp};
+use crate::model::{LinkRequest, PutMode, PutRequest, WriteFence, WriteOp};
+use ce_core::safety::DeleteSafety;
 
 /// File holding a node's attributes and user metadata.
 pub const META_FILE: &str = ".meta.json";
@@ -37,6 +38,20 @@ pub struct ImportReport {
     pub events: u64,
     /// Files that are not part of the layout and were not imported, relative to the root.
     pub skipped: Vec<String>,
+    /// With [`ImportOptions::prune`]: nodes under the target that the directory no longer
+    /// has, removed with their subtrees.
+    pub nodes_removed: u64,
+}
+
+/// How an import treats what the target holds and the directory does not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Remove nodes under the target that are absent from the directory (a re-sync). This is
+    /// a derived deletion: over the delete-safety limits it is refused (`large_delete`)
+    /// unless `allow_large_delete`.
+    pub prune: bool,
+    /// Lift the delete-safety limits of `prune` (after checking the directory is complete).
+    pub allow_large_delete: bool,
 }
 
 /// What an export wrote.
@@ -102,6 +117,20 @@ fn read_text(path: &Path) -> Result<String> {
 /// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction:
 /// either the whole tree (with its events) commits, or nothing does.
 pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<ImportReport> {
+    import_dir_fenced(store, dir, into, ImportOptions::default(), &[], None)
+}
+
+/// [`import_dir`] under a path lock: the batch carries the lease's `fences`, and `hold` (a
+/// [`WriteOp::Hold`]) goes last in the same transaction, so the lease is handed off exactly
+/// when the import commits.
+pub fn import_dir_fenced(
+    store: &dyn SourceStore,
+    dir: &Path,
+    into: &CtxUri,
+    options: ImportOptions,
+    fences: &[WriteFence],
+    hold: Option<WriteOp>,
+) -> Result<ImportReport> {
     if !fs_err::metadata(dir)?.is_dir() {
         return Err(bad(dir, "is not a directory"));
     }
@@ -110,10 +139,18 @@ pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<
     let mut relations = Vec::new();
     walk(dir, dir, into, into, &mut puts, &mut relations, &mut report)?;
     let n_puts = puts.len();
+    let removals = if options.prune {
+        prune_ops(store, into, &puts, options.allow_large_delete, &mut report)?
+    } else {
+        Vec::new()
+    };
     let mut ops = puts;
     ops.extend(relations);
-    let outcomes = store.apply_batch(ops)?;
-    for (i, o) in outcomes.iter().enumerate() {
+    let n_ops = ops.len();
+    ops.extend(removals);
+    ops.extend(hold);
+    let outcomes = store.apply_fenced(fences, ops)?;
+    for (i, o) in outcomes.iter().take(n_ops).enumerate() {
         report.events += o.event_ids.len() as u64;
         match (i < n_puts, o.changed) {
             (true, true) => report.nodes_written += 1,
@@ -123,6 +160,51 @@ pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<
         }
     }
     Ok(report)
+}
+
+/// The removals of a pruning import: every node under `into` that `puts` does not write,
+/// as one recursive rm per topmost such node, after the delete-safety check (the scope is
+/// what the target holds now).
+fn prune_ops(
+    store: &dyn SourceStore,
+    into: &CtxUri,
+    puts: &[WriteOp],
+    allow_large_delete: bool,
+    report: &mut ImportReport,
+) -> Result<Vec<WriteOp>> {
+    let written: std::collections::HashSet<&CtxUri> = puts
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Put { uri, .. } => Some(uri),
+            _ => None,
+        })
+        .collect();
+    let existing = store.read_subtree(into)?;
+    let vanished: Vec<&CtxUri> = existing
+        .iter()
+        .map(|n| &n.uri)
+        .filter(|u| !written.contains(u))
+        .collect();
+    if !allow_large_delete {
+        DeleteSafety::check(vanished.len() as u64, existing.len() as u64)?;
+    }
+    report.nodes_removed = vanished.len() as u64;
+    // Parents sort before their children: keep only the topmost of each vanished subtree.
+    let mut roots: Vec<&CtxUri> = Vec::new();
+    for u in vanished {
+        if !roots.iter().any(|r| u.is_within(r)) {
+            roots.push(u);
+        }
+    }
+    Ok(roots
+        .into_iter()
+        .map(|uri| WriteOp::Rm {
+            uri: uri.clone(),
+            recursive: true,
+            expect_version: None,
+            trace_id: None,
+        })
+        .collect())
 }
 
 #[allow(clippy::too_many_arguments)]

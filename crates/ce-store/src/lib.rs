@@ -18,13 +18,13 @@ pub mod sqlite;
 
 pub use error::{Result, StoreError};
 pub use model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, LinkRequest,
-    NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore, Relations, UriVersion,
-    WriteOp, WriteOutcome,
+    Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, Hold, HoldStore,
+    LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore,
+    Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
 };
 pub use sqlite::SqliteStore;
 
 /// Everything a backend provides: one transactional store for nodes, relations and outbox.
-pub trait SourceStore: ContextFs + RelationStore + OutboxStore {}
+pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore {}
 
-impl<T: ContextFs + RelationStore + OutboxStore> SourceStore for T {}
+impl<T: ContextFs + RelationStore + OutboxStore + HoldStore> SourceStore for T {}

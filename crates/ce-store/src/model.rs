@@ -168,6 +168,50 @@ pub enum WriteOp {
         /// Trace id (generated when absent).
         trace_id: Option<String>,
     },
+    /// [`ContextFs::rm`] as one op of a batch.
+    Rm {
+        /// The node (with its subtree when `recursive`).
+        uri: CtxUri,
+        /// Remove a node that has children, with them.
+        recursive: bool,
+        /// Refuse unless the node is at this version.
+        expect_version: Option<u64>,
+        /// Trace id (generated when absent).
+        trace_id: Option<String>,
+    },
+    /// Records a [`Hold`]: `lease` (the lock layer's serialised hand-off reference, opaque
+    /// here) is held until every consumer has applied the events of the batch up to this op
+    /// (put it last). It supersedes an earlier hold on the same `at` (the writer took its
+    /// lease over). Its outcome's `uri` is `at`.
+    Hold {
+        /// The hold's id.
+        id: String,
+        /// The subtree it protects (reporting only).
+        at: CtxUri,
+        /// The serialised lease reference.
+        lease: String,
+    },
+    /// [`ContextFs::mv`] as one op of a batch.
+    Mv {
+        /// The source node (with its subtree).
+        from: CtxUri,
+        /// The target, which must not exist.
+        to: CtxUri,
+        /// Trace id (generated when absent).
+        trace_id: Option<String>,
+    },
+}
+
+/// A path lock's fencing token carried by a write made under the lock (docs/locks.md,
+/// docs/store.md "Fencing"). The store keeps the newest token it has seen per path and, in
+/// the write's own transaction, refuses a write whose token is older than one seen for the
+/// path, an ancestor or a descendant: the lease it was taken under has been lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFence {
+    /// The locked path.
+    pub path: CtxUri,
+    /// The grant's token.
+    pub token: u64,
 }
 
 /// Proof of a claim: the fencing token that `mark_done` / `mark_failed` / `renew` check.
@@ -215,6 +259,36 @@ pub struct OutboxFilter {
     /// At most this many rows (default 100).
     pub limit: Option<u32>,
 }
+
+/// Which dead deliveries a repair acts on ([`OutboxStore::count_dead`],
+/// [`OutboxStore::requeue_dead_matching`], [`OutboxStore::force_done`]): every set field must
+/// match. Deliveries of consumers no longer configured are never touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadFilter {
+    /// Only this consumer.
+    pub consumer: Option<String>,
+    /// Only events of this type.
+    pub event_type: Option<EventType>,
+    /// Only events whose URI is this URI or lies below it (the root matches every event).
+    pub subtree: Option<CtxUri>,
+    /// Only deliveries whose recorded error code is this one.
+    pub error_code: Option<String>,
+    /// Only sequences at or above this one.
+    pub min_seq: Option<i64>,
+    /// Only sequences at or below this one.
+    pub max_seq: Option<i64>,
+    /// Only deliveries that died by exhausting `index.outbox.max_retries` (every failure
+    /// classified retryable: a transient outage that outlasted the backoff), not those killed
+    /// at once by a non-retryable error.
+    pub exhausted_only: bool,
+}
+
+/// Dead deliveries counted or moved by a repair, per consumer (consumers with none are absent).
+pub type DeadCounts = std::collections::BTreeMap<String, u64>;
+
+/// The error code a forced delivery records ([`OutboxStore::force_done`]).
+pub const FORCED_DONE_CODE: &str = "forced_done";
 
 /// One row of `outbox list`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -281,7 +355,17 @@ pub trait ContextFs: Send + Sync {
     /// Moves a node and its subtree; appends `MOVE_CONTEXT` in the same transaction.
     fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome>;
     /// Applies several writes atomically: all commit with their events, or none does.
-    fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>>;
+    fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>> {
+        self.apply_fenced(&[], ops)
+    }
+    /// Applies `ops` in one transaction after checking `fences` in it (see [`WriteFence`]):
+    /// a stale token fails the whole batch with `LeaseLost` and writes nothing.
+    fn apply_fenced(&self, fences: &[WriteFence], ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>>;
+    /// For a URI the source does not hold: appends a recursive DELETE_CONTEXT so that index
+    /// records left behind under it (a crash between steps, an index restored from an old
+    /// snapshot) are removed (OpenViking #3064). Returns the event id; `None` when the node
+    /// exists (an `rm` is what removes it).
+    fn purge_missing(&self, uri: &CtxUri, trace_id: Option<String>) -> Result<Option<String>>;
     /// Reads a node, `None` when absent.
     fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
     /// Reads several nodes in one snapshot (absent ones are skipped).
@@ -360,6 +444,18 @@ pub trait OutboxStore: Send + Sync {
     ) -> Result<DeliveryStatus>;
     /// Puts dead deliveries back to pending with a fresh retry budget; returns how many.
     fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64>;
+    /// Counts the dead deliveries `filter` selects, per consumer (changes nothing).
+    fn count_dead(&self, filter: &DeadFilter) -> Result<DeadCounts>;
+    /// [`OutboxStore::requeue_dead`] for the dead deliveries `filter` selects, in one
+    /// transaction: back to pending, visible now, with a fresh retry budget (the last error
+    /// is kept for inspection). Returns how many per consumer.
+    fn requeue_dead_matching(&self, filter: &DeadFilter) -> Result<DeadCounts>;
+    /// Marks the dead deliveries `filter` selects done *without applying them* (spec §8.3.2
+    /// `force_done`, after a human confirmed), in one transaction. Only `dead` deliveries
+    /// move; each records [`FORCED_DONE_CODE`] as its error code and the error it died with
+    /// in its last error, so `outbox show` tells it from an applied one. Returns how many
+    /// per consumer.
+    fn force_done(&self, filter: &DeadFilter) -> Result<DeadCounts>;
     /// Lists deliveries.
     fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>>;
     /// An event with all its deliveries, by event id or sequence number.
@@ -424,4 +520,31 @@ mod tests {
             ..ConsumerStats::default()
         });
     }
+}
+
+/// A lease handed off to background work: held until the events of the write that recorded
+/// it are applied (spec path-locks "add_resource": the lifecycle lock of an import).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    /// The hold's id.
+    pub id: String,
+    /// The subtree it protects.
+    pub at: CtxUri,
+    /// The serialised lease reference (the lock layer's format).
+    pub lease: String,
+    /// The last journal sequence of the write: the hold ends once every served consumer has
+    /// applied (or dead-lettered) everything up to it.
+    pub through_seq: i64,
+    /// When it was recorded.
+    pub created_at_ms: Millis,
+}
+
+/// Leases held for background work ([`WriteOp::Hold`]).
+pub trait HoldStore: Send + Sync {
+    /// Open holds, oldest first.
+    fn holds(&self) -> Result<Vec<Hold>>;
+    /// Whether every delivery of `consumers` with a sequence up to `seq` is done or dead.
+    fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool>;
+    /// Ends a hold; false when it was already ended.
+    fn end_hold(&self, id: &str) -> Result<bool>;
 }

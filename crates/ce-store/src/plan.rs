@@ -37,6 +37,22 @@ pub fn check_expected(uri: &CtxUri, expected: Option<u64>, actual: Option<u64>) 
     }
 }
 
+/// Refuses a move of or onto the root, and a move into the source's own subtree.
+pub fn check_move(from: &CtxUri, to: &CtxUri) -> Result<()> {
+    let invalid = |reason| StoreError::InvalidMove {
+        from: from.clone(),
+        to: to.clone(),
+        reason,
+    };
+    if from.is_root() || to.is_root() {
+        return Err(invalid("the root ctx:// cannot be moved or replaced"));
+    }
+    if from != to && to.is_within(from) {
+        return Err(invalid("the target lies inside the source"));
+    }
+    Ok(())
+}
+
 /// The version a URI gets when it (re)appears: one above anything it ever had.
 pub fn next_version(current: Option<u64>, tombstone: Option<u64>) -> u64 {
     current.unwrap_or(0).max(tombstone.unwrap_or(0)) + 1

@@ -314,8 +314,26 @@ fn missing_nodes() {
         3,
         "not_found",
     );
-    rejected(&ce, &["rm", "ctx://acc/docs/nope"], 3, "not_found");
-    rejected(&ce, &["rm", "-r", "ctx://other"], 3, "not_found");
+    // An rm of a missing path is refused too, but queues one cleanup of index records that
+    // might be left under it (and changes no node).
+    for (args, uri) in [
+        (&["rm", "ctx://acc/docs/nope"][..], "ctx://acc/docs/nope"),
+        (&["rm", "-r", "ctx://other"][..], "ctx://other"),
+    ] {
+        let (tree, outbox) = ce.snapshot("ctx://acc");
+        let f = ce.fail(args, 3);
+        assert_eq!(f.error["code"], "not_found", "ce {args:?}: {}", f.error);
+        let (tree_after, outbox_after) = ce.snapshot("ctx://acc");
+        assert_eq!(tree_after, tree, "ce {args:?} changed a node");
+        let before = outbox.as_array().expect("rows").len();
+        let added = &outbox_after.as_array().expect("rows")[before..];
+        assert!(!added.is_empty(), "ce {args:?} queued no cleanup");
+        for row in added {
+            assert_eq!(row["event"]["event_type"], "DELETE_CONTEXT", "{row}");
+            assert_eq!(row["event"]["uri"], uri, "{row}");
+            assert_eq!(row["event"]["payload"]["recursive"], true, "{row}");
+        }
+    }
     rejected(&ce, &["outbox", "show", "999999"], 3, "not_found");
     rejected(&ce, &["outbox", "show", "evt-nope"], 3, "not_found");
 }

@@ -88,3 +88,69 @@ fn export_import_export_is_byte_identical() {
     assert_eq!(f.error["code"], "invalid_field");
     assert_eq!(files(&first), before);
 }
+
+/// `ce import --prune` re-syncs a directory: nodes whose files vanished are removed with the
+/// import, within the delete-safety limits (a derived deletion of more than 25 % of a scope
+/// of at least 20 is refused and changes nothing) unless `--allow-large-delete`.
+#[test]
+fn import_prune_removes_what_vanished_within_the_delete_safety_limits() {
+    let ce = Ce::new();
+    let src = tempfile::tempdir().expect("tempdir");
+    for i in 0..30 {
+        std::fs::write(src.path().join(format!("doc{i:02}.md")), format!("doc {i}"))
+            .expect("write");
+    }
+    let dir = src.path().to_str().expect("utf-8 path");
+    let first = ce.json(&["import", dir, "--into", "ctx://acc/kb"]);
+    assert_eq!(first["nodes_written"], 31, "30 leaves and the root");
+    let children = |ce: &Ce| {
+        ce.json(&["ls", "ctx://acc/kb"])
+            .as_array()
+            .expect("ls")
+            .len()
+    };
+    assert_eq!(children(&ce), 30);
+
+    // 5 of 31 vanish: within the limits.
+    for i in 0..5 {
+        std::fs::remove_file(src.path().join(format!("doc{i:02}.md"))).expect("rm");
+    }
+    let plain = ce.json(&["import", dir, "--into", "ctx://acc/kb"]);
+    assert_eq!(
+        plain["nodes_removed"], 0,
+        "without --prune nothing is removed"
+    );
+    assert_eq!(children(&ce), 30);
+    let pruned = ce.json(&["import", dir, "--into", "ctx://acc/kb", "--prune"]);
+    assert_eq!(pruned["nodes_removed"], 5);
+    assert_eq!(children(&ce), 25);
+    ce.fail(&["cat", "ctx://acc/kb/doc00.md"], 3);
+
+    // 10 of 26 (38 %) vanish: refused, and nothing changes.
+    for i in 5..15 {
+        std::fs::remove_file(src.path().join(format!("doc{i:02}.md"))).expect("rm");
+    }
+    let before = ce.snapshot("ctx://acc");
+    let f = ce.fail(&["import", dir, "--into", "ctx://acc/kb", "--prune"], 4);
+    assert_eq!(f.error["code"], "large_delete", "{}", f.error);
+    assert_eq!(f.error["retryable"], false, "{}", f.error);
+    let message = f.error["message"].as_str().expect("message");
+    assert!(message.contains("10 of 26"), "{message}");
+    assert!(message.contains("--allow-large-delete"), "{message}");
+    assert_eq!(
+        ce.snapshot("ctx://acc"),
+        before,
+        "a refused prune changed the store"
+    );
+    // The override lets it through; the import's lock was released after the refusal.
+    let forced = ce.json(&[
+        "import",
+        dir,
+        "--into",
+        "ctx://acc/kb",
+        "--prune",
+        "--allow-large-delete",
+    ]);
+    assert_eq!(forced["nodes_removed"], 10);
+    assert_eq!(children(&ce), 15);
+}

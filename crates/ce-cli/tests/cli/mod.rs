@@ -1,13 +1,17 @@
 //! Runs the built `ce` against a fresh data directory per test.
 
 mod bad_input;
+mod crash_sweep;
 mod demo;
 mod eval;
+mod fuzz_args;
 mod harness;
+mod kill_server;
 mod layout;
 mod nodes;
 mod outbox;
 mod relations;
+mod repair;
 mod search;
 mod server;
 mod tenants;

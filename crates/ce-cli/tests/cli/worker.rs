@@ -170,3 +170,210 @@ fn dry_run_mode_reports_the_delta_and_applies_nothing() {
     let human = ce.ok(&["worker", "--dry-run", "--consumer", "keyword"]);
     assert!(human.contains("would") && human.contains("text"), "{human}");
 }
+
+/// A child killed (SIGKILL works on a stopped process too) if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The vector deliveries with status `claimed`: (seq, claimed_by, claim_token, claimed_until).
+fn claimed(ce: &Ce) -> Vec<(i64, String, String, i64)> {
+    let rows = ce.json(&[
+        "outbox",
+        "list",
+        "--consumer",
+        "vector",
+        "--status",
+        "claimed",
+        "--limit",
+        "10000",
+    ]);
+    rows.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            let d = &r["delivery"];
+            (
+                d["seq"].as_i64().expect("seq"),
+                d["claimed_by"].as_str().expect("claimed_by").to_owned(),
+                d["claim_token"].as_str().expect("token").to_owned(),
+                d["claimed_until_ms"].as_i64().expect("claimed_until_ms"),
+            )
+        })
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock");
+    i64::try_from(d.as_millis()).expect("ms")
+}
+
+/// A worker frozen (SIGSTOP) while it holds claims, past its lease: no other process can take
+/// its place on the vector index (the paused process still holds the index's lock), so its
+/// claims are taken over at the outbox (as a second worker would); the nodes get new versions
+/// meanwhile. Resumed (SIGCONT), the paused worker's late acknowledgements are refused (the
+/// deliveries stay as the new holder has them), and the vector index ends with the newest
+/// version of every node, never an older write of the paused worker.
+#[test]
+fn a_worker_paused_past_its_lease_cannot_ack_or_leave_stale_vectors() {
+    use ce_core::{Config, CtxUri, IndexProjector};
+    use ce_index::vector::VectorIndex as _;
+    use ce_store::{ContextFs as _, OutboxStore as _, SqliteStore};
+
+    let toml = "[index.worker]\nlease_seconds = 15\nheartbeat_seconds = 2\npoll_interval_ms = 50\n";
+    let ce = Ce::hash(toml);
+    let nodes = [
+        ("ctx://acc/docs/a", "alpha beta gamma"),
+        ("ctx://acc/docs/b", "delta epsilon zeta"),
+        ("ctx://acc/docs/c", "eta theta iota"),
+    ];
+    for (uri, text) in nodes {
+        ce.put(uri, text);
+    }
+    let log_path = ce.data_dir().join("paused-worker.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    // Each embedding call takes 5 s: the worker holds its claims in the middle of a batch.
+    let mut paused = KillOnDrop(
+        ce.command(&["worker", "--consumer", "vector", "--workers", "1"])
+            .env("CE_FAILPOINT_WORKER_EMBED_DELAY_MS", "5000")
+            .env_remove("CE_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("ce worker starts"),
+    );
+    let pid = paused.0.id();
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    eventually(Duration::from_secs(30), || {
+        (vector(&ce)["claimed"].as_u64() >= Some(5)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("never claimed: {}\n{}", vector(&ce), read_log()));
+    signal(pid, "-STOP");
+    let held = claimed(&ce);
+    assert!(
+        held.len() >= 5 && held.iter().all(|c| c.1.starts_with("worker-vector-")),
+        "stopped too late: the paused worker no longer holds its claims: {held:?}\n{}",
+        read_log()
+    );
+    let first_v2_seq = held.iter().map(|c| c.0).max().expect("claims") + 1;
+
+    // Its heartbeat is frozen with it: wait out the lease.
+    let until = held.iter().map(|c| c.3).max().expect("claims");
+    while now_ms() <= until + 500 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No second process can open the vector index while the paused one holds its lock.
+    let out = ce.run(&["--json", "worker", "--once", "--consumer", "vector"]);
+    let f = super::harness::failure(&["worker", "--once"], &out);
+    assert_eq!(
+        (f.exit, f.error["code"].as_str()),
+        (6, Some("unavailable")),
+        "{:?}",
+        f.error
+    );
+    assert_eq!(claimed(&ce), held, "the refused worker touched the claims");
+
+    // New versions of the same nodes, then a takeover of the expired claims at the outbox.
+    for (uri, text) in nodes {
+        let o = ce.put(uri, &format!("{text} version two"));
+        assert_eq!(o["version"], 2, "{o}");
+    }
+    let config = Config::from_toml(toml).expect("config");
+    let store = SqliteStore::open(ce.data_dir(), config.clone()).expect("store");
+    let taken = store
+        .claim_batch("vector", "takeover", held.len())
+        .expect("claim the expired claims");
+    let taken_seqs: Vec<i64> = taken.iter().map(|c| c.claim.seq).collect();
+    let held_seqs: Vec<i64> = held.iter().map(|c| c.0).collect();
+    assert_eq!(taken_seqs, held_seqs, "the expired claims are taken over");
+    assert!(taken_seqs.iter().all(|s| *s < first_v2_seq));
+
+    // Resumed: its batch ends, and every late acknowledgement is refused.
+    signal(pid, "-CONT");
+    eventually(Duration::from_secs(60), || {
+        read_log().contains("ack refused").then_some(())
+    })
+    .unwrap_or_else(|| panic!("no refused ack logged:\n{}", read_log()));
+    let now: Vec<(i64, String)> = claimed(&ce)
+        .into_iter()
+        .filter(|c| c.0 < first_v2_seq)
+        .map(|c| (c.0, c.1))
+        .collect();
+    let want: Vec<(i64, String)> = held_seqs.iter().map(|s| (*s, "takeover".into())).collect();
+    assert_eq!(
+        now, want,
+        "a late ack of the paused worker changed a delivery"
+    );
+    for r in store
+        .mark_done_batch(&taken.iter().map(|c| c.claim.clone()).collect::<Vec<_>>())
+        .expect("mark done")
+    {
+        r.expect("the takeover's claims are live");
+    }
+    // The resumed worker applies the new versions.
+    eventually(Duration::from_secs(90), || {
+        let v = vector(&ce);
+        (v["pending"] == 0 && v["claimed"] == 0 && v["retry_wait"] == 0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("not drained: {}\n{}", vector(&ce), read_log()));
+    assert_eq!(vector(&ce)["dead"], 0);
+    signal(pid, "-TERM");
+    let status = paused.0.wait().expect("worker exits");
+    assert_eq!(status.code(), Some(0), "{}", read_log());
+    drop(store);
+
+    // The index holds exactly the newest version of each node.
+    let engine = ce_server::Engine::open_with(
+        ce.data_dir(),
+        Config::from_toml(&format!("{}{toml}", super::harness::HASH_EMBEDDER)).expect("config"),
+        ce_server::EngineOptions {
+            run_workers: false,
+            ..ce_server::EngineOptions::default()
+        },
+    )
+    .expect("engine");
+    let records = engine.index().list_under(&CtxUri::root()).expect("list");
+    let projector = IndexProjector::default();
+    let want: Vec<(String, u64, String)> = engine
+        .store()
+        .read_subtree(&CtxUri::root())
+        .expect("read")
+        .iter()
+        .flat_map(|n| {
+            projector
+                .build_context_records(n)
+                .records
+                .into_iter()
+                .map(|r| (r.id, n.version, r.text))
+        })
+        .collect();
+    let mut got: Vec<(String, u64, String)> = records
+        .into_iter()
+        .map(|r| (r.record.id, r.node_version, r.record.text))
+        .collect();
+    got.sort();
+    let mut want = want;
+    want.sort();
+    assert_eq!(got, want, "the vector index is not the newest projection");
+    assert!(
+        got.iter().any(|r| r.1 == 2 && r.2.contains("version two")),
+        "{got:?}"
+    );
+    engine.shutdown();
+}

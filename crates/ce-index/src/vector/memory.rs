@@ -516,13 +516,13 @@ impl VectorIndex for MemoryVectorIndex {
     }
 }
 
-/// The error of a payload-only update (`vector: None`) for a record with no stored vector.
+/// The error of a payload-only update (`vector: None`) for a record with no stored vector:
+/// the worker planned it from a stored vector that another worker has since moved or removed
+/// (back-to-back moves of one subtree on two workers), so it is retried and planned again.
 pub(crate) fn missing_vector(r: &IndexRecord) -> IndexError {
-    invalid(
-        "vector",
-        format!(
-            "record {} ({} level {}) has no stored vector to keep: embed its text",
-            r.id, r.uri, r.level
-        ),
-    )
+    IndexError::Raced(format!(
+        "record {} ({} level {}) has no stored vector to keep (moved or removed since it was \
+         read): embed its text",
+        r.id, r.uri, r.level
+    ))
 }

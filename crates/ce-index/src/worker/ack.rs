@@ -60,6 +60,7 @@ pub(super) fn acknowledge(
         }
     }
 
+    ce_core::failpoint::hit("worker.mid_ack");
     for (c, err) in failures {
         let e = &c.event;
         if err.is_rate_limit() {

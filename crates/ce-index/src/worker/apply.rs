@@ -348,7 +348,10 @@ impl Applier<'_> {
             })
             .collect();
         let t0 = Instant::now();
-        match self.target.write_nodes(writes) {
+        ce_core::failpoint::hit("worker.after_embed");
+        let written_nodes = self.target.write_nodes(writes);
+        ce_core::failpoint::hit("worker.after_index_write");
+        match written_nodes {
             Ok(outcomes) => {
                 metrics::histogram!("index_vector_upsert_latency_ms")
                     .record(t0.elapsed().as_secs_f64() * 1e3);

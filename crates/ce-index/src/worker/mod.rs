@@ -301,6 +301,7 @@ impl IndexWorker {
             self.apply(&plan.ops, &claims)
         };
         ack::acknowledge(self, &claimed, &plan, &results, started, &mut result);
+        ce_core::failpoint::hit("worker.after_ack");
         metrics::histogram!("index_worker_run_once_latency_ms")
             .record(started.elapsed().as_secs_f64() * 1e3);
         let consumer = self.cfg.consumer.clone();

@@ -17,6 +17,11 @@
 //!    [`RelationVersion`] `(version, relation_version)`; a removed (or moved-away) owner is
 //!    removed at its tombstone's version; a URI the source never stored is purged. The index
 //!    drops writes older than what it holds (invariant RX1), so concurrent workers converge.
+//! 4. Check the source again for every owner whose edges were just written: one that was
+//!    removed or moved away meanwhile is synced again (its removal supersedes the write).
+//!    Without this, a move back that another worker applied between this worker's read and
+//!    its write could not see the edges this worker was about to write under the moved-away
+//!    URI, and they would stay as orphans.
 //!
 //! Failures are per owner: an owner whose read or write failed fails the operations that
 //! include it, and only the events needing those operations are retried.
@@ -171,6 +176,51 @@ impl RelationApplier<'_> {
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut RelationCounts,
     ) -> Result<(), WorkError> {
+        let mut pending = owners.to_vec();
+        for _ in 0..READ_ROUNDS {
+            let written = self.sync_once(&pending, failed, counts)?;
+            pending = self.changed_since(&written)?;
+            if pending.is_empty() {
+                return Ok(());
+            }
+            debug!(
+                owners = pending.len(),
+                "owners changed after their edges were written: syncing again"
+            );
+        }
+        for u in pending {
+            failed.insert(
+                u,
+                WorkError::internal("owner kept changing while its edges were written"),
+            );
+        }
+        Ok(())
+    }
+
+    /// The owners of `written` (owner, node version of the replace) that the source no longer
+    /// holds at that version.
+    fn changed_since(&self, written: &[(CtxUri, u64)]) -> Result<Vec<CtxUri>, WorkError> {
+        if written.is_empty() {
+            return Ok(Vec::new());
+        }
+        let uris: Vec<CtxUri> = written.iter().map(|(u, _)| u.clone()).collect();
+        let versions = self.source.versions(&uris)?;
+        Ok(written
+            .iter()
+            .zip(versions)
+            .filter(|((_, v), now)| !matches!(now, UriVersion::Live(n) if n == v))
+            .map(|((u, _), _)| u.clone())
+            .collect())
+    }
+
+    /// One read-and-write pass over `owners`; returns the owners whose edge set it replaced
+    /// (or found already in place), with the node version it wrote at.
+    fn sync_once(
+        &self,
+        owners: &[CtxUri],
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut RelationCounts,
+    ) -> Result<Vec<(CtxUri, u64)>, WorkError> {
         let mut writes: Vec<RelationWrite> = Vec::new();
         let mut todo: Vec<CtxUri> = owners.to_vec();
         for _ in 0..READ_ROUNDS {
@@ -185,10 +235,11 @@ impl RelationApplier<'_> {
                 WorkError::internal("owner kept changing while its edges were read"),
             );
         }
+        let mut written = Vec::new();
         for chunk in writes.chunks(WRITE_BATCH) {
-            self.write_chunk(chunk.to_vec(), failed, counts);
+            written.extend(self.write_chunk(chunk.to_vec(), failed, counts));
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Reads `uris` once: the write of each owner read consistently goes to `writes`; the
@@ -258,31 +309,39 @@ impl RelationApplier<'_> {
         Ok(changed)
     }
 
-    /// Applies one batched index write, counting outcomes; failures go to `failed`.
+    /// Applies one batched index write, counting outcomes; failures go to `failed`. Returns
+    /// the replaces that are in place (applied or already there), with their node versions.
     fn write_chunk(
         &self,
         writes: Vec<RelationWrite>,
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut RelationCounts,
-    ) {
+    ) -> Vec<(CtxUri, u64)> {
         let _s = info_span!("index.relation_write", owners = writes.len()).entered();
-        let keys: Vec<(CtxUri, bool)> = writes
+        let keys: Vec<(CtxUri, Option<u64>)> = writes
             .iter()
             .map(|w| {
-                (
-                    w.owner().clone(),
-                    matches!(w, RelationWrite::Replace { .. }),
-                )
+                let replaced = match w {
+                    RelationWrite::Replace { version, .. } => Some(version.node_version),
+                    _ => None,
+                };
+                (w.owner().clone(), replaced)
             })
             .collect();
+        let mut in_place = Vec::new();
         let t0 = Instant::now();
         match self.index.write_owners(writes) {
             Ok(outcomes) => {
                 metrics::histogram!("index_relation_write_latency_ms")
                     .record(t0.elapsed().as_secs_f64() * 1e3);
-                for ((owner, replace), outcome) in keys.into_iter().zip(outcomes) {
+                for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
+                    if let (Some(v), Ok(RelationOutcome::Applied | RelationOutcome::Unchanged)) =
+                        (replaced, &outcome)
+                    {
+                        in_place.push((owner.clone(), v));
+                    }
                     match outcome {
-                        Ok(RelationOutcome::Applied) if replace => counts.upserted += 1,
+                        Ok(RelationOutcome::Applied) if replaced.is_some() => counts.upserted += 1,
                         Ok(RelationOutcome::Applied) => counts.removed += 1,
                         Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
                         Ok(RelationOutcome::Stale) => counts.stale += 1,
@@ -301,6 +360,7 @@ impl RelationApplier<'_> {
                 }
             }
         }
+        in_place
     }
 }
 

@@ -254,3 +254,92 @@ impl Running {
         }
     }
 }
+
+/// The write step of a [`WrappedRelations`]: sees every batch and decides what reaches the
+/// index (fault injection, hooks).
+pub type RelationWriteStep = dyn Fn(
+        &dyn ce_index::relation::RelationIndex,
+        Vec<ce_index::relation::RelationWrite>,
+    ) -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>>
+    + Send
+    + Sync;
+
+/// A relation index whose batched writes go through `write`; every other call goes straight
+/// to `inner`.
+pub struct WrappedRelations {
+    /// The real index.
+    pub inner: Arc<dyn ce_index::relation::RelationIndex>,
+    /// What happens to a batch of writes.
+    pub write: Box<RelationWriteStep>,
+}
+
+impl WrappedRelations {
+    /// Wraps `inner` with the write step `write`.
+    pub fn new(
+        inner: Arc<dyn ce_index::relation::RelationIndex>,
+        write: impl Fn(
+            &dyn ce_index::relation::RelationIndex,
+            Vec<ce_index::relation::RelationWrite>,
+        )
+            -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Arc<Self> {
+        Arc::new(WrappedRelations {
+            inner,
+            write: Box::new(write),
+        })
+    }
+}
+
+impl ce_index::relation::RelationIndex for WrappedRelations {
+    fn write_owners(
+        &self,
+        writes: Vec<ce_index::relation::RelationWrite>,
+    ) -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>> {
+        (self.write)(self.inner.as_ref(), writes)
+    }
+    fn upsert_relations(
+        &self,
+        records: &[ce_index::relation::RelationRecord],
+    ) -> ce_index::Result<()> {
+        self.inner.upsert_relations(records)
+    }
+    fn delete_relations_by_uri(&self, uri: &CtxUri, subtree: bool) -> ce_index::Result<u64> {
+        self.inner.delete_relations_by_uri(uri, subtree)
+    }
+    fn related(
+        &self,
+        uri: &CtxUri,
+        relation_type: Option<&str>,
+        direction: ce_index::relation::Direction,
+        limit: usize,
+    ) -> ce_index::Result<Vec<ce_index::relation::RelationRecord>> {
+        self.inner.related(uri, relation_type, direction, limit)
+    }
+    fn list_under(
+        &self,
+        uri: &CtxUri,
+    ) -> ce_index::Result<Vec<ce_index::relation::RelationRecord>> {
+        self.inner.list_under(uri)
+    }
+    fn list_targeting(
+        &self,
+        uri: &CtxUri,
+    ) -> ce_index::Result<Vec<ce_index::relation::RelationRecord>> {
+        self.inner.list_targeting(uri)
+    }
+    fn owner_version(
+        &self,
+        owner: &CtxUri,
+    ) -> ce_index::Result<Option<ce_index::relation::OwnerVersion>> {
+        self.inner.owner_version(owner)
+    }
+    fn count(&self) -> ce_index::Result<u64> {
+        self.inner.count()
+    }
+    fn clear(&self) -> ce_index::Result<()> {
+        self.inner.clear()
+    }
+}

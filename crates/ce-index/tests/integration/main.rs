@@ -7,6 +7,7 @@ mod common;
 mod convergence;
 mod keyword;
 mod relation;
+mod repair;
 mod vector_contract;
 mod vector_crash;
 mod vector_model;

@@ -15,8 +15,7 @@ use ce_index::IndexError;
 use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::relation::memory::MemoryRelationIndex;
 use ce_index::relation::{
-    Direction, OwnerVersion, RelationIndex, RelationOutcome, RelationRecord, RelationVersion,
-    RelationWrite,
+    Direction, RelationIndex, RelationOutcome, RelationRecord, RelationVersion, RelationWrite,
 };
 use ce_index::worker::IndexWorker;
 use ce_store::{
@@ -26,7 +25,7 @@ use ce_store::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{Env, Running, seed, uri, worker_config};
+use crate::common::{Env, Running, WrappedRelations, seed, uri, worker_config};
 
 /// A relation index whose writes fail while faults are on: a whole batch, or single writes
 /// (retryable), at a seeded rate; and writes of one owner non-retryably while it is poisoned.
@@ -56,9 +55,18 @@ impl FlakyRelations {
     }
 }
 
-impl RelationIndex for FlakyRelations {
-    fn write_owners(
+impl FlakyRelations {
+    /// The index the workers use: writes go through [`FlakyRelations::write`].
+    pub(crate) fn index(self: &Arc<Self>) -> Arc<dyn RelationIndex> {
+        let me = self.clone();
+        WrappedRelations::new(self.inner.clone(), move |inner, writes| {
+            me.write(inner, writes)
+        })
+    }
+
+    fn write(
         &self,
+        inner: &dyn RelationIndex,
         writes: Vec<RelationWrite>,
     ) -> ce_index::Result<Vec<ce_index::Result<RelationOutcome>>> {
         if self.roll() {
@@ -82,41 +90,11 @@ impl RelationIndex for FlakyRelations {
                 pass.push(w);
             }
         }
-        let mut applied = self.inner.write_owners(pass)?.into_iter();
+        let mut applied = inner.write_owners(pass)?.into_iter();
         Ok(answers
             .into_iter()
             .map(|a| a.unwrap_or_else(|| applied.next().expect("one outcome per write")))
             .collect())
-    }
-    fn upsert_relations(&self, records: &[RelationRecord]) -> ce_index::Result<()> {
-        self.inner.upsert_relations(records)
-    }
-    fn delete_relations_by_uri(&self, uri: &CtxUri, subtree: bool) -> ce_index::Result<u64> {
-        self.inner.delete_relations_by_uri(uri, subtree)
-    }
-    fn related(
-        &self,
-        uri: &CtxUri,
-        relation_type: Option<&str>,
-        direction: Direction,
-        limit: usize,
-    ) -> ce_index::Result<Vec<RelationRecord>> {
-        self.inner.related(uri, relation_type, direction, limit)
-    }
-    fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<RelationRecord>> {
-        self.inner.list_under(uri)
-    }
-    fn list_targeting(&self, uri: &CtxUri) -> ce_index::Result<Vec<RelationRecord>> {
-        self.inner.list_targeting(uri)
-    }
-    fn owner_version(&self, owner: &CtxUri) -> ce_index::Result<Option<OwnerVersion>> {
-        self.inner.owner_version(owner)
-    }
-    fn count(&self) -> ce_index::Result<u64> {
-        self.inner.count()
-    }
-    fn clear(&self) -> ce_index::Result<()> {
-        self.inner.clear()
     }
 }
 
@@ -271,7 +249,7 @@ fn converge(seed: u64, index: Arc<dyn RelationIndex>, what: &str) -> Env {
     let env = env();
     let flaky = FlakyRelations::new(index.clone(), 0.08, seed);
     let workers: Vec<Arc<IndexWorker>> = (0..4)
-        .map(|i| Arc::new(worker(&env, flaky.clone(), &format!("w{i}"))))
+        .map(|i| Arc::new(worker(&env, flaky.index(), &format!("w{i}"))))
         .collect();
     let running = Running::start(&workers);
     let mut rng = StdRng::seed_from_u64(seed);
@@ -331,7 +309,7 @@ fn a_permanent_write_failure_goes_dead_and_converges_after_requeue() {
     let index: Arc<dyn RelationIndex> =
         Arc::new(EmbeddedRelationIndex::open(dir.path()).expect("open"));
     let flaky = FlakyRelations::new(index.clone(), 0.0, 1);
-    let w = worker(&env, flaky.clone(), "w");
+    let w = worker(&env, flaky.index(), "w");
     for u in ["ctx://acc/a", "ctx://acc/b", "ctx://acc/c"] {
         let req = PutRequest {
             content: Some(format!("content of {u}")),
@@ -481,4 +459,69 @@ fn bad_input_gets_typed_errors_and_harms_nothing() {
 
 fn read_prefix(path: &Path) -> Vec<u8> {
     std::fs::read(path).expect("read")
+}
+
+/// Found by the crash sweep: worker A applies a move `w → wm` and reads the moved owners;
+/// before its write lands, the subtree moves back and worker B applies that move — B cannot
+/// see, under `wm`, the edges A is about to write there. A's write then lands under `wm`; A
+/// must notice that its owners left `wm` meanwhile and remove them, or they stay as orphans.
+#[test]
+fn a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan() {
+    let env = env();
+    let inner: Arc<dyn RelationIndex> = Arc::new(MemoryRelationIndex::new());
+    let put = |u: &str| {
+        let req = PutRequest {
+            content: Some(format!("content of {u}")),
+            ..PutRequest::default()
+        };
+        env.store.put(&uri(u), req).expect("put");
+    };
+    put("ctx://a/w/n");
+    put("ctx://a/t");
+    env.store
+        .link(LinkRequest {
+            from: uri("ctx://a/w/n"),
+            to: uri("ctx://a/t"),
+            relation_type: "refers".into(),
+            weight: 1.0,
+            reason: String::new(),
+            trace_id: None,
+        })
+        .expect("link");
+    worker(&env, inner.clone(), "setup")
+        .run_once(100)
+        .expect("setup");
+    assert_converged(&env, inner.as_ref(), "before the moves");
+
+    env.store
+        .mv(&uri("ctx://a/w"), &uri("ctx://a/wm"), None)
+        .expect("move away");
+    let b = worker(&env, inner.clone(), "b");
+    let store = env.store.clone();
+    let once = std::sync::Once::new();
+    let hooked = WrappedRelations::new(inner.clone(), move |inner, writes| {
+        once.call_once(|| {
+            // Between A's read and its first write: the move back, applied by B.
+            store
+                .mv(&uri("ctx://a/wm"), &uri("ctx://a/w"), None)
+                .expect("move back");
+            b.run_once(100).expect("worker b");
+        });
+        inner.write_owners(writes)
+    });
+    let a = worker(&env, hooked, "a");
+    let done = a.run_once(100).expect("worker a");
+    assert!(done.claimed > 0, "A applied the move away");
+    // Anything left (B's events are done; A's were acknowledged) is drained by a third worker.
+    worker(&env, inner.clone(), "c")
+        .run_once(100)
+        .expect("drain");
+    assert_converged(&env, inner.as_ref(), "after the move and the move back");
+    assert!(
+        inner
+            .list_under(&uri("ctx://a/wm"))
+            .expect("list")
+            .is_empty(),
+        "an orphan edge was left under the moved-away URI"
+    );
 }

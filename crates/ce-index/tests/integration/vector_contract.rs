@@ -586,7 +586,9 @@ fn payload_only_sync_keeps_the_stored_vector() {
             1,
             "{name}: filters see the new payload"
         );
-        // No stored vector for level 1: an error, and nothing changes (not even level 0).
+        // No stored vector for level 1: an error, and nothing changes (not even level 0). It
+        // is retryable: the writer planned from a state another worker has since changed (a
+        // move took the vector away), and its retry plans again and embeds.
         let before = snapshot(idx);
         let err = idx
             .sync_node(
@@ -595,7 +597,8 @@ fn payload_only_sync_keeps_the_stored_vector() {
                 vec![nr(u, 0, Some(unit(12, DIM))), nr(u, 1, None)],
             )
             .expect_err("no vector to keep");
-        assert!(!err.is_retryable(), "{name}: {err}");
+        assert!(err.is_retryable(), "{name}: {err}");
+        assert_eq!(err.code(), ErrorCode::VersionConflict, "{name}: {err}");
         assert_eq!(
             snapshot(idx),
             before,

@@ -3,12 +3,13 @@
 //! catch-up since the last snapshot, not a full rebuild), and rebuild the graph when removed
 //! slots pass `index.vector.rebuild_tombstone_ratio` (they cost memory and search time).
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ce_index::vector::embedded::EmbeddedVectorIndex;
 use tracing::{info, warn};
+
+use super::periodic::Periodic;
 
 /// How often the upkeep thread looks at the index (at most; never more often than
 /// the snapshot interval).
@@ -78,61 +79,14 @@ pub fn step(
     done
 }
 
-/// The upkeep thread; stops (promptly) on [`Upkeep::stop`] or drop.
-pub struct Upkeep {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Upkeep {
-    /// Starts the thread.
-    pub fn start(index: Arc<EmbeddedVectorIndex>, policy: UpkeepPolicy) -> Upkeep {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let signal = stop.clone();
-        let tick = TICK.min(policy.snapshot_interval);
-        let thread = std::thread::Builder::new()
-            .name("ce-index-upkeep".into())
-            .spawn(move || {
-                let mut last_snapshot = Instant::now();
-                let (lock, cv) = &*signal;
-                let mut stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                loop {
-                    stopped = cv
-                        .wait_timeout_while(stopped, tick, |s| !*s)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                    if *stopped {
-                        return;
-                    }
-                    drop(stopped);
-                    step(&index, &policy, &mut last_snapshot);
-                    stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                }
-            })
-            .map_err(|e| warn!(error = %e, "cannot start the vector index upkeep thread"))
-            .ok();
-        Upkeep { stop, thread }
-    }
-
-    /// Stops the thread and waits for it.
-    pub fn stop(mut self) {
-        self.halt();
-    }
-
-    fn halt(&mut self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        cv.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Upkeep {
-    fn drop(&mut self) {
-        self.halt();
-    }
+/// Starts the upkeep thread (stopped with the returned [`Periodic`]).
+pub fn start(index: Arc<EmbeddedVectorIndex>, policy: UpkeepPolicy) -> Periodic {
+    let tick = TICK.min(policy.snapshot_interval);
+    let mut last_snapshot = Instant::now();
+    Periodic::start("ce-index-upkeep", tick, move || {
+        step(&index, &policy, &mut last_snapshot);
+        tick
+    })
 }
 
 #[cfg(test)]
@@ -213,7 +167,7 @@ mod tests {
     fn the_thread_stops_promptly() {
         let dir = tempfile::tempdir().expect("tmp");
         let index = Arc::new(EmbeddedVectorIndex::open(dir.path()).expect("open"));
-        let u = Upkeep::start(
+        let u = start(
             index,
             UpkeepPolicy::from_config(&ce_core::Config::default()),
         );

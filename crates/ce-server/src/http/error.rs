@@ -93,11 +93,26 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             warn!(code = %self.code, status = self.status.as_u16(), error = %self.message, "request failed");
         }
+        // A retryable refusal tells HTTP clients when to come back (a lock's holder usually
+        // finishes within a second; an unavailable store or model within a few).
+        let retry_after = match (self.retryable, self.code) {
+            (false, _) => None,
+            (true, ErrorCode::Busy | ErrorCode::LeaseLost) => Some("1"),
+            (true, ErrorCode::Unavailable) => Some("5"),
+            (true, _) => None,
+        };
         let body = ErrorBody {
             code: self.code.as_str().to_owned(),
             message: self.message,
             retryable: self.retryable,
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(secs),
+            );
+        }
+        response
     }
 }

@@ -24,11 +24,11 @@ use crate::wire::{
     SearchBody, UnlinkBody,
 };
 
-type Answer = Result<Response, ApiError>;
+pub(super) type Answer = Result<Response, ApiError>;
 type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
-type J<T> = Result<Json<T>, JsonRejection>;
+pub(super) type J<T> = Result<Json<T>, JsonRejection>;
 
-fn body<T>(b: J<T>) -> Result<T, ApiError> {
+pub(super) fn body<T>(b: J<T>) -> Result<T, ApiError> {
     b.map(|Json(t)| t).map_err(|r| ApiError::from_json(&r))
 }
 
@@ -38,14 +38,17 @@ fn params(q: Q, allowed: &[&'static str]) -> Result<Params, ApiError> {
 }
 
 /// Runs `f` on the blocking pool and answers its value as JSON.
-async fn blocking<T, F>(state: &AppState, f: F) -> Answer
+pub(super) async fn blocking<T, F>(state: &AppState, f: F) -> Answer
 where
     T: Serialize + Send + 'static,
     F: FnOnce(&Engine) -> Result<T, ApiError> + Send + 'static,
 {
     let engine = state.engine.clone();
     match tokio::task::spawn_blocking(move || f(&engine)).await {
-        Ok(r) => r.map(|v| Json(v).into_response()),
+        Ok(r) => {
+            ce_core::failpoint::hit("http.before_reply");
+            r.map(|v| Json(v).into_response())
+        }
         Err(e) => Err(ApiError::internal(format!("request task failed: {e}"))),
     }
 }

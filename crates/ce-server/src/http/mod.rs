@@ -19,6 +19,7 @@ pub mod auth;
 mod error;
 mod handlers;
 mod params;
+mod repair;
 pub mod scope;
 
 use std::net::SocketAddr;
@@ -127,6 +128,8 @@ pub const ROUTES: &[Route] = {
         POST "/v1/outbox/append" Admin => h::outbox_append,
         GET "/v1/status" Admin => h::status,
         POST "/v1/reindex" Admin => h::reindex,
+        POST "/v1/repair/dead" Admin => repair::dead,
+        POST "/v1/repair/reconcile" Admin => repair::reconcile,
         GET "/healthz" Open => h::healthz,
         GET "/readyz" Open => h::readyz,
         GET "/metrics" Admin => h::metrics,

@@ -425,6 +425,20 @@ fn isolation(h: &H, r: &Route) {
         ("POST", "/v1/reindex") => {
             h.expect(h.post(a, r.path, &json!({})), 403, Some("forbidden"), &what);
         }
+        ("POST", "/v1/repair/dead") => {
+            let count = json!({"action": "count", "filter": {"subtree": "ctx://b"}});
+            h.expect(h.post(a, r.path, &count), 403, Some("forbidden"), &what);
+            let force = json!({"action": "force_done", "confirm": true});
+            h.expect(h.post(a, r.path, &force), 403, Some("forbidden"), &what);
+            let counted = h.expect(h.post(admin, r.path, &count), 200, None, &what);
+            assert_eq!(counted["total"], 0, "{counted}");
+        }
+        ("POST", "/v1/repair/reconcile") => {
+            let body = json!({"subtree": "ctx://b", "dry_run": true});
+            h.expect(h.post(a, r.path, &body), 403, Some("forbidden"), &what);
+            let report = h.expect(h.post(admin, r.path, &body), 200, None, &what);
+            assert_eq!(report["emitted"], 0, "{report}");
+        }
         ("GET", "/metrics") => {
             h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);
         }

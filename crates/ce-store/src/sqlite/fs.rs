@@ -2,8 +2,8 @@
 //! transaction.
 
 use ce_core::{
-    ContextNode, CtxUri, DeleteContextPayload, EVENT_VERSION, EventPayload, MoveContextPayload,
-    UpsertContextPayload, UpsertReason,
+    ContextNode, CtxUri, DeleteContextPayload, EVENT_VERSION, EventPayload, Millis,
+    MoveContextPayload, UpsertContextPayload, UpsertReason,
 };
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
@@ -14,7 +14,9 @@ use super::{
     subtree_bounds, subtree_sql,
 };
 use crate::error::{Result, StoreError};
-use crate::model::{ContextFs, NodeStat, PutRequest, UriVersion, WriteOp, WriteOutcome};
+use crate::model::{
+    ContextFs, NodeStat, PutRequest, UriVersion, WriteFence, WriteOp, WriteOutcome,
+};
 use crate::plan::{self, check_expected, container, next_version, plan_put, trace_id_or_new};
 
 fn upsert_event(node: &ContextNode, reason: UpsertReason) -> EventPayload {
@@ -155,43 +157,30 @@ fn stat_of(conn: &Connection, n: ContextNode) -> Result<NodeStat> {
     })
 }
 
-impl ContextFs for SqliteStore {
-    fn put(&self, uri: &CtxUri, req: PutRequest) -> Result<WriteOutcome> {
-        self.write(Durability::Full, |tx, now| self.put_tx(tx, uri, req, now))
-    }
-
-    fn apply_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>> {
-        self.write(Durability::Full, |tx, now| {
-            ops.into_iter()
-                .map(|op| match op {
-                    WriteOp::Put { uri, req } => self.put_tx(tx, &uri, req, now),
-                    WriteOp::SetRelations {
-                        from,
-                        edges,
-                        trace_id,
-                    } => self.set_relations_tx(tx, &from, edges, trace_id, now),
-                })
-                .collect()
-        })
-    }
-
-    fn rm(
+impl SqliteStore {
+    fn rm_tx(
         &self,
+        tx: &Transaction<'_>,
         uri: &CtxUri,
         recursive: bool,
         expect_version: Option<u64>,
         trace_id: Option<String>,
+        now: Millis,
     ) -> Result<WriteOutcome> {
         if uri.is_root() {
             return Err(StoreError::RootNotWritable);
         }
         let trace_id = trace_id_or_new(trace_id);
-        self.write(Durability::Full, |tx, now| {
-            let node = get_node(tx, uri)?.ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
+        {
+            let node =
+                get_node(tx, uri)?.ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
             check_expected(uri, expect_version, Some(node.version))?;
             let children = count_children(tx, uri)?;
             if children > 0 && !recursive {
-                return Err(StoreError::NotEmpty { uri: uri.clone(), children });
+                return Err(StoreError::NotEmpty {
+                    uri: uri.clone(),
+                    children,
+                });
             }
             let (lo, hi) = subtree_bounds(uri);
             let within = subtree_sql("uri", 1);
@@ -205,7 +194,10 @@ impl ContextFs for SqliteStore {
                 ),
                 p,
             )?;
-            let removed = tx.execute(&format!("DELETE FROM nodes WHERE {within}"), params![uri.as_str(), lo, hi])?;
+            let removed = tx.execute(
+                &format!("DELETE FROM nodes WHERE {within}"),
+                params![uri.as_str(), lo, hi],
+            )?;
             // Edges into the removed subtree from outside change their owners' edge sets.
             let from_in = subtree_sql("from_uri", 1);
             let to_in = subtree_sql("to_uri", 1);
@@ -238,24 +230,22 @@ impl ContextFs for SqliteStore {
                 nodes_affected: removed as u64,
                 trace_id,
             })
-        })
+        }
     }
 
-    fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome> {
-        let invalid = |reason| StoreError::InvalidMove {
-            from: from.clone(),
-            to: to.clone(),
-            reason,
-        };
-        if from.is_root() || to.is_root() {
-            return Err(invalid("the root ctx:// cannot be moved or replaced"));
-        }
-        if from != to && to.is_within(from) {
-            return Err(invalid("the target lies inside the source"));
-        }
+    fn mv_tx(
+        &self,
+        tx: &Transaction<'_>,
+        from: &CtxUri,
+        to: &CtxUri,
+        trace_id: Option<String>,
+        now: Millis,
+    ) -> Result<WriteOutcome> {
+        plan::check_move(from, to)?;
         let trace_id = trace_id_or_new(trace_id);
-        self.write(Durability::Full, |tx, now| {
-            let root = get_node(tx, from)?.ok_or_else(|| StoreError::NodeNotFound { uri: from.clone() })?;
+        {
+            let root = get_node(tx, from)?
+                .ok_or_else(|| StoreError::NodeNotFound { uri: from.clone() })?;
             if from == to {
                 return Ok(WriteOutcome {
                     uri: to.clone(),
@@ -337,6 +327,135 @@ impl ContextFs for SqliteStore {
                 nodes_affected: moved.len() as u64,
                 trace_id,
             })
+        }
+    }
+
+    fn apply_op(&self, tx: &Transaction<'_>, op: WriteOp, now: Millis) -> Result<WriteOutcome> {
+        match op {
+            WriteOp::Put { uri, req } => self.put_tx(tx, &uri, req, now),
+            WriteOp::SetRelations {
+                from,
+                edges,
+                trace_id,
+            } => self.set_relations_tx(tx, &from, edges, trace_id, now),
+            WriteOp::Rm {
+                uri,
+                recursive,
+                expect_version,
+                trace_id,
+            } => self.rm_tx(tx, &uri, recursive, expect_version, trace_id, now),
+            WriteOp::Mv { from, to, trace_id } => self.mv_tx(tx, &from, &to, trace_id, now),
+            WriteOp::Hold { id, at, lease } => {
+                super::holds::insert_hold_tx(tx, &id, &at, &lease, now)?;
+                Ok(WriteOutcome {
+                    uri: at,
+                    version: 0,
+                    changed: true,
+                    event_ids: Vec::new(),
+                    nodes_affected: 0,
+                    trace_id: id,
+                })
+            }
+        }
+    }
+}
+
+/// The fencing check (docs/store.md "Fencing"): refuses a write under `fence` when a newer
+/// token was recorded for its path, an ancestor or a descendant; records the token.
+fn check_fence(tx: &Transaction<'_>, fence: &WriteFence, now: Millis) -> Result<()> {
+    let (lo, hi) = subtree_bounds(&fence.path);
+    let mut related: Vec<String> = fence
+        .path
+        .ancestors()
+        .iter()
+        .map(|a| a.as_str().to_owned())
+        .collect();
+    related.push(fence.path.as_str().to_owned());
+    let ancestors = serde_json::to_string(&related)?;
+    let newer: Option<(String, i64)> = tx
+        .prepare_cached(&format!(
+            "SELECT path, token FROM fences
+             WHERE token > ?4 AND ({} OR path IN (SELECT value FROM json_each(?5)))
+             ORDER BY token DESC LIMIT 1",
+            subtree_sql("path", 1)
+        ))?
+        .query_row(
+            params![fence.path.as_str(), lo, hi, fence.token as i64, ancestors],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((newest_path, newest)) = newer {
+        return Err(StoreError::LeaseLost {
+            path: fence.path.clone(),
+            token: fence.token,
+            newest_path,
+            newest: newest as u64,
+        });
+    }
+    tx.prepare_cached(
+        "INSERT INTO fences (path, token, updated_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT(path) DO UPDATE SET token = max(token, excluded.token),
+            updated_at = excluded.updated_at",
+    )?
+    .execute(params![fence.path.as_str(), fence.token as i64, now])?;
+    Ok(())
+}
+
+impl ContextFs for SqliteStore {
+    fn put(&self, uri: &CtxUri, req: PutRequest) -> Result<WriteOutcome> {
+        self.write(Durability::Full, |tx, now| self.put_tx(tx, uri, req, now))
+    }
+
+    fn apply_fenced(&self, fences: &[WriteFence], ops: Vec<WriteOp>) -> Result<Vec<WriteOutcome>> {
+        self.write(Durability::Full, |tx, now| {
+            for f in fences {
+                check_fence(tx, f, now)?;
+            }
+            ops.into_iter()
+                .map(|op| self.apply_op(tx, op, now))
+                .collect()
+        })
+    }
+
+    fn rm(
+        &self,
+        uri: &CtxUri,
+        recursive: bool,
+        expect_version: Option<u64>,
+        trace_id: Option<String>,
+    ) -> Result<WriteOutcome> {
+        let r = self.write(Durability::Full, |tx, now| {
+            self.rm_tx(tx, uri, recursive, expect_version, trace_id.clone(), now)
+        });
+        if matches!(r, Err(StoreError::NodeNotFound { .. })) && expect_version.is_none() {
+            self.purge_missing(uri, trace_id)?;
+        }
+        r
+    }
+
+    fn mv(&self, from: &CtxUri, to: &CtxUri, trace_id: Option<String>) -> Result<WriteOutcome> {
+        self.write(Durability::Full, |tx, now| {
+            self.mv_tx(tx, from, to, trace_id, now)
+        })
+    }
+
+    fn purge_missing(&self, uri: &CtxUri, trace_id: Option<String>) -> Result<Option<String>> {
+        if uri.is_root() {
+            return Err(StoreError::RootNotWritable);
+        }
+        let trace_id = trace_id_or_new(trace_id);
+        self.write(Durability::Full, |tx, now| {
+            if get_node(tx, uri)?.is_some() {
+                return Ok(None);
+            }
+            let event = EventPayload::DeleteContext(DeleteContextPayload {
+                event_version: EVENT_VERSION,
+                uri: uri.clone(),
+                expected_deleted_version: get_tombstone(tx, uri)?.unwrap_or(0),
+                recursive: true,
+                trace_id,
+            });
+            Ok(self.commit_events(tx, vec![event], now)?.into_iter().next())
         })
     }
 

@@ -13,6 +13,7 @@
 //! connections and see a consistent snapshot per call.
 
 mod fs;
+mod holds;
 mod outbox;
 mod relations;
 mod schema;
@@ -140,7 +141,14 @@ impl SqliteStore {
         // lock never leaves the transaction acting on an old time (leases, fencing).
         let now = self.now();
         let out = f(&tx, now)?;
+        let source_write = durability == Durability::Full;
+        if source_write {
+            ce_core::failpoint::hit("store.before_commit");
+        }
         tx.commit()?;
+        if source_write {
+            ce_core::failpoint::hit("store.after_commit");
+        }
         Ok(out)
     }
 

@@ -14,7 +14,8 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use super::{Durability, SqliteStore};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerStats, DeliveryRow, OutboxFilter, OutboxStore,
+    Claim, ClaimedEvent, ConsumerError, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
+    FORCED_DONE_CODE, OutboxFilter, OutboxStore,
 };
 
 const PENDING: i64 = 0;
@@ -51,6 +52,19 @@ const LAST_ERROR_DEAD_SQL: &str = "SELECT d.seq, e.event_id, d.error_code, d.las
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status = 5
      ORDER BY d.updated_at DESC, d.seq DESC LIMIT 1";
+
+/// The dead deliveries a [`DeadFilter`] selects, as `WHERE` conditions on `deliveries`
+/// (parameters `?1` consumer, `?2` error code, `?3`/`?4` sequence bounds, `?5` exhausted only,
+/// `?6` max retries, `?7` event type, `?8` subtree, `?9` configured consumers as JSON).
+const DEAD_WHERE: &str = "status = 5
+       AND (?1 IS NULL OR consumer = ?1)
+       AND (?2 IS NULL OR error_code = ?2)
+       AND seq >= ?3 AND seq <= ?4
+       AND (?5 = 0 OR retry_count >= ?6)
+       AND ((?7 IS NULL AND ?8 IS NULL) OR seq IN (
+            SELECT seq FROM events WHERE (?7 IS NULL OR event_type = ?7)
+              AND (?8 IS NULL OR uri = ?8 OR substr(uri, 1, length(?8) + 1) = ?8 || '/')))
+       AND consumer IN (SELECT value FROM json_each(?9))";
 
 const EVENT_COLUMNS: &str = "e.seq, e.event_id, e.event_type, e.uri, e.payload, e.created_at";
 const DELIVERY_COLUMNS: &str = "d.consumer, d.seq, d.status, d.retry_count, d.visible_at, \
@@ -277,6 +291,57 @@ fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
     Ok(out)
 }
 
+impl SqliteStore {
+    /// Runs `sql` (whose `WHERE` ends with [`DEAD_WHERE`] and which returns the consumer of
+    /// each row it selects or changes) with `filter`'s parameters after `extra`, in one write
+    /// transaction; counts the rows per consumer.
+    fn dead_rows(
+        &self,
+        filter: &DeadFilter,
+        sql: &str,
+        extra: &[&dyn rusqlite::ToSql],
+    ) -> Result<DeadCounts> {
+        if let Some(c) = &filter.consumer {
+            self.check_consumer(c)?;
+        }
+        let subtree = filter
+            .subtree
+            .as_ref()
+            .filter(|u| !u.is_root())
+            .map(|u| u.as_str().to_owned());
+        let configured = serde_json::to_string(&self.config.index.outbox.consumers)?;
+        let max_retries = i64::from(self.config.index.outbox.max_retries);
+        let event_type = filter.event_type.map(EventType::as_str);
+        let base: [&dyn rusqlite::ToSql; 9] = [
+            &filter.consumer,
+            &filter.error_code,
+            &filter.min_seq.unwrap_or(i64::MIN),
+            &filter.max_seq.unwrap_or(i64::MAX),
+            &filter.exhausted_only,
+            &max_retries,
+            &event_type,
+            &subtree,
+            &configured,
+        ];
+        let params: Vec<&dyn rusqlite::ToSql> = base.iter().chain(extra).copied().collect();
+        let run = |conn: &Connection| -> Result<DeadCounts> {
+            let mut stmt = conn.prepare(sql)?;
+            let rows = stmt.query_map(params.as_slice(), |r| r.get::<_, String>(0))?;
+            let mut counts = DeadCounts::new();
+            for c in rows {
+                *counts.entry(c?).or_default() += 1;
+            }
+            Ok(counts)
+        };
+        if extra.is_empty() {
+            // A count: a read snapshot is enough.
+            self.read(run)
+        } else {
+            self.write(Durability::Full, |tx, _| run(tx))
+        }
+    }
+}
+
 impl OutboxStore for SqliteStore {
     fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
         let mut v = self.append_batch(vec![event])?;
@@ -359,7 +424,12 @@ impl OutboxStore for SqliteStore {
                     event,
                     retry_count,
                 })
-                .collect())
+                .collect::<Vec<_>>())
+        })
+        .inspect(|c| {
+            if !c.is_empty() {
+                ce_core::failpoint::hit("outbox.after_claim");
+            }
         })
     }
 
@@ -469,6 +539,43 @@ impl OutboxStore for SqliteStore {
             }
             Ok(n as u64)
         })
+    }
+
+    fn count_dead(&self, filter: &DeadFilter) -> Result<DeadCounts> {
+        self.dead_rows(
+            filter,
+            &format!("SELECT consumer FROM deliveries WHERE {DEAD_WHERE}"),
+            &[],
+        )
+    }
+
+    fn requeue_dead_matching(&self, filter: &DeadFilter) -> Result<DeadCounts> {
+        let now = self.clock().now_ms();
+        self.dead_rows(
+            filter,
+            &format!(
+                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = ?10,
+                    updated_at = ?10
+                 WHERE {DEAD_WHERE} RETURNING consumer"
+            ),
+            &[&now],
+        )
+    }
+
+    fn force_done(&self, filter: &DeadFilter) -> Result<DeadCounts> {
+        let now = self.clock().now_ms();
+        self.dead_rows(
+            filter,
+            &format!(
+                "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?10,
+                    error_code = ?11,
+                    last_error = substr('forced done without applying (dead with '
+                        || coalesce(error_code, 'no code') || ': '
+                        || coalesce(last_error, '') || ')', 1, 4096)
+                 WHERE {DEAD_WHERE} RETURNING consumer"
+            ),
+            &[&now, &FORCED_DONE_CODE],
+        )
     }
 
     fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>> {
@@ -714,6 +821,158 @@ mod tests {
             .expect("fail b");
         let e = last(&store).expect("b failure");
         assert_eq!((e.seq, e.dead), (claimed[1].event.seq, true));
+    }
+
+    /// Dead repair selects by consumer, type, subtree, error code, sequence range and
+    /// exhaustion; only dead deliveries move; a forced one is done and says so.
+    #[test]
+    fn dead_repair_follows_its_filter_and_touches_only_dead_deliveries() {
+        use crate::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
+        use ce_core::{CtxUri, DeliveryStatus, EventType, ManualClock};
+
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mut cfg = ce_core::Config::default();
+        cfg.index.outbox.consumers = vec!["vector".into(), "keyword".into()];
+        cfg.index.outbox.max_retries = 3;
+        let clock = ManualClock::new(1_700_000_000_000);
+        let store =
+            SqliteStore::open_with_clock(tmp.path(), cfg, std::sync::Arc::new(clock.clone()))
+                .expect("open");
+        // Events: 1 ctx://acc, 2 ctx://acc/a, 3 ctx://acc/b, 4 ctx://acc/ab (a sibling that
+        // shares the text prefix "ctx://acc/a" but is not in its subtree).
+        for u in ["ctx://acc/a", "ctx://acc/b", "ctx://acc/ab"] {
+            let req = PutRequest {
+                content: Some("text".into()),
+                ..PutRequest::default()
+            };
+            store
+                .put(&CtxUri::parse(u).expect("uri"), req)
+                .expect("put");
+        }
+        // vector: seq 2 dies by exhaustion (retryable failures), 1, 3 and 4 at once.
+        for c in store.claim_batch("vector", "w", 10).expect("claim") {
+            let retryable = c.event.seq == 2;
+            let code = if retryable {
+                "embed_timeout"
+            } else {
+                "invalid_payload"
+            };
+            store
+                .mark_failed(&c.claim, "boom", code, retryable)
+                .expect("fail");
+        }
+        for _ in 0..3 {
+            clock.advance(3_600_000);
+            let again = store.claim_batch("vector", "w", 10).expect("claim");
+            assert_eq!(again.len(), 1);
+            store
+                .mark_failed(&again[0].claim, "boom", "embed_timeout", true)
+                .expect("fail");
+        }
+        // keyword: seq 3 dead, seq 4 left claimed, the others done.
+        for c in store.claim_batch("keyword", "w", 10).expect("claim") {
+            match c.event.seq {
+                3 => {
+                    store
+                        .mark_failed(&c.claim, "bad", "invalid_payload", false)
+                        .expect("fail");
+                }
+                4 => {}
+                _ => store.mark_done(&c.claim).expect("done"),
+            }
+        }
+        let n = |pairs: &[(&str, u64)]| -> DeadCounts {
+            pairs.iter().map(|(c, n)| ((*c).to_owned(), *n)).collect()
+        };
+        let count = |f: DeadFilter| store.count_dead(&f).expect("count");
+        let sub = |u: &str| Some(CtxUri::parse(u).expect("uri"));
+        assert_eq!(
+            count(DeadFilter::default()),
+            n(&[("keyword", 1), ("vector", 4)])
+        );
+        let only = |f: DeadFilter| count(f);
+        assert_eq!(
+            only(DeadFilter {
+                subtree: sub("ctx://acc/a"),
+                ..DeadFilter::default()
+            }),
+            n(&[("vector", 1)])
+        );
+        assert_eq!(
+            only(DeadFilter {
+                exhausted_only: true,
+                ..DeadFilter::default()
+            }),
+            n(&[("vector", 1)])
+        );
+        assert_eq!(
+            only(DeadFilter {
+                error_code: Some("invalid_payload".into()),
+                min_seq: Some(3),
+                max_seq: Some(4),
+                ..DeadFilter::default()
+            }),
+            n(&[("keyword", 1), ("vector", 2)])
+        );
+        assert_eq!(
+            only(DeadFilter {
+                event_type: Some(EventType::DeleteContext),
+                ..DeadFilter::default()
+            }),
+            n(&[])
+        );
+        let keyword_all = DeadFilter {
+            subtree: Some(CtxUri::root()),
+            consumer: Some("keyword".into()),
+            ..DeadFilter::default()
+        };
+        assert_eq!(only(keyword_all.clone()), n(&[("keyword", 1)]));
+        let unknown = DeadFilter {
+            consumer: Some("nope".into()),
+            ..DeadFilter::default()
+        };
+        assert!(store.count_dead(&unknown).is_err());
+
+        // Force the keyword one done: done, says why, nothing else moved; a rerun finds none.
+        assert_eq!(
+            store.force_done(&keyword_all).expect("force"),
+            n(&[("keyword", 1)])
+        );
+        assert_eq!(store.force_done(&keyword_all).expect("again"), n(&[]));
+        let delivery = |seq: &str, consumer: &str| {
+            let (_, ds) = store.show(seq).expect("show");
+            ds.into_iter()
+                .find(|d| d.consumer == consumer)
+                .expect("delivery")
+        };
+        let k = delivery("3", "keyword");
+        assert_eq!(k.status, DeliveryStatus::Done);
+        assert_eq!(k.error_code.as_deref(), Some(FORCED_DONE_CODE));
+        let last = k.last_error.unwrap_or_default();
+        assert!(
+            last.contains("forced done") && last.contains("invalid_payload: bad"),
+            "{last}"
+        );
+        assert_eq!(delivery("4", "keyword").status, DeliveryStatus::Claimed);
+
+        // Requeue the vector ones from seq 3: pending, fresh budget, visible now.
+        let f = DeadFilter {
+            consumer: Some("vector".into()),
+            min_seq: Some(3),
+            ..DeadFilter::default()
+        };
+        assert_eq!(
+            store.requeue_dead_matching(&f).expect("requeue"),
+            n(&[("vector", 2)])
+        );
+        for seq in ["3", "4"] {
+            let v = delivery(seq, "vector");
+            assert_eq!((v.status, v.retry_count), (DeliveryStatus::Pending, 0));
+        }
+        assert_eq!(count(DeadFilter::default()), n(&[("vector", 2)]));
+        let claimed = store.claim_batch("vector", "w", 10).expect("claim");
+        let seqs: Vec<i64> = claimed.iter().map(|c| c.event.seq).collect();
+        assert_eq!(seqs, [3, 4]);
     }
 
     #[test]

@@ -86,6 +86,22 @@ const MIGRATIONS: &[&str] = &[
         WHERE status IN (0, 1, 2);
     CREATE INDEX deliveries_dead ON deliveries (consumer, seq) WHERE status = 5;
     "#,
+    // 2: fencing tokens of path locks — the newest token a write under a lock carried, per
+    // locked path (docs/store.md "Fencing") — and leases handed off to background work.
+    r#"
+    CREATE TABLE fences (
+        path       TEXT PRIMARY KEY,
+        token      INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE holds (
+        id          TEXT PRIMARY KEY,
+        at          TEXT NOT NULL,
+        lease       TEXT NOT NULL,
+        through_seq INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// Applies missing migrations; refuses a database from a newer build.

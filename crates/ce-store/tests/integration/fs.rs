@@ -7,8 +7,8 @@ use ce_core::{
     UpsertReason, test_cases,
 };
 use ce_store::{
-    ContextFs, LinkRequest, OutboxStore, PutMode, PutRequest, RelationStore, SqliteStore,
-    StoreError, WriteOp, WriteOutcome,
+    ContextFs, HoldStore, LinkRequest, OutboxStore, PutMode, PutRequest, RelationStore,
+    SqliteStore, StoreError, WriteFence, WriteOp, WriteOutcome,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -300,9 +300,29 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
     assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
         s.rm(&uri("ctx://acc/p/x"), true, Some(x.version + 1), None)
     });
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
-        s.rm(&uri("ctx://acc/nope"), true, None, None)
-    });
+    // An rm of a path the source lacks is refused, but still queues the removal of index
+    // records left behind under it (OpenViking #3064): one recursive DELETE, nothing else.
+    let before = snapshot(&s);
+    let err = s
+        .rm(&uri("ctx://acc/nope"), false, None, None)
+        .expect_err("rm of a missing node");
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    let after = snapshot(&s);
+    assert_eq!((&after.nodes, &after.edges), (&before.nodes, &before.edges));
+    let added: Vec<_> = after.outbox[before.outbox.len()..]
+        .iter()
+        .map(|d| d.event.payload.clone())
+        .collect();
+    assert!(!added.is_empty(), "no cleanup event");
+    for p in added {
+        match p {
+            EventPayload::DeleteContext(d) => {
+                assert_eq!(d.uri, uri("ctx://acc/nope"));
+                assert!(d.recursive, "cleanup covers the subtree");
+            }
+            other => panic!("unexpected cleanup event {other:?}"),
+        }
+    }
     assert_rejected(&s, ErrorCode::InvalidUri, false, |s| {
         s.rm(&CtxUri::root(), true, None, None)
     });
@@ -800,6 +820,19 @@ fn random_writes_keep_the_invariants() {
         };
         let after = snapshot(&s);
         match res {
+            Err(e) if (40..55).contains(&what) && e.code() == ErrorCode::NotFound => {
+                // rm of a missing node: only the index cleanup event is queued.
+                assert_eq!((&after.nodes, &after.edges), (&before.nodes, &before.edges));
+                let added = &after.outbox[before.outbox.len()..];
+                assert!(
+                    !added.is_empty()
+                        && added.iter().all(|d| matches!(
+                            &d.event.payload,
+                            EventPayload::DeleteContext(p) if p.uri == a && p.recursive
+                        )),
+                    "{desc}: rm of a missing node queued {added:?}"
+                );
+            }
             Err(e) => {
                 assert!(
                     after == before,
@@ -933,4 +966,144 @@ fn apply_batch_is_all_or_nothing() {
     );
     assert!(edges(&s, "ctx://acc/a").is_empty());
     assert_invariants(&s);
+}
+
+/// Fencing (docs/store.md): a write under a lock carries its token; once a newer token was
+/// recorded for the path, an ancestor or a descendant, an older one is refused in the write's
+/// own transaction and the batch leaves nothing behind.
+#[test]
+fn writes_under_an_older_fencing_token_are_refused() {
+    let (_d, s, _clock) = common::fresh(Config::default());
+    let fence = |p: &str, token| WriteFence {
+        path: uri(p),
+        token,
+    };
+    let put = |p: &str| WriteOp::Put {
+        uri: uri(p),
+        req: text("body"),
+    };
+    s.apply_fenced(
+        &[fence("ctx://acc/docs", 10)],
+        vec![put("ctx://acc/docs/a")],
+    )
+    .expect("first holder writes");
+    // The same token again (a second write of the same lease) and a newer one pass.
+    s.apply_fenced(
+        &[fence("ctx://acc/docs", 10)],
+        vec![put("ctx://acc/docs/b")],
+    )
+    .expect("same lease writes again");
+    s.apply_fenced(
+        &[fence("ctx://acc/docs/a", 20)],
+        vec![put("ctx://acc/docs/a")],
+    )
+    .expect("newer holder of a descendant writes");
+    // The old tree holder has lost: its token 10 is older than 20 recorded below it.
+    let err = assert_rejected(&s, ErrorCode::LeaseLost, true, |s| {
+        s.apply_fenced(
+            &[fence("ctx://acc/docs", 10)],
+            vec![WriteOp::Rm {
+                uri: uri("ctx://acc/docs"),
+                recursive: true,
+                expect_version: None,
+                trace_id: None,
+            }],
+        )
+    });
+    assert!(
+        matches!(&err, StoreError::LeaseLost { token: 10, newest: 20, newest_path, .. } if newest_path == "ctx://acc/docs/a"),
+        "{err}"
+    );
+    // An ancestor's newer token fences out writes below it too.
+    s.apply_fenced(&[fence("ctx://acc", 30)], vec![put("ctx://acc/x")])
+        .expect("account-wide holder");
+    assert_rejected(&s, ErrorCode::LeaseLost, true, |s| {
+        s.apply_fenced(
+            &[fence("ctx://acc/docs/a", 25)],
+            vec![WriteOp::Mv {
+                from: uri("ctx://acc/docs/a"),
+                to: uri("ctx://acc/docs/c"),
+                trace_id: None,
+            }],
+        )
+    });
+    // Unrelated paths (a sibling, another account) are not fenced by these tokens.
+    s.apply_fenced(
+        &[fence("ctx://other/docs", 1)],
+        vec![put("ctx://other/docs/a")],
+    )
+    .expect("another account");
+    s.apply_fenced(
+        &[fence("ctx://acc2", 5)],
+        vec![WriteOp::Mv {
+            from: uri("ctx://other/docs/a"),
+            to: uri("ctx://other/docs/z"),
+            trace_id: None,
+        }],
+    )
+    .expect("a move fenced on an unrelated path");
+    assert!(
+        s.read_node(&uri("ctx://other/docs/z"))
+            .expect("read")
+            .is_some()
+    );
+}
+
+/// A hold recorded last in a batch covers exactly that batch's events: it stays open until
+/// every named consumer has finished (done or dead) each of them, and ends once.
+#[test]
+fn a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers() {
+    let (_d, s, _clock) = common::fresh(common::two_consumers());
+    s.put(&uri("ctx://acc/before"), text("x"))
+        .expect("earlier write");
+    let out = s
+        .apply_batch(vec![
+            WriteOp::Put {
+                uri: uri("ctx://acc/imp/a"),
+                req: text("a"),
+            },
+            WriteOp::Put {
+                uri: uri("ctx://acc/imp/b"),
+                req: text("b"),
+            },
+            WriteOp::Hold {
+                id: "h1".into(),
+                at: uri("ctx://acc/imp"),
+                lease: "{\"opaque\":true}".into(),
+            },
+        ])
+        .expect("batch with a hold");
+    assert_eq!(out.len(), 3);
+    let holds = s.holds().expect("holds");
+    assert_eq!(holds.len(), 1);
+    let h = &holds[0];
+    assert_eq!((h.id.as_str(), h.at.as_str()), ("h1", "ctx://acc/imp"));
+    assert_eq!(h.lease, "{\"opaque\":true}");
+    let last_seq = common::all_events(&s)
+        .keys()
+        .copied()
+        .max()
+        .expect("events");
+    assert_eq!(h.through_seq, last_seq, "the hold covers its own batch");
+    // A later write is not part of it.
+    s.put(&uri("ctx://acc/after"), text("y"))
+        .expect("later write");
+
+    let vector = ["vector".to_owned()];
+    let both = ["vector".to_owned(), "keyword".to_owned()];
+    assert!(!s.applied_through(&vector, h.through_seq).expect("progress"));
+    // The vector consumer works through the batch; keyword does nothing.
+    loop {
+        let claimed = s.claim_batch("vector", "w", 1).expect("claim");
+        let Some(c) = claimed.first() else { break };
+        if c.event.seq > h.through_seq {
+            break;
+        }
+        s.mark_done(&c.claim).expect("done");
+    }
+    assert!(s.applied_through(&vector, h.through_seq).expect("progress"));
+    assert!(!s.applied_through(&both, h.through_seq).expect("progress"));
+    assert!(s.end_hold("h1").expect("end"));
+    assert!(!s.end_hold("h1").expect("end again"), "ends once");
+    assert!(s.holds().expect("holds").is_empty());
 }

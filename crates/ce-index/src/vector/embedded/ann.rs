@@ -185,6 +185,7 @@ impl Ann {
             .map_err(|e| err(&format!("save {}", tmp.display()), e))?;
         let f = fs_err::File::open(&tmp).map_err(|e| err("save", e))?;
         f.sync_all().map_err(|e| err("save", e))?;
+        ce_core::failpoint::hit("vector.mid_snapshot");
         fs_err::rename(&tmp, path).map_err(|e| err("save", e))?;
         Ok(())
     }

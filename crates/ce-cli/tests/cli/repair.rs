@@ -1,0 +1,344 @@
+//! `ce repair dead` and `ce repair reconcile` (docs/repair.md) through the real binary:
+//! a delivery made dead by an embedding provider refusing the request is counted, refused a
+//! force-done without `--yes`, requeued and applied once the provider works, and a second
+//! one forced done — which leaves the vector index without its node, a *missing* record
+//! that reconcile reports and repairs. A source restored from an older copy leaves the
+//! indexes with orphans: reconcile's dry run reports them and appends nothing, the repair is
+//! refused as a large delete (exit 4) until `--allow-large-delete`, locally and over
+//! `--server`.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::harness::{Ce, eventually};
+
+/// A loopback OpenAI-compatible `/v1/embeddings` endpoint answering 400 (a non-retryable
+/// refusal: the delivery dies at once) while `failing`, else 16-d vectors.
+struct FakeEmbeddings {
+    url: String,
+    failing: Arc<AtomicBool>,
+}
+
+const DIM: usize = 16;
+
+impl FakeEmbeddings {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let failing = Arc::new(AtomicBool::new(true));
+        let flag = failing.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut len = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let line = line.trim_end();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = line.split_once(':')
+                        && k.eq_ignore_ascii_case("content-length")
+                    {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; len];
+                if reader.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let (status, answer) = if flag.load(Ordering::SeqCst) {
+                    ("400 Bad Request", json!({"error": {"message": "refused"}}))
+                } else {
+                    let data: Vec<Value> = req["input"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| json!({"index": i, "embedding": vector(t.as_str().unwrap_or(""))}))
+                        .collect();
+                    ("200 OK", json!({"data": data}))
+                };
+                let text = answer.to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            }
+        });
+        FakeEmbeddings { url, failing }
+    }
+
+    fn config(&self) -> String {
+        format!(
+            "[index.embedding]\nprovider = \"openai\"\nmodel = \"fake\"\nbase_url = \"{}\"\ndimensions = {DIM}\n[index.outbox]\nconsumers = [\"vector\"]\n",
+            self.url
+        )
+    }
+}
+
+/// A deterministic nonzero vector of `text`.
+fn vector(text: &str) -> Vec<f32> {
+    let h = text.bytes().fold(1469598103934665603u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1099511628211)
+    });
+    (0..DIM).map(|j| ((h >> j) & 1) as f32 + 0.25).collect()
+}
+
+fn stats(ce: &Ce, consumer: &str) -> Value {
+    ce.json(&["outbox", "stats"])
+        .as_array()
+        .expect("stats")
+        .iter()
+        .find(|c| c["consumer"] == consumer)
+        .expect("consumer")
+        .clone()
+}
+
+fn vector_of(report: &Value) -> &Value {
+    report["consumers"]
+        .as_array()
+        .expect("consumers")
+        .iter()
+        .find(|c| c["consumer"] == "vector")
+        .expect("vector")
+}
+
+#[test]
+fn dead_deliveries_are_counted_requeued_applied_and_forced() {
+    let fake = FakeEmbeddings::start();
+    let ce = Ce::new();
+    ce.write_config(&fake.config());
+    ce.put("ctx://acc/docs/a", "alpha beta");
+    ce.json(&["worker", "--once", "--consumer", "vector"]);
+    let dead = stats(&ce, "vector")["dead"].as_u64().expect("dead");
+    assert!(dead >= 1, "the refused embedding killed the delivery");
+
+    // Count, with and without a filter that excludes it.
+    let counted = ce.json(&["repair", "dead", "--dry-run"]);
+    assert_eq!(counted["total"], dead, "{counted}");
+    assert_eq!(counted["counts"], json!({"vector": dead}));
+    let none = ce.json(&["repair", "dead", "--dry-run", "--subtree", "ctx://other"]);
+    assert_eq!(none["total"], 0, "{none}");
+    let by_code = ce.json(&["repair", "dead", "--dry-run", "--error-code", "upstream"]);
+    assert_eq!(by_code["total"], dead, "{by_code}");
+
+    // Force-done without --yes and without a terminal: refused, nothing changed.
+    let refused = ce.fail(&["repair", "dead", "--force-done"], 2);
+    let message = refused.error["message"].as_str().expect("message");
+    assert!(message.contains("--yes"), "{message}");
+    assert_eq!(stats(&ce, "vector")["dead"], dead);
+    // One action is required (a usage error from the argument parser).
+    assert_eq!(ce.run(&["repair", "dead"]).status.code(), Some(2));
+
+    // The provider works again: requeue, then the worker applies it.
+    fake.failing.store(false, Ordering::SeqCst);
+    let requeued = ce.json(&["repair", "dead", "--requeue", "--consumer", "vector"]);
+    assert_eq!(requeued["counts"], json!({"vector": dead}), "{requeued}");
+    ce.json(&["worker", "--once", "--consumer", "vector"]);
+    let s = stats(&ce, "vector");
+    assert_eq!(
+        (s["dead"].as_u64(), s["pending"].as_u64()),
+        (Some(0), Some(0)),
+        "{s}"
+    );
+    let clean = ce.json(&["repair", "reconcile", "--dry-run"]);
+    let v = vector_of(&clean);
+    assert_eq!(v["index_records"], v["source_records"], "{clean}");
+    assert_eq!(v["missing"]["records"], 0, "{clean}");
+
+    // A second dead delivery, forced done: done without applying, and it says so.
+    fake.failing.store(true, Ordering::SeqCst);
+    ce.put("ctx://acc/docs/b", "gamma delta");
+    ce.json(&["worker", "--once", "--consumer", "vector"]);
+    let forced = ce.json(&[
+        "repair",
+        "dead",
+        "--force-done",
+        "--yes",
+        "--subtree",
+        "ctx://acc/docs/b",
+    ]);
+    assert_eq!(forced["counts"], json!({"vector": 1}), "{forced}");
+    let rows = ce.json(&["outbox", "list", "--consumer", "vector", "--status", "done"]);
+    let row = rows
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["event"]["uri"] == "ctx://acc/docs/b")
+        .expect("b's delivery is done");
+    assert_eq!(row["delivery"]["error_code"], "forced_done", "{row}");
+
+    // The forced node is missing from the vector index: reconcile reports and repairs it.
+    fake.failing.store(false, Ordering::SeqCst);
+    let found = ce.json(&["repair", "reconcile", "--dry-run", "--consumer", "vector"]);
+    let v = vector_of(&found);
+    assert_eq!(
+        v["missing"]["samples"],
+        json!(["ctx://acc/docs/b"]),
+        "{found}"
+    );
+    assert_eq!(
+        (v["events"].as_u64(), v["emitted"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let repaired = ce.json(&["repair", "reconcile", "--consumer", "vector"]);
+    assert_eq!(repaired["emitted"], 1, "{repaired}");
+    let after = ce.json(&["repair", "reconcile", "--dry-run"]);
+    let v = vector_of(&after);
+    assert_eq!(v["missing"]["records"], 0, "{after}");
+    assert_eq!(v["index_records"], v["source_records"], "{after}");
+}
+
+/// The store's files (`ce.db` and its WAL), copied to or from `to`.
+fn copy_db(from: &Path, to: &Path) {
+    for name in ["ce.db", "ce.db-wal", "ce.db-shm"] {
+        let target = to.join(name);
+        let _ = std::fs::remove_file(&target);
+        let source = from.join(name);
+        if source.exists() {
+            std::fs::copy(&source, &target).expect("copy db");
+        }
+    }
+}
+
+/// 5 nodes indexed, the store copied, 20 more indexed, the copy restored: every index has
+/// 20 nodes the source does not (80 % of the vector index's records).
+fn restored_source() -> (Ce, tempfile::TempDir) {
+    let ce = Ce::hash("");
+    for i in 0..5 {
+        ce.put(&format!("ctx://acc/keep/n{i}"), &format!("kept node {i}"));
+    }
+    ce.json(&["worker", "--once"]);
+    let backup = tempfile::tempdir().expect("backup");
+    copy_db(ce.data_dir(), backup.path());
+    for i in 0..20 {
+        ce.put(
+            &format!("ctx://acc/lost/n{i:02}"),
+            &format!("lost node {i}"),
+        );
+    }
+    ce.json(&["worker", "--once"]);
+    copy_db(backup.path(), ce.data_dir());
+    (ce, backup)
+}
+
+#[test]
+fn a_large_orphan_delete_is_refused_until_allowed() {
+    let (ce, _backup) = restored_source();
+    let before = ce.snapshot("ctx://acc");
+
+    // Dry run: the orphans and the refusal are reported, nothing is appended.
+    let report = ce.json(&["repair", "reconcile", "--dry-run"]);
+    let v = vector_of(&report);
+    assert_eq!(v["orphan"]["uris"], 20, "{report}"); // their container has no text
+    assert_eq!(
+        (v["orphan"]["records"].as_u64(), v["index_records"].as_u64()),
+        (Some(60), Some(75))
+    );
+    assert_eq!(v["orphan"]["samples"].as_array().map(Vec::len), Some(10));
+    assert_eq!(v["orphan"]["samples"][0], "ctx://acc/lost/n00");
+    assert_eq!(v["missing"]["records"], 0);
+    assert_eq!(v["large_delete"]["limit"], "fraction", "{report}");
+    assert_eq!(report["emitted"], 0);
+    assert_eq!(
+        ce.snapshot("ctx://acc"),
+        before,
+        "a dry run appends nothing"
+    );
+    let text = ce.ok(&["repair", "reconcile", "--dry-run"]);
+    assert!(text.contains("dry run: nothing appended"), "{text}");
+    assert!(text.contains("delete safety"), "{text}");
+
+    // The repair itself: refused (conflict, exit 4), nothing appended for any index.
+    let refused = ce.fail(&["repair", "reconcile"], 4);
+    assert_eq!(refused.error["code"], "large_delete", "{:?}", refused.error);
+    let message = refused.error["message"].as_str().expect("message");
+    assert!(message.contains("--allow-large-delete"), "{message}");
+    assert_eq!(
+        ce.snapshot("ctx://acc"),
+        before,
+        "a refusal appends nothing"
+    );
+
+    // Allowed: appended and applied; a second reconcile finds nothing.
+    let done = ce.json(&["repair", "reconcile", "--allow-large-delete"]);
+    assert!(done["emitted"].as_u64() >= Some(20), "{done}");
+    let clean = ce.json(&["repair", "reconcile", "--dry-run"]);
+    for c in clean["consumers"].as_array().expect("consumers") {
+        for kind in ["missing", "orphan", "stale"] {
+            assert_eq!(c[kind]["records"], 0, "{kind}: {clean}");
+        }
+        assert_eq!(c["events"], 0, "{clean}");
+    }
+}
+
+#[test]
+fn repair_works_over_the_server() {
+    let (ce, _backup) = restored_source();
+    let server = ce.serve(&[]);
+    let remote = |args: &[&str]| {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        ce.remote(&server, &all)
+    };
+    let json = |args: &[&str]| -> Value {
+        let out = remote(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+
+    let dead = json(&["repair", "dead", "--dry-run"]);
+    assert_eq!(dead["total"], 0, "{dead}");
+    let out = remote(&["repair", "dead", "--force-done"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "force-done without --yes is refused"
+    );
+
+    let report = json(&["repair", "reconcile", "--dry-run", "--consumer", "vector"]);
+    assert_eq!(vector_of(&report)["orphan"]["uris"], 20, "{report}");
+    let out = remote(&["repair", "reconcile"]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let error: Value = serde_json::from_slice(&out.stderr).expect("json error");
+    assert_eq!(error["code"], "large_delete");
+    // The same over plain HTTP: 409, not retryable.
+    let (status, body) = server.post("/v1/repair/reconcile", &json!({}));
+    assert_eq!((status, &body["retryable"]), (409, &json!(false)), "{body}");
+
+    let done = json(&["repair", "reconcile", "--allow-large-delete"]);
+    assert!(done["emitted"].as_u64() >= Some(20), "{done}");
+    // The server's workers apply the repair.
+    let clean = eventually(Duration::from_secs(20), || {
+        let r = json(&["repair", "reconcile", "--dry-run"]);
+        r["consumers"]
+            .as_array()?
+            .iter()
+            .all(|c| c["events"] == 0)
+            .then_some(r)
+    });
+    assert!(clean.is_some(), "never converged\n{}", server.log());
+}
