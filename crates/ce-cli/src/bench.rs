@@ -241,7 +241,8 @@ fn pending_of(store: &SqliteStore, consumer: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("no stats for consumer {consumer}"))
 }
 
-fn rate(n: u64, d: Duration) -> f64 {
+/// `n` per second over `d`.
+pub(crate) fn rate(n: u64, d: Duration) -> f64 {
     let s = d.as_secs_f64();
     if s > 0.0 { n as f64 / s } else { 0.0 }
 }

@@ -472,4 +472,21 @@ pub enum BenchCommand {
     /// Keyword back-fill of a new consumer over the journal (docs/s), and vector / keyword /
     /// hybrid / hierarchical search latency at 100k nodes.
     Retrieval(BenchRetrievalArgs),
+    /// Path locks: acquire + release latency of EXACT and TREE locks, and the grant rate of
+    /// one contended path, per provider.
+    Locks(BenchLocksArgs),
+}
+
+/// `ce bench locks`.
+#[derive(Debug, Args)]
+pub struct BenchLocksArgs {
+    /// Acquire + release rounds per measurement.
+    #[arg(long, default_value_t = 2000)]
+    pub iterations: usize,
+    /// Providers to measure (`memory`, `filesystem`, `redis`).
+    #[arg(long, value_delimiter = ',', default_value = "memory,filesystem,redis")]
+    pub providers: Vec<String>,
+    /// Redis server of the `redis` provider.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
 }

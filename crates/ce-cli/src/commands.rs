@@ -30,7 +30,7 @@ use crate::cli::{
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, bench_pipeline, bench_retrieval, demo, eval, remote, repair};
+use crate::{bench, bench_locks, bench_pipeline, bench_retrieval, demo, eval, remote, repair};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -150,6 +150,13 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }
         Command::Bench(BenchCommand::Retrieval(args)) => {
             let json = bench_retrieval::run_retrieval(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
+        Command::Bench(BenchCommand::Locks(args)) => {
+            let json = bench_locks::run_locks(args).map_err(CliError::Other)?;
             Ok(Rendered {
                 human: output::json_text(&json),
                 json,

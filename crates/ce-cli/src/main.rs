@@ -7,6 +7,7 @@
 //! the code's exit status (see the README's table).
 
 mod bench;
+mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;
 mod cli;

@@ -36,21 +36,10 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 const PROVIDER: &str = "redis";
 
-/// Batch check-and-set. KEYS: scope hash, fence counter. ARGV: owner, now_ns, cutoff (a token
-/// stamped before it is stale), fence floor (µs), n, then n × (path, E|T). Returns
-/// `{"ok", fence}` or `{"conflict", field, mode, owner}`.
-const ACQUIRE_LUA: &str = r#"
-local hash, fence_key = KEYS[1], KEYS[2]
-local owner, now, cutoff, floor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local n = tonumber(ARGV[5])
-
--- Digit strings compared as numbers (Lua numbers lose precision above 2^53).
-local function older(a, b)
-  if #a ~= #b then return #a < #b end
-  return a < b
-end
-
--- Tokens of a field value; an unreadable token counts as a live foreign TREE lock.
+/// The token format both scripts read and write (prepended to each): `parse` splits a field
+/// value into its tokens — an unreadable one counts as a live foreign TREE lock (owner `?`,
+/// which no lease id can equal) — and `render` joins them back.
+const TOKENS_LUA: &str = r#"
 local function parse(v)
   local out = {}
   for raw in string.gmatch(v, '[^,]+') do
@@ -71,6 +60,22 @@ local function render(toks)
   end
   return table.concat(parts, ',')
 end
+"#;
+
+/// Batch check-and-set. KEYS: scope hash, fence counter. ARGV: owner, now_ns, cutoff (a token
+/// stamped before it is stale), fence floor (µs), n, then n × (path, E|T). Returns
+/// `{"ok", fence}` or `{"conflict", field, mode, owner}`.
+const ACQUIRE_LUA: &str = r#"
+local hash, fence_key = KEYS[1], KEYS[2]
+local owner, now, cutoff, floor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local n = tonumber(ARGV[5])
+
+-- Digit strings compared as numbers (Lua numbers lose precision above 2^53).
+local function older(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+
 
 -- The live tokens of field f (value v or false); stale ones are removed from the hash.
 local function live(f, v)
@@ -158,26 +163,6 @@ const UPDATE_LUA: &str = r#"
 local op, now, new_owner = ARGV[1], ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
 
-local function parse(v)
-  local out = {}
-  for raw in string.gmatch(v, '[^,]+') do
-    local o, t, m, f = string.match(raw, '^([^:]+):(%d+):([ET]):(%d+)$')
-    if o then
-      out[#out + 1] = {o = o, t = t, m = m, f = f}
-    else
-      out[#out + 1] = {bad = raw}
-    end
-  end
-  return out
-end
-
-local function render(toks)
-  local parts = {}
-  for _, k in ipairs(toks) do
-    parts[#parts + 1] = k.bad or (k.o .. ':' .. k.t .. ':' .. k.m .. ':' .. k.f)
-  end
-  return table.concat(parts, ',')
-end
 
 local function token(i)
   local b = 4 + 5 * (i - 1)
@@ -304,8 +289,8 @@ impl RedisProvider {
             conn: Mutex::new(None),
             prefix: key_prefix(service_name),
             client_name: client_name(service_name),
-            acquire: Script::new(ACQUIRE_LUA),
-            update: Script::new(UPDATE_LUA),
+            acquire: Script::new(&format!("{TOKENS_LUA}{ACQUIRE_LUA}")),
+            update: Script::new(&format!("{TOKENS_LUA}{UPDATE_LUA}")),
         };
         provider.with_conn("ping", |c| ::redis::cmd("PING").query::<String>(c))?;
         Ok(provider)

@@ -1046,11 +1046,7 @@ impl Serve {
             child,
             stdout,
             log_path,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(60)))
-                .build()
-                .into(),
+            agent: super::harness::agent(),
         }))
     }
 

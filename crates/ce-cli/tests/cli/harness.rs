@@ -123,6 +123,15 @@ impl Ce {
     }
 }
 
+/// The HTTP client of the tests: statuses are answers, not errors; one minute at most.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
 /// Asserts that `out` is a success and returns its stdout.
 pub fn success(args: &[&str], out: Output) -> String {
     let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
@@ -216,11 +225,7 @@ impl Ce {
             child,
             stdout,
             log_path,
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(Duration::from_secs(60)))
-                .build()
-                .into(),
+            agent: agent(),
         }
     }
 

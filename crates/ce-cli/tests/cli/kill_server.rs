@@ -79,11 +79,7 @@ fn random_uri(rng: &mut StdRng) -> CtxUri {
 /// Writes through `url` until the server dies or `stop` is set; returns what it sent.
 fn client(url: String, seed: u64, clock: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> Vec<Op> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+    let agent = super::harness::agent();
     let mut ops = Vec::new();
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {

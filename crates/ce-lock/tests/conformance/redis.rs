@@ -589,14 +589,7 @@ fn several_hosts_exclude_each_other() {
 
 // ---- differential property test against the memory provider ----
 
-const PATHS: [&str; 6] = [
-    "ctx://a",
-    "ctx://a/docs",
-    "ctx://a/docs/x",
-    "ctx://a/docs/y",
-    "ctx://a/img",
-    "ctx://b/docs",
-];
+use crate::suite::PATHS;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -495,7 +495,8 @@ pub fn a_stolen_lease_reports_lost(make: Make) {
 
 // ---- the model ----
 
-const PATHS: [&str; 6] = [
+/// The paths of the property tests: a small tree over two accounts.
+pub(crate) const PATHS: [&str; 6] = [
     "ctx://a",
     "ctx://a/docs",
     "ctx://a/docs/x",
