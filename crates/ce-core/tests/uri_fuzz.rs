@@ -12,9 +12,7 @@
 use ce_core::uri::{MAX_URI_BYTES, RESERVED_SEGMENTS, SCHEME};
 use ce_core::{Classify, CoreError, CtxUri, ErrorCode, UriError, canonicalize_uri};
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 
 /// Pieces random inputs are made of: the URI's own syntax, look-alikes and hostile text.
 const TOKENS: &[&str] = &[
@@ -470,20 +468,7 @@ fn short(s: &str) -> String {
 #[test]
 fn random_and_mutated_uris() {
     let seed = ce_testkit::seed("random_and_mutated_uris");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: ce_core::test_cases(100_000),
-        failure_persistence: None,
-        max_shrink_iters: 10_000,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(100_000), 10_000);
     let strategy = (input(), prop_oneof![valid(), mutated()]);
     match runner.run(&strategy, |(input, other)| run_case(&input, &other)) {
         Ok(()) => {}

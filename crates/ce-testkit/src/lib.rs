@@ -24,6 +24,29 @@ pub fn seed(test: &str) -> u64 {
     seed
 }
 
+/// A proptest runner whose cases follow from `seed` alone (so `CE_SEED` replays them), with
+/// `cases` cases, at most `max_shrink_iters` shrinking steps and no failure file.
+pub fn seeded_runner(
+    seed: u64,
+    cases: u32,
+    max_shrink_iters: u32,
+) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(
+            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
+        );
+    }
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+}
+
 /// The libtest name of test function `name` defined in module `module_path` (pass
 /// `module_path!()`): the module path without the crate, then the function.
 pub fn test_name(module_path: &str, name: &str) -> String {

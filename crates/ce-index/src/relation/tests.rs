@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ce_core::{Classify as _, CtxUri, ErrorCode};
 use proptest::prelude::*;
-use proptest::test_runner::{RngAlgorithm, TestError, TestRng, TestRunner};
+use proptest::test_runner::TestError;
 
 use super::embedded::{DB_FILE, EmbeddedRelationIndex};
 use super::memory::MemoryRelationIndex;
@@ -742,19 +742,11 @@ fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn embedded_matches_the_reference_on_random_batches() {
     let seed = ce_testkit::seed("relation::embedded_matches_the_reference_on_random_batches");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = ProptestConfig {
-        cases: ce_core::test_cases(48),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(
+        seed,
+        ce_core::test_cases(48),
+        ProptestConfig::default().max_shrink_iters,
+    );
     match runner.run(&prop::collection::vec(op_strategy(), 1..40), |ops| {
         run_case(&ops)
     }) {

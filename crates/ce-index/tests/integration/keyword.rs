@@ -12,9 +12,7 @@ use ce_index::keyword::memory::MemoryKeywordIndex;
 use ce_index::keyword::tokenize::tokenize;
 use ce_index::keyword::{KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, SyncOutcome};
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 use serde_json::{Value, json};
 
 use crate::common::{record, seed, uri};
@@ -1027,20 +1025,7 @@ fn run_case(ops: &[Op], tally: &Tally) -> Result<(), TestCaseError> {
 #[test]
 fn embedded_matches_the_exact_oracle() {
     let seed = seed("keyword::embedded_matches_the_exact_oracle");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: ce_core::test_cases(64),
-        failure_persistence: None,
-        max_shrink_iters: 2048,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(64), 2048);
     let tally = Tally::default();
     let started = std::time::Instant::now();
     match runner.run(&prop::collection::vec(op(), 1..=40), |ops| {

@@ -14,9 +14,7 @@ use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex};
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeRecord, NodeWrite, SearchFilter, VectorIndex, VectorRecord};
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 use serde_json::json;
 
 use crate::common::{graph_only, record, seed, uri};
@@ -365,20 +363,7 @@ fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn embedded_matches_the_exact_oracle() {
     let seed = seed("embedded_matches_the_exact_oracle");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: ce_core::test_cases(24),
-        failure_persistence: None,
-        max_shrink_iters: 2048,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(24), 2048);
     match runner.run(&prop::collection::vec(op(), 1..=40), |ops| run_case(&ops)) {
         Ok(()) => {}
         Err(TestError::Fail(why, ops)) => panic!(

@@ -16,9 +16,7 @@ use ce_lock::memory::MemoryProvider;
 use ce_lock::redis::{RedisProvider, client_name, key_prefix};
 use ce_lock::{Attempt, LockError, LockProvider, LockRequest, Token, conflicts};
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 
 use crate::suite::{Fixture, uri};
 
@@ -744,20 +742,7 @@ fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn agrees_with_the_memory_provider() {
     let seed = ce_testkit::seed("agrees_with_the_memory_provider");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: ce_core::test_cases(32),
-        failure_persistence: None,
-        max_shrink_iters: 1024,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(32), 1024);
     match runner.run(&prop::collection::vec(op(), 1..=40), |ops| run_case(&ops)) {
         Ok(()) => {}
         Err(TestError::Fail(why, ops)) => panic!(

@@ -14,9 +14,7 @@ use ce_lock::{
     LockSettings, Token, conflicts, lk1_violation,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 
 /// A provider under test.
 pub struct Fixture {
@@ -642,20 +640,7 @@ pub fn matches_the_model(make: Make) {
         return;
     }
     let seed = ce_testkit::seed("matches_the_model");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: ce_core::test_cases(128),
-        failure_persistence: None,
-        max_shrink_iters: 2048,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(128), 2048);
     match runner.run(&prop::collection::vec(op(), 1..=40), |ops| {
         run_case(make, &ops)
     }) {

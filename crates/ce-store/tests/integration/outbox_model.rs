@@ -14,9 +14,7 @@ use ce_core::{
 };
 use ce_store::{Claim, OutboxStore, SqliteStore, StoreError};
 use proptest::prelude::*;
-use proptest::test_runner::{
-    Config as RunnerConfig, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{TestCaseError, TestError};
 
 use crate::common::{self, T0};
 
@@ -692,20 +690,7 @@ fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn outbox_matches_model() {
     let seed = common::seed("outbox_matches_model");
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(
-            &(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes(),
-        );
-    }
-    let config = RunnerConfig {
-        cases: test_cases(64),
-        failure_persistence: None,
-        max_shrink_iters: 4096,
-        ..RunnerConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner = ce_testkit::seeded_runner(seed, test_cases(64), 4096);
     let strategy = (knobs(), prop::collection::vec(op(), 1..=48));
     match runner.run(&strategy, |(k, ops)| run_case(k, &ops)) {
         Ok(()) => {}
