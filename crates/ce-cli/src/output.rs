@@ -302,6 +302,18 @@ pub fn status(s: &Status) -> String {
             format!("{} ({})", s.workers, s.worker_consumers.join(", ")),
         ),
         ("embed_cache", cache),
+        (
+            "holds",
+            if s.holds.is_empty() {
+                "none".to_owned()
+            } else {
+                s.holds
+                    .iter()
+                    .map(|h| format!("{} ({}, {} s)", h.at, h.id, h.age_seconds))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ),
     ]);
     out.push('\n');
     let rows: Vec<Vec<String>> = s

@@ -43,15 +43,17 @@ use ce_retrieval::{
     SearchMode, SearchRequest, SearchResponse, VectorSide,
 };
 use ce_store::{
-    ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SourceStore,
-    SqliteStore, WriteOutcome,
+    ContextFs as _, HoldStore as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _,
+    SourceStore, SqliteStore, WriteOutcome,
     layout::{ImportOptions, ImportReport},
 };
 use tracing::{info, warn};
 
 use crate::error::{Result, ServerError};
 use crate::guarded::Guarded;
-use crate::status::{Applier, ConsumerStatus, DrainProgress, DrainReport, ReindexReport, Status};
+use crate::status::{
+    Applier, ConsumerStatus, DrainProgress, DrainReport, HoldStatus, ReindexReport, Status,
+};
 
 mod failpoint;
 pub mod holds;
@@ -805,6 +807,17 @@ impl Engine {
             workers: self.running_workers(),
             worker_consumers: lock(&self.pool_consumers).clone(),
             embed_cache: self.embedder.as_ref().ok().map(|e| e.stats().into()),
+            holds: self
+                .store
+                .holds()?
+                .into_iter()
+                .map(|h| HoldStatus {
+                    age_seconds: u64::try_from((now - h.created_at_ms) / 1000).unwrap_or(0),
+                    id: h.id,
+                    at: h.at.to_string(),
+                    through_seq: h.through_seq,
+                })
+                .collect(),
         })
     }
 

@@ -218,6 +218,21 @@ pub struct Status {
     pub worker_consumers: Vec<String>,
     /// Embedding cache counters of this process, when the model is loaded.
     pub embed_cache: Option<EmbedCacheStatus>,
+    /// Subtrees locked until their import is indexed (docs/store.md, "Holds"), oldest first.
+    pub holds: Vec<HoldStatus>,
+}
+
+/// One open hold of `Status::holds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldStatus {
+    /// The hold's id (an import's `hold` in its report).
+    pub id: String,
+    /// The subtree it keeps locked.
+    pub at: String,
+    /// The last journal sequence its write appended.
+    pub through_seq: i64,
+    /// Seconds since it was recorded.
+    pub age_seconds: u64,
 }
 
 /// `POST /v1/reindex`, `ce reindex`.

@@ -105,6 +105,12 @@ fn import_holds_its_subtree(lock_config: &str) {
     let holds = store.holds().expect("holds");
     assert_eq!(holds.len(), 1);
     assert_eq!((holds[0].id.as_str(), &holds[0].at), (hold.as_str(), &into));
+    let shown = e.status().expect("status").holds;
+    assert_eq!(shown.len(), 1, "status lists the hold: {shown:?}");
+    assert_eq!(
+        (shown[0].id.as_str(), shown[0].at.as_str()),
+        (hold.as_str(), into.as_str())
+    );
 
     // The lease was handed off and nobody renews it; within its lifetime an rm is busy.
     let err = e
@@ -128,6 +134,7 @@ fn import_holds_its_subtree(lock_config: &str) {
         store.holds().expect("holds").is_empty()
     });
     let status = e.status().expect("status");
+    assert!(status.holds.is_empty(), "{:?}", status.holds);
     for c in &status.consumers {
         assert_eq!(c.lag_events, 0, "{} applied the import first", c.consumer);
     }
