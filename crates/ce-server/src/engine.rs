@@ -979,6 +979,14 @@ impl Engine {
                 .collect()
         });
         outcome.into_iter().collect::<Result<Vec<()>>>()?;
+        // The holds whose writes these consumers have now applied end here too (a one-shot
+        // `ce worker --once` after a `ce import` frees the subtree without a server).
+        let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
+        holds::end_applied(
+            self.store.as_ref(),
+            &self.locks.with_wait(Duration::ZERO),
+            &consumers,
+        );
         let now = self.store.clock().now_ms();
         let served = self.served_consumers();
         let remaining = self

@@ -50,20 +50,28 @@ impl Keeper {
         let mut ended = Vec::new();
         for h in holds {
             if self.keep(&h, locks) && self.finished(&h, store, consumers) {
-                if let Some(Err(e)) = self.held.remove(&h.id).map(Lease::release) {
-                    warn!(hold = %h.id, error = %e, "hold lease not released (it goes stale)");
-                }
-                ce_core::failpoint::hit("holds.before_end");
-                match store.end_hold(&h.id) {
-                    Ok(_) => {
-                        info!(hold = %h.id, at = %h.at, "hold ended: its writes are indexed");
-                        ended.push(h.id);
-                    }
-                    Err(e) => warn!(hold = %h.id, error = %e, "hold not ended"),
-                }
+                ended.extend(self.end(&h, store));
             }
         }
         ended
+    }
+
+    /// Releases `h`'s lease (when held here) and ends the hold; its id when ended.
+    fn end(&mut self, h: &Hold, store: &dyn HoldStore) -> Option<String> {
+        if let Some(Err(e)) = self.held.remove(&h.id).map(Lease::release) {
+            warn!(hold = %h.id, error = %e, "hold lease not released (it goes stale)");
+        }
+        ce_core::failpoint::hit("holds.before_end");
+        match store.end_hold(&h.id) {
+            Ok(_) => {
+                info!(hold = %h.id, at = %h.at, "hold ended: its writes are indexed");
+                Some(h.id.clone())
+            }
+            Err(e) => {
+                warn!(hold = %h.id, error = %e, "hold not ended");
+                None
+            }
+        }
     }
 
     /// Whether this keeper holds `h`'s lease (adopting it if it can).
@@ -110,6 +118,31 @@ impl Keeper {
                 false
             })
     }
+}
+
+/// Ends the holds whose writes `consumers` have applied, taking their leases over first (a
+/// hold another keeper is keeping is left to it). Holds still pending are not touched.
+/// Returns the ids ended.
+pub fn end_applied(
+    store: &dyn HoldStore,
+    locks: &LockManager,
+    consumers: &[String],
+) -> Vec<String> {
+    let holds = match store.holds() {
+        Ok(h) => h,
+        Err(e) => {
+            warn!(error = %e, "holds not read");
+            return Vec::new();
+        }
+    };
+    let mut keeper = Keeper::default();
+    let mut ended = Vec::new();
+    for h in holds {
+        if keeper.finished(&h, store, consumers) && keeper.keep(&h, locks) {
+            ended.extend(keeper.end(&h, store));
+        }
+    }
+    ended
 }
 
 /// Starts keeping holds for `consumers` (the ones whose workers run here); stopped with the

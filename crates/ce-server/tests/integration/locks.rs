@@ -388,3 +388,22 @@ fn a_second_import_of_the_same_target_takes_over_the_first_ones_hold() {
         ErrorCode::Busy
     );
 }
+
+#[test]
+fn a_one_shot_drain_ends_the_holds_it_applied() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let e = engine(data.path(), config(""), false);
+    let into = u("ctx://acc/kb");
+    e.import(tree_on_disk(4).path(), &into, ImportOptions::default())
+        .expect("import");
+    assert_eq!(e.status().expect("status").holds.len(), 1);
+    assert_eq!(
+        e.rm(&into, true, None, None).expect_err("held").code(),
+        ErrorCode::Busy
+    );
+    // `ce worker --once`: the drain applies the import and ends its hold.
+    e.drain(&|_| {}).expect("drain");
+    assert!(e.status().expect("status").holds.is_empty());
+    e.rm(&into, true, None, None)
+        .expect("the subtree is free once indexed");
+}
