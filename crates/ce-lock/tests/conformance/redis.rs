@@ -18,12 +18,7 @@ use ce_lock::{Attempt, LockError, LockProvider, LockRequest, Token, conflicts};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
 
-use crate::suite::{Fixture, uri};
-
-/// A fixed "now" for injected-time cases (2023-11-14), in nanoseconds.
-const T0: u64 = 1_700_000_000_000_000_000;
-/// 30 s in nanoseconds.
-const EXP: u64 = 30_000_000_000;
+use crate::suite::{EXP, Fixture, T0, e, grant, t, uri};
 
 fn redis_url() -> String {
     std::env::var("CE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -111,24 +106,6 @@ fn make() -> Option<Fixture> {
 }
 
 conformance_tests!(make);
-
-fn e(p: &str) -> LockRequest {
-    LockRequest::exact(uri(p))
-}
-
-fn t(p: &str) -> LockRequest {
-    LockRequest::tree(uri(p))
-}
-
-fn grant(p: &dyn LockProvider, owner: &str, reqs: &[LockRequest], now: u64) -> Vec<Token> {
-    match p.try_acquire(owner, reqs, now, EXP) {
-        Ok(tokens) => tokens,
-        Err(Attempt::Conflict { held, owner: o }) => {
-            panic!("{owner} {reqs:?}: unexpected conflict with {held:?} of {o}")
-        }
-        Err(Attempt::Failed(e)) => panic!("{owner} {reqs:?}: provider failed: {e}"),
-    }
-}
 
 /// Whether the attempt was refused by a conflict (`None` when granted; tokens released).
 fn attempt(

@@ -63,23 +63,31 @@ macro_rules! conformance_tests {
 }
 
 /// A fixed "now" for provider-level cases (2023-11-14), in nanoseconds.
-const T0: u64 = 1_700_000_000_000_000_000;
+pub(crate) const T0: u64 = 1_700_000_000_000_000_000;
 /// 30 s in nanoseconds.
-const EXP: u64 = 30_000_000_000;
+pub(crate) const EXP: u64 = 30_000_000_000;
 
 pub fn uri(s: &str) -> CtxUri {
     CtxUri::parse(s).expect("uri")
 }
 
-fn e(p: &str) -> LockRequest {
+/// An EXACT request on `p`.
+pub(crate) fn e(p: &str) -> LockRequest {
     LockRequest::exact(uri(p))
 }
 
-fn t(p: &str) -> LockRequest {
+/// A TREE request on `p`.
+pub(crate) fn t(p: &str) -> LockRequest {
     LockRequest::tree(uri(p))
 }
 
-fn grant(p: &dyn LockProvider, owner: &str, reqs: &[LockRequest], now: u64) -> Vec<Token> {
+/// The tokens of an attempt that must be granted (one per request, stamped `now`).
+pub(crate) fn grant(
+    p: &dyn LockProvider,
+    owner: &str,
+    reqs: &[LockRequest],
+    now: u64,
+) -> Vec<Token> {
     match p.try_acquire(owner, reqs, now, EXP) {
         Ok(tokens) => {
             assert_eq!(tokens.len(), reqs.len(), "one token per request");

@@ -39,13 +39,7 @@ impl Keeper {
         locks: &LockManager,
         consumers: &[String],
     ) -> Vec<String> {
-        let holds = match store.holds() {
-            Ok(h) => h,
-            Err(e) => {
-                warn!(error = %e, "holds not read");
-                return Vec::new();
-            }
-        };
+        let holds = open_holds(store);
         self.held.retain(|id, _| holds.iter().any(|h| &h.id == id));
         let mut ended = Vec::new();
         for h in holds {
@@ -120,6 +114,14 @@ impl Keeper {
     }
 }
 
+/// The open holds; none (logged) when they cannot be read — the next round tries again.
+fn open_holds(store: &dyn HoldStore) -> Vec<Hold> {
+    store.holds().unwrap_or_else(|e| {
+        warn!(error = %e, "holds not read");
+        Vec::new()
+    })
+}
+
 /// Ends the holds whose writes `consumers` have applied, taking their leases over first (a
 /// hold another keeper is keeping is left to it). Holds still pending are not touched.
 /// Returns the ids ended.
@@ -128,13 +130,7 @@ pub fn end_applied(
     locks: &LockManager,
     consumers: &[String],
 ) -> Vec<String> {
-    let holds = match store.holds() {
-        Ok(h) => h,
-        Err(e) => {
-            warn!(error = %e, "holds not read");
-            return Vec::new();
-        }
-    };
+    let holds = open_holds(store);
     let mut keeper = Keeper::default();
     let mut ended = Vec::new();
     for h in holds {
