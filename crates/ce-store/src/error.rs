@@ -129,11 +129,11 @@ pub enum StoreError {
     /// Stored data does not decode (corruption or a foreign schema).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    /// The database file was written by a newer ContextEngine.
-    #[error("the store at {path} has schema version {found}, this build knows up to {known}")]
+    /// The database was written by a newer ContextEngine.
+    #[error("the store at {location} has schema version {found}, this build knows up to {known}")]
     SchemaTooNew {
-        /// Database path.
-        path: PathBuf,
+        /// Database file, or PostgreSQL URL without its password.
+        location: String,
         /// Version found.
         found: i64,
         /// Highest version this build knows.
@@ -142,6 +142,13 @@ pub enum StoreError {
     /// Any other SQLite failure.
     #[error("sqlite: {0}")]
     Sqlite(rusqlite::Error),
+    /// The PostgreSQL server cannot be reached, dropped the connection or refuses work for
+    /// now (SQLSTATE classes 08, 53, 57P, serialization failures and deadlocks): retryable.
+    #[error("postgres unavailable: {0}")]
+    PgUnavailable(String),
+    /// Any other PostgreSQL failure, with its SQLSTATE when the server sent one.
+    #[error("postgres: {0}")]
+    Postgres(postgres::Error),
     /// A failure tied to a file of an import or export.
     #[error("{}: {source}", path.display())]
     AtPath {
@@ -181,6 +188,41 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
+impl From<postgres::Error> for StoreError {
+    fn from(e: postgres::Error) -> Self {
+        let transient = match e.code() {
+            // No SQLSTATE: an I/O error or a closed connection.
+            None => true,
+            Some(c) => {
+                let s = c.code();
+                s.starts_with("08")
+                    || s.starts_with("53")
+                    || s.starts_with("57P")
+                    || s == "40001"
+                    || s == "40P01"
+                    || s == "55P03"
+            }
+        };
+        if transient {
+            StoreError::PgUnavailable(pg_error_text(&e))
+        } else {
+            StoreError::Postgres(e)
+        }
+    }
+}
+
+/// The error with the server's message and SQLSTATE (`Display` of `postgres::Error` alone
+/// says only "db error").
+pub(crate) fn pg_error_text(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(src) => format!("{e}: {src}"),
+            None => e.to_string(),
+        },
+    }
+}
+
 impl From<serde_json::Error> for StoreError {
     fn from(e: serde_json::Error) -> Self {
         StoreError::Corrupt(format!("stored json does not decode: {e}"))
@@ -206,7 +248,8 @@ impl Classify for StoreError {
             StoreError::LeaseLost { .. } => ErrorCode::LeaseLost,
             StoreError::LargeDelete(_) => ErrorCode::LargeDelete,
             StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
-            StoreError::Sqlite(_) => ErrorCode::Internal,
+            StoreError::Sqlite(_) | StoreError::Postgres(_) => ErrorCode::Internal,
+            StoreError::PgUnavailable(_) => ErrorCode::Unavailable,
             StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => ErrorCode::NotFound,
             StoreError::Io(_) => ErrorCode::Io,
             StoreError::AtPath { source, .. } => source.code(),
@@ -218,7 +261,9 @@ impl Classify for StoreError {
         match self {
             StoreError::Core(e) => e.is_retryable(),
             // Spec §8.1: a lost lease is retryable (the event is simply processed again).
-            StoreError::ClaimConflict { .. } | StoreError::Busy(_) => true,
+            StoreError::ClaimConflict { .. }
+            | StoreError::Busy(_)
+            | StoreError::PgUnavailable(_) => true,
             // The operation as a whole can be retried under a new lease.
             StoreError::LeaseLost { .. } => true,
             // The same deletion stays over the limits until the caller overrides it.
@@ -233,6 +278,11 @@ impl Classify for StoreError {
             ),
             // Unknown SQLite errors are retried by default so that nothing is lost (spec §5.4).
             StoreError::Sqlite(_) => true,
+            // Data, integrity and syntax errors (SQLSTATE 22, 23, 42) repeat; others may not.
+            StoreError::Postgres(e) => !e.code().is_some_and(|c| {
+                let s = c.code();
+                s.starts_with("22") || s.starts_with("23") || s.starts_with("42")
+            }),
             StoreError::AtPath { source, .. } => source.is_retryable(),
             StoreError::BadLayout { .. } => false,
             StoreError::NodeNotFound { .. }

@@ -8,12 +8,15 @@
 //! - [`model`]: requests, answers and the backend traits
 //! - [`plan`]: pure write planning shared by backends (merge rules, versions, moves)
 //! - [`sqlite`]: the embedded backend (SQLite, WAL)
+//! - [`postgres`]: the scale backend (PostgreSQL), same schema semantics
 //! - [`layout`]: import / export in the on-disk node layout (spec §2.2)
 
 pub mod error;
 pub mod layout;
 pub mod model;
 pub mod plan;
+pub mod postgres;
+mod shared;
 pub mod sqlite;
 
 pub use error::{Result, StoreError};

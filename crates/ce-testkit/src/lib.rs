@@ -10,6 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+pub mod pg;
+
 /// The seed of a randomized test: `CE_SEED` when set (replay), else a random one; printed
 /// either way so that a failure can be replayed.
 pub fn seed(test: &str) -> u64 {

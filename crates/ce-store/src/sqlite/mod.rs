@@ -21,12 +21,12 @@ mod schema;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ce_core::{
-    Clock, Config, ContextNode, ContextType, CtxUri, Layers, Meta, Millis, OwnerSpace, SystemClock,
-};
+use ce_core::{Clock, Config, ContextNode, CtxUri, Layers, Millis, SystemClock};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
+use crate::shared::decode_node;
+pub(super) use crate::shared::{NODE_COLUMNS, subtree_bounds};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "ce.db";
@@ -191,15 +191,6 @@ fn open_conn(path: &Path, config: &Config) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Bounds of the strict descendants of `uri` in binary collation: `(lo, hi)` exclusive.
-fn subtree_bounds(uri: &CtxUri) -> (String, String) {
-    if uri.is_root() {
-        ("ctx://".to_owned(), "ctx:/0".to_owned())
-    } else {
-        (format!("{uri}/"), format!("{uri}0"))
-    }
-}
-
 /// SQL predicate on `col` for "within the subtree `?N`" using bounds `?N+1`, `?N+2`.
 fn subtree_sql(col: &str, n: usize) -> String {
     format!(
@@ -208,10 +199,6 @@ fn subtree_sql(col: &str, n: usize) -> String {
         n + 2
     )
 }
-
-const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, owner_space, abstract, \
-     overview, content, meta, version, content_hash, relation_version, created_at, updated_at, \
-     trace_id";
 
 fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
     let uri: String = row.get(0)?;
@@ -250,20 +237,6 @@ fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
             }
         }),
     )
-}
-
-type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
-
-fn decode_node(uri: String, parent: String, t: String, o: String, meta: String) -> Result<Decoded> {
-    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
-        StoreError::Corrupt(format!("node {uri:?}: bad {what}: {e}"))
-    };
-    let u = CtxUri::parse(&uri).map_err(|e| corrupt("uri", &e))?;
-    let p = CtxUri::parse(&parent).map_err(|e| corrupt("parent_uri", &e))?;
-    let t: ContextType = t.parse().map_err(|e| corrupt("context_type", &e))?;
-    let o: OwnerSpace = o.parse().map_err(|e| corrupt("owner_space", &e))?;
-    let m: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("meta", &e))?;
-    Ok((u, p, t, o, m))
 }
 
 fn get_node(conn: &Connection, uri: &CtxUri) -> Result<Option<ContextNode>> {

@@ -111,7 +111,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     let known = MIGRATIONS.len() as i64;
     if current > known {
         return Err(StoreError::SchemaTooNew {
-            path: path.to_owned(),
+            location: path.display().to_string(),
             found: current,
             known,
         });

@@ -1,0 +1,504 @@
+//! The scale backend: nodes, relations and the outbox on PostgreSQL, with the semantics of
+//! the SQLite backend (DESIGN.md decisions 1 and 3).
+//!
+//! Transactions:
+//! - **Source writes** (put, rm, mv, link, import, admin append) run in one transaction that
+//!   first takes the transaction-scoped advisory lock [`SOURCE_LOCK`]: source writes are
+//!   serialized across every process, as SQLite's single writer serializes them. Versions are
+//!   read and bumped without lost updates, and journal sequence numbers commit in the order
+//!   they are assigned, so a consumer's low watermark never skips an event that commits late.
+//!   A write that appended events sends `NOTIFY ce_outbox` in the same transaction; PostgreSQL
+//!   delivers it after the commit (DESIGN.md decision 12: a hint, polling is the fallback).
+//! - **Outbox bookkeeping** (claim, renew, done, failed, repair) takes no global lock:
+//!   claims pick rows with `FOR UPDATE SKIP LOCKED` (spec §3.4) and every fenced transition
+//!   locks its delivery row first. It commits with `synchronous_commit = off`, the analogue
+//!   of SQLite's NORMAL: a crash of the server may roll back the last bookkeeping commits,
+//!   which only redelivers events (at-least-once, idempotent consumers).
+//! - **Reads** run in a `REPEATABLE READ, READ ONLY` transaction: one snapshot per call.
+//!
+//! Time comes from the store's [`Clock`] as on SQLite (leases, backoff); hosts that share a
+//! database must keep their clocks in sync (NTP), as the lease is the only thing that
+//! depends on it — fencing by claim token does not.
+//!
+//! Connections: a small pool of synchronous clients. A connection that failed (server
+//! restart, `pg_terminate_backend`) is dropped, never reused; the error is
+//! [`StoreError::PgUnavailable`] (retryable) and the next call connects afresh. A stale pooled
+//! connection found dead at `BEGIN` is replaced once transparently (nothing was sent yet).
+
+mod fs;
+mod holds;
+mod outbox;
+mod relations;
+mod schema;
+
+use std::collections::HashMap;
+use std::str::FromStr as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ce_core::{Clock, Config, ContextNode, CtxUri, Layers, Millis, SystemClock};
+use postgres::types::ToSql;
+use postgres::{Client, IsolationLevel, NoTls, Row, Statement};
+
+use crate::error::{Result, StoreError};
+use crate::shared::{NODE_COLUMNS, decode_node};
+
+pub use schema::SCHEMA_VERSION;
+
+/// Advisory lock key (transaction scope) that serializes source writes: "ce-src" in ASCII.
+pub const SOURCE_LOCK: i64 = 0x63_65_2d_73_72_63;
+/// Advisory lock key that serializes schema migrations: "ce-mig".
+pub const MIGRATE_LOCK: i64 = 0x63_65_2d_6d_69_67;
+/// The channel that carries wake-up hints after commits that appended events.
+pub const NOTIFY_CHANNEL: &str = "ce_outbox";
+
+/// Whether a store location names PostgreSQL (`postgres://` or `postgresql://`).
+pub fn is_postgres_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// `url` without its password, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                url.to_owned()
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// What a write transaction is, which decides its locking and durability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteKind {
+    /// Nodes, relations, journal: serialized by [`SOURCE_LOCK`], synchronous commit.
+    Source,
+    /// Delivery state: row locks only, asynchronous commit.
+    Bookkeeping,
+}
+
+/// A pooled connection with its prepared statements.
+struct Conn {
+    client: Client,
+    stmts: HashMap<String, Statement>,
+}
+
+/// One open transaction and the statement cache of its connection. Statements are prepared
+/// once per connection (`query` with a string would prepare on every call: two round trips).
+pub(crate) struct Tx<'a> {
+    tx: postgres::Transaction<'a>,
+    stmts: &'a mut HashMap<String, Statement>,
+    /// Set when the transaction appended journal events (a wake-up is sent at commit).
+    notify: bool,
+}
+
+type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+
+impl Tx<'_> {
+    fn prepared(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.stmts.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.tx.prepare(sql)?;
+        self.stmts.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// All rows of `sql`.
+    pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
+        let s = self.prepared(sql)?;
+        Ok(self.tx.query(&s, params)?)
+    }
+
+    /// At most one row of `sql`.
+    pub(crate) fn query_opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>> {
+        let s = self.prepared(sql)?;
+        Ok(self.tx.query_opt(&s, params)?)
+    }
+
+    /// Exactly one row of `sql`.
+    pub(crate) fn query_one(&mut self, sql: &str, params: Params<'_>) -> Result<Row> {
+        let s = self.prepared(sql)?;
+        Ok(self.tx.query_one(&s, params)?)
+    }
+
+    /// Runs `sql`; the number of rows it changed.
+    pub(crate) fn execute(&mut self, sql: &str, params: Params<'_>) -> Result<u64> {
+        let s = self.prepared(sql)?;
+        Ok(self.tx.execute(&s, params)?)
+    }
+
+    /// Runs several statements without parameters (DDL).
+    pub(crate) fn batch(&mut self, sql: &str) -> Result<()> {
+        Ok(self.tx.batch_execute(sql)?)
+    }
+
+    /// Marks the transaction as one that appended events: it notifies at commit.
+    pub(crate) fn appended(&mut self) {
+        self.notify = true;
+    }
+}
+
+/// The PostgreSQL store. Cheap to share behind an `Arc`; safe to use from many threads,
+/// processes and hosts.
+pub struct PgStore {
+    config_pg: postgres::Config,
+    shown: String,
+    pool: Mutex<Vec<Conn>>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("url", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses a connection URL, with a connect timeout and TCP keepalives unless it sets them.
+pub fn pg_config(url: &str) -> Result<postgres::Config> {
+    let mut c = postgres::Config::from_str(url).map_err(|e| {
+        StoreError::Core(ce_core::CoreError::InvalidConfig {
+            key: "store.url".to_owned(),
+            reason: format!("{}: {e}", redact_url(url)),
+        })
+    })?;
+    if c.get_connect_timeout().is_none() {
+        c.connect_timeout(Duration::from_secs(5));
+    }
+    c.keepalives(true);
+    c.keepalives_idle(Duration::from_secs(30));
+    if c.get_application_name().is_none() {
+        c.application_name("contextengine");
+    }
+    Ok(c)
+}
+
+impl PgStore {
+    /// Connects to `url`, applies missing migrations and registers the configured consumers.
+    pub fn open(url: &str, config: Config) -> Result<Self> {
+        Self::open_with_clock(url, config, Arc::new(SystemClock))
+    }
+
+    /// Opens the store with an explicit clock (tests and simulations).
+    pub fn open_with_clock(url: &str, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
+        config.validate()?;
+        let store = PgStore {
+            config_pg: pg_config(url)?,
+            shown: redact_url(url),
+            pool: Mutex::new(Vec::new()),
+            clock,
+            config,
+        };
+        store.migrate()?;
+        store.register_consumers()?;
+        Ok(store)
+    }
+
+    /// Applies the migrations this build knows that the database lacks; returns the schema
+    /// version before and after. Safe to run from several processes at once (an advisory
+    /// lock serializes them; the second finds nothing to do).
+    pub fn migrate(&self) -> Result<(i64, i64)> {
+        let mut conn = self.connect()?;
+        let out = schema::migrate(&mut conn.client, &self.shown);
+        self.give_back(conn, out.is_ok());
+        out
+    }
+
+    /// The URL without its password.
+    pub fn location(&self) -> &str {
+        &self.shown
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// A new connection with the store's settings (also used by `LISTEN` wake-up threads).
+    pub fn connect_client(&self) -> Result<Client> {
+        Ok(self.config_pg.connect(NoTls)?)
+    }
+
+    fn connect(&self) -> Result<Conn> {
+        Ok(Conn {
+            client: self.connect_client()?,
+            stmts: HashMap::new(),
+        })
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    fn take(&self) -> Result<(Conn, bool)> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match pooled {
+            Some(c) if !c.client.is_closed() => Ok((c, true)),
+            _ => Ok((self.connect()?, false)),
+        }
+    }
+
+    /// Returns a connection to the pool unless its last use failed (its state is unknown).
+    fn give_back(&self, conn: Conn, ok: bool) {
+        if ok && !conn.client.is_closed() {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < 16 {
+                pool.push(conn);
+            }
+        }
+    }
+
+    /// Runs `f` in one transaction of `kind` on a pooled connection. A pooled connection
+    /// that fails at `BEGIN` (the server restarted since) is replaced once.
+    fn run<T>(&self, kind: Begin, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let (mut conn, pooled) = self.take()?;
+        let f = match attempt(&mut conn, kind, f) {
+            Attempt::Ran(out) => {
+                // Logical errors (not found, conflict) roll back cleanly; a database error
+                // may leave the connection in an unknown state, so it is not reused.
+                let ok = !matches!(
+                    &out,
+                    Err(StoreError::PgUnavailable(_) | StoreError::Postgres(_))
+                );
+                self.give_back(conn, ok);
+                return out;
+            }
+            Attempt::BeginFailed(e, _) if !pooled => return Err(e.into()),
+            Attempt::BeginFailed(e, f) => {
+                tracing::debug!(error = %e, "pooled postgres connection is dead; reconnecting");
+                f
+            }
+        };
+        let mut conn = self.connect()?;
+        match attempt(&mut conn, kind, f) {
+            Attempt::Ran(out) => {
+                let ok = !matches!(
+                    &out,
+                    Err(StoreError::PgUnavailable(_) | StoreError::Postgres(_))
+                );
+                self.give_back(conn, ok);
+                out
+            }
+            Attempt::BeginFailed(e, _) => Err(e.into()),
+        }
+    }
+
+    /// Runs `f` in one write transaction with the time at which its locks were taken;
+    /// commits when it returns `Ok`.
+    fn write<T>(
+        &self,
+        kind: WriteKind,
+        f: impl FnOnce(&mut Tx<'_>, Millis) -> Result<T>,
+    ) -> Result<T> {
+        self.run(Begin::Write, |tx| {
+            match kind {
+                WriteKind::Source => {
+                    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SOURCE_LOCK])?;
+                }
+                WriteKind::Bookkeeping => {
+                    tx.batch("SET LOCAL synchronous_commit = off")?;
+                }
+            }
+            // The clock is read once the locks are held, so a wait never leaves the
+            // transaction acting on an old time (leases, fencing).
+            let now = self.now();
+            let out = f(tx, now)?;
+            if kind == WriteKind::Source {
+                ce_core::failpoint::hit("store.before_commit");
+            }
+            Ok(out)
+        })
+        .inspect(|_| {
+            if kind == WriteKind::Source {
+                ce_core::failpoint::hit("store.after_commit");
+            }
+        })
+    }
+
+    /// Runs `f` in one read-only snapshot.
+    fn read<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.run(Begin::Read, f)
+    }
+}
+
+/// How a transaction begins.
+#[derive(Debug, Clone, Copy)]
+enum Begin {
+    /// `READ COMMITTED`, read-write.
+    Write,
+    /// `REPEATABLE READ, READ ONLY`: one snapshot.
+    Read,
+}
+
+enum Attempt<T, F> {
+    /// The transaction began and `f` ran (committed when `Ok`).
+    Ran(Result<T>),
+    /// `BEGIN` failed; `f` did not run and is handed back.
+    BeginFailed(postgres::Error, F),
+}
+
+fn attempt<T, F: FnOnce(&mut Tx<'_>) -> Result<T>>(
+    conn: &mut Conn,
+    kind: Begin,
+    f: F,
+) -> Attempt<T, F> {
+    let Conn { client, stmts } = conn;
+    let builder = client.build_transaction();
+    let begun = match kind {
+        Begin::Write => builder
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start(),
+        Begin::Read => builder
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start(),
+    };
+    let tx = match begun {
+        Ok(tx) => tx,
+        Err(e) => return Attempt::BeginFailed(e, f),
+    };
+    let mut tx = Tx {
+        tx,
+        stmts,
+        notify: false,
+    };
+    let out = f(&mut tx).and_then(|v| {
+        if tx.notify {
+            tx.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])?;
+        }
+        tx.tx.commit()?;
+        Ok(v)
+    });
+    Attempt::Ran(out)
+}
+
+/// Decodes a `SELECT {NODE_COLUMNS}` row.
+fn node_from_row(row: &Row) -> Result<ContextNode> {
+    let (uri, parent_uri, context_type, owner_space, meta) = decode_node(
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(4)?,
+        row.try_get(8)?,
+    )?;
+    let version: i64 = row.try_get(9)?;
+    let relation_version: i64 = row.try_get(11)?;
+    Ok(ContextNode {
+        uri,
+        parent_uri,
+        context_type,
+        category: row.try_get(3)?,
+        owner_space,
+        layers: Layers {
+            abstract_text: row.try_get(5)?,
+            overview: row.try_get(6)?,
+            content: row.try_get(7)?,
+        },
+        meta,
+        version: version as u64,
+        content_hash: row.try_get(10)?,
+        relation_version: relation_version as u64,
+        created_at_ms: row.try_get(12)?,
+        updated_at_ms: row.try_get(13)?,
+        trace_id: row.try_get(14)?,
+    })
+}
+
+fn get_node(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Option<ContextNode>> {
+    tx.query_opt(
+        &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE uri = $1"),
+        &[&uri.as_str()],
+    )?
+    .map(|r| node_from_row(&r))
+    .transpose()
+}
+
+fn get_tombstone(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Option<u64>> {
+    Ok(tx
+        .query_opt(
+            "SELECT version FROM tombstones WHERE uri = $1",
+            &[&uri.as_str()],
+        )?
+        .map(|r| r.get::<_, i64>(0) as u64))
+}
+
+fn insert_node(tx: &mut Tx<'_>, n: &ContextNode) -> Result<()> {
+    let meta = serde_json::to_string(&n.meta)?;
+    let owner = n.owner_space.to_string();
+    let (version, relation_version) = (n.version as i64, n.relation_version as i64);
+    tx.execute(
+        &format!(
+            "INSERT INTO nodes ({NODE_COLUMNS})
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)
+             ON CONFLICT (uri) DO UPDATE SET parent_uri=excluded.parent_uri,
+               context_type=excluded.context_type, category=excluded.category,
+               owner_space=excluded.owner_space, abstract=excluded.abstract,
+               overview=excluded.overview, content=excluded.content, meta=excluded.meta,
+               version=excluded.version, content_hash=excluded.content_hash,
+               relation_version=excluded.relation_version, created_at=excluded.created_at,
+               updated_at=excluded.updated_at, trace_id=excluded.trace_id"
+        ),
+        &[
+            &n.uri.as_str(),
+            &n.parent_uri.as_str(),
+            &n.context_type.as_str(),
+            &n.category,
+            &owner,
+            &n.layers.abstract_text,
+            &n.layers.overview,
+            &n.layers.content,
+            &meta,
+            &version,
+            &n.content_hash,
+            &relation_version,
+            &n.created_at_ms,
+            &n.updated_at_ms,
+            &n.trace_id,
+        ],
+    )?;
+    tx.execute("DELETE FROM tombstones WHERE uri = $1", &[&n.uri.as_str()])?;
+    Ok(())
+}
+
+/// SQL predicate on `col` for "within the subtree `$n`" using bounds `$n+1`, `$n+2`.
+fn subtree_sql(col: &str, n: usize) -> String {
+    format!(
+        "({col} = ${n} OR ({col} > ${} AND {col} < ${}))",
+        n + 1,
+        n + 2
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn urls_lose_their_password_only() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db?x=1"),
+            "postgres://u:***@h:5432/db?x=1"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgresql://h/db"), "postgresql://h/db");
+    }
+}

@@ -1,0 +1,139 @@
+//! Versioned migrations of the PostgreSQL schema. `ce_schema_migrations` records each
+//! applied version; a transaction-scoped advisory lock ([`super::MIGRATE_LOCK`]) makes
+//! concurrent migrators take turns, so the second finds nothing left to do.
+//!
+//! The tables mirror the SQLite schema column for column (docs/store.md): URIs are `TEXT
+//! COLLATE "C"` so that subtree range scans compare bytes as SQLite does; integers are
+//! `BIGINT`; JSON stays `TEXT`, byte for byte as written (export round trips depend on it).
+
+use postgres::Client;
+
+use super::MIGRATE_LOCK;
+use crate::error::{Result, StoreError};
+
+/// Migrations in order; version `i + 1` is `MIGRATIONS[i]`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the whole schema of SQLite migrations 1 and 2.
+    r#"
+    CREATE TABLE nodes (
+        uri              TEXT COLLATE "C" PRIMARY KEY,
+        parent_uri       TEXT COLLATE "C" NOT NULL,
+        context_type     TEXT NOT NULL,
+        category         TEXT NOT NULL,
+        owner_space      TEXT NOT NULL,
+        abstract         TEXT NOT NULL,
+        overview         TEXT NOT NULL,
+        content          TEXT NOT NULL,
+        meta             TEXT NOT NULL,
+        version          BIGINT NOT NULL,
+        content_hash     TEXT NOT NULL,
+        relation_version BIGINT NOT NULL,
+        created_at       BIGINT NOT NULL,
+        updated_at       BIGINT NOT NULL,
+        trace_id         TEXT NOT NULL
+    );
+    CREATE INDEX nodes_by_parent ON nodes (parent_uri, uri);
+
+    CREATE TABLE tombstones (
+        uri        TEXT COLLATE "C" PRIMARY KEY,
+        version    BIGINT NOT NULL,
+        deleted_at BIGINT NOT NULL
+    );
+
+    CREATE TABLE relations (
+        from_uri      TEXT COLLATE "C" NOT NULL,
+        to_uri        TEXT COLLATE "C" NOT NULL,
+        relation_type TEXT NOT NULL,
+        weight        DOUBLE PRECISION NOT NULL,
+        reason        TEXT NOT NULL,
+        created_at    BIGINT NOT NULL,
+        updated_at    BIGINT NOT NULL,
+        PRIMARY KEY (from_uri, to_uri, relation_type)
+    );
+    CREATE INDEX relations_by_to ON relations (to_uri);
+
+    CREATE TABLE events (
+        seq        BIGSERIAL PRIMARY KEY,
+        event_id   TEXT NOT NULL UNIQUE,
+        event_type TEXT NOT NULL,
+        uri        TEXT COLLATE "C" NOT NULL,
+        payload    TEXT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+
+    CREATE TABLE consumers (
+        name     TEXT PRIMARY KEY,
+        added_at BIGINT NOT NULL
+    );
+
+    -- status: 0 pending, 1 claimed, 2 retry_wait, 3 done, 4 failed (never at rest), 5 dead.
+    CREATE TABLE deliveries (
+        consumer      TEXT NOT NULL,
+        seq           BIGINT NOT NULL,
+        status        BIGINT NOT NULL,
+        retry_count   BIGINT NOT NULL,
+        visible_at    BIGINT,
+        claimed_by    TEXT,
+        claim_token   TEXT,
+        claimed_until BIGINT,
+        last_error    TEXT,
+        error_code    TEXT,
+        updated_at    BIGINT NOT NULL,
+        PRIMARY KEY (consumer, seq)
+    );
+    CREATE INDEX deliveries_runnable ON deliveries (consumer, seq, visible_at)
+        WHERE status IN (0, 1, 2);
+    CREATE INDEX deliveries_dead ON deliveries (consumer, seq) WHERE status = 5;
+
+    CREATE TABLE fences (
+        path       TEXT COLLATE "C" PRIMARY KEY,
+        token      BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE TABLE holds (
+        id          TEXT PRIMARY KEY,
+        at          TEXT COLLATE "C" NOT NULL,
+        lease       TEXT NOT NULL,
+        through_seq BIGINT NOT NULL,
+        created_at  BIGINT NOT NULL
+    );
+    "#,
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Applies missing migrations in one transaction; returns the version before and after.
+/// Refuses a database from a newer build.
+pub(super) fn migrate(client: &mut Client, location: &str) -> Result<(i64, i64)> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS ce_schema_migrations (
+             version    BIGINT PRIMARY KEY,
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+         )",
+    )?;
+    let current: i64 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM ce_schema_migrations",
+            &[],
+        )?
+        .get(0);
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            location: location.to_owned(),
+            found: current,
+            known: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        tx.batch_execute(sql)?;
+        tx.execute(
+            "INSERT INTO ce_schema_migrations (version) VALUES ($1)",
+            &[&(i as i64 + 1)],
+        )?;
+    }
+    tx.commit()?;
+    Ok((current, SCHEMA_VERSION))
+}

@@ -1,0 +1,42 @@
+//! Row-agnostic pieces both backends share: column lists, decoding of stored text, subtree
+//! bounds and event payload builders. Backend modules hold only their SQL and bindings.
+
+use ce_core::{ContextType, CtxUri, Meta, OwnerSpace};
+
+use crate::error::{Result, StoreError};
+
+/// Bounds of the strict descendants of `uri` in binary collation: `(lo, hi)` exclusive.
+pub(crate) fn subtree_bounds(uri: &CtxUri) -> (String, String) {
+    if uri.is_root() {
+        ("ctx://".to_owned(), "ctx:/0".to_owned())
+    } else {
+        (format!("{uri}/"), format!("{uri}0"))
+    }
+}
+
+/// The columns of `nodes` in the order [`decode_node`]'s callers read them.
+pub(crate) const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, owner_space, \
+     abstract, overview, content, meta, version, content_hash, relation_version, created_at, \
+     updated_at, trace_id";
+
+/// A node's typed columns decoded from their stored text.
+pub(crate) type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
+
+/// Decodes the text columns of a stored node; a value that does not parse is corruption.
+pub(crate) fn decode_node(
+    uri: String,
+    parent: String,
+    t: String,
+    o: String,
+    meta: String,
+) -> Result<Decoded> {
+    let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("node {uri:?}: bad {what}: {e}"))
+    };
+    let u = CtxUri::parse(&uri).map_err(|e| corrupt("uri", &e))?;
+    let p = CtxUri::parse(&parent).map_err(|e| corrupt("parent_uri", &e))?;
+    let t: ContextType = t.parse().map_err(|e| corrupt("context_type", &e))?;
+    let o: OwnerSpace = o.parse().map_err(|e| corrupt("owner_space", &e))?;
+    let m: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("meta", &e))?;
+    Ok((u, p, t, o, m))
+}
