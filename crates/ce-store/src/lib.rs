@@ -18,6 +18,7 @@ pub mod plan;
 pub mod postgres;
 mod shared;
 pub mod sqlite;
+mod txn;
 
 pub use error::{Result, StoreError};
 pub use model::{

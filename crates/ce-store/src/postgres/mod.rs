@@ -25,10 +25,9 @@
 //! [`StoreError::PgUnavailable`] (retryable) and the next call connects afresh. A stale pooled
 //! connection found dead at `BEGIN` is replaced once transparently (nothing was sent yet).
 
-mod fs;
 mod holds;
 mod outbox;
-mod relations;
+mod rows;
 mod schema;
 
 use std::collections::HashMap;
@@ -42,6 +41,7 @@ use postgres::{Client, IsolationLevel, NoTls, Row, Statement};
 
 use crate::error::{Result, StoreError};
 use crate::shared::{NODE_COLUMNS, decode_node};
+use crate::txn::{ReadTx, WriteTx};
 
 pub use schema::SCHEMA_VERSION;
 
@@ -339,6 +339,24 @@ impl PgStore {
         self.run(Begin::Read, f)
     }
 }
+
+impl PgStore {
+    /// A source write with the row operations of `crate::txn`.
+    fn write_source<T>(&self, f: impl FnOnce(&mut dyn WriteTx, Millis) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.write(WriteKind::Source, |tx, now| {
+            f(&mut rows::PgTx { tx, consumers }, now)
+        })
+    }
+
+    /// A read snapshot with the row operations of `crate::txn`.
+    fn read_source<T>(&self, f: impl FnOnce(&mut dyn ReadTx) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.read(|tx| f(&mut rows::PgTx { tx, consumers }))
+    }
+}
+
+crate::txn::impl_source_traits!(PgStore);
 
 /// How a transaction begins.
 #[derive(Debug, Clone, Copy)]

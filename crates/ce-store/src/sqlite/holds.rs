@@ -2,7 +2,7 @@
 //! consumers have applied the write that recorded it.
 
 use ce_core::{CtxUri, Millis};
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 
 use super::SqliteStore;
 use crate::error::Result;
@@ -11,7 +11,7 @@ use crate::model::{Hold, HoldStore};
 /// Records a hold through the last journal sequence written so far in `tx`; it supersedes
 /// any earlier hold on the same path (whose lease the writer took over).
 pub(super) fn insert_hold_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     id: &str,
     at: &CtxUri,
     lease: &str,

@@ -12,10 +12,9 @@
 //! process); across processes SQLite's write lock with `busy_timeout`. Readers use a pool of
 //! connections and see a consistent snapshot per call.
 
-mod fs;
 mod holds;
 mod outbox;
-mod relations;
+mod rows;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +26,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, Trans
 use crate::error::Result;
 use crate::shared::decode_node;
 pub(super) use crate::shared::{NODE_COLUMNS, subtree_bounds};
+use crate::txn::{ReadTx, WriteTx};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE: &str = "ce.db";
@@ -177,6 +177,30 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// A source write (FULL durability) with the row operations of `crate::txn`.
+    fn write_source<T>(&self, f: impl FnOnce(&mut dyn WriteTx, Millis) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.write(Durability::Full, |tx, now| {
+            f(
+                &mut rows::SqlTx {
+                    conn: tx,
+                    consumers,
+                },
+                now,
+            )
+        })
+    }
+
+    /// A read snapshot with the row operations of `crate::txn`.
+    fn read_source<T>(&self, f: impl FnOnce(&mut dyn ReadTx) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.read(|conn| f(&mut rows::SqlTx { conn, consumers }))
+    }
+}
+
+crate::txn::impl_source_traits!(SqliteStore);
+
 fn open_conn(path: &Path, config: &Config) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -254,7 +278,7 @@ fn get_tombstone(conn: &Connection, uri: &CtxUri) -> Result<Option<u64>> {
         .map(|v| v as u64))
 }
 
-fn insert_node(tx: &Transaction<'_>, n: &ContextNode) -> Result<()> {
+fn insert_node(tx: &Connection, n: &ContextNode) -> Result<()> {
     tx.prepare_cached(&format!(
         "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)
          ON CONFLICT(uri) DO UPDATE SET parent_uri=excluded.parent_uri,

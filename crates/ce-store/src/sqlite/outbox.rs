@@ -5,10 +5,8 @@
 //! live claims can ever hold one delivery. Acks are fenced by the claim token and the lease.
 
 use ce_core::{
-    CoreError, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
-    OutboxEventCreate,
+    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
 };
-use rand::Rng as _;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::{Durability, SqliteStore};
@@ -17,12 +15,11 @@ use crate::model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
     FORCED_DONE_CODE, OutboxFilter, OutboxStore,
 };
-
-const PENDING: i64 = 0;
-const CLAIMED: i64 = 1;
-const RETRY_WAIT: i64 = 2;
-const DONE: i64 = 3;
-const DEAD: i64 = 5;
+use crate::shared::outbox::{
+    DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
+    StoredDelivery, check_consumer, checked_payloads, consumer_error, count_status, decode_event,
+    fence, latest_error, lease_ms, new_claim_token, new_event_id, stored_error,
+};
 
 /// Claims the first `?6` runnable deliveries of consumer `?1` at time `?2` for worker `?3`
 /// with token `?4` and lease end `?5`.
@@ -66,13 +63,9 @@ const DEAD_WHERE: &str = "status = 5
               AND (?8 IS NULL OR uri = ?8 OR substr(uri, 1, length(?8) + 1) = ?8 || '/')))
        AND consumer IN (SELECT value FROM json_each(?9))";
 
-const EVENT_COLUMNS: &str = "e.seq, e.event_id, e.event_type, e.uri, e.payload, e.created_at";
-const DELIVERY_COLUMNS: &str = "d.consumer, d.seq, d.status, d.retry_count, d.visible_at, \
-     d.claimed_by, d.claim_token, d.claimed_until, d.last_error, d.error_code, d.updated_at";
-
 /// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer.
 pub(super) fn append_events_tx(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     consumers: &[String],
     payloads: Vec<EventPayload>,
     now: Millis,
@@ -87,7 +80,7 @@ pub(super) fn append_events_tx(
     )?;
     let mut out = Vec::with_capacity(payloads.len());
     for payload in payloads {
-        let event_id = format!("evt-{}", uuid::Uuid::now_v7().simple());
+        let event_id = new_event_id();
         let event_type = payload.event_type();
         let uri = payload.uri().clone();
         let json = serde_json::to_string(&payload)?;
@@ -115,64 +108,32 @@ pub(super) fn append_events_tx(
 }
 
 fn event_from_row(row: &Row<'_>) -> rusqlite::Result<Result<OutboxEvent>> {
-    let seq: i64 = row.get(0)?;
-    let event_id: String = row.get(1)?;
     let event_type: String = row.get(2)?;
     let payload: String = row.get(4)?;
-    let created_at_ms: i64 = row.get(5)?;
-    Ok((|| {
-        let json: serde_json::Value = serde_json::from_str(&payload)?;
-        let payload = EventPayload::parse(&event_type, &json)
-            .map_err(|e| StoreError::Corrupt(format!("event {event_id}: {e}")))?;
-        Ok(OutboxEvent {
-            seq,
-            event_type: payload.event_type(),
-            uri: payload.uri().clone(),
-            event_id,
-            payload,
-            created_at_ms,
-        })
-    })())
+    Ok(decode_event(
+        row.get(0)?,
+        row.get(1)?,
+        &event_type,
+        &payload,
+        row.get(5)?,
+    ))
 }
 
 fn delivery_from_row(row: &Row<'_>, off: usize) -> rusqlite::Result<Result<Delivery>> {
-    let status: i64 = row.get(off + 2)?;
-    let Some(status) = DeliveryStatus::from_i64(status) else {
-        return Ok(Err(StoreError::Corrupt(format!(
-            "delivery status {status} is unknown"
-        ))));
-    };
-    let visible_at: Option<i64> = row.get(off + 4)?;
-    Ok(Ok(Delivery {
+    let stored = StoredDelivery {
         consumer: row.get(off)?,
         seq: row.get(off + 1)?,
-        status,
-        retry_count: row.get::<_, i64>(off + 3)? as u32,
-        next_visible_at_ms: visible_at.filter(|_| status != DeliveryStatus::Claimed),
+        status: row.get(off + 2)?,
+        retry_count: row.get(off + 3)?,
+        visible_at: row.get(off + 4)?,
         claimed_by: row.get(off + 5)?,
         claim_token: row.get(off + 6)?,
-        claimed_until_ms: row.get(off + 7)?,
+        claimed_until: row.get(off + 7)?,
         last_error: row.get(off + 8)?,
         error_code: row.get(off + 9)?,
-        updated_at_ms: row.get(off + 10)?,
-    }))
-}
-
-/// The backoff before retry number `retry_count` (1-based): `min(base·2^(n-1), max)` plus
-/// up to `jitter_ratio` of it (spec §3.3, §8.2).
-pub fn backoff_ms(
-    retry_count: u32,
-    base_s: u32,
-    max_s: u32,
-    jitter_ratio: f64,
-    unit: f64,
-) -> Millis {
-    let exp = retry_count.saturating_sub(1).min(30);
-    let delay = (u64::from(base_s) * 1000)
-        .saturating_mul(1 << exp)
-        .min(u64::from(max_s) * 1000);
-    let jitter = (delay as f64 * jitter_ratio * unit.clamp(0.0, 1.0)) as u64;
-    (delay + jitter) as Millis
+        updated_at: row.get(off + 10)?,
+    };
+    Ok(stored.decode())
 }
 
 impl SqliteStore {
@@ -200,15 +161,7 @@ impl SqliteStore {
     }
 
     fn check_consumer(&self, consumer: &str) -> Result<()> {
-        let configured = &self.config.index.outbox.consumers;
-        if configured.iter().any(|c| c == consumer) {
-            Ok(())
-        } else {
-            Err(StoreError::UnknownConsumer {
-                name: consumer.to_owned(),
-                configured: configured.clone(),
-            })
-        }
+        check_consumer(&self.config.index.outbox.consumers, consumer)
     }
 
     /// Applies a fenced transition: `f` runs only when `claim` is the live claim; otherwise
@@ -233,42 +186,24 @@ fn fenced_tx<T>(
     done_is_ok: bool,
     f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
 ) -> Result<Option<T>> {
-    let row: Option<(i64, Option<String>, Option<i64>, i64)> = tx
+    let row = tx
         .prepare_cached(
             "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
                      WHERE consumer = ?1 AND seq = ?2",
         )?
         .query_row(params![claim.consumer, claim.seq], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            Ok(FenceRow {
+                status: r.get(0)?,
+                token: r.get(1)?,
+                until: r.get(2)?,
+                retry_count: r.get(3)?,
+            })
         })
         .optional()?;
-    let Some((status, token, until, retry_count)) = row else {
-        return Err(StoreError::EventNotFound {
-            event_id: claim.event_id.clone(),
-        });
-    };
-    let live = status == CLAIMED
-        && token.as_deref() == Some(claim.token.as_str())
-        && until.is_some_and(|u| now < u);
-    if live {
-        return f(tx, now, retry_count as u32).map(Some);
+    match fence(row, claim, now, done_is_ok)? {
+        Some(retry_count) => f(tx, now, retry_count).map(Some),
+        None => Ok(None),
     }
-    if status == DONE && done_is_ok {
-        return Ok(None);
-    }
-    let state = match (status, token.as_deref() == Some(claim.token.as_str())) {
-        (CLAIMED, true) => "the lease expired".to_owned(),
-        (CLAIMED, false) => "claimed by a newer claim".to_owned(),
-        (s, _) => format!(
-            "status is {}",
-            DeliveryStatus::from_i64(s).map_or("unknown", DeliveryStatus::as_str)
-        ),
-    };
-    Err(StoreError::ClaimConflict {
-        event_id: claim.event_id.clone(),
-        consumer: claim.consumer.clone(),
-        state,
-    })
 }
 
 fn done_tx(tx: &Transaction<'_>, now: Millis, claim: &Claim) -> Result<()> {
@@ -301,26 +236,17 @@ impl SqliteStore {
         sql: &str,
         extra: &[&dyn rusqlite::ToSql],
     ) -> Result<DeadCounts> {
-        if let Some(c) = &filter.consumer {
-            self.check_consumer(c)?;
-        }
-        let subtree = filter
-            .subtree
-            .as_ref()
-            .filter(|u| !u.is_root())
-            .map(|u| u.as_str().to_owned());
-        let configured = serde_json::to_string(&self.config.index.outbox.consumers)?;
-        let max_retries = i64::from(self.config.index.outbox.max_retries);
-        let event_type = filter.event_type.map(EventType::as_str);
+        let p = DeadParams::new(filter, &self.config.index.outbox)?;
+        let configured = serde_json::to_string(&p.configured)?;
         let base: [&dyn rusqlite::ToSql; 9] = [
-            &filter.consumer,
-            &filter.error_code,
-            &filter.min_seq.unwrap_or(i64::MIN),
-            &filter.max_seq.unwrap_or(i64::MAX),
-            &filter.exhausted_only,
-            &max_retries,
-            &event_type,
-            &subtree,
+            &p.consumer,
+            &p.error_code,
+            &p.min_seq,
+            &p.max_seq,
+            &p.exhausted_only,
+            &p.max_retries,
+            &p.event_type,
+            &p.subtree,
             &configured,
         ];
         let params: Vec<&dyn rusqlite::ToSql> = base.iter().chain(extra).copied().collect();
@@ -359,27 +285,7 @@ impl OutboxStore for SqliteStore {
         consumers: &[String],
         events: Vec<OutboxEventCreate>,
     ) -> Result<Vec<OutboxEvent>> {
-        let configured = &self.config.index.outbox.consumers;
-        if let Some(c) = consumers.iter().find(|c| !configured.contains(c)) {
-            return Err(StoreError::Core(CoreError::InvalidField {
-                field: "consumer",
-                reason: format!(
-                    "{c:?} is not a configured consumer (index.outbox.consumers: {configured:?})"
-                ),
-            }));
-        }
-        if consumers.is_empty() {
-            return Err(StoreError::Core(CoreError::InvalidField {
-                field: "consumer",
-                reason: "an event needs at least one consumer".into(),
-            }));
-        }
-        let payloads: Vec<EventPayload> = events.into_iter().map(|e| e.payload).collect();
-        // Never store what the journal cannot read back: one bad event would block every
-        // consumer at the head of its queue.
-        for p in &payloads {
-            p.validate()?;
-        }
+        let payloads = checked_payloads(&self.config.index.outbox.consumers, consumers, events)?;
         self.write(Durability::Full, |tx, now| {
             append_events_tx(tx, consumers, payloads, now)
         })
@@ -395,8 +301,8 @@ impl OutboxStore for SqliteStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let lease_ms = i64::from(self.config.index.worker.lease_seconds) * 1000;
-        let token = format!("{:032x}", rand::rng().random::<u128>());
+        let lease_ms = lease_ms(&self.config);
+        let token = new_claim_token();
         self.write(Durability::Normal, |tx, now| {
             let until = now + lease_ms;
             let mut claimed: Vec<(i64, u32)> = tx
@@ -434,7 +340,7 @@ impl OutboxStore for SqliteStore {
     }
 
     fn renew(&self, claim: &Claim) -> Result<Millis> {
-        let lease = i64::from(self.config.index.worker.lease_seconds) * 1000;
+        let lease = lease_ms(&self.config);
         let renewed = self.fenced(claim, false, |tx, now, _| {
             let until = now + lease;
             tx.prepare_cached(
@@ -478,23 +384,9 @@ impl OutboxStore for SqliteStore {
         retryable: bool,
     ) -> Result<DeliveryStatus> {
         let o = &self.config.index.outbox;
-        let error: String = error.chars().take(4096).collect();
+        let error = stored_error(error);
         let status = self.fenced(claim, false, |tx, now, retry_count| {
-            let exhausted = retry_count >= o.max_retries;
-            let (status, count, visible) = if !retryable || (exhausted && o.dead_letter_enabled) {
-                (DEAD, retry_count, None)
-            } else {
-                let n = (retry_count + 1).min(o.max_retries);
-                let unit: f64 = rand::rng().random();
-                let wait = backoff_ms(
-                    n,
-                    o.retry_base_seconds,
-                    o.retry_max_seconds,
-                    o.retry_jitter_ratio,
-                    unit,
-                );
-                (RETRY_WAIT, n, Some(now + wait))
-            };
+            let to = Failure::after(o, retry_count, retryable, now);
             tx.prepare_cached(
                 "UPDATE deliveries SET status = ?3, retry_count = ?4, visible_at = ?5,
                     last_error = ?6, error_code = ?7, updated_at = ?8
@@ -503,18 +395,14 @@ impl OutboxStore for SqliteStore {
             .execute(params![
                 claim.consumer,
                 claim.seq,
-                status,
-                count,
-                visible,
+                to.status,
+                to.retry_count,
+                to.visible_at,
                 error,
                 error_code,
                 now
             ])?;
-            Ok(if status == DEAD {
-                DeliveryStatus::Dead
-            } else {
-                DeliveryStatus::RetryWait
-            })
+            Ok(to.delivery_status())
         })?;
         status.ok_or_else(|| StoreError::Corrupt("mark_failed of a done delivery".into()))
     }
@@ -568,10 +456,7 @@ impl OutboxStore for SqliteStore {
             filter,
             &format!(
                 "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?10,
-                    error_code = ?11,
-                    last_error = substr('forced done without applying (dead with '
-                        || coalesce(error_code, 'no code') || ': '
-                        || coalesce(last_error, '') || ')', 1, 4096)
+                    error_code = ?11, last_error = {FORCED_DONE_LAST_ERROR_SQL}
                  WHERE {DEAD_WHERE} RETURNING consumer"
             ),
             &[&now, &FORCED_DONE_CODE],
@@ -655,15 +540,7 @@ impl OutboxStore for SqliteStore {
                     stmt.query_map([c], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
                 for row in rows {
                     let (status, n) = row?;
-                    let n = n as u64;
-                    match status {
-                        PENDING => s.pending = n,
-                        CLAIMED => s.claimed = n,
-                        RETRY_WAIT => s.retry_wait = n,
-                        DONE => s.done = n,
-                        DEAD => s.dead = n,
-                        _ => {}
-                    }
+                    count_status(&mut s, status, n);
                 }
                 let low: Option<(i64, i64)> = conn
                     .prepare_cached(LOW_WATERMARK_SQL)?
@@ -677,23 +554,17 @@ impl OutboxStore for SqliteStore {
                     let e = conn
                         .prepare_cached(sql)?
                         .query_row([c], |r| {
-                            Ok(ConsumerError {
-                                seq: r.get(0)?,
-                                event_id: r.get(1)?,
-                                code: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
-                                message: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-                                at_ms: r.get(4)?,
-                                dead: r.get::<_, i64>(5)? == DEAD,
-                            })
+                            Ok(consumer_error(
+                                r.get(0)?,
+                                r.get(1)?,
+                                r.get(2)?,
+                                r.get(3)?,
+                                r.get(4)?,
+                                r.get(5)?,
+                            ))
                         })
                         .optional()?;
-                    if let Some(e) = e
-                        && last
-                            .as_ref()
-                            .is_none_or(|l| (e.at_ms, e.seq) > (l.at_ms, l.seq))
-                    {
-                        last = Some(e);
-                    }
+                    last = latest_error(last, e);
                 }
                 s.last_error = last;
                 out.push(s);
@@ -709,9 +580,7 @@ impl OutboxStore for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL, backoff_ms,
-    };
+    use super::{CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL};
     use crate::model::{ContextFs as _, OutboxStore as _, PutRequest};
     use crate::sqlite::SqliteStore;
 
@@ -973,15 +842,5 @@ mod tests {
         let claimed = store.claim_batch("vector", "w", 10).expect("claim");
         let seqs: Vec<i64> = claimed.iter().map(|c| c.event.seq).collect();
         assert_eq!(seqs, [3, 4]);
-    }
-
-    #[test]
-    fn backoff_doubles_caps_and_jitters() {
-        assert_eq!(backoff_ms(1, 2, 300, 0.2, 0.0), 2_000);
-        assert_eq!(backoff_ms(2, 2, 300, 0.2, 0.0), 4_000);
-        assert_eq!(backoff_ms(8, 2, 300, 0.2, 0.0), 256_000);
-        assert_eq!(backoff_ms(9, 2, 300, 0.2, 0.0), 300_000);
-        assert_eq!(backoff_ms(40, 2, 300, 0.2, 0.0), 300_000);
-        assert_eq!(backoff_ms(1, 2, 300, 0.2, 1.0), 2_400);
     }
 }

@@ -1,0 +1,278 @@
+//! The row operations of ContextFS and RelationStore on PostgreSQL ([`ReadTx`],
+//! [`WriteTx`]); what the writes mean is written once in `crate::txn`. The SQL mirrors
+//! `sqlite/rows.rs` statement for statement.
+
+use ce_core::{ContextNode, CtxUri, EventPayload, Millis, RelationEdge};
+
+use super::outbox::append_events_tx;
+use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql};
+use crate::error::Result;
+use crate::model::{LinkRequest, WriteFence};
+use crate::shared::{NODE_COLUMNS, subtree_bounds};
+use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri};
+
+/// One open read or write transaction on PostgreSQL.
+pub(super) struct PgTx<'t, 'c> {
+    pub(super) tx: &'t mut Tx<'c>,
+    /// The consumers that get a delivery per appended event.
+    pub(super) consumers: &'t [String],
+}
+
+fn end_column(end: EdgeEnd) -> &'static str {
+    match end {
+        EdgeEnd::From => "from_uri",
+        EdgeEnd::To => "to_uri",
+    }
+}
+
+impl ReadTx for PgTx<'_, '_> {
+    fn node(&mut self, uri: &CtxUri) -> Result<Option<ContextNode>> {
+        get_node(self.tx, uri)
+    }
+
+    fn tombstone(&mut self, uri: &CtxUri) -> Result<Option<u64>> {
+        get_tombstone(self.tx, uri)
+    }
+
+    fn live_version(&mut self, uri: &CtxUri) -> Result<Option<u64>> {
+        Ok(self
+            .tx
+            .query_opt("SELECT version FROM nodes WHERE uri = $1", &[&uri.as_str()])?
+            .map(|r| r.try_get::<_, i64>(0))
+            .transpose()?
+            .map(|v| v as u64))
+    }
+
+    fn count_children(&mut self, uri: &CtxUri) -> Result<u64> {
+        let n: i64 = self
+            .tx
+            .query_one(
+                "SELECT count(*) FROM nodes WHERE parent_uri = $1",
+                &[&uri.as_str()],
+            )?
+            .try_get(0)?;
+        Ok(n as u64)
+    }
+
+    fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
+        self.tx
+            .query(
+                &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE parent_uri = $1 ORDER BY uri"),
+                &[&uri.as_str()],
+            )?
+            .iter()
+            .map(node_from_row)
+            .collect()
+    }
+
+    fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx
+            .query(
+                &format!(
+                    "SELECT {NODE_COLUMNS} FROM nodes WHERE {} ORDER BY uri",
+                    subtree_sql("uri", 1)
+                ),
+                &[&uri.as_str(), &lo, &hi],
+            )?
+            .iter()
+            .map(node_from_row)
+            .collect()
+    }
+
+    fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>> {
+        self.tx
+            .query(
+                &format!(
+                    "SELECT from_uri, to_uri, relation_type, weight, reason FROM relations
+                     WHERE {} = $1 ORDER BY from_uri, to_uri, relation_type",
+                    end_column(end)
+                ),
+                &[&uri.as_str()],
+            )?
+            .iter()
+            .map(|r| {
+                Ok(RelationEdge {
+                    from_uri: edge_uri(r.try_get(0)?)?,
+                    to_uri: edge_uri(r.try_get(1)?)?,
+                    relation_type: r.try_get(2)?,
+                    weight: r.try_get(3)?,
+                    reason: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl WriteTx for PgTx<'_, '_> {
+    fn insert_node(&mut self, n: &ContextNode) -> Result<()> {
+        insert_node(self.tx, n)
+    }
+
+    fn remove_subtree(&mut self, uri: &CtxUri, now: Millis) -> Result<u64> {
+        let (lo, hi) = subtree_bounds(uri);
+        let within = subtree_sql("uri", 1);
+        self.tx.execute(
+            &format!(
+                "INSERT INTO tombstones (uri, version, deleted_at)
+                 SELECT uri, version, $4 FROM nodes WHERE {within}
+                 ON CONFLICT (uri) DO UPDATE SET version = excluded.version,
+                    deleted_at = excluded.deleted_at"
+            ),
+            &[&uri.as_str(), &lo, &hi, &now],
+        )?;
+        self.tx.execute(
+            &format!("DELETE FROM nodes WHERE {within}"),
+            &[&uri.as_str(), &lo, &hi],
+        )
+    }
+
+    fn owners_into(&mut self, uri: &CtxUri) -> Result<Vec<String>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx
+            .query(
+                &format!(
+                    "SELECT DISTINCT from_uri FROM relations WHERE {} AND NOT {}
+                     ORDER BY from_uri",
+                    subtree_sql("to_uri", 1),
+                    subtree_sql("from_uri", 1)
+                ),
+                &[&uri.as_str(), &lo, &hi],
+            )?
+            .iter()
+            .map(|r| Ok(r.try_get(0)?))
+            .collect()
+    }
+
+    fn delete_edges_within(&mut self, uri: &CtxUri) -> Result<()> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx.execute(
+            &format!(
+                "DELETE FROM relations WHERE {} OR {}",
+                subtree_sql("from_uri", 1),
+                subtree_sql("to_uri", 1)
+            ),
+            &[&uri.as_str(), &lo, &hi],
+        )?;
+        Ok(())
+    }
+
+    fn rebase_edges(&mut self, from: &CtxUri, to: &CtxUri, now: Millis) -> Result<()> {
+        let (lo, hi) = subtree_bounds(from);
+        // substr counts characters in both databases (UTF-8 text).
+        let prefix_len = from.as_str().chars().count() as i64;
+        for col in ["from_uri", "to_uri"] {
+            self.tx.execute(
+                &format!(
+                    "UPDATE relations SET {col} = $4 || substr({col}, ($5 + 1)::integer),
+                        updated_at = $6
+                     WHERE {}",
+                    subtree_sql(col, 1)
+                ),
+                &[&from.as_str(), &lo, &hi, &to.as_str(), &prefix_len, &now],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn bump_relation_version(&mut self, owner: &str) -> Result<Option<u64>> {
+        Ok(self
+            .tx
+            .query_opt(
+                "UPDATE nodes SET relation_version = relation_version + 1
+                 WHERE uri = $1 RETURNING relation_version",
+                &[&owner],
+            )?
+            .map(|r| r.try_get::<_, i64>(0))
+            .transpose()?
+            .map(|v| v as u64))
+    }
+
+    fn edge(
+        &mut self,
+        from: &CtxUri,
+        to: &CtxUri,
+        relation_type: &str,
+    ) -> Result<Option<(f64, String)>> {
+        self.tx
+            .query_opt(
+                "SELECT weight, reason FROM relations
+                 WHERE from_uri = $1 AND to_uri = $2 AND relation_type = $3",
+                &[&from.as_str(), &to.as_str(), &relation_type],
+            )?
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .transpose()
+    }
+
+    fn upsert_edge(&mut self, from: &CtxUri, e: &LinkRequest, now: Millis) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO relations
+               (from_uri, to_uri, relation_type, weight, reason, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $6)
+             ON CONFLICT (from_uri, to_uri, relation_type)
+             DO UPDATE SET weight = excluded.weight, reason = excluded.reason, updated_at = $6",
+            &[
+                &from.as_str(),
+                &e.to.as_str(),
+                &e.relation_type,
+                &e.weight,
+                &e.reason,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn delete_edge(&mut self, from: &CtxUri, to: &CtxUri, relation_type: &str) -> Result<u64> {
+        self.tx.execute(
+            "DELETE FROM relations WHERE from_uri = $1 AND to_uri = $2 AND relation_type = $3",
+            &[&from.as_str(), &to.as_str(), &relation_type],
+        )
+    }
+
+    fn append_events(&mut self, payloads: Vec<EventPayload>, now: Millis) -> Result<Vec<String>> {
+        Ok(append_events_tx(self.tx, self.consumers, payloads, now)?
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect())
+    }
+
+    fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>> {
+        let (lo, hi) = subtree_bounds(&fence.path);
+        let mut related: Vec<String> = fence
+            .path
+            .ancestors()
+            .iter()
+            .map(|a| a.as_str().to_owned())
+            .collect();
+        related.push(fence.path.as_str().to_owned());
+        let token = fence.token as i64;
+        self.tx
+            .query_opt(
+                &format!(
+                    "SELECT path, token FROM fences
+                     WHERE token > $4 AND ({} OR path = ANY($5))
+                     ORDER BY token DESC LIMIT 1",
+                    subtree_sql("path", 1)
+                ),
+                &[&fence.path.as_str(), &lo, &hi, &token, &related],
+            )?
+            .map(|r| Ok((r.try_get(0)?, r.try_get::<_, i64>(1)? as u64)))
+            .transpose()
+    }
+
+    fn record_fence(&mut self, fence: &WriteFence, now: Millis) -> Result<()> {
+        let token = fence.token as i64;
+        self.tx.execute(
+            "INSERT INTO fences (path, token, updated_at) VALUES ($1, $2, $3)
+             ON CONFLICT (path) DO UPDATE SET token = greatest(fences.token, excluded.token),
+                updated_at = excluded.updated_at",
+            &[&fence.path.as_str(), &token, &now],
+        )?;
+        Ok(())
+    }
+
+    fn insert_hold(&mut self, id: &str, at: &CtxUri, lease: &str, now: Millis) -> Result<()> {
+        super::holds::insert_hold_tx(self.tx, id, at, lease, now)
+    }
+}

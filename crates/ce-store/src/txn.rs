@@ -1,0 +1,759 @@
+//! ContextFS and RelationStore written once, over the row operations of an open transaction.
+//!
+//! A backend implements [`ReadTx`] (and [`WriteTx`] for write transactions) with its own SQL;
+//! everything a write *means* — ancestors created as containers, versions continued past
+//! tombstones, the events appended with their rows, relation owners bumped, fences checked —
+//! lives here, so SQLite and PostgreSQL cannot drift apart (DESIGN.md decision 1: one data
+//! model). Backends then implement the public traits with [`impl_source_traits!`], which
+//! routes each method through their `write` / `read` transaction runners.
+
+use ce_core::{
+    ContextNode, CoreError, CtxUri, DeleteContextPayload, EVENT_VERSION, EventPayload, Millis,
+    MoveContextPayload, RelationEdge, RelationMode, UpsertContextPayload, UpsertReason,
+    UpsertRelationPayload, node::validate_relation_type,
+};
+
+use crate::error::{Result, StoreError};
+use crate::model::{
+    LinkRequest, NodeStat, PutRequest, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
+};
+use crate::plan::{self, check_expected, container, next_version, plan_put, trace_id_or_new};
+
+/// Which end of an edge a query selects on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EdgeEnd {
+    /// Edges owned by the node (`from_uri`).
+    From,
+    /// Edges pointing at the node (`to_uri`).
+    To,
+}
+
+/// Reads inside one transaction (one snapshot).
+pub(crate) trait ReadTx {
+    /// The live node at `uri`.
+    fn node(&mut self, uri: &CtxUri) -> Result<Option<ContextNode>>;
+    /// The last version of a removed node at `uri`.
+    fn tombstone(&mut self, uri: &CtxUri) -> Result<Option<u64>>;
+    /// The live version at `uri` without reading the node.
+    fn live_version(&mut self, uri: &CtxUri) -> Result<Option<u64>>;
+    /// How many nodes have `uri` as parent.
+    fn count_children(&mut self, uri: &CtxUri) -> Result<u64>;
+    /// The nodes whose parent is `uri`, by URI.
+    fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+    /// `uri` and its descendants, by URI.
+    fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+    /// Edges from (`EdgeEnd::From`) or into (`EdgeEnd::To`) `uri`, ordered by
+    /// (from, to, type).
+    fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
+}
+
+/// Row writes inside one source write transaction.
+pub(crate) trait WriteTx: ReadTx {
+    /// Inserts or overwrites a node row and clears its tombstone.
+    fn insert_node(&mut self, n: &ContextNode) -> Result<()>;
+    /// Tombstones and deletes `uri` and its descendants; returns how many were deleted.
+    fn remove_subtree(&mut self, uri: &CtxUri, now: Millis) -> Result<u64>;
+    /// Distinct owners (`from_uri`) outside the subtree `uri` of edges into it, sorted.
+    fn owners_into(&mut self, uri: &CtxUri) -> Result<Vec<String>>;
+    /// Deletes every edge with an end inside the subtree `uri`.
+    fn delete_edges_within(&mut self, uri: &CtxUri) -> Result<()>;
+    /// Rewrites edge ends inside the subtree `from` to the same place under `to`.
+    fn rebase_edges(&mut self, from: &CtxUri, to: &CtxUri, now: Millis) -> Result<()>;
+    /// Increments `owner`'s relation version; the new one, or `None` without such a node.
+    fn bump_relation_version(&mut self, owner: &str) -> Result<Option<u64>>;
+    /// Weight and reason of one edge.
+    fn edge(
+        &mut self,
+        from: &CtxUri,
+        to: &CtxUri,
+        relation_type: &str,
+    ) -> Result<Option<(f64, String)>>;
+    /// Inserts or updates the edge `from -> e.to` of `e.relation_type`.
+    fn upsert_edge(&mut self, from: &CtxUri, e: &LinkRequest, now: Millis) -> Result<()>;
+    /// Deletes one edge; returns how many rows went (0 or 1).
+    fn delete_edge(&mut self, from: &CtxUri, to: &CtxUri, relation_type: &str) -> Result<u64>;
+    /// Appends events with a pending delivery per configured consumer; their event ids.
+    fn append_events(&mut self, payloads: Vec<EventPayload>, now: Millis) -> Result<Vec<String>>;
+    /// The newest fence above `fence.token` on its path, an ancestor or a descendant.
+    fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>>;
+    /// Records `fence.token` for its path (keeping the larger token).
+    fn record_fence(&mut self, fence: &WriteFence, now: Millis) -> Result<()>;
+    /// Records a hold through the last journal sequence, superseding one on the same path.
+    fn insert_hold(&mut self, id: &str, at: &CtxUri, lease: &str, now: Millis) -> Result<()>;
+}
+
+/// The `UPSERT_CONTEXT` event of a written node.
+fn upsert_event(node: &ContextNode, reason: UpsertReason) -> EventPayload {
+    EventPayload::UpsertContext(UpsertContextPayload {
+        event_version: EVENT_VERSION,
+        uri: node.uri.clone(),
+        expected_node_version: node.version,
+        reason,
+        trace_id: node.trace_id.clone(),
+    })
+}
+
+/// The `UPSERT_RELATION` event for `owner` at relation version `rv`.
+fn relation_event(owner: CtxUri, rv: u64, trace_id: &str) -> EventPayload {
+    EventPayload::UpsertRelation(UpsertRelationPayload {
+        event_version: EVENT_VERSION,
+        uri: owner,
+        relation_version: rv,
+        mode: RelationMode::Replace,
+        trace_id: trace_id.to_owned(),
+    })
+}
+
+/// Parses a stored edge end.
+pub(crate) fn edge_uri(s: &str) -> Result<CtxUri> {
+    CtxUri::parse(s).map_err(|e| StoreError::Corrupt(format!("relation uri {s:?}: {e}")))
+}
+
+fn unchanged(uri: &CtxUri, version: u64, trace_id: String) -> WriteOutcome {
+    WriteOutcome {
+        uri: uri.clone(),
+        version,
+        changed: false,
+        event_ids: Vec::new(),
+        nodes_affected: 0,
+        trace_id,
+    }
+}
+
+/// Increments the relation version of each owner: `(owner, new version)`. The node's
+/// `updated_at` and `version` describe its content and stay as they are.
+fn bump_relation_versions(tx: &mut dyn WriteTx, owners: &[String]) -> Result<Vec<(CtxUri, u64)>> {
+    let mut out = Vec::with_capacity(owners.len());
+    for o in owners {
+        if let Some(rv) = tx.bump_relation_version(o)? {
+            let uri = CtxUri::parse(o)
+                .map_err(|e| StoreError::Corrupt(format!("relation owner {o:?}: {e}")))?;
+            out.push((uri, rv));
+        }
+    }
+    Ok(out)
+}
+
+/// Creates the missing ancestors of `uri` as containers (like `mkdir -p`), returning their
+/// events. Invariant TR1: every node's parent is a node or the root.
+fn create_ancestors(
+    tx: &mut dyn WriteTx,
+    uri: &CtxUri,
+    now: Millis,
+    trace_id: &str,
+) -> Result<Vec<EventPayload>> {
+    let mut events = Vec::new();
+    for anc in uri.ancestors() {
+        if tx.node(&anc)?.is_some() {
+            continue;
+        }
+        let tomb = tx.tombstone(&anc)?;
+        let c = container(&anc, next_version(None, tomb), now, trace_id);
+        tx.insert_node(&c)?;
+        events.push(upsert_event(&c, UpsertReason::Create));
+    }
+    Ok(events)
+}
+
+/// `put` inside an open transaction.
+pub(crate) fn put(
+    tx: &mut dyn WriteTx,
+    max_layer_bytes: usize,
+    uri: &CtxUri,
+    req: PutRequest,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    let trace_id = trace_id_or_new(req.trace_id.clone());
+    let existing = tx.node(uri)?;
+    let tomb = tx.tombstone(uri)?;
+    let Some(planned) = plan_put(
+        uri,
+        existing.as_ref(),
+        tomb,
+        req,
+        now,
+        max_layer_bytes,
+        &trace_id,
+    )?
+    else {
+        return Ok(unchanged(uri, existing.map_or(0, |n| n.version), trace_id));
+    };
+    let mut events = if existing.is_none() {
+        create_ancestors(tx, uri, now, &trace_id)?
+    } else {
+        Vec::new()
+    };
+    tx.insert_node(&planned.node)?;
+    events.push(upsert_event(&planned.node, planned.reason));
+    let nodes_affected = events.len() as u64;
+    let event_ids = tx.append_events(events, now)?;
+    Ok(WriteOutcome {
+        uri: uri.clone(),
+        version: planned.node.version,
+        changed: true,
+        event_ids,
+        nodes_affected,
+        trace_id,
+    })
+}
+
+/// `rm` inside an open transaction.
+pub(crate) fn rm(
+    tx: &mut dyn WriteTx,
+    uri: &CtxUri,
+    recursive: bool,
+    expect_version: Option<u64>,
+    trace_id: Option<String>,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    if uri.is_root() {
+        return Err(StoreError::RootNotWritable);
+    }
+    let trace_id = trace_id_or_new(trace_id);
+    let node = tx
+        .node(uri)?
+        .ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
+    check_expected(uri, expect_version, Some(node.version))?;
+    let children = tx.count_children(uri)?;
+    if children > 0 && !recursive {
+        return Err(StoreError::NotEmpty {
+            uri: uri.clone(),
+            children,
+        });
+    }
+    let removed = tx.remove_subtree(uri, now)?;
+    // Edges into the removed subtree from outside change their owners' edge sets.
+    let owners = tx.owners_into(uri)?;
+    tx.delete_edges_within(uri)?;
+    let mut events = vec![EventPayload::DeleteContext(DeleteContextPayload {
+        event_version: EVENT_VERSION,
+        uri: uri.clone(),
+        expected_deleted_version: node.version,
+        recursive,
+        trace_id: trace_id.clone(),
+    })];
+    for (owner, rv) in bump_relation_versions(tx, &owners)? {
+        events.push(relation_event(owner, rv, &trace_id));
+    }
+    let event_ids = tx.append_events(events, now)?;
+    Ok(WriteOutcome {
+        uri: uri.clone(),
+        version: node.version,
+        changed: true,
+        event_ids,
+        nodes_affected: removed,
+        trace_id,
+    })
+}
+
+/// `mv` inside an open transaction.
+pub(crate) fn mv(
+    tx: &mut dyn WriteTx,
+    from: &CtxUri,
+    to: &CtxUri,
+    trace_id: Option<String>,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    plan::check_move(from, to)?;
+    let trace_id = trace_id_or_new(trace_id);
+    let root = tx
+        .node(from)?
+        .ok_or_else(|| StoreError::NodeNotFound { uri: from.clone() })?;
+    if from == to {
+        return Ok(unchanged(to, root.version, trace_id));
+    }
+    if tx.node(to)?.is_some() {
+        return Err(StoreError::AlreadyExists { uri: to.clone() });
+    }
+    let mut events = create_ancestors(tx, to, now, &trace_id)?;
+    let nodes = tx.subtree_nodes(from)?;
+    let mut moved = Vec::with_capacity(nodes.len());
+    for n in &nodes {
+        let dest = n.uri.rebase(from, to)?;
+        let tomb = tx.tombstone(&dest)?;
+        moved.push(plan::moved(n, dest, tomb, now, &trace_id));
+    }
+    tx.remove_subtree(from, now)?;
+    for n in &moved {
+        tx.insert_node(n)?;
+    }
+    // Owners outside the subtree whose edges point into it see their edge set change.
+    let owners = tx.owners_into(from)?;
+    tx.rebase_edges(from, to, now)?;
+    events.push(EventPayload::MoveContext(MoveContextPayload {
+        event_version: EVENT_VERSION,
+        from_uri: from.clone(),
+        to_uri: to.clone(),
+        recursive: true,
+        old_parent_uri: from.parent().unwrap_or_else(CtxUri::root),
+        new_parent_uri: to.parent().unwrap_or_else(CtxUri::root),
+        trace_id: trace_id.clone(),
+    }));
+    for (owner, rv) in bump_relation_versions(tx, &owners)? {
+        events.push(relation_event(owner, rv, &trace_id));
+    }
+    let version = moved.first().map_or(0, |n| n.version);
+    let event_ids = tx.append_events(events, now)?;
+    Ok(WriteOutcome {
+        uri: to.clone(),
+        version,
+        changed: true,
+        event_ids,
+        nodes_affected: moved.len() as u64,
+        trace_id,
+    })
+}
+
+/// The `DELETE_CONTEXT` for a URI the source does not hold (`ContextFs::purge_missing`).
+pub(crate) fn purge_missing(
+    tx: &mut dyn WriteTx,
+    uri: &CtxUri,
+    trace_id: String,
+    now: Millis,
+) -> Result<Option<String>> {
+    if tx.node(uri)?.is_some() {
+        return Ok(None);
+    }
+    let event = EventPayload::DeleteContext(DeleteContextPayload {
+        event_version: EVENT_VERSION,
+        uri: uri.clone(),
+        expected_deleted_version: tx.tombstone(uri)?.unwrap_or(0),
+        recursive: true,
+        trace_id,
+    });
+    Ok(tx.append_events(vec![event], now)?.into_iter().next())
+}
+
+/// The fencing check (docs/store.md "Fencing"): refuses a write under `fence` when a newer
+/// token was recorded for its path, an ancestor or a descendant; records the token.
+pub(crate) fn check_fence(tx: &mut dyn WriteTx, fence: &WriteFence, now: Millis) -> Result<()> {
+    if let Some((newest_path, newest)) = tx.newer_fence(fence)? {
+        return Err(StoreError::LeaseLost {
+            path: fence.path.clone(),
+            token: fence.token,
+            newest_path,
+            newest,
+        });
+    }
+    tx.record_fence(fence, now)
+}
+
+/// The fenced batch of `ContextFs::apply_fenced` inside an open transaction.
+pub(crate) fn apply_fenced(
+    tx: &mut dyn WriteTx,
+    max_layer_bytes: usize,
+    fences: &[WriteFence],
+    ops: Vec<WriteOp>,
+    now: Millis,
+) -> Result<Vec<WriteOutcome>> {
+    for f in fences {
+        check_fence(tx, f, now)?;
+    }
+    ops.into_iter()
+        .map(|op| apply_op(tx, max_layer_bytes, op, now))
+        .collect()
+}
+
+fn apply_op(
+    tx: &mut dyn WriteTx,
+    max_layer_bytes: usize,
+    op: WriteOp,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    match op {
+        WriteOp::Put { uri, req } => put(tx, max_layer_bytes, &uri, req, now),
+        WriteOp::SetRelations {
+            from,
+            edges,
+            trace_id,
+        } => set_relations(tx, &from, edges, trace_id, now),
+        WriteOp::Rm {
+            uri,
+            recursive,
+            expect_version,
+            trace_id,
+        } => rm(tx, &uri, recursive, expect_version, trace_id, now),
+        WriteOp::Mv { from, to, trace_id } => mv(tx, &from, &to, trace_id, now),
+        WriteOp::Hold { id, at, lease } => {
+            tx.insert_hold(&id, &at, &lease, now)?;
+            Ok(WriteOutcome {
+                uri: at,
+                version: 0,
+                changed: true,
+                event_ids: Vec::new(),
+                nodes_affected: 0,
+                trace_id: id,
+            })
+        }
+    }
+}
+
+/// Checks a link's type, weight and reason.
+pub(crate) fn validate_link(req: &LinkRequest) -> Result<()> {
+    validate_relation_type(&req.relation_type)?;
+    if !req.weight.is_finite() {
+        return Err(CoreError::InvalidField {
+            field: "weight",
+            reason: format!("{} is not a finite number", req.weight),
+        }
+        .into());
+    }
+    if req.reason.len() > 4096 || req.reason.chars().any(|c| c.is_control() && c != '\n') {
+        return Err(CoreError::InvalidField {
+            field: "reason",
+            reason: "must be at most 4096 bytes without control characters".into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn require_node(tx: &mut dyn WriteTx, uri: &CtxUri) -> Result<()> {
+    match tx.node(uri)? {
+        Some(_) => Ok(()),
+        None => Err(StoreError::NodeNotFound { uri: uri.clone() }),
+    }
+}
+
+/// Runs an edge change of `from`; when `f` reports a change, bumps the owner's relation
+/// version and appends its `UPSERT_RELATION`.
+fn relation_write(
+    tx: &mut dyn WriteTx,
+    from: &CtxUri,
+    trace_id: String,
+    now: Millis,
+    f: impl FnOnce(&mut dyn WriteTx) -> Result<bool>,
+) -> Result<WriteOutcome> {
+    let node = tx
+        .node(from)?
+        .ok_or_else(|| StoreError::NodeNotFound { uri: from.clone() })?;
+    if !f(tx)? {
+        return Ok(unchanged(from, node.relation_version, trace_id));
+    }
+    let bumped = bump_relation_versions(tx, &[from.to_string()])?;
+    let rv = bumped.first().map_or(node.relation_version + 1, |b| b.1);
+    let events = vec![relation_event(from.clone(), rv, &trace_id)];
+    let event_ids = tx.append_events(events, now)?;
+    Ok(WriteOutcome {
+        uri: from.clone(),
+        version: rv,
+        changed: true,
+        event_ids,
+        nodes_affected: 1,
+        trace_id,
+    })
+}
+
+/// Replaces the outgoing edges of `from` (import's `.relations.json`).
+pub(crate) fn set_relations(
+    tx: &mut dyn WriteTx,
+    from: &CtxUri,
+    desired: Vec<LinkRequest>,
+    trace_id: Option<String>,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    for e in &desired {
+        validate_link(e)?;
+    }
+    relation_write(tx, from, trace_id_or_new(trace_id), now, |tx| {
+        let mut want = std::collections::BTreeMap::new();
+        for e in desired {
+            require_node(tx, &e.to)?;
+            want.insert((e.to.to_string(), e.relation_type.clone()), e);
+        }
+        let have = tx.edges(EdgeEnd::From, from)?;
+        let mut changed = false;
+        for h in &have {
+            let key = (h.to_uri.to_string(), h.relation_type.clone());
+            match want.get(&key) {
+                Some(w) if w.weight == h.weight && w.reason == h.reason => {
+                    want.remove(&key);
+                }
+                Some(_) => {}
+                None => {
+                    tx.delete_edge(from, &h.to_uri, &h.relation_type)?;
+                    changed = true;
+                }
+            }
+        }
+        for e in want.values() {
+            tx.upsert_edge(from, e, now)?;
+            changed = true;
+        }
+        Ok(changed)
+    })
+}
+
+/// `link` inside an open transaction (the request was validated).
+pub(crate) fn link(tx: &mut dyn WriteTx, req: &LinkRequest, now: Millis) -> Result<WriteOutcome> {
+    let trace_id = trace_id_or_new(req.trace_id.clone());
+    relation_write(tx, &req.from, trace_id, now, |tx| {
+        require_node(tx, &req.to)?;
+        let existing = tx.edge(&req.from, &req.to, &req.relation_type)?;
+        if existing.is_some_and(|(w, r)| w == req.weight && r == req.reason) {
+            return Ok(false);
+        }
+        tx.upsert_edge(&req.from, req, now)?;
+        Ok(true)
+    })
+}
+
+/// `unlink` inside an open transaction.
+pub(crate) fn unlink(
+    tx: &mut dyn WriteTx,
+    from: &CtxUri,
+    to: &CtxUri,
+    relation_type: &str,
+    trace_id: Option<String>,
+    now: Millis,
+) -> Result<WriteOutcome> {
+    relation_write(tx, from, trace_id_or_new(trace_id), now, |tx| {
+        if tx.delete_edge(from, to, relation_type)? == 0 {
+            return Err(StoreError::RelationNotFound {
+                from: from.clone(),
+                to: to.clone(),
+                relation_type: relation_type.to_owned(),
+            });
+        }
+        Ok(true)
+    })
+}
+
+/// What `stat` reports of a node.
+pub(crate) fn stat_of(tx: &mut dyn ReadTx, n: ContextNode) -> Result<NodeStat> {
+    let children = tx.count_children(&n.uri)?;
+    let l = &n.layers;
+    Ok(NodeStat {
+        layer_bytes: [
+            l.abstract_text.len() as u64,
+            l.overview.len() as u64,
+            l.content.len() as u64,
+        ],
+        children,
+        uri: n.uri,
+        parent_uri: n.parent_uri,
+        context_type: n.context_type,
+        category: n.category,
+        owner_space: n.owner_space,
+        version: n.version,
+        content_hash: n.content_hash,
+        relation_version: n.relation_version,
+        meta: n.meta,
+        created_at_ms: n.created_at_ms,
+        updated_at_ms: n.updated_at_ms,
+    })
+}
+
+/// `read_nodes`: the live ones among `uris`, in order.
+pub(crate) fn read_nodes(tx: &mut dyn ReadTx, uris: &[CtxUri]) -> Result<Vec<ContextNode>> {
+    let mut out = Vec::with_capacity(uris.len());
+    for u in uris {
+        if let Some(n) = tx.node(u)? {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// `versions`: live, deleted or unknown, per URI.
+pub(crate) fn versions(tx: &mut dyn ReadTx, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
+    let mut out = Vec::with_capacity(uris.len());
+    for u in uris {
+        out.push(match (tx.live_version(u)?, tx.tombstone(u)?) {
+            (Some(v), _) => UriVersion::Live(v),
+            (None, Some(t)) => UriVersion::Deleted(t),
+            (None, None) => UriVersion::Unknown,
+        });
+    }
+    Ok(out)
+}
+
+/// `stat`.
+pub(crate) fn stat(tx: &mut dyn ReadTx, uri: &CtxUri) -> Result<NodeStat> {
+    let n = tx
+        .node(uri)?
+        .ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() })?;
+    stat_of(tx, n)
+}
+
+/// `ls`.
+pub(crate) fn ls(tx: &mut dyn ReadTx, uri: &CtxUri) -> Result<Vec<NodeStat>> {
+    if !uri.is_root() && tx.node(uri)?.is_none() {
+        return Err(StoreError::NodeNotFound { uri: uri.clone() });
+    }
+    let nodes = tx.children(uri)?;
+    nodes.into_iter().map(|n| stat_of(tx, n)).collect()
+}
+
+/// `tree`.
+pub(crate) fn tree(tx: &mut dyn ReadTx, uri: &CtxUri, depth: Option<u32>) -> Result<Vec<NodeStat>> {
+    let nodes = tx.subtree_nodes(uri)?;
+    if nodes.is_empty() && !uri.is_root() {
+        return Err(StoreError::NodeNotFound { uri: uri.clone() });
+    }
+    let base = uri.depth();
+    nodes
+        .into_iter()
+        .filter(|n| depth.is_none_or(|d| n.uri.depth() - base <= d as usize))
+        .map(|n| stat_of(tx, n))
+        .collect()
+}
+
+/// `relations`.
+pub(crate) fn relations(tx: &mut dyn ReadTx, uri: &CtxUri) -> Result<Relations> {
+    if tx.node(uri)?.is_none() {
+        return Err(StoreError::NodeNotFound { uri: uri.clone() });
+    }
+    Ok(Relations {
+        outgoing: tx.edges(EdgeEnd::From, uri)?,
+        incoming: tx.edges(EdgeEnd::To, uri)?,
+    })
+}
+
+/// Implements `ContextFs` and `RelationStore` for a backend type that has
+/// `fn write_source<T>(&self, f: impl FnOnce(&mut dyn WriteTx, Millis) -> Result<T>) -> Result<T>`,
+/// `fn read_source<T>(&self, f: impl FnOnce(&mut dyn ReadTx) -> Result<T>) -> Result<T>` and a
+/// `config: Config` field.
+macro_rules! impl_source_traits {
+    ($store:ty) => {
+        impl $crate::model::ContextFs for $store {
+            fn put(
+                &self,
+                uri: &ce_core::CtxUri,
+                req: $crate::model::PutRequest,
+            ) -> $crate::Result<$crate::model::WriteOutcome> {
+                let max = self.config.store.max_layer_bytes;
+                self.write_source(|tx, now| $crate::txn::put(tx, max, uri, req, now))
+            }
+
+            fn apply_fenced(
+                &self,
+                fences: &[$crate::model::WriteFence],
+                ops: Vec<$crate::model::WriteOp>,
+            ) -> $crate::Result<Vec<$crate::model::WriteOutcome>> {
+                let max = self.config.store.max_layer_bytes;
+                self.write_source(|tx, now| $crate::txn::apply_fenced(tx, max, fences, ops, now))
+            }
+
+            fn rm(
+                &self,
+                uri: &ce_core::CtxUri,
+                recursive: bool,
+                expect_version: Option<u64>,
+                trace_id: Option<String>,
+            ) -> $crate::Result<$crate::model::WriteOutcome> {
+                let r = self.write_source(|tx, now| {
+                    $crate::txn::rm(tx, uri, recursive, expect_version, trace_id.clone(), now)
+                });
+                if matches!(r, Err($crate::StoreError::NodeNotFound { .. }))
+                    && expect_version.is_none()
+                {
+                    self.purge_missing(uri, trace_id)?;
+                }
+                r
+            }
+
+            fn mv(
+                &self,
+                from: &ce_core::CtxUri,
+                to: &ce_core::CtxUri,
+                trace_id: Option<String>,
+            ) -> $crate::Result<$crate::model::WriteOutcome> {
+                self.write_source(|tx, now| $crate::txn::mv(tx, from, to, trace_id, now))
+            }
+
+            fn purge_missing(
+                &self,
+                uri: &ce_core::CtxUri,
+                trace_id: Option<String>,
+            ) -> $crate::Result<Option<String>> {
+                if uri.is_root() {
+                    return Err($crate::StoreError::RootNotWritable);
+                }
+                let trace_id = $crate::plan::trace_id_or_new(trace_id);
+                self.write_source(|tx, now| $crate::txn::purge_missing(tx, uri, trace_id, now))
+            }
+
+            fn read_node(
+                &self,
+                uri: &ce_core::CtxUri,
+            ) -> $crate::Result<Option<ce_core::ContextNode>> {
+                self.read_source(|tx| $crate::txn::ReadTx::node(tx, uri))
+            }
+
+            fn read_nodes(
+                &self,
+                uris: &[ce_core::CtxUri],
+            ) -> $crate::Result<Vec<ce_core::ContextNode>> {
+                self.read_source(|tx| $crate::txn::read_nodes(tx, uris))
+            }
+
+            fn versions(
+                &self,
+                uris: &[ce_core::CtxUri],
+            ) -> $crate::Result<Vec<$crate::model::UriVersion>> {
+                self.read_source(|tx| $crate::txn::versions(tx, uris))
+            }
+
+            fn stat(&self, uri: &ce_core::CtxUri) -> $crate::Result<$crate::model::NodeStat> {
+                self.read_source(|tx| $crate::txn::stat(tx, uri))
+            }
+
+            fn ls(&self, uri: &ce_core::CtxUri) -> $crate::Result<Vec<$crate::model::NodeStat>> {
+                self.read_source(|tx| $crate::txn::ls(tx, uri))
+            }
+
+            fn tree(
+                &self,
+                uri: &ce_core::CtxUri,
+                depth: Option<u32>,
+            ) -> $crate::Result<Vec<$crate::model::NodeStat>> {
+                self.read_source(|tx| $crate::txn::tree(tx, uri, depth))
+            }
+
+            fn read_subtree(
+                &self,
+                uri: &ce_core::CtxUri,
+            ) -> $crate::Result<Vec<ce_core::ContextNode>> {
+                self.read_source(|tx| $crate::txn::ReadTx::subtree_nodes(tx, uri))
+            }
+        }
+
+        impl $crate::model::RelationStore for $store {
+            fn link(
+                &self,
+                req: $crate::model::LinkRequest,
+            ) -> $crate::Result<$crate::model::WriteOutcome> {
+                $crate::txn::validate_link(&req)?;
+                self.write_source(|tx, now| $crate::txn::link(tx, &req, now))
+            }
+
+            fn unlink(
+                &self,
+                from: &ce_core::CtxUri,
+                to: &ce_core::CtxUri,
+                relation_type: &str,
+                trace_id: Option<String>,
+            ) -> $crate::Result<$crate::model::WriteOutcome> {
+                ce_core::node::validate_relation_type(relation_type)?;
+                self.write_source(|tx, now| {
+                    $crate::txn::unlink(tx, from, to, relation_type, trace_id, now)
+                })
+            }
+
+            fn relations(&self, uri: &ce_core::CtxUri) -> $crate::Result<$crate::model::Relations> {
+                self.read_source(|tx| $crate::txn::relations(tx, uri))
+            }
+
+            fn get_edges(
+                &self,
+                uri: &ce_core::CtxUri,
+            ) -> $crate::Result<Vec<ce_core::RelationEdge>> {
+                self.read_source(|tx| {
+                    $crate::txn::ReadTx::edges(tx, $crate::txn::EdgeEnd::From, uri)
+                })
+            }
+        }
+    };
+}
+pub(crate) use impl_source_traits;
