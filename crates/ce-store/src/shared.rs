@@ -47,8 +47,8 @@ pub(crate) fn decode_node(
 pub(crate) mod outbox {
     use ce_core::config::OutboxConfig;
     use ce_core::{
-        Config, CoreError, Delivery, DeliveryStatus, EventPayload, EventType, Millis,
-        OutboxEvent, OutboxEventCreate,
+        Config, CoreError, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
+        OutboxEventCreate,
     };
     use rand::Rng as _;
 
@@ -189,7 +189,9 @@ pub(crate) mod outbox {
                 seq: self.seq,
                 status,
                 retry_count: self.retry_count as u32,
-                next_visible_at_ms: self.visible_at.filter(|_| status != DeliveryStatus::Claimed),
+                next_visible_at_ms: self
+                    .visible_at
+                    .filter(|_| status != DeliveryStatus::Claimed),
                 claimed_by: self.claimed_by,
                 claim_token: self.claim_token,
                 claimed_until_ms: self.claimed_until,

@@ -10,8 +10,10 @@
 //! - A fenced transition (renew, done, failed) locks its delivery row `FOR UPDATE` before it
 //!   checks token and lease, so it serializes with any claim of that row.
 
-use ce_core::{Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent};
-use ce_core::{OutboxEventCreate, failpoint};
+use ce_core::{
+    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
+    failpoint,
+};
 use postgres::Row;
 use postgres::types::ToSql;
 
@@ -636,7 +638,6 @@ mod tests {
     };
     use ce_testkit::pg::TestDb;
     use postgres::fallible_iterator::FallibleIterator as _;
-    use postgres::types::ToSql;
 
     use super::{
         CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL, PgStore,
@@ -689,12 +690,16 @@ mod tests {
         }
     }
 
-    /// The plan PostgreSQL picks for `sql` with `params`, under `plan_cache_mode` `mode`.
-    fn plan(store: &PgStore, mode: &str, sql: &str, params: &[&(dyn ToSql + Sync)]) -> String {
+    /// The plan PostgreSQL runs for `sql` as a prepared statement executed with `args` (SQL
+    /// literals) under `plan_cache_mode` `mode`: what the store's cached statements get.
+    fn plan(store: &PgStore, mode: &str, sql: &str, args: &str) -> String {
         store
             .write(WriteKind::Bookkeeping, |tx, _| {
-                tx.batch(&format!("SET LOCAL plan_cache_mode = {mode}"))?;
-                let rows = tx.query(&format!("EXPLAIN {sql}"), params)?;
+                tx.batch(&format!(
+                    "SET LOCAL plan_cache_mode = {mode}; PREPARE plan_probe AS {sql}"
+                ))?;
+                let rows = tx.query(&format!("EXPLAIN EXECUTE plan_probe{args}"), &[])?;
+                tx.batch("DEALLOCATE plan_probe")?;
                 rows.iter()
                     .map(|r| Ok(r.try_get::<_, String>(0)?))
                     .collect::<crate::Result<Vec<_>>>()
@@ -734,18 +739,19 @@ mod tests {
                 )
             })
             .expect("history");
-        let (now, until, limit) = (T0, T0 + 60_000, 64_i64);
-        let claim: [&(dyn ToSql + Sync); 6] = [&"vector", &now, &"w", &"token", &until, &limit];
-        let one: [&(dyn ToSql + Sync); 1] = [&"vector"];
+        let claim = format!("('vector', {T0}, 'w', 'token', {}, 64)", T0 + 60_000);
         for mode in ["force_custom_plan", "force_generic_plan"] {
-            for (sql, params, index) in [
-                (CLAIM_SQL, &claim[..], "deliveries_runnable"),
-                (LOW_WATERMARK_SQL, &one[..], "deliveries_runnable"),
-                (LAST_ERROR_RUNNABLE_SQL, &one[..], "deliveries_runnable"),
-                (LAST_ERROR_DEAD_SQL, &one[..], "deliveries_dead"),
+            for (sql, args, index) in [
+                (CLAIM_SQL, claim.as_str(), "deliveries_runnable"),
+                (LOW_WATERMARK_SQL, "('vector')", "deliveries_runnable"),
+                (LAST_ERROR_RUNNABLE_SQL, "('vector')", "deliveries_runnable"),
+                (LAST_ERROR_DEAD_SQL, "('vector')", "deliveries_dead"),
             ] {
-                let plan = plan(&store, mode, sql, params);
+                let plan = plan(&store, mode, sql, args);
                 assert!(plan.contains(index), "{mode}: {sql}\n{plan}");
+                // A generic plan leaves the parameters open; a custom one inlines them.
+                let generic = mode == "force_generic_plan";
+                assert_eq!(plan.contains("$1"), generic, "{mode}: {sql}\n{plan}");
             }
         }
     }
@@ -1153,6 +1159,43 @@ mod tests {
         assert_eq!(again.stats().expect("stats"), stats);
     }
 
+    /// A source write appends its events in its own transaction, wakes listeners after the
+    /// commit, and its events are claimable by every consumer.
+    #[test]
+    fn writes_append_their_events_and_notify() {
+        use crate::model::{ContextFs as _, PutRequest};
+
+        let (store, _clock, _db) = open("ob_put", config(&["vector", "keyword"]));
+        let mut listener = store.connect_client().expect("listener");
+        listener
+            .batch_execute(&format!("LISTEN {}", super::super::NOTIFY_CHANNEL))
+            .expect("listen");
+        let req = PutRequest {
+            content: Some("text".into()),
+            ..PutRequest::default()
+        };
+        let out = store.put(&uri("ctx://acc/a"), req).expect("put");
+        assert!(
+            listener
+                .notifications()
+                .timeout_iter(Duration::from_secs(5))
+                .next()
+                .expect("notification")
+                .is_some(),
+            "no wake-up after the put"
+        );
+        for consumer in ["vector", "keyword"] {
+            let claimed = store.claim_batch(consumer, "w", 10).expect("claim");
+            let ids: Vec<&str> = claimed.iter().map(|c| c.event.event_id.as_str()).collect();
+            assert_eq!(ids, out.event_ids, "{consumer}");
+            assert!(
+                claimed
+                    .iter()
+                    .all(|c| c.event.uri.as_str().starts_with("ctx://acc"))
+            );
+        }
+    }
+
     /// Several processes' worth of stores claim one queue at once: no event is handed to two
     /// live claims, every ack of a live claim succeeds, and every event ends done once.
     #[test]
@@ -1178,10 +1221,11 @@ mod tests {
         }
         let appended = started.elapsed();
         let claimed: Mutex<Vec<i64>> = Mutex::new(Vec::new());
+        let per_thread: Mutex<Vec<usize>> = Mutex::new(vec![0; THREADS]);
         let started = Instant::now();
         std::thread::scope(|s| {
             for (t, store) in stores.iter().enumerate() {
-                let claimed = &claimed;
+                let (claimed, per_thread) = (&claimed, &per_thread);
                 s.spawn(move || {
                     let worker = format!("w{t}");
                     let mut mine = Vec::new();
@@ -1196,6 +1240,7 @@ mod tests {
                         }
                         mine.extend(batch.iter().map(|c| c.event.seq));
                     }
+                    per_thread.lock().expect("lock")[t] = mine.len();
                     claimed.lock().expect("lock").extend(mine);
                 });
             }
@@ -1215,8 +1260,10 @@ mod tests {
         );
         eprintln!(
             "postgres outbox: appended {total} events in {appended:?}; {THREADS} claimers \
-             (batches of {BATCH}) drained them in {drained:?} ({:.0} events/s)",
-            total as f64 / drained.as_secs_f64()
+             (batches of {BATCH}) drained them in {drained:?} ({:.0} events/s), claimed per \
+             thread {:?}",
+            total as f64 / drained.as_secs_f64(),
+            per_thread.into_inner().expect("lock")
         );
     }
 }

@@ -62,13 +62,13 @@ const MIGRATIONS: &[&str] = &[
     );
 
     CREATE TABLE consumers (
-        name     TEXT PRIMARY KEY,
+        name     TEXT COLLATE "C" PRIMARY KEY,
         added_at BIGINT NOT NULL
     );
 
     -- status: 0 pending, 1 claimed, 2 retry_wait, 3 done, 4 failed (never at rest), 5 dead.
     CREATE TABLE deliveries (
-        consumer      TEXT NOT NULL,
+        consumer      TEXT COLLATE "C" NOT NULL,
         seq           BIGINT NOT NULL,
         status        BIGINT NOT NULL,
         retry_count   BIGINT NOT NULL,
