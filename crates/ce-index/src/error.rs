@@ -25,6 +25,48 @@ pub(crate) fn sqlite_error(file: &str, e: rusqlite::Error) -> IndexError {
     }
 }
 
+/// Maps a PostgreSQL error: no SQLSTATE (I/O, a closed connection), connection exceptions
+/// (08), insufficient resources (53), operator intervention (57: shutdown, terminated
+/// backend, cancelled statement), system errors (58), transaction rollbacks (40:
+/// serialization failures, deadlocks), lock timeouts (55P03, 55006) and a prepared statement
+/// outdated by a concurrent schema change are unavailable (retryable); an
+/// integrity violation (23) can only come from a concurrent writer, so the write raced
+/// (retryable); data exceptions (22) and internal errors (XX: corruption) are corrupt; the
+/// rest (e.g. 42: a missing table or privilege) is [`IndexError::Postgres`].
+pub(crate) fn postgres_error(e: &postgres::Error) -> IndexError {
+    let text = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(src) => format!("{e}: {src}"),
+            None => e.to_string(),
+        },
+    };
+    let Some(code) = e.code().map(|c| c.code()) else {
+        return IndexError::Unavailable(format!("postgres: {text}"));
+    };
+    // "cached plan must not change result type" (0A000 like every unsupported feature):
+    // the connection is dropped, so a retry prepares the statement afresh.
+    let stale_plan = e
+        .as_db_error()
+        .is_some_and(|db| db.routine() == Some("RevalidateCachedQuery"));
+    let class = code.get(..2).unwrap_or("");
+    match class {
+        "08" | "53" | "57" | "58" | "40" => IndexError::Unavailable(format!("postgres: {text}")),
+        _ if matches!(code, "55P03" | "55006") || stale_plan => {
+            IndexError::Unavailable(format!("postgres: {text}"))
+        }
+        "23" => IndexError::Raced(format!("postgres: {text}")),
+        "22" | "XX" => IndexError::Corrupt(format!("postgres: {text}")),
+        _ => IndexError::Postgres(text),
+    }
+}
+
+impl From<postgres::Error> for IndexError {
+    fn from(e: postgres::Error) -> Self {
+        postgres_error(&e)
+    }
+}
+
 /// Everything an index operation can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -49,6 +91,10 @@ pub enum IndexError {
     /// moved away). Retryable: the retry plans again from the index's current state.
     #[error("index changed under the write: {0}")]
     Raced(String),
+    /// Any other PostgreSQL failure (e.g. a missing table or privilege), with its SQLSTATE:
+    /// not retryable.
+    #[error("postgres: {0}")]
+    Postgres(String),
 }
 
 impl Classify for IndexError {
@@ -60,6 +106,7 @@ impl Classify for IndexError {
             IndexError::Corrupt(_) => ErrorCode::Corrupt,
             IndexError::InvalidQuery(_) => ErrorCode::InvalidField,
             IndexError::Raced(_) => ErrorCode::VersionConflict,
+            IndexError::Postgres(_) => ErrorCode::Internal,
         }
     }
 
@@ -69,7 +116,8 @@ impl Classify for IndexError {
             IndexError::Unavailable(_) | IndexError::Raced(_) => true,
             IndexError::SchemaMismatch(_)
             | IndexError::Corrupt(_)
-            | IndexError::InvalidQuery(_) => false,
+            | IndexError::InvalidQuery(_)
+            | IndexError::Postgres(_) => false,
         }
     }
 }

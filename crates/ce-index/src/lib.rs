@@ -29,3 +29,4 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 pub use error::{IndexError, Result};
+pub use vector::{PgVectorIndex, PgVectorOptions};

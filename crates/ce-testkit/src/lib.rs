@@ -1,4 +1,5 @@
-//! Test support shared by the workspace's test suites: replayable seeds and crash children.
+//! Test support shared by the workspace's test suites: replayable seeds, crash children and
+//! throwaway PostgreSQL databases ([`pg`], [`pgvector`]).
 //!
 //! A crash test re-runs its own test binary as a child that executes one `#[test]` function
 //! (the "child"), lets it work for a while, kills it with SIGKILL and reads the lines it
@@ -11,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub mod pg;
+pub mod pgvector;
 
 /// The seed of a randomized test: `CE_SEED` when set (replay), else a random one; printed
 /// either way so that a failure can be replayed.

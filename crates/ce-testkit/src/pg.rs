@@ -4,7 +4,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test` (trust auth). Each [`TestDb`] is a fresh
 //! database created from that connection and dropped (forcibly) when the value drops, so
 //! tests run in parallel without seeing each other. An unreachable server fails the test
-//! with a message saying how to start one: these tests never skip.
+//! with a message saying how to start one: these tests never skip. [`TestDb::create_on`] does
+//! the same on another server (e.g. the pgvector server of [`crate::pgvector`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,11 +38,13 @@ pub fn with_database(url: &str, db: &str) -> String {
 
 /// Connects to `url` or panics with what to do about it.
 pub fn connect(url: &str) -> postgres::Client {
-    postgres::Client::connect(url, postgres::NoTls).unwrap_or_else(|e| {
-        panic!(
-            "PostgreSQL at {url} is not reachable ({e}); start it (.ci/run does) or set {URL_VAR}"
-        )
-    })
+    connect_or(url, &format!("start it (.ci/run does) or set {URL_VAR}"))
+}
+
+/// Connects to `url` or panics naming `fix`, what to do about it.
+fn connect_or(url: &str, fix: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls)
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is not reachable ({e}); {fix}"))
 }
 
 /// A database that exists for the lifetime of the value.
@@ -50,13 +53,26 @@ pub struct TestDb {
     admin: String,
     name: String,
     url: String,
+    /// What to do when the server is unreachable (for panic messages).
+    fix: String,
 }
 
 impl TestDb {
-    /// Creates a fresh, empty database named after `label` (letters, digits, `_`).
+    /// Creates a fresh, empty database named after `label` (letters, digits, `_`) on the
+    /// machine's PostgreSQL ([`admin_url`]).
     pub fn create(label: &str) -> TestDb {
+        Self::create_on(
+            &admin_url(),
+            label,
+            &format!("start it (.ci/run does) or set {URL_VAR}"),
+        )
+    }
+
+    /// Creates a fresh, empty database named after `label` on the server of `admin` (a URL
+    /// whose user may create databases); `fix` says what to do if that server is unreachable.
+    pub fn create_on(admin: &str, label: &str, fix: &str) -> TestDb {
         static N: AtomicU64 = AtomicU64::new(0);
-        let admin = admin_url();
+        let admin = admin.to_owned();
         let clean: String = label
             .chars()
             .map(|c| {
@@ -74,11 +90,16 @@ impl TestDb {
             N.fetch_add(1, Ordering::Relaxed),
             rand::random::<u32>()
         );
-        let mut c = connect(&admin);
+        let mut c = connect_or(&admin, fix);
         c.batch_execute(&format!("CREATE DATABASE {name}"))
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name} on {admin}: {e}"));
         let url = with_database(&admin, &name);
-        TestDb { admin, name, url }
+        TestDb {
+            admin,
+            name,
+            url,
+            fix: fix.to_owned(),
+        }
     }
 
     /// The URL of the database.
@@ -94,7 +115,7 @@ impl TestDb {
     /// Terminates every connection to the database but the caller's own (fault injection:
     /// what a server restart does to clients); returns how many were terminated.
     pub fn terminate_connections(&self) -> u64 {
-        let mut c = connect(&self.admin);
+        let mut c = connect_or(&self.admin, &self.fix);
         let n: i64 = c
             .query_one(
                 "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -130,5 +151,10 @@ mod tests {
         );
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
         assert_eq!(with_database("postgresql://h/a", "b"), "postgresql://h/b");
+        assert_eq!(
+            with_database("postgresql://postgres@%2Ftmp%2Fpg/postgres", "x"),
+            "postgresql://postgres@%2Ftmp%2Fpg/x",
+            "a unix socket directory as the host"
+        );
     }
 }

@@ -16,9 +16,11 @@
 //! - `move_uri` records the old URIs as `(their version, deleted)` and drops a moved record
 //!   whose target URI already holds a newer state.
 //!
-//! Implementations: [`memory::MemoryVectorIndex`] (exact search, in memory: the test oracle)
-//! and [`embedded::EmbeddedVectorIndex`] (SQLite for records and vectors, usearch HNSW for
-//! approximate search; persistent and crash-safe).
+//! Implementations: [`memory::MemoryVectorIndex`] (exact search, in memory: the test oracle),
+//! [`embedded::EmbeddedVectorIndex`] (SQLite for records and vectors, usearch HNSW for
+//! approximate search; persistent and crash-safe, one process) and
+//! [`pgvector::PgVectorIndex`] (PostgreSQL with pgvector's HNSW index; shared by every
+//! process that opens the database).
 
 use std::collections::BTreeMap;
 
@@ -31,6 +33,9 @@ use crate::error::Result;
 
 pub mod embedded;
 pub mod memory;
+pub mod pgvector;
+
+pub use pgvector::{PgVectorIndex, PgVectorOptions};
 
 /// A record with its vector (spec `IndexRecordWithVector`).
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,16 +1,22 @@
 //! The `VectorIndex` contract (spec §6 and the versioned writes of `vector/mod.rs`). Every
-//! test runs the same function against the exact in-memory index and the embedded index
-//! (default planner, and planner forced onto the graph).
+//! test runs the same function against the exact in-memory index, the embedded index and the
+//! pgvector index (each with its default planner, and with its planner forced onto the
+//! graph). The pgvector runs use the test server of `scripts/pgvector-server.py` (see
+//! `ce_testkit::pgvector`); the tests at the end are about the pgvector index alone:
+//! persistence across opens, several openers, lost connections.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ce_core::{Classify, CtxUri, ErrorCode, Level, stable_hash};
 use ce_embed::ModelIdentity;
 use ce_index::IndexError;
-use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
+use ce_index::vector::memory::MemoryVectorIndex;
+use ce_index::vector::{
+    NodeWrite, PgVectorIndex, PgVectorOptions, SearchFilter, SyncOutcome, VectorIndex, VectorRecord,
+};
 use serde_json::json;
 
-use crate::common::{DIM, both, hit_ids, nr, record, snapshot, unit, uri, vr};
+use crate::common::{DIM, each_index, hit_ids, nr, pgvector, record, snapshot, unit, uri, vr};
 
 fn ids(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
     idx.list_under(&uri(under))
@@ -22,7 +28,7 @@ fn ids(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
 
 #[test]
 fn upsert_get_count_are_idempotent() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let recs = vec![
             vr("ctx://a/docs/x", 0, unit(1, DIM)),
             vr("ctx://a/docs/x", 1, unit(2, DIM)),
@@ -71,7 +77,7 @@ fn upsert_get_count_are_idempotent() {
 
 #[test]
 fn list_under_is_ordered_by_uri_then_level() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         idx.upsert(&[
             vr("ctx://a/z", 2, unit(1, DIM)),
             vr("ctx://a/b/c", 0, unit(2, DIM)),
@@ -101,7 +107,7 @@ fn list_under_is_ordered_by_uri_then_level() {
 
 #[test]
 fn delete_by_uri_node_only_or_subtree() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let all = [
             "ctx://a/b",
             "ctx://a/b/c",
@@ -210,7 +216,7 @@ fn move_fixture(idx: &dyn VectorIndex) -> Vec<VectorRecord> {
 
 #[test]
 fn move_rewrites_uris_parents_and_ids_and_keeps_vectors() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let recs = move_fixture(idx);
         let scores: Vec<f32> = recs
             .iter()
@@ -325,7 +331,7 @@ fn move_is_idempotent_and_reentrant() {
     let to = uri("ctx://acc/shared/prefs");
     // The state after one clean move.
     let mut clean = None;
-    both(|name, idx| {
+    each_index(|name, idx| {
         move_fixture(idx);
         idx.move_uri(&from, &to).expect("move");
         let once = snapshot(idx);
@@ -352,7 +358,7 @@ fn move_is_idempotent_and_reentrant() {
     let clean = clean.expect("ran");
     // Half done: an earlier attempt moved some records (written at the target, not yet deleted
     // at the source, or deleted too) before it failed.
-    both(|name, idx| {
+    each_index(|name, idx| {
         let recs = move_fixture(idx);
         let moved_copy = |r: &VectorRecord| {
             let to_uri = r.record.uri.rebase(&from, &to).expect("rebase");
@@ -384,7 +390,7 @@ fn move_is_idempotent_and_reentrant() {
 
 #[test]
 fn move_rejects_the_root_and_moves_within_its_own_line() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         move_fixture(idx);
         let before = snapshot(idx);
         let a = uri("ctx://acc/users/u1/memories/prefs");
@@ -403,7 +409,7 @@ fn move_rejects_the_root_and_moves_within_its_own_line() {
 
 #[test]
 fn move_drops_records_whose_target_holds_a_newer_version() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let src = "ctx://a/docs/old";
         let dst = "ctx://a/docs/new";
         assert_eq!(
@@ -454,7 +460,7 @@ fn move_drops_records_whose_target_holds_a_newer_version() {
 
 #[test]
 fn versioned_writes_follow_vx1() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let u = "ctx://a/notes/n1";
         let node = uri(u);
         let v1 = unit(1, DIM);
@@ -553,7 +559,7 @@ fn versioned_writes_follow_vx1() {
 
 #[test]
 fn payload_only_sync_keeps_the_stored_vector() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         let u = "ctx://a/notes/n1";
         let node = uri(u);
         let v = unit(11, DIM);
@@ -743,7 +749,7 @@ fn every_filter_field_matches_the_reference() {
             ..Default::default()
         },
     ];
-    both(|name, idx| {
+    each_index(|name, idx| {
         let recs = filter_corpus(idx);
         for f in &filters {
             let want: BTreeSet<String> = recs
@@ -766,7 +772,7 @@ fn every_filter_field_matches_the_reference() {
 
 #[test]
 fn search_returns_exactly_top_k_under_a_selective_filter() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         // 600 records, 30 of which pass (5 %), scattered through the collection.
         let recs: Vec<VectorRecord> = (0..600u64)
             .map(|i| {
@@ -826,7 +832,7 @@ fn model_binding_and_dimensions() {
         model: "text-embedding-3-small".into(),
         dimension: DIM,
     };
-    both(|name, idx| {
+    each_index(|name, idx| {
         assert_eq!(idx.model().expect("model"), None, "{name}");
         idx.bind_model(&m1).expect("bind");
         idx.bind_model(&m1).expect("bind again is fine");
@@ -914,7 +920,7 @@ fn model_binding_and_dimensions() {
 
 #[test]
 fn unbound_index_takes_the_first_dimension() {
-    both(|name, idx| {
+    each_index(|name, idx| {
         assert!(
             idx.search(&unit(1, 5), &SearchFilter::default(), 3)
                 .expect("empty index")
@@ -943,4 +949,337 @@ fn unbound_index_takes_the_first_dimension() {
             "{name}: {err}"
         );
     });
+}
+
+// The pgvector index alone: one database shared by several openers.
+
+fn pg_model(model: &str, dimension: usize) -> ModelIdentity {
+    ModelIdentity {
+        provider: "local".into(),
+        model: model.into(),
+        dimension,
+    }
+}
+
+/// The HNSW index's definition and the embedding column's type, read from the catalog.
+fn pg_schema(url: &str) -> (Option<String>, String) {
+    let mut c = ce_testkit::pg::connect(url);
+    let index = c
+        .query_opt(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'ce_vector_records_hnsw'",
+            &[],
+        )
+        .expect("pg_indexes")
+        .map(|r| r.get(0));
+    let column = c
+        .query_one(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = 'ce_vector_records'::regclass AND attname = 'embedding'",
+            &[],
+        )
+        .expect("pg_attribute")
+        .get(0);
+    (index, column)
+}
+
+#[test]
+fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
+    let db = ce_testkit::pgvector::test_db("pgv_shared");
+    let m1 = pg_model("m1", DIM);
+    let a = PgVectorIndex::open(db.url()).expect("open a");
+    assert_eq!(
+        pg_schema(db.url()),
+        (None, "vector".into()),
+        "untyped until bound"
+    );
+    a.bind_model(&m1).expect("bind");
+    let (hnsw, column) = pg_schema(db.url());
+    assert_eq!(
+        column,
+        format!("vector({DIM})"),
+        "bind_model fixes the dimension"
+    );
+    assert!(
+        hnsw.as_deref()
+            .is_some_and(|d| d.contains("hnsw") && d.contains("vector_cosine_ops")),
+        "{hnsw:?}"
+    );
+    a.upsert(&[
+        vr("ctx://a/docs/x", 0, unit(1, DIM)),
+        vr("ctx://a/docs/y", 1, unit(2, DIM)),
+    ])
+    .expect("upsert");
+    let n1 = uri("ctx://a/notes/n1");
+    assert_eq!(
+        a.sync_node(&n1, 5, vec![nr(n1.as_str(), 0, Some(unit(3, DIM)))])
+            .expect("sync"),
+        SyncOutcome::Applied
+    );
+
+    // Another process: a second index on the same database sees the binding and the records.
+    let b = PgVectorIndex::open(db.url()).expect("open b");
+    assert_eq!(b.model().expect("model"), Some(m1.clone()));
+    let err = b
+        .bind_model(&pg_model("m2", DIM))
+        .expect_err("another model");
+    assert!(matches!(err, IndexError::SchemaMismatch(_)), "{err}");
+    assert_eq!(snapshot(&b), snapshot(&a));
+    let q = unit(3, DIM);
+    assert_eq!(
+        hit_ids(&b, &q, &SearchFilter::default(), 3),
+        hit_ids(&a, &q, &SearchFilter::default(), 3)
+    );
+    // The versions are shared too (VX1 across openers).
+    assert_eq!(
+        b.sync_node(&n1, 4, vec![nr(n1.as_str(), 2, Some(unit(4, DIM)))])
+            .expect("older"),
+        SyncOutcome::Stale
+    );
+    assert_eq!(
+        b.sync_node(&n1, 6, vec![nr(n1.as_str(), 1, Some(unit(4, DIM)))])
+            .expect("newer"),
+        SyncOutcome::Applied
+    );
+    assert_eq!(ids(&a, n1.as_str()), [format!("{n1}#1")]);
+    let before = snapshot(&a);
+    drop((a, b));
+
+    // Reopened: the binding, the records and the versions are still there.
+    let c = PgVectorIndex::open(db.url()).expect("reopen");
+    assert_eq!(c.model().expect("model"), Some(m1.clone()));
+    c.bind_model(&m1).expect("the same model binds again");
+    assert_eq!(snapshot(&c), before);
+    assert_eq!(
+        c.remove_node(&n1, 5).expect("older removal"),
+        SyncOutcome::Stale
+    );
+    let x = vec![stable_hash("ctx://a/docs/x", 0)];
+    assert_eq!(
+        c.vectors(&x).expect("vectors"),
+        [(x[0].clone(), unit(1, DIM))]
+    );
+
+    // One opener clears and binds a model of another dimension: the other keeps working
+    // (its prepared statements outlive the column's change of type).
+    let d = PgVectorIndex::open(db.url()).expect("open d");
+    d.clear().expect("clear");
+    assert_eq!(c.model().expect("model"), None);
+    let m3 = pg_model("m3", DIM * 2);
+    d.bind_model(&m3).expect("bind m3");
+    assert_eq!(pg_schema(db.url()).1, format!("vector({})", DIM * 2));
+    c.upsert(&[vr("ctx://a/docs/z", 0, unit(5, DIM * 2))])
+        .expect("upsert after rebind");
+    let z = vec![stable_hash("ctx://a/docs/z", 0)];
+    assert_eq!(
+        c.vectors(&z).expect("vectors"),
+        [(z[0].clone(), unit(5, DIM * 2))]
+    );
+    let hits = c
+        .search(&unit(5, DIM * 2), &SearchFilter::default(), 3)
+        .expect("search");
+    assert_eq!(hits.len(), 1);
+    assert!(hits[0].score > 0.999, "{}", hits[0].score);
+    let err = c
+        .upsert(&[vr("ctx://a/docs/w", 0, unit(5, DIM))])
+        .expect_err("old dimension");
+    assert!(matches!(err, IndexError::SchemaMismatch(_)), "{err}");
+    drop((c, d));
+}
+
+#[test]
+fn pgvector_concurrent_openers_and_writers_converge_on_the_newest_versions() {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let seed = ce_testkit::seed("pgvector_concurrent_writers");
+    let db = ce_testkit::pgvector::test_db("pgv_concurrent");
+    const NODES: u64 = 6;
+    const VERSIONS: u64 = 10;
+    let node = |n: u64| format!("ctx://a/notes/n{n}");
+    // Version v of node n: levels 0..=v%3 (v % 4 == 0: a removal).
+    let write = move |n: u64, v: u64| {
+        let u = node(n);
+        if v.is_multiple_of(4) {
+            NodeWrite::Remove {
+                uri: uri(&u),
+                version: v,
+            }
+        } else {
+            NodeWrite::Sync {
+                uri: uri(&u),
+                version: v,
+                records: (0..=(v % 3) as u8)
+                    .map(|l| nr(&u, l, Some(unit(n * 100 + v * 10 + u64::from(l), DIM))))
+                    .collect(),
+            }
+        }
+    };
+    // Every thread opens the (new, unbound) index itself and applies every version of every
+    // node in its own order, in batches: the schema setup, the first writes (which fix the
+    // dimension) and the versioned writes all race.
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let url = db.url().to_owned();
+            std::thread::spawn(move || {
+                let idx = PgVectorIndex::open(&url).expect("open");
+                let mut all: Vec<(u64, u64)> = (0..NODES)
+                    .flat_map(|n| (1..=VERSIONS).map(move |v| (n, v)))
+                    .collect();
+                all.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed ^ t));
+                for chunk in all.chunks(5) {
+                    let out = idx
+                        .write_nodes(chunk.iter().map(|&(n, v)| write(n, v)).collect())
+                        .expect("write_nodes");
+                    for r in out {
+                        r.expect("each write");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("writer thread");
+    }
+    let oracle = MemoryVectorIndex::new();
+    for n in 0..NODES {
+        write(n, VERSIONS).apply_to(&oracle).expect("oracle");
+    }
+    let idx = PgVectorIndex::open(db.url()).expect("open");
+    assert_eq!(
+        snapshot(&idx),
+        snapshot(&oracle),
+        "the newest version of every node (seed {seed})"
+    );
+    drop(idx);
+}
+
+#[test]
+fn pgvector_recovers_from_killed_connections() {
+    let (db, idx) = pgvector("pgv_killed", PgVectorOptions::default());
+    idx.upsert(&[
+        vr("ctx://a/docs/x", 0, unit(1, DIM)),
+        vr("ctx://a/docs/y", 0, unit(2, DIM)),
+    ])
+    .expect("upsert");
+    let q = unit(1, DIM);
+    let before = hit_ids(&idx, &q, &SearchFilter::default(), 2);
+    assert!(
+        db.terminate_connections() >= 1,
+        "the pool holds a connection"
+    );
+    // The pooled connection is dead: the next call replaces it before sending anything.
+    assert_eq!(hit_ids(&idx, &q, &SearchFilter::default(), 2), before);
+    assert!(db.terminate_connections() >= 1);
+    let n = uri("ctx://a/notes/n");
+    assert_eq!(
+        idx.sync_node(&n, 1, vec![nr(n.as_str(), 0, Some(unit(3, DIM)))])
+            .expect("sync after a kill"),
+        SyncOutcome::Applied
+    );
+    assert_eq!(idx.count().expect("count"), 3);
+    // A server that cannot be reached is a retryable error.
+    let err =
+        PgVectorIndex::open("postgresql://postgres@%2Fnonexistent%2Fdir/x").expect_err("no server");
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    let err = PgVectorIndex::open("postgresql://host:notaport/x").expect_err("bad url");
+    assert_eq!(err.code(), ErrorCode::InvalidConfig, "{err}");
+    drop((idx, db));
+}
+
+#[test]
+fn pgvector_open_refuses_a_server_without_the_extension() {
+    // The machine's PostgreSQL (of the scale backend's tests) has no pgvector.
+    let db = ce_testkit::pg::TestDb::create("pgv_no_extension");
+    let err = PgVectorIndex::open(db.url()).expect_err("no pgvector");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("install pgvector"), "{err}");
+}
+
+#[test]
+fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
+    use ce_index::vector::embedded::{SearchPlan, SearchStrategy};
+    // 600 records, 30 of which pass; a graph search visiting only 10 candidates finds few of
+    // them, so the search completes with an exact scan.
+    let options = PgVectorOptions {
+        exact_max_candidates: 0,
+        ef_search: 10,
+        ..PgVectorOptions::default()
+    };
+    let (db, idx) = pgvector("pgv_fallback", options);
+    let recs: Vec<VectorRecord> = (0..600u64)
+        .map(|i| {
+            let tag = if i % 20 == 7 { "rare" } else { "common" };
+            VectorRecord {
+                record: record(&format!("ctx://t/docs/d{i}"), 0, &[("tag", json!(tag))]),
+                vector: unit(i, DIM),
+            }
+        })
+        .collect();
+    idx.upsert(&recs).expect("upsert");
+    let rare = SearchFilter {
+        meta: BTreeMap::from([("tag".into(), json!("rare"))]),
+        ..SearchFilter::default()
+    };
+    let mut plans = BTreeSet::new();
+    for q in 0..10 {
+        let r = idx
+            .search_with(&unit(1000 + q, DIM), &rare, 10, SearchStrategy::Auto)
+            .expect("search");
+        assert_eq!(r.hits.len(), 10);
+        assert!(r.hits.iter().all(|h| rare.matches(&h.record)));
+        plans.insert(format!("{:?}", r.plan));
+        let exact = idx
+            .search_with(&unit(1000 + q, DIM), &rare, 10, SearchStrategy::Exact)
+            .expect("exact");
+        assert_eq!(exact.plan, SearchPlan::Exact);
+        if r.plan == SearchPlan::AnnThenExact {
+            assert_eq!(r.hits, exact.hits, "the fallback is the exact scan");
+        }
+    }
+    assert!(plans.contains("AnnThenExact"), "{plans:?}");
+    // Unfiltered, the graph is enough.
+    let r = idx
+        .search_with(
+            &unit(5, DIM),
+            &SearchFilter::default(),
+            10,
+            SearchStrategy::Auto,
+        )
+        .expect("search");
+    assert_eq!((r.plan, r.hits.len()), (SearchPlan::Ann, 10));
+    assert_eq!(
+        r.candidates, 11,
+        "counted (up to top_k + 1): never analyzed"
+    );
+    // Once the statistics say the table is large, an unfiltered search skips the count…
+    ce_testkit::pg::connect(db.url())
+        .batch_execute("ANALYZE ce_vector_records")
+        .expect("analyze");
+    let r = idx
+        .search_with(
+            &unit(5, DIM),
+            &SearchFilter::default(),
+            10,
+            SearchStrategy::Auto,
+        )
+        .expect("search");
+    assert_eq!(
+        (r.plan, r.hits.len(), r.candidates),
+        (SearchPlan::Ann, 10, 10)
+    );
+    // …and counts when the graph comes up short (the statistics are stale: 5 records left,
+    // among the graph's 600 dead entries, which also make it miss some of them).
+    idx.delete_by_uri(&uri("ctx://t/docs"), true)
+        .expect("delete");
+    idx.upsert(&recs[..5]).expect("upsert");
+    let r = idx
+        .search_with(
+            &unit(5, DIM),
+            &SearchFilter::default(),
+            10,
+            SearchStrategy::Auto,
+        )
+        .expect("search");
+    assert_eq!((r.hits.len(), r.candidates), (5, 5), "{:?}", r.plan);
+    drop((idx, db));
 }
