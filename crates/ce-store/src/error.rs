@@ -191,8 +191,13 @@ impl From<rusqlite::Error> for StoreError {
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> Self {
         let transient = match e.code() {
-            // No SQLSTATE: an I/O error or a closed connection.
-            None => true,
+            // No SQLSTATE: a closed connection or an I/O error is transient; an error raised
+            // in the client (a type mismatch, a column that does not decode) is a bug that
+            // repeats, not an outage.
+            None => {
+                e.is_closed()
+                    || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>())
+            }
             Some(c) => {
                 let s = c.code();
                 s.starts_with("08")
@@ -278,10 +283,11 @@ impl Classify for StoreError {
             ),
             // Unknown SQLite errors are retried by default so that nothing is lost (spec §5.4).
             StoreError::Sqlite(_) => true,
-            // Data, integrity and syntax errors (SQLSTATE 22, 23, 42) repeat; others may not.
-            StoreError::Postgres(e) => !e.code().is_some_and(|c| {
+            // Data, integrity and syntax errors (SQLSTATE 22, 23, 42) and errors raised in
+            // the client (no SQLSTATE: a type that does not convert) repeat; others may not.
+            StoreError::Postgres(e) => e.code().is_some_and(|c| {
                 let s = c.code();
-                s.starts_with("22") || s.starts_with("23") || s.starts_with("42")
+                !(s.starts_with("22") || s.starts_with("23") || s.starts_with("42"))
             }),
             StoreError::AtPath { source, .. } => source.is_retryable(),
             StoreError::BadLayout { .. } => false,

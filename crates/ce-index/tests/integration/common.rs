@@ -1,6 +1,7 @@
-//! Helpers shared by the suites: records shaped like the projector's, both vector-index
-//! implementations behind one runner, seeds and whole-index snapshots; and the worker
-//! suites' harness ([`Env`]: a real store on a manual clock, [`Running`] worker threads).
+//! Helpers shared by the suites: records shaped like the projector's, every vector-index
+//! implementation behind one runner, seeds and whole-index snapshots; and the worker
+//! suites' harness ([`Env`]: a real store of either [`Backend`] on a manual clock, [`Running`]
+//! worker threads).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,8 +16,11 @@ use ce_core::{
 use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex};
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeRecord, SearchFilter, StoredRecord, VectorIndex, VectorRecord};
+use ce_index::vector::{PgVectorIndex, PgVectorOptions};
 use ce_index::worker::{IndexWorker, WorkerConfig};
-use ce_store::{DeliveryRow, OutboxFilter, OutboxStore as _, SqliteStore};
+use ce_store::postgres::PgStore;
+use ce_store::{DeliveryRow, OutboxFilter, SourceStore, SqliteStore};
+use ce_testkit::pg::TestDb;
 use serde_json::{Value, json};
 
 /// Parses a URI literal.
@@ -90,9 +94,11 @@ pub fn unit(i: u64, dim: usize) -> Vec<f32> {
 /// Dimension of the contract suites' vectors.
 pub const DIM: usize = 8;
 
-/// Runs `f` against the exact in-memory index and the embedded index (in a fresh directory,
-/// with default options and with the planner forced onto the graph), naming each.
-pub fn both(mut f: impl FnMut(&str, &dyn VectorIndex)) {
+/// Runs `f` against every vector index, each fresh and named: the exact in-memory index, the
+/// embedded index (in a fresh directory, with default options and with the planner forced
+/// onto the graph) and the pgvector index (in a fresh database of the pgvector test server,
+/// likewise).
+pub fn each_index(mut f: impl FnMut(&str, &dyn VectorIndex)) {
     f("memory", &MemoryVectorIndex::new());
     let dir = tempfile::tempdir().expect("tempdir");
     let e = EmbeddedVectorIndex::open(dir.path()).expect("open embedded");
@@ -105,6 +111,30 @@ pub fn both(mut f: impl FnMut(&str, &dyn VectorIndex)) {
     f("embedded-graph", &e);
     e.check_consistency()
         .expect("graph agrees with the records");
+    drop(e);
+    let (db, p) = pgvector("contract", PgVectorOptions::default());
+    f("pgvector", &p);
+    drop((p, db));
+    let (db, p) = pgvector("contract_graph", pg_graph_only());
+    f("pgvector-graph", &p);
+    drop((p, db));
+}
+
+/// A pgvector index in a fresh database named after `label` on the pgvector test server;
+/// the database is dropped with the returned [`TestDb`] (drop the index first).
+pub fn pgvector(label: &str, options: PgVectorOptions) -> (TestDb, PgVectorIndex) {
+    let db = ce_testkit::pgvector::test_db(label);
+    let idx = PgVectorIndex::open_with(db.url(), options).expect("open pgvector index");
+    (db, idx)
+}
+
+/// pgvector options that send every non-empty search through the HNSW index (with its
+/// fallback to an exact scan when the graph comes up short).
+pub fn pg_graph_only() -> PgVectorOptions {
+    PgVectorOptions {
+        exact_max_candidates: 0,
+        ..PgVectorOptions::default()
+    }
 }
 
 /// Options that send every filtered search through the graph.
@@ -135,33 +165,112 @@ pub fn hit_ids(idx: &dyn VectorIndex, q: &[f32], f: &SearchFilter, k: usize) -> 
         .collect()
 }
 
-/// A real `SqliteStore` in a temporary directory, on a manual clock, whose outbox retries
-/// after 1 s with backoffs capped at 30 s.
+/// A source store under test, whatever its backend.
+pub type Store = Arc<dyn SourceStore>;
+
+/// A backend of the source store the worker suites run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `SqliteStore` in a temporary directory.
+    Sqlite,
+    /// `PgStore` in a throwaway database of the machine's PostgreSQL (`ce_testkit::pg`);
+    /// the test fails, never skips, when the server is unreachable.
+    Postgres,
+}
+
+/// Where a store lives, for as long as the value: a temporary directory or a database.
+#[derive(Debug)]
+pub enum Place {
+    /// The directory of a `SqliteStore`.
+    Dir(tempfile::TempDir),
+    /// The database of a `PgStore`.
+    Db(TestDb),
+}
+
+impl Backend {
+    /// A new, empty place for a store of this backend, named after the running test.
+    pub fn place(self) -> Place {
+        match self {
+            Backend::Sqlite => Place::Dir(tempfile::tempdir().expect("tmp")),
+            Backend::Postgres => {
+                let thread = std::thread::current();
+                Place::Db(TestDb::create(thread.name().unwrap_or("store")))
+            }
+        }
+    }
+}
+
+impl Place {
+    /// Opens the store that lives here.
+    pub fn open(&self, config: Config, clock: ManualClock) -> Store {
+        let clock = Arc::new(clock);
+        match self {
+            Place::Dir(dir) => Arc::new(
+                SqliteStore::open_with_clock(dir.path(), config, clock).expect("open sqlite store"),
+            ),
+            Place::Db(db) => Arc::new(
+                PgStore::open_with_clock(db.url(), config, clock).expect("open postgres store"),
+            ),
+        }
+    }
+}
+
+/// Generates, for each named function `fn(Backend)` of the calling module, a `#[test]` of
+/// that name in a `sqlite` and in a `postgres` submodule.
+macro_rules! backend_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name($crate::common::Backend::Sqlite)
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name($crate::common::Backend::Postgres)
+                }
+            )+
+        }
+    };
+}
+pub(crate) use backend_tests;
+
+/// A real source store (SQLite or PostgreSQL) on a manual clock, whose outbox retries after
+/// 1 s with backoffs capped at 30 s.
 pub struct Env {
-    _dir: tempfile::TempDir,
     /// The store.
-    pub store: Arc<SqliteStore>,
+    pub store: Store,
     /// Its clock.
     pub clock: ManualClock,
+    /// Where the store lives (after `store`: dropped last).
+    _place: Place,
 }
 
 impl Env {
-    /// A store whose outbox feeds `consumers`; `tune` adjusts the configuration further.
+    /// A SQLite store whose outbox feeds `consumers`; `tune` adjusts the configuration
+    /// further.
     pub fn new(consumers: &[&str], tune: impl FnOnce(&mut Config)) -> Env {
-        let dir = tempfile::tempdir().expect("tmp");
+        Env::on(Backend::Sqlite, consumers, tune)
+    }
+
+    /// [`Env::new`] on `backend`.
+    pub fn on(backend: Backend, consumers: &[&str], tune: impl FnOnce(&mut Config)) -> Env {
         let mut cfg = Config::default();
         cfg.index.outbox.consumers = consumers.iter().map(|&c| c.to_owned()).collect();
         cfg.index.outbox.retry_base_seconds = 1;
         cfg.index.outbox.retry_max_seconds = 30;
         tune(&mut cfg);
         let clock = ManualClock::new(1_700_000_000_000);
-        let store = Arc::new(
-            SqliteStore::open_with_clock(dir.path(), cfg, Arc::new(clock.clone())).expect("open"),
-        );
+        let place = backend.place();
+        let store = place.open(cfg, clock.clone());
         Env {
-            _dir: dir,
             store,
             clock,
+            _place: place,
         }
     }
 
@@ -210,6 +319,18 @@ impl Env {
             }
         }
         panic!("outbox did not drain");
+    }
+}
+
+/// What a random write committed: `None` when the store refused it (a missing node, a
+/// taken target, a move into its own subtree: part of a random history). A retryable
+/// failure is not part of it — the store is up and nothing holds it for long — and panics.
+#[track_caller]
+pub fn unless_refused<T>(res: ce_store::Result<T>) -> Option<T> {
+    match res {
+        Ok(v) => Some(v),
+        Err(e) if ce_core::Classify::is_retryable(&e) => panic!("a random write failed: {e}"),
+        Err(_) => None,
     }
 }
 

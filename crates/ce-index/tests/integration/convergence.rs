@@ -1,5 +1,5 @@
 //! The convergence simulation (DESIGN.md §5, issue 5), in process, over the three consumers
-//! at once: a real `SqliteStore` takes seeded random put / update / metadata-only update /
+//! at once: a real source store (SQLite, and PostgreSQL) takes seeded random put / update / metadata-only update /
 //! mv / rm / link / unlink writes while 4 workers per consumer (vector, keyword, relation)
 //! apply the outbox under faults injected at these rates while faults are on:
 //!
@@ -43,7 +43,8 @@
 //! of every node embeds nothing.
 //!
 //! CI runs many seeds of a short history ([`SHORT_WRITES`]; `CE_SIM_SEEDS` sets how many)
-//! and one seed of a long one (`CE_PROPTEST_CASES` scales it); `CE_SEED` replays one seed.
+//! and one seed of a long one (`CE_PROPTEST_CASES` scales it), on each backend (fewer short
+//! seeds on PostgreSQL); `CE_SEED` replays one seed.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,14 +68,13 @@ use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex as _};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkError, WorkerCallbacks, WorkerConfig};
-use ce_store::{
-    ContextFs as _, LinkRequest, OutboxStore as _, PutMode, PutRequest, RelationStore as _,
-    SqliteStore, WriteOutcome,
-};
+use ce_store::{LinkRequest, PutMode, PutRequest, WriteOutcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{Env, WrappedRelations, uri, worker_config};
+use crate::common::{
+    Backend, Env, Store, WrappedRelations, backend_tests, unless_refused, uri, worker_config,
+};
 use crate::relation::expected_edges;
 
 const CONSUMERS: [&str; 3] = ["vector", "keyword", "relation"];
@@ -106,25 +106,35 @@ const PERMANENT: &str = "injected permanent failure";
 const SHORT_WRITES: usize = 60;
 /// Seeds of the many-seeds tier unless `CE_SIM_SEEDS` says otherwise.
 const SHORT_SEEDS: u32 = 250;
+/// The same on PostgreSQL, whose runs cost more (a database per seed, round trips).
+const SHORT_SEEDS_PG: u32 = 25;
 /// Writes of the long history.
 const LONG_WRITES: usize = 300;
 
-#[test]
-fn three_indexes_converge_under_faults_over_many_seeds() {
+backend_tests!(
+    three_indexes_converge_under_faults_over_many_seeds,
+    three_indexes_converge_under_faults_over_a_long_history,
+);
+
+fn three_indexes_converge_under_faults_over_many_seeds(backend: Backend) {
     let n = std::env::var("CE_SIM_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(SHORT_SEEDS);
+        .unwrap_or(match backend {
+            Backend::Sqlite => SHORT_SEEDS,
+            Backend::Postgres => SHORT_SEEDS_PG,
+        });
     run_seeds(
+        backend,
         "three_indexes_converge_under_faults_over_many_seeds",
         n,
         SHORT_WRITES,
     );
 }
 
-#[test]
-fn three_indexes_converge_under_faults_over_a_long_history() {
+fn three_indexes_converge_under_faults_over_a_long_history(backend: Backend) {
     run_seeds(
+        backend,
         "three_indexes_converge_under_faults_over_a_long_history",
         ce_core::test_cases(1),
         LONG_WRITES,
@@ -133,7 +143,7 @@ fn three_indexes_converge_under_faults_over_a_long_history() {
 
 /// Runs the simulation for `n` random seeds (or `CE_SEED` alone), printing the seed of a
 /// failing run and, at the end, what was injected over all of them.
-fn run_seeds(test: &str, n: u32, writes: usize) {
+fn run_seeds(backend: Backend, test: &str, n: u32, writes: usize) {
     quiet_kills();
     let seeds: Vec<u64> = match std::env::var("CE_SEED") {
         Ok(_) => vec![crate::common::seed(test)],
@@ -142,16 +152,17 @@ fn run_seeds(test: &str, n: u32, writes: usize) {
     let tally = Arc::new(Tally::default());
     let started = Instant::now();
     for &seed in &seeds {
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| converge(seed, writes, &tally))) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| converge(backend, seed, writes, &tally))) {
             eprintln!(
                 "{test}: seed {seed} failed; replay with CE_SEED={seed} cargo test -p ce-index \
-                 --test integration convergence::{test}"
+                 --test integration convergence::{}::{test}",
+                format!("{backend:?}").to_lowercase()
             );
             resume_unwind(p);
         }
     }
     eprintln!(
-        "{test}: {} seeds of {writes} writes in {:.1?}: {}",
+        "{test} on {backend:?}: {} seeds of {writes} writes in {:.1?}: {}",
         seeds.len(),
         started.elapsed(),
         tally.summary()
@@ -288,7 +299,7 @@ struct Hit {
 
 /// What the fault wrappers, observers and runners of one run share.
 struct Sim {
-    store: Arc<SqliteStore>,
+    store: Store,
     clock: ManualClock,
     lease_ms: i64,
     /// Whether faults are injected.
@@ -673,8 +684,8 @@ impl Drop for Runners {
     }
 }
 
-fn env() -> Env {
-    Env::new(&CONSUMERS, |cfg| cfg.index.outbox.max_retries = 20)
+fn env(backend: Backend) -> Env {
+    Env::on(backend, &CONSUMERS, |cfg| cfg.index.outbox.max_retries = 20)
 }
 
 fn wcfg(id: &str, consumer: &str) -> WorkerConfig {
@@ -730,7 +741,7 @@ pub(crate) fn diff(
     (missing, extra, stale)
 }
 
-/// One random write; what it committed, if anything.
+/// One random write; what it committed, if anything (refused writes are part of the game).
 fn random_write(env: &Env, rng: &mut StdRng) -> Option<WriteOutcome> {
     let names = ["a", "b", "c", "d"];
     let pick = |rng: &mut StdRng| {
@@ -741,14 +752,14 @@ fn random_write(env: &Env, rng: &mut StdRng) -> Option<WriteOutcome> {
         uri(&format!("ctx://acc/{}", segs.join("/")))
     };
     let u = pick(rng);
-    match rng.random_range(0..100) {
+    let res = match rng.random_range(0..100) {
         0..=41 => {
             let req = PutRequest {
                 abstract_text: Some(format!("abs {}", rng.random_range(0..20))),
                 content: Some(format!("content {}", rng.random_range(0..20))),
                 ..PutRequest::default()
             };
-            env.store.put(&u, req).ok()
+            env.store.put(&u, req)
         }
         42..=56 => {
             let mut req = PutRequest {
@@ -757,30 +768,28 @@ fn random_write(env: &Env, rng: &mut StdRng) -> Option<WriteOutcome> {
             };
             req.meta
                 .insert("k".into(), serde_json::json!(rng.random_range(0..5)));
-            env.store.put(&u, req).ok()
+            env.store.put(&u, req)
         }
-        57..=68 => env.store.mv(&u, &pick(rng), None).ok(),
-        69..=78 => env.store.rm(&u, true, None, None).ok(),
-        79..=91 => env
-            .store
-            .link(LinkRequest {
-                from: u,
-                to: pick(rng),
-                relation_type: ["rel", "cites"][rng.random_range(0..2)].into(),
-                weight: 1.0,
-                reason: String::new(),
-                trace_id: None,
-            })
-            .ok(),
+        57..=68 => env.store.mv(&u, &pick(rng), None),
+        69..=78 => env.store.rm(&u, true, None, None),
+        79..=91 => env.store.link(LinkRequest {
+            from: u,
+            to: pick(rng),
+            relation_type: ["rel", "cites"][rng.random_range(0..2)].into(),
+            weight: 1.0,
+            reason: String::new(),
+            trace_id: None,
+        }),
         _ => {
-            let e = env.store.get_edges(&u).ok()?.first().cloned()?;
-            env.store.unlink(&u, &e.to_uri, &e.relation_type, None).ok()
+            let e = unless_refused(env.store.get_edges(&u))?.first().cloned()?;
+            env.store.unlink(&u, &e.to_uri, &e.relation_type, None)
         }
-    }
+    };
+    unless_refused(res)
 }
 
-fn converge(seed: u64, writes: usize, tally: &Arc<Tally>) {
-    let env = env();
+fn converge(backend: Backend, seed: u64, writes: usize, tally: &Arc<Tally>) {
+    let env = env(backend);
     let sim = Arc::new(Sim {
         store: env.store.clone(),
         clock: env.clock.clone(),

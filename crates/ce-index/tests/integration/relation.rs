@@ -1,4 +1,4 @@
-//! The relation consumer end to end: a real `SqliteStore` takes random put / link / unlink /
+//! The relation consumer end to end, on each source backend: a real store takes random put / link / unlink /
 //! set-relations / mv / rm writes while several relation workers apply the outbox with
 //! injected index write failures, lost leases and killed workers; after the outbox drains,
 //! the relation index equals the source's edges exactly (every node's `get_edges`, with its
@@ -18,14 +18,22 @@ use ce_index::relation::{
     Direction, RelationIndex, RelationOutcome, RelationRecord, RelationVersion, RelationWrite,
 };
 use ce_index::worker::IndexWorker;
-use ce_store::{
-    ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _, SqliteStore,
-    WriteOp,
-};
+use ce_store::{LinkRequest, PutRequest, WriteOp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{Env, Running, WrappedRelations, seed, uri, worker_config};
+use crate::common::{
+    Backend, Env, Running, Store, WrappedRelations, backend_tests, seed, unless_refused, uri,
+    worker_config,
+};
+
+backend_tests!(
+    memory_index_converges_under_concurrent_workers_and_faults,
+    embedded_index_converges_and_persists_across_reopen,
+    a_permanent_write_failure_goes_dead_and_converges_after_requeue,
+    bad_input_gets_typed_errors_and_harms_nothing,
+    a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan,
+);
 
 /// A relation index whose writes fail while faults are on: a whole batch, or single writes
 /// (retryable), at a seeded rate; and writes of one owner non-retryably while it is poisoned.
@@ -98,8 +106,8 @@ impl FlakyRelations {
     }
 }
 
-fn env() -> Env {
-    Env::new(&["relation"], |_| {})
+fn env(backend: Backend) -> Env {
+    Env::on(backend, &["relation"], |_| {})
 }
 
 fn worker(env: &Env, index: Arc<dyn RelationIndex>, id: &str) -> IndexWorker {
@@ -117,7 +125,7 @@ fn key(r: &RelationRecord) -> (String, String, String) {
 
 /// Every node's edges in the source, projected as the index must hold them.
 /// Every node's edges, as the relation index must hold them, in `list_under` order.
-pub(crate) fn expected_edges(store: &SqliteStore) -> Vec<RelationRecord> {
+pub(crate) fn expected_edges(store: &Store) -> Vec<RelationRecord> {
     let p = IndexProjector::default();
     let mut out: Vec<RelationRecord> = store
         .read_subtree(&CtxUri::root())
@@ -196,16 +204,16 @@ fn random_writes(env: &Env, rng: &mut StdRng, n: usize, dead_claims: bool) {
                     content: Some(format!("content {}", rng.random_range(0..10))),
                     ..PutRequest::default()
                 };
-                let _ = env.store.put(&pick(rng), req);
+                unless_refused(env.store.put(&pick(rng), req));
             }
             25..=54 => {
                 let from = existing(rng);
-                let _ = env.store.link(link(rng, &from));
+                unless_refused(env.store.link(link(rng, &from)));
             }
             55..=64 => {
                 let from = existing(rng);
                 if let Some(e) = env.store.get_edges(&from).expect("edges").first() {
-                    let _ = env.store.unlink(&from, &e.to_uri, &e.relation_type, None);
+                    unless_refused(env.store.unlink(&from, &e.to_uri, &e.relation_type, None));
                 }
             }
             65..=71 => {
@@ -213,22 +221,22 @@ fn random_writes(env: &Env, rng: &mut StdRng, n: usize, dead_claims: bool) {
                 let edges = (0..rng.random_range(0..3))
                     .map(|_| link(rng, &from))
                     .collect();
-                let _ = env.store.apply_batch(vec![WriteOp::SetRelations {
+                unless_refused(env.store.apply_batch(vec![WriteOp::SetRelations {
                     from,
                     edges,
                     trace_id: None,
-                }]);
+                }]));
             }
             72..=83 => {
-                let _ = env.store.mv(&existing(rng), &pick(rng), None);
+                unless_refused(env.store.mv(&existing(rng), &pick(rng), None));
             }
             84..=93 => {
                 let recursive = rng.random_bool(0.7);
-                let _ = env.store.rm(&existing(rng), recursive, None, None);
+                unless_refused(env.store.rm(&existing(rng), recursive, None, None));
             }
             _ if dead_claims => {
                 // A worker killed mid-batch: claims taken and never acknowledged.
-                let _ = env.store.claim_batch("relation", &format!("dead-{i}"), 3);
+                unless_refused(env.store.claim_batch("relation", &format!("dead-{i}"), 3));
             }
             _ => {}
         }
@@ -245,8 +253,8 @@ fn random_writes(env: &Env, rng: &mut StdRng, n: usize, dead_claims: bool) {
 
 /// Random writes while four workers apply the outbox with faults, then a drain without
 /// faults; the index must equal the source and nothing may be dead.
-fn converge(seed: u64, index: Arc<dyn RelationIndex>, what: &str) -> Env {
-    let env = env();
+fn converge(backend: Backend, seed: u64, index: Arc<dyn RelationIndex>, what: &str) -> Env {
+    let env = env(backend);
     let flaky = FlakyRelations::new(index.clone(), 0.08, seed);
     let workers: Vec<Arc<IndexWorker>> = (0..4)
         .map(|i| Arc::new(worker(&env, flaky.index(), &format!("w{i}"))))
@@ -273,21 +281,24 @@ fn converge(seed: u64, index: Arc<dyn RelationIndex>, what: &str) -> Env {
     env
 }
 
-#[test]
-fn memory_index_converges_under_concurrent_workers_and_faults() {
+fn memory_index_converges_under_concurrent_workers_and_faults(backend: Backend) {
     for run in 0..ce_core::test_cases(2) {
         let seed = seed(&format!("relation memory convergence run {run}"));
-        converge(seed, Arc::new(MemoryRelationIndex::new()), "memory");
+        converge(
+            backend,
+            seed,
+            Arc::new(MemoryRelationIndex::new()),
+            "memory",
+        );
     }
 }
 
-#[test]
-fn embedded_index_converges_and_persists_across_reopen() {
+fn embedded_index_converges_and_persists_across_reopen(backend: Backend) {
     for run in 0..ce_core::test_cases(2) {
         let seed = seed(&format!("relation embedded convergence run {run}"));
         let dir = tempfile::tempdir().expect("tmp");
         let index = Arc::new(EmbeddedRelationIndex::open(dir.path()).expect("open"));
-        let env = converge(seed, index.clone(), "embedded");
+        let env = converge(backend, seed, index.clone(), "embedded");
         drop(index);
 
         // Reopened, the index holds the same edges and versions, and goes on converging.
@@ -302,9 +313,8 @@ fn embedded_index_converges_and_persists_across_reopen() {
     }
 }
 
-#[test]
-fn a_permanent_write_failure_goes_dead_and_converges_after_requeue() {
-    let env = env();
+fn a_permanent_write_failure_goes_dead_and_converges_after_requeue(backend: Backend) {
+    let env = env(backend);
     let dir = tempfile::tempdir().expect("tmp");
     let index: Arc<dyn RelationIndex> =
         Arc::new(EmbeddedRelationIndex::open(dir.path()).expect("open"));
@@ -369,9 +379,8 @@ fn edge_list(index: &dyn RelationIndex) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn bad_input_gets_typed_errors_and_harms_nothing() {
-    let env = env();
+fn bad_input_gets_typed_errors_and_harms_nothing(backend: Backend) {
+    let env = env(backend);
     let dir = tempfile::tempdir().expect("tmp");
     let index: Arc<dyn RelationIndex> =
         Arc::new(EmbeddedRelationIndex::open(dir.path()).expect("open"));
@@ -465,9 +474,8 @@ fn read_prefix(path: &Path) -> Vec<u8> {
 /// before its write lands, the subtree moves back and worker B applies that move — B cannot
 /// see, under `wm`, the edges A is about to write there. A's write then lands under `wm`; A
 /// must notice that its owners left `wm` meanwhile and remove them, or they stay as orphans.
-#[test]
-fn a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan() {
-    let env = env();
+fn a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan(backend: Backend) {
+    let env = env(backend);
     let inner: Arc<dyn RelationIndex> = Arc::new(MemoryRelationIndex::new());
     let put = |u: &str| {
         let req = PutRequest {

@@ -19,7 +19,7 @@ use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeRecord, VectorIndex};
 use ce_index::worker::IndexWorker;
 use ce_index::worker::target::{KeywordTarget, VectorTarget};
-use ce_store::{ContextFs as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _};
+use ce_store::{LinkRequest, PutRequest};
 
 use crate::common::{Env, record, unit, uri, worker_config};
 use crate::convergence::{diff, expected_records, records_of};

@@ -52,10 +52,7 @@ pub const MIGRATE_LOCK: i64 = 0x63_65_2d_6d_69_67;
 /// The channel that carries wake-up hints after commits that appended events.
 pub const NOTIFY_CHANNEL: &str = "ce_outbox";
 
-/// Whether a store location names PostgreSQL (`postgres://` or `postgresql://`).
-pub fn is_postgres_url(s: &str) -> bool {
-    s.starts_with("postgres://") || s.starts_with("postgresql://")
-}
+pub use ce_core::config::is_postgres_url;
 
 /// `url` without its password, for messages and logs.
 pub fn redact_url(url: &str) -> String {
@@ -76,6 +73,23 @@ pub fn redact_url(url: &str) -> String {
             }
         }
         None => url.to_owned(),
+    }
+}
+
+/// `url` with its database name replaced by `db` (query parameters kept).
+pub fn with_database(url: &str, db: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = head.find("://").map_or(0, |i| i + 3);
+    let base = match head[scheme_end..].find('/') {
+        Some(i) => &head[..scheme_end + i],
+        None => head,
+    };
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
     }
 }
 

@@ -164,7 +164,7 @@ impl WriteTx for PgTx<'_, '_> {
         for col in ["from_uri", "to_uri"] {
             self.tx.execute(
                 &format!(
-                    "UPDATE relations SET {col} = $4 || substr({col}, ($5 + 1)::integer),
+                    "UPDATE relations SET {col} = $4 || substr({col}, ($5::bigint + 1)::integer),
                         updated_at = $6
                      WHERE {}",
                     subtree_sql(col, 1)

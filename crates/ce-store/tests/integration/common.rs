@@ -1,5 +1,10 @@
-//! Shared helpers: opening a backend, seeds, whole-store snapshots and the source-of-truth
-//! invariants every suite checks.
+//! Shared helpers: the backends under test, seeds, whole-store snapshots and the
+//! source-of-truth invariants every suite checks.
+//!
+//! Every suite goes through the backend traits and runs on each [`Backend`]: a test body is
+//! a function of the backend, and [`backend_tests!`] generates its `sqlite::` and
+//! `postgres::` `#[test]`s. The PostgreSQL variants use a fresh database of the machine's
+//! server (`ce_testkit::pg`); they fail, never skip, when it is unreachable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,24 +14,125 @@ use ce_core::{
     Classify, Clock, Config, ContextNode, CtxUri, ErrorCode, EventPayload, ManualClock,
     OutboxEvent, RelationEdge,
 };
-use ce_store::{DeliveryRow, OutboxFilter, OutboxStore, SourceStore, SqliteStore, StoreError};
+use ce_store::postgres::PgStore;
+use ce_store::{DeliveryRow, OutboxFilter, SourceStore, SqliteStore, StoreError};
+use ce_testkit::pg::TestDb;
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
 pub const T0: i64 = 1_773_482_400_000;
 
-/// Opens the backend under test. Every suite opens its store here, so a second backend
-/// (Postgres) runs the same suites by switching this function.
+/// A store under test, whatever its backend.
+pub type Store = Arc<dyn SourceStore>;
+
+/// A backend the suites run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `SqliteStore` in a temporary directory.
+    Sqlite,
+    /// `PgStore` in a throwaway database.
+    Postgres,
+}
+
+impl Backend {
+    /// A new, empty place for a store of this backend, named after the running test.
+    pub fn place(self) -> Place {
+        match self {
+            Backend::Sqlite => Place::Dir(tempfile::tempdir().expect("tempdir")),
+            Backend::Postgres => {
+                let thread = std::thread::current();
+                Place::Db(TestDb::create(thread.name().unwrap_or("store")))
+            }
+        }
+    }
+}
+
+/// Where a store lives, for as long as the value: a temporary directory or a database.
+/// Opening it again reopens the same store.
+#[derive(Debug)]
+pub enum Place {
+    /// The directory of a `SqliteStore`.
+    Dir(tempfile::TempDir),
+    /// The database of a `PgStore`.
+    Db(TestDb),
+}
+
+impl Place {
+    /// Opens (or reopens) the store that lives here.
+    pub fn open(&self, config: Config, clock: Arc<dyn Clock>) -> Store {
+        match self {
+            Place::Dir(dir) => Arc::new(
+                SqliteStore::open_with_clock(dir.path(), config, clock).expect("open sqlite store"),
+            ),
+            Place::Db(db) => Arc::new(
+                PgStore::open_with_clock(db.url(), config, clock).expect("open postgres store"),
+            ),
+        }
+    }
+
+    /// Empties the place, as if it were new (drop its stores first): a new directory, or the
+    /// same database with every table but the migration log truncated (much cheaper than a
+    /// new database, for property tests that open a store per case).
+    pub fn reset(&mut self) {
+        match self {
+            Place::Dir(dir) => *dir = tempfile::tempdir().expect("tempdir"),
+            Place::Db(db) => {
+                let mut c = ce_testkit::pg::connect(db.url());
+                let tables: Vec<String> = c
+                    .query(
+                        "SELECT quote_ident(tablename) FROM pg_tables
+                         WHERE schemaname = current_schema() AND tablename <> 'ce_schema_migrations'",
+                        &[],
+                    )
+                    .expect("list tables")
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                if !tables.is_empty() {
+                    c.batch_execute(&format!("TRUNCATE {} RESTART IDENTITY", tables.join(", ")))
+                        .expect("truncate tables");
+                }
+            }
+        }
+    }
+}
+
+/// A store of `backend` in a fresh place with a manual clock at [`T0`]. Bind the place
+/// (`let (_place, s, clock) = ...`): the store lives as long as it.
+pub fn fresh(backend: Backend, config: Config) -> (Place, Store, ManualClock) {
+    let place = backend.place();
+    let clock = ManualClock::new(T0);
+    let store = place.open(config, Arc::new(clock.clone()));
+    (place, store, clock)
+}
+
+/// Opens a `SqliteStore` in `dir`, for the suites about SQLite files (crash).
 pub fn open(dir: &Path, config: Config, clock: Arc<dyn Clock>) -> SqliteStore {
     SqliteStore::open_with_clock(dir, config, clock).expect("open store")
 }
 
-/// A store in a fresh temporary directory with a manual clock at [`T0`].
-pub fn fresh(config: Config) -> (tempfile::TempDir, SqliteStore, ManualClock) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let clock = ManualClock::new(T0);
-    let store = open(dir.path(), config, Arc::new(clock.clone()));
-    (dir, store, clock)
+/// Generates, for each named function `fn(Backend)` of the calling module, a `#[test]` of
+/// that name in a `sqlite` and in a `postgres` submodule.
+macro_rules! backend_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name($crate::common::Backend::Sqlite)
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name($crate::common::Backend::Postgres)
+                }
+            )+
+        }
+    };
 }
+pub(crate) use backend_tests;
 
 /// The configuration of the outbox suites: two consumers, spec defaults otherwise.
 pub fn two_consumers() -> Config {
@@ -43,7 +149,7 @@ pub fn uri(s: &str) -> CtxUri {
 pub use ce_testkit::seed;
 
 /// Every delivery row, in (seq, consumer) order.
-pub fn all_deliveries<S: OutboxStore + ?Sized>(s: &S) -> Vec<DeliveryRow> {
+pub fn all_deliveries(s: &dyn SourceStore) -> Vec<DeliveryRow> {
     s.list(&OutboxFilter {
         limit: Some(u32::MAX),
         ..OutboxFilter::default()
@@ -52,7 +158,7 @@ pub fn all_deliveries<S: OutboxStore + ?Sized>(s: &S) -> Vec<DeliveryRow> {
 }
 
 /// Every event of the journal, by sequence.
-pub fn all_events<S: OutboxStore + ?Sized>(s: &S) -> BTreeMap<i64, OutboxEvent> {
+pub fn all_events(s: &dyn SourceStore) -> BTreeMap<i64, OutboxEvent> {
     all_deliveries(s)
         .into_iter()
         .map(|r| (r.event.seq, r.event))
@@ -71,7 +177,7 @@ pub struct Snapshot {
 }
 
 /// Reads the whole state.
-pub fn snapshot<S: SourceStore + ?Sized>(s: &S) -> Snapshot {
+pub fn snapshot(s: &dyn SourceStore) -> Snapshot {
     let nodes = s.read_subtree(&CtxUri::root()).expect("read_subtree(root)");
     let mut edges = Vec::new();
     for n in &nodes {
@@ -87,15 +193,12 @@ pub fn snapshot<S: SourceStore + ?Sized>(s: &S) -> Snapshot {
 /// Runs `op`, which must fail with `code` (and the given retryability), and checks that it
 /// left the store exactly as it was.
 #[track_caller]
-pub fn assert_rejected<S, T: std::fmt::Debug>(
-    s: &S,
+pub fn assert_rejected<T: std::fmt::Debug>(
+    s: &dyn SourceStore,
     code: ErrorCode,
     retryable: bool,
-    op: impl FnOnce(&S) -> ce_store::Result<T>,
-) -> StoreError
-where
-    S: SourceStore + ?Sized,
-{
+    op: impl FnOnce(&dyn SourceStore) -> ce_store::Result<T>,
+) -> StoreError {
     let before = snapshot(s);
     let err = match op(s) {
         Ok(v) => panic!("expected a {code} error, got Ok({:.400})", format!("{v:?}")),
@@ -127,7 +230,7 @@ where
 /// - OB3: a `DELETE_CONTEXT` (uri, v) leaves the URI absent or re-created above v.
 /// - OB4: every event has exactly one delivery per configured consumer, and no delivery is
 ///   `failed` at rest.
-pub fn invariant_violations<S: SourceStore + ?Sized>(s: &S) -> Vec<String> {
+pub fn invariant_violations(s: &dyn SourceStore) -> Vec<String> {
     violations(&snapshot(s), &s.consumers())
 }
 
@@ -290,7 +393,7 @@ pub fn violations(snap: &Snapshot, consumers: &[String]) -> Vec<String> {
 
 /// Panics with every broken invariant.
 #[track_caller]
-pub fn assert_invariants<S: SourceStore + ?Sized>(s: &S) {
+pub fn assert_invariants(s: &dyn SourceStore) {
     let bad = invariant_violations(s);
     assert!(
         bad.is_empty(),

@@ -7,17 +7,35 @@ use ce_core::{
     UpsertReason, test_cases,
 };
 use ce_store::{
-    ContextFs, HoldStore, LinkRequest, OutboxStore, PutMode, PutRequest, RelationStore,
-    SqliteStore, StoreError, WriteFence, WriteOp, WriteOutcome,
+    LinkRequest, PutMode, PutRequest, SourceStore, StoreError, WriteFence, WriteOp, WriteOutcome,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::common::{self, assert_invariants, assert_rejected, snapshot, uri};
+use crate::common::{
+    self, Backend, Place, Store, assert_invariants, assert_rejected, backend_tests, snapshot, uri,
+};
 
-fn store() -> (tempfile::TempDir, SqliteStore, ce_core::ManualClock) {
-    common::fresh(common::two_consumers())
+backend_tests!(
+    put_creates_missing_ancestors_as_containers_with_their_own_events,
+    put_modes_replace_merge_append_and_identical_writes,
+    rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event,
+    mv_rewrites_the_subtree_and_its_relations,
+    mv_rederives_path_attributes_unless_set_explicitly,
+    mv_refuses_targets_that_make_descendant_uris_too_long,
+    relations_link_unlink_and_versions,
+    expect_version_is_checked_before_anything_is_written,
+    oversize_text_is_refused_whole,
+    bad_input_is_refused_without_harm,
+    random_writes_keep_the_invariants,
+    apply_batch_is_all_or_nothing,
+    writes_under_an_older_fencing_token_are_refused,
+    a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers,
+);
+
+fn store(backend: Backend) -> (Place, Store, ce_core::ManualClock) {
+    common::fresh(backend, common::two_consumers())
 }
 
 fn text(content: &str) -> PutRequest {
@@ -27,17 +45,17 @@ fn text(content: &str) -> PutRequest {
     }
 }
 
-fn put(s: &SqliteStore, u: &str, content: &str) -> WriteOutcome {
+fn put(s: &dyn SourceStore, u: &str, content: &str) -> WriteOutcome {
     s.put(&uri(u), text(content)).expect("put")
 }
 
-fn node(s: &SqliteStore, u: &str) -> ContextNode {
+fn node(s: &dyn SourceStore, u: &str) -> ContextNode {
     s.read_node(&uri(u))
         .expect("read")
         .unwrap_or_else(|| panic!("{u} is missing"))
 }
 
-fn absent(s: &SqliteStore, u: &str) -> bool {
+fn absent(s: &dyn SourceStore, u: &str) -> bool {
     s.read_node(&uri(u)).expect("read").is_none()
 }
 
@@ -53,7 +71,7 @@ fn link(from: &str, to: &str, t: &str) -> LinkRequest {
 }
 
 /// The payloads of the events an outcome reports, in order.
-fn payloads(s: &SqliteStore, out: &WriteOutcome) -> Vec<EventPayload> {
+fn payloads(s: &dyn SourceStore, out: &WriteOutcome) -> Vec<EventPayload> {
     out.event_ids
         .iter()
         .map(|id| s.show(id).expect("reported event exists").0.payload)
@@ -77,7 +95,7 @@ fn relation(p: &EventPayload) -> (String, u64) {
     }
 }
 
-fn edges(s: &SqliteStore, u: &str) -> Vec<(String, String, String)> {
+fn edges(s: &dyn SourceStore, u: &str) -> Vec<(String, String, String)> {
     s.get_edges(&uri(u))
         .expect("edges")
         .into_iter()
@@ -95,9 +113,9 @@ fn edge(from: &str, to: &str, t: &str) -> (String, String, String) {
     (from.to_owned(), to.to_owned(), t.to_owned())
 }
 
-#[test]
-fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
-    let (_d, s, _c) = store();
+fn put_creates_missing_ancestors_as_containers_with_their_own_events(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
     let mut req = text("body");
     req.abstract_text = Some("abstract".into());
     req.meta.insert("k".into(), json!(1));
@@ -105,7 +123,7 @@ fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
     assert!(out.changed);
     assert_eq!(out.version, 1);
     assert_eq!(out.nodes_affected, 4);
-    let ev: Vec<_> = payloads(&s, &out).iter().map(upsert).collect();
+    let ev: Vec<_> = payloads(s, &out).iter().map(upsert).collect();
     assert_eq!(
         ev,
         [
@@ -121,7 +139,7 @@ fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
         "ancestors first, each with its own create event, then the node"
     );
     for c in ["ctx://acc", "ctx://acc/docs", "ctx://acc/docs/guide"] {
-        let n = node(&s, c);
+        let n = node(s, c);
         assert!(
             n.layers.is_empty() && n.meta.is_empty(),
             "{c} is a bare container"
@@ -129,7 +147,7 @@ fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
         assert_eq!(n.version, 1);
         assert_eq!(n.parent_uri, uri(c).parent().expect("parent"));
     }
-    let n = node(&s, "ctx://acc/docs/guide/intro");
+    let n = node(s, "ctx://acc/docs/guide/intro");
     assert_eq!(
         (n.layers.abstract_text.as_str(), n.layers.content.as_str()),
         ("abstract", "body")
@@ -139,8 +157,8 @@ fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
     assert_eq!(n.meta.get("k"), Some(&json!(1)));
 
     // A sibling under existing ancestors appends exactly one event.
-    let out = put(&s, "ctx://acc/docs/guide/setup", "x");
-    assert_eq!(payloads(&s, &out).len(), 1);
+    let out = put(s, "ctx://acc/docs/guide/setup", "x");
+    assert_eq!(payloads(s, &out).len(), 1);
     assert_eq!(
         s.stat(&uri("ctx://acc/docs/guide")).expect("stat").children,
         2
@@ -156,16 +174,16 @@ fn put_creates_missing_ancestors_as_containers_with_their_own_events() {
         ["ctx://acc/docs/guide/intro", "ctx://acc/docs/guide/setup"]
     );
     assert_eq!(
-        common::all_events(&s).len(),
+        common::all_events(s).len(),
         5,
         "no event beyond the reported ones"
     );
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn put_modes_replace_merge_append_and_identical_writes() {
-    let (_d, s, clock) = store();
+fn put_modes_replace_merge_append_and_identical_writes(backend: Backend) {
+    let (_d, s, clock) = store(backend);
+    let s = s.as_ref();
     let u = "ctx://acc/n";
     let mut req = text("c1");
     req.abstract_text = Some("A".into());
@@ -177,13 +195,13 @@ fn put_modes_replace_merge_append_and_identical_writes() {
 
     // The identical write changes nothing at all: no version, no event, no timestamp.
     clock.advance(1000);
-    let before = snapshot(&s);
+    let before = snapshot(s);
     let same = s.put(&uri(u), req).expect("identical put");
     assert_eq!(
         (same.changed, same.version, same.event_ids.len()),
         (false, 1, 0)
     );
-    assert!(snapshot(&s) == before, "an identical put changed the store");
+    assert!(snapshot(s) == before, "an identical put changed the store");
 
     let mut merge = PutRequest {
         mode: PutMode::Merge,
@@ -195,10 +213,10 @@ fn put_modes_replace_merge_append_and_identical_writes() {
     let v2 = s.put(&uri(u), merge).expect("merge");
     assert_eq!(v2.version, 2);
     assert_eq!(
-        payloads(&s, &v2).iter().map(upsert).collect::<Vec<_>>(),
+        payloads(s, &v2).iter().map(upsert).collect::<Vec<_>>(),
         [(u.into(), 2, UpsertReason::Merge)]
     );
-    let n = node(&s, u);
+    let n = node(s, u);
     assert_eq!(
         (
             n.layers.abstract_text.as_str(),
@@ -227,10 +245,10 @@ fn put_modes_replace_merge_append_and_identical_writes() {
     };
     let v3 = s.put(&uri(u), append).expect("append");
     assert_eq!(
-        payloads(&s, &v3).iter().map(upsert).collect::<Vec<_>>(),
+        payloads(s, &v3).iter().map(upsert).collect::<Vec<_>>(),
         [(u.into(), 3, UpsertReason::Append)]
     );
-    let n = node(&s, u);
+    let n = node(s, u);
     assert_eq!(
         (n.layers.content.as_str(), n.layers.overview.as_str()),
         ("c1+c2", "O2")
@@ -238,10 +256,10 @@ fn put_modes_replace_merge_append_and_identical_writes() {
 
     let v4 = s.put(&uri(u), text("x")).expect("replace");
     assert_eq!(
-        payloads(&s, &v4).iter().map(upsert).collect::<Vec<_>>(),
+        payloads(s, &v4).iter().map(upsert).collect::<Vec<_>>(),
         [(u.into(), 4, UpsertReason::Replace)]
     );
-    let n = node(&s, u);
+    let n = node(s, u);
     assert_eq!(
         (
             n.layers.abstract_text.as_str(),
@@ -260,21 +278,21 @@ fn put_modes_replace_merge_append_and_identical_writes() {
     meta_only.meta.insert("z".into(), json!("y"));
     assert_eq!(s.put(&uri(u), meta_only).expect("meta").version, 5);
     assert_eq!(
-        common::all_events(&s).len(),
+        common::all_events(s).len(),
         6,
         "the account's event plus one per changing write"
     );
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
-    let (_d, s, _c) = store();
-    put(&s, "ctx://acc/p/x", "x");
-    put(&s, "ctx://acc/p/x/a", "a");
-    put(&s, "ctx://acc/p/x/a/b", "b");
-    put(&s, "ctx://acc/o", "o");
-    put(&s, "ctx://acc/o2", "o2");
+fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
+    put(s, "ctx://acc/p/x", "x");
+    put(s, "ctx://acc/p/x/a", "a");
+    put(s, "ctx://acc/p/x/a/b", "b");
+    put(s, "ctx://acc/o", "o");
+    put(s, "ctx://acc/o2", "o2");
     for (f, t) in [
         ("ctx://acc/o", "ctx://acc/p/x/a"),
         ("ctx://acc/o2", "ctx://acc/p/x"),
@@ -284,30 +302,30 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
     ] {
         s.link(link(f, t, "refs")).expect("link");
     }
-    let x = node(&s, "ctx://acc/p/x");
+    let x = node(s, "ctx://acc/p/x");
     let (o_rv, o2_rv) = (
-        node(&s, "ctx://acc/o").relation_version,
-        node(&s, "ctx://acc/o2").relation_version,
+        node(s, "ctx://acc/o").relation_version,
+        node(s, "ctx://acc/o2").relation_version,
     );
 
-    let err = assert_rejected(&s, ErrorCode::NotEmpty, false, |s| {
+    let err = assert_rejected(s, ErrorCode::NotEmpty, false, |s| {
         s.rm(&uri("ctx://acc/p/x"), false, None, None)
     });
     assert!(
         matches!(err, StoreError::NotEmpty { children: 1, .. }),
         "{err}"
     );
-    assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.rm(&uri("ctx://acc/p/x"), true, Some(x.version + 1), None)
     });
     // An rm of a path the source lacks is refused, but still queues the removal of index
     // records left behind under it (OpenViking #3064): one recursive DELETE, nothing else.
-    let before = snapshot(&s);
+    let before = snapshot(s);
     let err = s
         .rm(&uri("ctx://acc/nope"), false, None, None)
         .expect_err("rm of a missing node");
     assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
-    let after = snapshot(&s);
+    let after = snapshot(s);
     assert_eq!((&after.nodes, &after.edges), (&before.nodes, &before.edges));
     let added: Vec<_> = after.outbox[before.outbox.len()..]
         .iter()
@@ -323,7 +341,7 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
             other => panic!("unexpected cleanup event {other:?}"),
         }
     }
-    assert_rejected(&s, ErrorCode::InvalidUri, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidUri, false, |s| {
         s.rm(&CtxUri::root(), true, None, None)
     });
 
@@ -334,7 +352,7 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
         (out.version, out.nodes_affected, out.changed),
         (x.version, 3, true)
     );
-    let ev = payloads(&s, &out);
+    let ev = payloads(s, &out);
     assert_eq!(
         ev.len(),
         3,
@@ -356,10 +374,10 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
         ]
     );
     for gone in ["ctx://acc/p/x", "ctx://acc/p/x/a", "ctx://acc/p/x/a/b"] {
-        assert!(absent(&s, gone), "{gone} survived rm -r");
+        assert!(absent(s, gone), "{gone} survived rm -r");
     }
     assert_eq!(
-        edges(&s, "ctx://acc/o"),
+        edges(s, "ctx://acc/o"),
         [edge("ctx://acc/o", "ctx://acc/o2", "refs")]
     );
     assert!(
@@ -369,24 +387,24 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
             .is_empty()
     );
     assert!(
-        edges(&s, "ctx://acc/p/x/a").is_empty(),
+        edges(s, "ctx://acc/p/x/a").is_empty(),
         "edges of removed nodes are gone"
     );
-    assert_invariants(&s);
+    assert_invariants(s);
 
     // A re-created URI continues above the removed version (a stale DELETE can never hit it).
     let old_b = 1;
-    let out = put(&s, "ctx://acc/p/x/a/b", "again");
+    let out = put(s, "ctx://acc/p/x/a/b", "again");
     assert!(out.version > old_b);
-    assert!(node(&s, "ctx://acc/p/x").version > x.version);
-    assert!(node(&s, "ctx://acc/p/x/a").version > 1);
+    assert!(node(s, "ctx://acc/p/x").version > x.version);
+    assert!(node(s, "ctx://acc/p/x/a").version > 1);
 
     // A leaf goes without `recursive`; its incoming edges' owners are announced.
-    let o_rv = node(&s, "ctx://acc/o").relation_version;
+    let o_rv = node(s, "ctx://acc/o").relation_version;
     let out = s
         .rm(&uri("ctx://acc/o2"), false, None, None)
         .expect("rm leaf");
-    let ev = payloads(&s, &out);
+    let ev = payloads(s, &out);
     assert!(
         matches!(&ev[0], EventPayload::DeleteContext(d) if !d.recursive && d.expected_deleted_version == 1)
     );
@@ -394,20 +412,20 @@ fn rm_refuses_non_empty_nodes_and_removes_subtrees_with_one_event() {
         ev[1..].iter().map(relation).collect::<Vec<_>>(),
         [("ctx://acc/o".to_owned(), o_rv + 1)]
     );
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn mv_rewrites_the_subtree_and_its_relations() {
-    let (_d, s, _c) = store();
+fn mv_rewrites_the_subtree_and_its_relations(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
     let mut req = text("xc");
     req.abstract_text = Some("X".into());
     s.put(&uri("ctx://acc/p/x"), req).expect("put");
     let mut req = text("ac");
     req.meta.insert("m".into(), json!("v"));
     s.put(&uri("ctx://acc/p/x/a"), req).expect("put");
-    put(&s, "ctx://acc/p/x/a/b", "bc");
-    put(&s, "ctx://acc/o", "o");
+    put(s, "ctx://acc/p/x/a/b", "bc");
+    put(s, "ctx://acc/o", "o");
     s.link(link("ctx://acc/o", "ctx://acc/p/x/a", "refs"))
         .expect("link");
     s.link(link("ctx://acc/p/x/a", "ctx://acc/o", "refs"))
@@ -415,7 +433,7 @@ fn mv_rewrites_the_subtree_and_its_relations() {
     s.link(link("ctx://acc/p/x/a/b", "ctx://acc/p/x/a", "part_of"))
         .expect("link");
     let before: Vec<ContextNode> = s.read_subtree(&uri("ctx://acc/p/x")).expect("subtree");
-    let o_rv = node(&s, "ctx://acc/o").relation_version;
+    let o_rv = node(s, "ctx://acc/o").relation_version;
 
     let (from, to) = (uri("ctx://acc/p/x"), uri("ctx://acc/q/y"));
     let out = s.mv(&from, &to, None).expect("mv");
@@ -423,8 +441,8 @@ fn mv_rewrites_the_subtree_and_its_relations() {
         (out.uri.clone(), out.changed, out.nodes_affected),
         (to.clone(), true, 3)
     );
-    assert_eq!(out.version, node(&s, "ctx://acc/q/y").version);
-    let ev = payloads(&s, &out);
+    assert_eq!(out.version, node(s, "ctx://acc/q/y").version);
+    let ev = payloads(s, &out);
     assert_eq!(ev.len(), 3, "{ev:?}");
     assert_eq!(
         upsert(&ev[0]),
@@ -448,7 +466,7 @@ fn mv_rewrites_the_subtree_and_its_relations() {
 
     for old in &before {
         let new_uri = old.uri.rebase(&from, &to).expect("within");
-        assert!(absent(&s, old.uri.as_str()), "{} still exists", old.uri);
+        assert!(absent(s, old.uri.as_str()), "{} still exists", old.uri);
         let n = s
             .read_node(&new_uri)
             .expect("read")
@@ -465,58 +483,58 @@ fn mv_rewrites_the_subtree_and_its_relations() {
         assert_eq!(n.relation_version, old.relation_version);
     }
     assert_eq!(
-        edges(&s, "ctx://acc/o"),
+        edges(s, "ctx://acc/o"),
         [edge("ctx://acc/o", "ctx://acc/q/y/a", "refs")]
     );
     assert_eq!(
-        edges(&s, "ctx://acc/q/y/a"),
+        edges(s, "ctx://acc/q/y/a"),
         [edge("ctx://acc/q/y/a", "ctx://acc/o", "refs")]
     );
     assert_eq!(
-        edges(&s, "ctx://acc/q/y/a/b"),
+        edges(s, "ctx://acc/q/y/a/b"),
         [edge("ctx://acc/q/y/a/b", "ctx://acc/q/y/a", "part_of")]
     );
-    assert!(edges(&s, "ctx://acc/p/x/a").is_empty());
-    assert_invariants(&s);
+    assert!(edges(s, "ctx://acc/p/x/a").is_empty());
+    assert_invariants(s);
 
     // Rejected moves change nothing.
-    assert_rejected(&s, ErrorCode::InvalidMove, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidMove, false, |s| {
         s.mv(&to, &uri("ctx://acc/q/y/a/z"), None)
     });
-    assert_rejected(&s, ErrorCode::AlreadyExists, false, |s| {
+    assert_rejected(s, ErrorCode::AlreadyExists, false, |s| {
         s.mv(&to, &uri("ctx://acc/o"), None)
     });
-    assert_rejected(&s, ErrorCode::AlreadyExists, false, |s| {
+    assert_rejected(s, ErrorCode::AlreadyExists, false, |s| {
         s.mv(&uri("ctx://acc/q/y/a/b"), &uri("ctx://acc/q"), None)
     });
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.mv(&uri("ctx://acc/nope"), &uri("ctx://acc/z"), None)
     });
-    assert_rejected(&s, ErrorCode::InvalidMove, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidMove, false, |s| {
         s.mv(&CtxUri::root(), &uri("ctx://acc/z"), None)
     });
-    assert_rejected(&s, ErrorCode::InvalidMove, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidMove, false, |s| {
         s.mv(&to, &CtxUri::root(), None)
     });
-    let before = snapshot(&s);
+    let before = snapshot(s);
     let same = s.mv(&to, &to, None).expect("mv onto itself");
     assert!(!same.changed && same.event_ids.is_empty());
-    assert!(snapshot(&s) == before);
+    assert!(snapshot(s) == before);
 
     // Moving back continues every version above both the moved node and the tombstone.
     let at_y: Vec<ContextNode> = s.read_subtree(&to).expect("subtree");
     s.mv(&to, &from, None).expect("mv back");
     for n in &at_y {
         let back = n.uri.rebase(&to, &from).expect("within");
-        assert!(node(&s, back.as_str()).version > n.version);
+        assert!(node(s, back.as_str()).version > n.version);
     }
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn mv_rederives_path_attributes_unless_set_explicitly() {
-    let (_d, s, _c) = store();
-    put(&s, "ctx://acc/users/u1/memories/prefs/theme", "dark");
+fn mv_rederives_path_attributes_unless_set_explicitly(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
+    put(s, "ctx://acc/users/u1/memories/prefs/theme", "dark");
     let mut req = text("x");
     req.owner_space = Some(OwnerSpace::Shared);
     s.put(&uri("ctx://acc/users/u1/memories/prefs/lang"), req)
@@ -528,51 +546,51 @@ fn mv_rederives_path_attributes_unless_set_explicitly() {
     )
     .expect("mv");
     assert_eq!(
-        node(&s, "ctx://acc/users/u2/memories/prefs/theme").owner_space,
+        node(s, "ctx://acc/users/u2/memories/prefs/theme").owner_space,
         OwnerSpace::User("u2".into())
     );
     assert_eq!(
-        node(&s, "ctx://acc/users/u2/memories/prefs/lang").owner_space,
+        node(s, "ctx://acc/users/u2/memories/prefs/lang").owner_space,
         OwnerSpace::Shared
     );
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
 /// A move whose rebased descendants would exceed the URI length limit must be refused: the
 /// store cannot hold URIs that `CtxUri::parse` rejects (reading them back would fail).
-#[test]
-fn mv_refuses_targets_that_make_descendant_uris_too_long() {
-    let (_d, s, _c) = store();
+fn mv_refuses_targets_that_make_descendant_uris_too_long(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
     let leaf = "l".repeat(200);
-    put(&s, &format!("ctx://acc/x/{leaf}"), "deep");
+    put(s, &format!("ctx://acc/x/{leaf}"), "deep");
     let to = format!(
         "ctx://acc/{}",
         "t".repeat(ce_core::uri::MAX_URI_BYTES - "ctx://acc/".len())
     );
     assert_eq!(to.len(), ce_core::uri::MAX_URI_BYTES);
-    assert_rejected(&s, ErrorCode::InvalidUri, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidUri, false, |s| {
         s.mv(&uri("ctx://acc/x"), &uri(&to), None)
     });
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn relations_link_unlink_and_versions() {
-    let (_d, s, _c) = store();
-    put(&s, "ctx://acc/a", "a");
-    put(&s, "ctx://acc/b", "b");
-    let a_version = node(&s, "ctx://acc/a").version;
+fn relations_link_unlink_and_versions(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
+    put(s, "ctx://acc/a", "a");
+    put(s, "ctx://acc/b", "b");
+    let a_version = node(s, "ctx://acc/a").version;
 
     let out = s
         .link(link("ctx://acc/a", "ctx://acc/b", "refs"))
         .expect("link");
     assert_eq!((out.changed, out.version), (true, 1));
     assert_eq!(
-        payloads(&s, &out).iter().map(relation).collect::<Vec<_>>(),
+        payloads(s, &out).iter().map(relation).collect::<Vec<_>>(),
         [("ctx://acc/a".to_owned(), 1)]
     );
 
-    let before = snapshot(&s);
+    let before = snapshot(s);
     let same = s
         .link(link("ctx://acc/a", "ctx://acc/b", "refs"))
         .expect("identical link");
@@ -580,10 +598,7 @@ fn relations_link_unlink_and_versions() {
         (same.changed, same.version, same.event_ids.len()),
         (false, 1, 0)
     );
-    assert!(
-        snapshot(&s) == before,
-        "an identical link changed the store"
-    );
+    assert!(snapshot(s) == before, "an identical link changed the store");
 
     let mut heavier = link("ctx://acc/a", "ctx://acc/b", "refs");
     heavier.weight = 0.5;
@@ -611,57 +626,57 @@ fn relations_link_unlink_and_versions() {
         Some(0.5)
     );
     assert_eq!(
-        node(&s, "ctx://acc/a").version,
+        node(s, "ctx://acc/a").version,
         a_version,
         "links do not bump the node version"
     );
-    assert_eq!(node(&s, "ctx://acc/a").relation_version, 3);
+    assert_eq!(node(s, "ctx://acc/a").relation_version, 3);
 
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.link(link("ctx://acc/a", "ctx://acc/zz", "refs"))
     });
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.link(link("ctx://acc/zz", "ctx://acc/a", "refs"))
     });
     for bad in ["", "has space", "a|b", &"t".repeat(65)] {
-        assert_rejected(&s, ErrorCode::InvalidField, false, |s| {
+        assert_rejected(s, ErrorCode::InvalidField, false, |s| {
             s.link(link("ctx://acc/a", "ctx://acc/b", bad))
         });
     }
     let mut nan = link("ctx://acc/a", "ctx://acc/b", "refs");
     nan.weight = f64::NAN;
-    assert_rejected(&s, ErrorCode::InvalidField, false, |s| s.link(nan));
+    assert_rejected(s, ErrorCode::InvalidField, false, |s| s.link(nan));
 
     let out = s
         .unlink(&uri("ctx://acc/a"), &uri("ctx://acc/b"), "cites", None)
         .expect("unlink");
     assert_eq!(
-        payloads(&s, &out).iter().map(relation).collect::<Vec<_>>(),
+        payloads(s, &out).iter().map(relation).collect::<Vec<_>>(),
         [("ctx://acc/a".to_owned(), 4)]
     );
     assert_eq!(
-        edges(&s, "ctx://acc/a"),
+        edges(s, "ctx://acc/a"),
         [edge("ctx://acc/a", "ctx://acc/b", "refs")]
     );
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.unlink(&uri("ctx://acc/a"), &uri("ctx://acc/b"), "cites", None)
     });
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.unlink(&uri("ctx://acc/zz"), &uri("ctx://acc/b"), "refs", None)
     });
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn expect_version_is_checked_before_anything_is_written() {
-    let (_d, s, _c) = store();
+fn expect_version_is_checked_before_anything_is_written(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
     let u = uri("ctx://acc/docs/n");
     let with = |content: &str, v: u64| PutRequest {
         expect_version: Some(v),
         ..text(content)
     };
 
-    let err = assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    let err = assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.put(&u, with("a", 3))
     });
     assert!(
@@ -676,14 +691,14 @@ fn expect_version_is_checked_before_anything_is_written() {
         "{err}"
     );
     assert!(
-        absent(&s, "ctx://acc/docs"),
+        absent(s, "ctx://acc/docs"),
         "no ancestor is created by a refused write"
     );
     assert_eq!(s.put(&u, with("a", 0)).expect("create-only").version, 1);
-    assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.put(&u, with("b", 0))
     });
-    let err = assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    let err = assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.put(&u, with("b", 5))
     });
     assert!(
@@ -697,26 +712,26 @@ fn expect_version_is_checked_before_anything_is_written() {
         ),
         "{err}"
     );
-    assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.put(&u, with("a", 2))
     });
     assert_eq!(
         s.put(&u, with("b", 1)).expect("matching version").version,
         2
     );
-    assert_rejected(&s, ErrorCode::VersionConflict, false, |s| {
+    assert_rejected(s, ErrorCode::VersionConflict, false, |s| {
         s.rm(&u, false, Some(1), None)
     });
     s.rm(&u, false, Some(2), None).expect("rm at version");
     assert_eq!(s.put(&u, with("c", 0)).expect("re-create").version, 3);
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn oversize_text_is_refused_whole() {
+fn oversize_text_is_refused_whole(backend: Backend) {
     let mut config = common::two_consumers();
     config.store.max_layer_bytes = 1024;
-    let (_d, s, _c) = common::fresh(config);
+    let (_d, s, _c) = common::fresh(backend, config);
+    let s = s.as_ref();
     let u = uri("ctx://acc/n");
     s.put(&u, text(&"a".repeat(1024)))
         .expect("exactly at the limit");
@@ -731,11 +746,11 @@ fn oversize_text_is_refused_whole() {
             content: content.map(|n| "x".repeat(n)),
             ..PutRequest::default()
         };
-        let err = assert_rejected(&s, ErrorCode::PayloadTooLarge, false, |s| s.put(&u, req));
+        let err = assert_rejected(s, ErrorCode::PayloadTooLarge, false, |s| s.put(&u, req));
         assert_eq!(err.code().http_status(), 413);
     }
     // The limit is in bytes, and it holds after an append too.
-    assert_rejected(&s, ErrorCode::PayloadTooLarge, false, |s| {
+    assert_rejected(s, ErrorCode::PayloadTooLarge, false, |s| {
         s.put(&u, text(&"é".repeat(513)))
     });
     let append = PutRequest {
@@ -743,44 +758,47 @@ fn oversize_text_is_refused_whole() {
         content: Some("b".into()),
         ..PutRequest::default()
     };
-    assert_rejected(&s, ErrorCode::PayloadTooLarge, false, |s| s.put(&u, append));
+    assert_rejected(s, ErrorCode::PayloadTooLarge, false, |s| s.put(&u, append));
     // A refused deep write creates no ancestors.
-    assert_rejected(&s, ErrorCode::PayloadTooLarge, false, |s| {
+    assert_rejected(s, ErrorCode::PayloadTooLarge, false, |s| {
         s.put(&uri("ctx://acc/new/deep/n"), text(&"x".repeat(2000)))
     });
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
-#[test]
-fn bad_input_is_refused_without_harm() {
-    let (_d, s, _c) = store();
-    put(&s, "ctx://acc/n", "x");
-    assert_rejected(&s, ErrorCode::InvalidUri, false, |s| {
+fn bad_input_is_refused_without_harm(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
+    put(s, "ctx://acc/n", "x");
+    assert_rejected(s, ErrorCode::InvalidUri, false, |s| {
         s.put(&CtxUri::root(), text("x"))
     });
     let mut req = text("x");
     req.category = Some("bad\u{7}".into());
-    assert_rejected(&s, ErrorCode::InvalidField, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidField, false, |s| {
         s.put(&uri("ctx://acc/m"), req)
     });
     let mut req = text("x");
     req.meta.insert(String::new(), json!(1));
-    assert_rejected(&s, ErrorCode::InvalidField, false, |s| {
+    assert_rejected(s, ErrorCode::InvalidField, false, |s| {
         s.put(&uri("ctx://acc/m"), req)
     });
-    assert_invariants(&s);
+    assert_invariants(s);
 }
 
 /// Random writes over a small tree: after every operation the invariants hold, a refused
 /// operation changed nothing, an accepted one appended exactly the events it reports, and
 /// an unchanged one appended none.
-#[test]
-fn random_writes_keep_the_invariants() {
+fn random_writes_keep_the_invariants(backend: Backend) {
     let seed = common::seed("random_writes_keep_the_invariants");
     let mut rng = StdRng::seed_from_u64(seed);
-    let (_d, s, clock) = common::fresh(Config {
-        ..common::two_consumers()
-    });
+    let (_d, s, clock) = common::fresh(
+        backend,
+        Config {
+            ..common::two_consumers()
+        },
+    );
+    let s = s.as_ref();
     // Two accounts (account nodes move and go too), a non-ASCII name (relation rewrites
     // on move count characters), and a sibling that shares a prefix (`a` / `a-b`).
     let pick = |rng: &mut StdRng| {
@@ -792,7 +810,7 @@ fn random_writes_keep_the_invariants() {
     };
     for step in 0..test_cases(300) {
         clock.advance(rng.random_range(0..2000));
-        let before = snapshot(&s);
+        let before = snapshot(s);
         let (a, b) = (pick(&mut rng), pick(&mut rng));
         let what = rng.random_range(0..100);
         let desc = format!("step {step}: op {what} on {a} {b}");
@@ -818,7 +836,7 @@ fn random_writes_keep_the_invariants() {
             )),
             _ => s.unlink(&a, &b, "r", None),
         };
-        let after = snapshot(&s);
+        let after = snapshot(s);
         match res {
             Err(e) if (40..55).contains(&what) && e.code() == ErrorCode::NotFound => {
                 // rm of a missing node: only the index cleanup event is queued.
@@ -876,15 +894,15 @@ fn random_writes_keep_the_invariants() {
     }
 }
 
-#[test]
-fn apply_batch_is_all_or_nothing() {
+fn apply_batch_is_all_or_nothing(backend: Backend) {
     let mut config = common::two_consumers();
     config.store.max_layer_bytes = 1024;
-    let (_d, s, _c) = common::fresh(config);
-    put(&s, "ctx://acc/a", "a");
+    let (_d, s, _c) = common::fresh(backend, config);
+    let s = s.as_ref();
+    put(s, "ctx://acc/a", "a");
 
     // A failing op anywhere rolls back the ops before it, events included.
-    assert_rejected(&s, ErrorCode::PayloadTooLarge, false, |s| {
+    assert_rejected(s, ErrorCode::PayloadTooLarge, false, |s| {
         s.apply_batch(vec![
             WriteOp::Put {
                 uri: uri("ctx://acc/new/b"),
@@ -901,7 +919,7 @@ fn apply_batch_is_all_or_nothing() {
             },
         ])
     });
-    assert_rejected(&s, ErrorCode::NotFound, false, |s| {
+    assert_rejected(s, ErrorCode::NotFound, false, |s| {
         s.apply_batch(vec![
             WriteOp::Put {
                 uri: uri("ctx://acc/b"),
@@ -934,16 +952,16 @@ fn apply_batch_is_all_or_nothing() {
         [2, 1]
     );
     assert_eq!(
-        relation(&payloads(&s, &outs[1])[0]),
+        relation(&payloads(s, &outs[1])[0]),
         ("ctx://acc/a".to_owned(), 1)
     );
     assert_eq!(
-        edges(&s, "ctx://acc/a"),
+        edges(s, "ctx://acc/a"),
         [edge("ctx://acc/a", "ctx://acc/new/b", "refs")]
     );
 
     // The same edge set again changes nothing; an empty one removes every edge.
-    let before = snapshot(&s);
+    let before = snapshot(s);
     let same = s
         .apply_batch(vec![WriteOp::SetRelations {
             from: uri("ctx://acc/a"),
@@ -952,7 +970,7 @@ fn apply_batch_is_all_or_nothing() {
         }])
         .expect("same set");
     assert!(!same[0].changed && same[0].event_ids.is_empty());
-    assert!(snapshot(&s) == before);
+    assert!(snapshot(s) == before);
     let cleared = s
         .apply_batch(vec![WriteOp::SetRelations {
             from: uri("ctx://acc/a"),
@@ -961,19 +979,19 @@ fn apply_batch_is_all_or_nothing() {
         }])
         .expect("clear");
     assert_eq!(
-        relation(&payloads(&s, &cleared[0])[0]),
+        relation(&payloads(s, &cleared[0])[0]),
         ("ctx://acc/a".to_owned(), 2)
     );
-    assert!(edges(&s, "ctx://acc/a").is_empty());
-    assert_invariants(&s);
+    assert!(edges(s, "ctx://acc/a").is_empty());
+    assert_invariants(s);
 }
 
 /// Fencing (docs/store.md): a write under a lock carries its token; once a newer token was
 /// recorded for the path, an ancestor or a descendant, an older one is refused in the write's
 /// own transaction and the batch leaves nothing behind.
-#[test]
-fn writes_under_an_older_fencing_token_are_refused() {
-    let (_d, s, _clock) = common::fresh(Config::default());
+fn writes_under_an_older_fencing_token_are_refused(backend: Backend) {
+    let (_d, s, _clock) = common::fresh(backend, Config::default());
+    let s = s.as_ref();
     let fence = |p: &str, token| WriteFence {
         path: uri(p),
         token,
@@ -999,7 +1017,7 @@ fn writes_under_an_older_fencing_token_are_refused() {
     )
     .expect("newer holder of a descendant writes");
     // The old tree holder has lost: its token 10 is older than 20 recorded below it.
-    let err = assert_rejected(&s, ErrorCode::LeaseLost, true, |s| {
+    let err = assert_rejected(s, ErrorCode::LeaseLost, true, |s| {
         s.apply_fenced(
             &[fence("ctx://acc/docs", 10)],
             vec![WriteOp::Rm {
@@ -1017,7 +1035,7 @@ fn writes_under_an_older_fencing_token_are_refused() {
     // An ancestor's newer token fences out writes below it too.
     s.apply_fenced(&[fence("ctx://acc", 30)], vec![put("ctx://acc/x")])
         .expect("account-wide holder");
-    assert_rejected(&s, ErrorCode::LeaseLost, true, |s| {
+    assert_rejected(s, ErrorCode::LeaseLost, true, |s| {
         s.apply_fenced(
             &[fence("ctx://acc/docs/a", 25)],
             vec![WriteOp::Mv {
@@ -1051,9 +1069,9 @@ fn writes_under_an_older_fencing_token_are_refused() {
 
 /// A hold recorded last in a batch covers exactly that batch's events: it stays open until
 /// every named consumer has finished (done or dead) each of them, and ends once.
-#[test]
-fn a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers() {
-    let (_d, s, _clock) = common::fresh(common::two_consumers());
+fn a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers(backend: Backend) {
+    let (_d, s, _clock) = common::fresh(backend, common::two_consumers());
+    let s = s.as_ref();
     s.put(&uri("ctx://acc/before"), text("x"))
         .expect("earlier write");
     let out = s
@@ -1079,11 +1097,7 @@ fn a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers() {
     let h = &holds[0];
     assert_eq!((h.id.as_str(), h.at.as_str()), ("h1", "ctx://acc/imp"));
     assert_eq!(h.lease, "{\"opaque\":true}");
-    let last_seq = common::all_events(&s)
-        .keys()
-        .copied()
-        .max()
-        .expect("events");
+    let last_seq = common::all_events(s).keys().copied().max().expect("events");
     assert_eq!(h.through_seq, last_seq, "the hold covers its own batch");
     // A later write is not part of it.
     s.put(&uri("ctx://acc/after"), text("y"))

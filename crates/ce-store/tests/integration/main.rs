@@ -1,6 +1,7 @@
 //! Integration tests of the store, in one binary (STYLE.md): each suite goes through the
-//! backend traits (`ContextFs`, `RelationStore`, `OutboxStore`), so another backend runs the
-//! same suites by changing `common::open`.
+//! backend traits (`ContextFs`, `RelationStore`, `OutboxStore`) and runs on SQLite and on
+//! PostgreSQL from the same code (`common::backend_tests!`); `crash` is SQLite's own (it
+//! kills a process holding the database file).
 //!
 //! Randomized tests print their seed; `CE_SEED=<seed>` replays one, `CE_PROPTEST_CASES`
 //! scales the number of property-test cases.

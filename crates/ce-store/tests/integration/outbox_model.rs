@@ -6,17 +6,26 @@
 //! visibility, the live claim, the last error and `updated_at` (so a refused ack provably
 //! changed nothing), plus the per-consumer stats.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ce_core::{
     Classify, DeliveryStatus, EVENT_VERSION, ErrorCode, EventPayload, Millis, OutboxEventCreate,
     UpsertContextPayload, UpsertReason, test_cases,
 };
-use ce_store::{Claim, OutboxStore, SqliteStore, StoreError};
+use ce_store::{Claim, SourceStore, StoreError};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
 
-use crate::common::{self, T0};
+use crate::common::{self, Backend, Place, T0, backend_tests};
+
+backend_tests!(
+    outbox_matches_model,
+    append_refuses_payloads_it_cannot_read_back,
+    list_paging_returns_every_row_once,
+    consumers_added_later_get_every_event,
+);
 
 const CONSUMERS: [&str; 2] = ["vector", "keyword"];
 const WORKERS: [&str; 3] = ["w0", "w1", "w2"];
@@ -214,7 +223,7 @@ fn conflict<T: std::fmt::Debug>(what: &str, got: ce_store::Result<T>) -> Step {
 }
 
 fn apply(
-    store: &SqliteStore,
+    store: &dyn SourceStore,
     clock: &ce_core::ManualClock,
     m: &mut Model,
     op: &Op,
@@ -509,7 +518,7 @@ fn apply(
 }
 
 fn apply_checked(
-    store: &SqliteStore,
+    store: &dyn SourceStore,
     clock: &ce_core::ManualClock,
     m: &mut Model,
     op: &Op,
@@ -529,7 +538,7 @@ fn requeued(d: &mut Expected, now: Millis) {
     d.updated_at = now;
 }
 
-fn compare(store: &SqliteStore, m: &Model) -> Step {
+fn compare(store: &dyn SourceStore, m: &Model) -> Step {
     let rows = common::all_deliveries(store);
     ensure!(
         rows.len() == m.events.len() * CONSUMERS.len(),
@@ -660,7 +669,9 @@ fn compare(store: &SqliteStore, m: &Model) -> Step {
     Ok(())
 }
 
-fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
+/// Runs one case on a store opened in `place`, emptied first (cases share one place: a
+/// database per case would cost more than the case on PostgreSQL).
+fn run_case(place: &mut Place, knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut config = common::two_consumers();
     config.index.outbox.max_retries = knobs.max_retries;
     config.index.outbox.retry_max_seconds = knobs.retry_max_seconds;
@@ -670,7 +681,9 @@ fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
         config.index.outbox.retry_base_seconds, 2,
         "the model assumes the default base"
     );
-    let (_dir, store, clock) = common::fresh(config);
+    place.reset();
+    let clock = ce_core::ManualClock::new(T0);
+    let store = place.open(config, Arc::new(clock.clone()));
     let mut m = Model {
         knobs,
         lease_ms,
@@ -680,19 +693,21 @@ fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseError> {
         claims: Vec::new(),
     };
     for (step, op) in ops.iter().enumerate() {
-        apply(&store, &clock, &mut m, op, step)
-            .and_then(|()| compare(&store, &m))
+        apply(store.as_ref(), &clock, &mut m, op, step)
+            .and_then(|()| compare(store.as_ref(), &m))
             .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
     }
     Ok(())
 }
 
-#[test]
-fn outbox_matches_model() {
+fn outbox_matches_model(backend: Backend) {
     let seed = common::seed("outbox_matches_model");
     let mut runner = ce_testkit::seeded_runner(seed, test_cases(64), 4096);
     let strategy = (knobs(), prop::collection::vec(op(), 1..=48));
-    match runner.run(&strategy, |(k, ops)| run_case(k, &ops)) {
+    let place = RefCell::new(backend.place());
+    match runner.run(&strategy, |(k, ops)| {
+        run_case(&mut place.borrow_mut(), k, &ops)
+    }) {
         Ok(()) => {}
         Err(TestError::Fail(why, (k, ops))) => panic!(
             "outbox model test failed (replay with CE_SEED={seed}): {why}\nknobs {k:?}\nminimal ops:\n{ops:#?}"
@@ -717,8 +732,7 @@ fn upsert_event(u: &str) -> OutboxEventCreate {
 
 /// `append` must refuse a payload that the store itself refuses to read back: one such
 /// event would make every `list` and every `claim_batch` of every consumer fail for good.
-#[test]
-fn append_refuses_payloads_it_cannot_read_back() {
+fn append_refuses_payloads_it_cannot_read_back(backend: Backend) {
     let bad = [
         EventPayload::UpsertContext(UpsertContextPayload {
             event_version: EVENT_VERSION,
@@ -745,9 +759,10 @@ fn append_refuses_payloads_it_cannot_read_back() {
         }),
     ];
     for payload in bad {
-        let (_d, s, _c) = common::fresh(common::two_consumers());
+        let (_d, s, _c) = common::fresh(backend, common::two_consumers());
+        let s = s.as_ref();
         s.append(upsert_event("ctx://acc/ok")).expect("append");
-        let before = common::all_deliveries(&s);
+        let before = common::all_deliveries(s);
         let got = s.append(OutboxEventCreate {
             payload: payload.clone(),
         });
@@ -768,16 +783,16 @@ fn append_refuses_payloads_it_cannot_read_back() {
 
 /// Paging with `after_seq` = the last row's sequence must not skip rows: with several
 /// consumers one event has several rows, and a page may end between them.
-#[test]
-fn list_paging_returns_every_row_once() {
-    let (_d, s, _c) = common::fresh(common::two_consumers());
+fn list_paging_returns_every_row_once(backend: Backend) {
+    let (_d, s, _c) = common::fresh(backend, common::two_consumers());
+    let s = s.as_ref();
     s.append_batch(
         (0..5)
             .map(|i| upsert_event(&format!("ctx://acc/e{i}")))
             .collect(),
     )
     .expect("append");
-    let all = common::all_deliveries(&s);
+    let all = common::all_deliveries(s);
     assert_eq!(all.len(), 10);
     let mut paged = Vec::new();
     let mut after = None;
@@ -806,17 +821,16 @@ fn list_paging_returns_every_row_once() {
 
 /// A consumer added to the configuration gets a delivery for every event already in the
 /// journal; one that was removed and is added back gets the events appended meanwhile.
-#[test]
-fn consumers_added_later_get_every_event() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn consumers_added_later_get_every_event(backend: Backend) {
+    let place = backend.place();
     let clock: std::sync::Arc<dyn ce_core::Clock> =
         std::sync::Arc::new(ce_core::ManualClock::new(T0));
     let with = |names: &[&str]| {
         let mut c = common::two_consumers();
         c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
-        common::open(dir.path(), c, clock.clone())
+        place.open(c, clock.clone())
     };
-    let count = |s: &SqliteStore, c: &str| {
+    let count = |s: &dyn SourceStore, c: &str| {
         s.list(&ce_store::OutboxFilter {
             consumer: Some(c.into()),
             limit: Some(u32::MAX),
@@ -830,7 +844,11 @@ fn consumers_added_later_get_every_event() {
     s.append(upsert_event("ctx://acc/e1")).expect("append");
     drop(s);
     let s = with(&["vector", "keyword"]);
-    assert_eq!(count(&s, "keyword"), 1, "back-fill of a new consumer");
+    assert_eq!(
+        count(s.as_ref(), "keyword"),
+        1,
+        "back-fill of a new consumer"
+    );
     drop(s);
 
     // keyword is switched off for a while, then back on.
@@ -838,9 +856,9 @@ fn consumers_added_later_get_every_event() {
     s.append(upsert_event("ctx://acc/e2")).expect("append");
     drop(s);
     let s = with(&["vector", "keyword"]);
-    assert_eq!(count(&s, "vector"), 2);
+    assert_eq!(count(s.as_ref(), "vector"), 2);
     assert_eq!(
-        count(&s, "keyword"),
+        count(s.as_ref(), "keyword"),
         2,
         "a re-enabled consumer never gets the events appended while it was off"
     );
