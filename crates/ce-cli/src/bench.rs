@@ -22,7 +22,7 @@ use ce_core::{
     Config, CtxUri, EVENT_VERSION, EventPayload, OutboxEventCreate, UpsertContextPayload,
     UpsertReason,
 };
-use ce_store::{ContextFs, OutboxStore, PutRequest, SqliteStore};
+use ce_store::{PutRequest, SourceStore, SqliteStore};
 use serde_json::{Value, json};
 
 /// Events per `append_batch` call.
@@ -53,13 +53,37 @@ pub struct BenchOutboxArgs {
     /// Deliveries per claim_batch call
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub batch: usize,
-    /// Keep the store directory instead of removing it
+    /// Keep the store directory (and PostgreSQL databases) instead of removing them
     #[arg(long)]
     pub keep: bool,
+    /// With --store postgres://…: nodes per end-to-end drain run (0 skips those runs)
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub e2e_events: u64,
+    /// With --store postgres://…: worker processes (threads on SQLite) per end-to-end run
+    #[arg(long, value_name = "N,…", value_delimiter = ',', default_values_t = [1, 2, 4])]
+    pub processes: Vec<usize>,
+    /// With --store postgres://…: administrative URL of a PostgreSQL with pgvector for the
+    /// end-to-end runs' vectors [default: the store's server]
+    #[arg(long, value_name = "URL")]
+    pub pgvector_url: Option<String>,
 }
 
-/// Runs the outbox benchmark and returns its parameters and figures as one JSON object.
-pub fn run_outbox(args: &BenchOutboxArgs) -> anyhow::Result<Value> {
+/// Runs the outbox benchmark and returns its parameters and figures as one JSON object; with
+/// a PostgreSQL `store` (an administrative URL: the run creates and drops its own
+/// databases there), the same figures on both backends and the end-to-end series
+/// ([`crate::bench_scale`]).
+pub fn run_outbox(args: &BenchOutboxArgs, store: Option<&str>) -> anyhow::Result<Value> {
+    let sqlite = run_sqlite(args)?;
+    match store {
+        Some(url) if ce_core::config::is_postgres_url(url) => {
+            crate::bench_scale::run_postgres(args, url, sqlite)
+        }
+        Some(url) => bail!("--store must be a postgres:// URL for this benchmark, not {url:?}"),
+        None => Ok(sqlite),
+    }
+}
+
+fn run_sqlite(args: &BenchOutboxArgs) -> anyhow::Result<Value> {
     if args.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -73,14 +97,25 @@ pub fn run_outbox(args: &BenchOutboxArgs) -> anyhow::Result<Value> {
 }
 
 fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
-    let started = Instant::now();
-    let load_at_start = load_average();
     let config = Config::default();
-    let consumers = config.index.outbox.consumers.clone();
     let fsync = fsync_probe(dir)?;
     let data_dir = dir.join("data");
     let store = SqliteStore::open(&data_dir, config)
         .with_context(|| format!("opening a store in {}", data_dir.display()))?;
+    let mut report = measure_store(&store, args)?;
+    report["disk_fsync"] = fsync;
+    report["db_bytes"] = json!(file_len(store.path()) + file_len(&wal_path(store.path())));
+    Ok(report)
+}
+
+/// Steps 1–3 on `store` (any backend), one thread.
+pub(crate) fn measure_store(
+    store: &dyn SourceStore,
+    args: &BenchOutboxArgs,
+) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    let load_at_start = load_average();
+    let consumers = store.consumers();
 
     // 1. Durable single puts.
     let content: String = "benchmark content line, about two hundred bytes in all. "
@@ -134,7 +169,7 @@ fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
     journal_events += appended;
 
     // 3. claim_batch samples against the backlog, each followed by mark_done of the claim.
-    let pending_start = pending_of(&store, CONSUMER)?;
+    let pending_start = pending_of(store, CONSUMER)?;
     eprintln!(
         "bench: {} claim_batch({}) samples at {pending_start} pending",
         args.claims, args.batch
@@ -160,10 +195,8 @@ fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
             eprintln!("bench:   {}/{} claims", s + 1, args.claims);
         }
     }
-    let pending_end = pending_of(&store, CONSUMER)?;
+    let pending_end = pending_of(store, CONSUMER)?;
     let done_total: Duration = done_lat.iter().sum();
-    let db_bytes = file_len(store.path()) + file_len(&wal_path(store.path()));
-    drop(store);
 
     let put_ops_per_s = rate(put_lat.len() as u64, put_total);
     let append_events_per_s = rate(appended, append_time);
@@ -183,7 +216,6 @@ fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
             "threads": 1,
         },
         "machine": machine(),
-        "disk_fsync": fsync,
         "load_average": { "start": load_at_start, "end": load_average() },
         "put_ops_per_s": round(put_ops_per_s, 1),
         "put_latency": latency_summary(&mut put_lat),
@@ -205,7 +237,6 @@ fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
         },
         "mark_done_per_s": round(mark_done_per_s, 1),
         "mark_done_latency": latency_summary(&mut done_lat),
-        "db_bytes": db_bytes,
         "total_seconds": round(started.elapsed().as_secs_f64(), 3),
         "targets": {
             "claim_batch_p95_ms_max": TARGET_CLAIM_P95_MS,
@@ -232,7 +263,7 @@ fn upsert_event(i: u64) -> anyhow::Result<OutboxEventCreate> {
     })
 }
 
-fn pending_of(store: &SqliteStore, consumer: &str) -> anyhow::Result<u64> {
+fn pending_of(store: &dyn SourceStore, consumer: &str) -> anyhow::Result<u64> {
     store
         .stats()?
         .into_iter()
@@ -329,7 +360,7 @@ fn fsync_probe(dir: &Path) -> anyhow::Result<Value> {
 }
 
 /// The 1, 5 and 15 minute load averages (Linux): other work on the machine skews every figure.
-fn load_average() -> Option<[f64; 3]> {
+pub(crate) fn load_average() -> Option<[f64; 3]> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut it = s.split_whitespace().map(|v| v.parse::<f64>().ok());
     Some([it.next()??, it.next()??, it.next()??])
@@ -346,13 +377,13 @@ fn wal_path(db: &Path) -> PathBuf {
 }
 
 /// A fresh directory removed on drop unless kept.
-struct BenchDir {
-    path: PathBuf,
+pub(crate) struct BenchDir {
+    pub(crate) path: PathBuf,
     keep: bool,
 }
 
 impl BenchDir {
-    fn create(work_dir: &Path, keep: bool) -> anyhow::Result<Self> {
+    pub(crate) fn create(work_dir: &Path, keep: bool) -> anyhow::Result<Self> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -402,8 +433,11 @@ mod tests {
             claims: 5,
             batch: 10,
             keep: false,
+            e2e_events: 0,
+            processes: vec![1],
+            pgvector_url: None,
         };
-        let r = run_outbox(&args).expect("bench runs");
+        let r = run_outbox(&args, None).expect("bench runs");
         assert!(r["put_ops_per_s"].as_f64().expect("put rate") > 0.0);
         assert!(
             r["append_batch_events_per_s"]

@@ -25,6 +25,17 @@ pub struct Cli {
         display_order = 900
     )]
     pub data_dir: Option<PathBuf>,
+    /// Source of truth: a postgres:// or postgresql:// URL, overriding `store.url`
+    /// [default: the embedded SQLite file in the data directory].
+    #[arg(
+        long,
+        global = true,
+        env = "CE_STORE",
+        hide_env_values = true,
+        value_name = "URL",
+        display_order = 900
+    )]
+    pub store: Option<String>,
     /// Configuration file [default: <data-dir>/ce.toml when it exists, else built-in defaults].
     #[arg(
         long,
@@ -108,6 +119,9 @@ pub enum Command {
     Outbox(OutboxCommand),
     /// Readiness, model, index size, and outbox progress and lag per consumer.
     Status,
+    /// Apply the pending schema migrations of the store (`--store` / `store.url`) and print
+    /// its schema version before and after.
+    Migrate,
     /// Retrieval quality on a BEIR-format data set: nDCG@k, recall@k, MRR@k and latency per
     /// search mode (the corpus is indexed in a temporary data directory).
     Eval(EvalArgs),

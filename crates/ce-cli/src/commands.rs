@@ -15,11 +15,8 @@ use ce_retrieval::{HierarchicalParams, HierarchicalRequest, RelatedRequest, Sear
 use ce_server::guarded::Guarded;
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
 use ce_server::wire::{CatAnswer, PutBody};
-use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError};
-use ce_store::{
-    ContextFs, LinkRequest, OutboxFilter, OutboxStore, RelationStore, SqliteStore, StoreError,
-    layout,
-};
+use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError, Source};
+use ce_store::{ContextFs, LinkRequest, OutboxFilter, StoreError, layout};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -38,9 +35,9 @@ pub const DEFAULT_DATA_DIR: &str = "ce-data";
 /// Name of the configuration file looked up in the data directory.
 pub const CONFIG_FILE: &str = "ce.toml";
 
-/// Opens the store; commands call it only once their arguments are valid, so that bad input
-/// never creates a data directory.
-type Open<'a> = &'a dyn Fn() -> Result<SqliteStore>;
+/// Opens the configured store (SQLite or PostgreSQL); commands call it only once their
+/// arguments are valid, so that bad input never creates a data directory.
+type Open<'a> = &'a dyn Fn() -> Result<Source>;
 
 /// Most worker threads a command may ask for.
 const MAX_WORKERS: usize = 64;
@@ -117,6 +114,11 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let s = engine.status()?;
             Rendered::new(&s, output::status(&s))
         }
+        Command::Migrate => {
+            let (data_dir, config) = resolve(cli)?;
+            let (_, report) = Source::migrate(&data_dir, &config)?;
+            Rendered::new(&report, output::migrate(&report))
+        }
         Command::Reindex(a) => reindex(cli, a),
         Command::Repair(c) => repair::run(cli, c),
         Command::Serve(a) => serve(cli, a),
@@ -135,7 +137,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             })
         }
         Command::Bench(BenchCommand::Outbox(args)) => {
-            let json = bench::run_outbox(args).map_err(CliError::Other)?;
+            let json = bench::run_outbox(args, cli.store.as_deref()).map_err(CliError::Other)?;
             Ok(Rendered {
                 human: output::json_text(&json),
                 json,
@@ -165,32 +167,41 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
     }
 }
 
-/// The data directory and the configuration.
+/// The data directory and the configuration (`--store` overrides `store.url`).
 fn resolve(cli: &Cli) -> Result<(PathBuf, Config)> {
     let data_dir = cli
         .data_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-    let config = load_config(cli.config.as_deref(), &data_dir)?;
+    let mut config = load_config(cli.config.as_deref(), &data_dir)?;
+    if let Some(url) = &cli.store {
+        config.store.url.clone_from(url);
+    }
+    // Checked once the override is in: `index.vector.pgvector_url` may rely on it.
+    config.validate()?;
     Ok((data_dir, config))
 }
 
-/// Resolves the data directory and configuration and opens the store.
-pub(crate) fn open_store(cli: &Cli) -> Result<SqliteStore> {
+/// Resolves the data directory and configuration and opens the configured store.
+pub(crate) fn open_store(cli: &Cli) -> Result<Source> {
     let (data_dir, config) = resolve(cli)?;
-    Ok(SqliteStore::open(&data_dir, config)?)
+    Ok(Source::open(&data_dir, &config)?)
 }
 
-/// Opens the store and the path locks of the data directory (rm, mv and import take them, so
-/// they exclude the same operations of a server or another `ce` on this data directory).
-fn open_locked(cli: &Cli) -> Result<(SqliteStore, LockManager)> {
+/// Opens the store and the path locks (rm, mv and import take them, so they exclude the same
+/// operations of a server or another `ce` sharing the lock provider: the data directory's
+/// lock files, or Redis across hosts).
+fn open_locked(cli: &Cli) -> Result<(Source, LockManager)> {
     let (data_dir, config) = resolve(cli)?;
     let locks = LockManager::from_config(&config.lock, &data_dir).map_err(ServerError::from)?;
-    Ok((SqliteStore::open(&data_dir, config)?, locks))
+    Ok((Source::open(&data_dir, &config)?, locks))
 }
 
-fn guarded<'a>(store: &'a SqliteStore, locks: &'a LockManager) -> Guarded<'a> {
-    Guarded { store, locks }
+fn guarded<'a>(store: &'a Source, locks: &'a LockManager) -> Guarded<'a> {
+    Guarded {
+        store: store.as_ref(),
+        locks,
+    }
 }
 
 /// Opens the engine (store, embedder, vector index) with `workers` worker threads, running
@@ -240,7 +251,8 @@ pub(crate) fn check_consumer(consumer: &str) -> Result<()> {
     Ok(())
 }
 
-/// `--config FILE` / `CE_CONFIG`, else `<data-dir>/ce.toml` when it exists, else defaults.
+/// `--config FILE` / `CE_CONFIG`, else `<data-dir>/ce.toml` when it exists, else defaults;
+/// not validated yet (see [`resolve`]).
 fn load_config(explicit: Option<&Path>, data_dir: &Path) -> Result<Config> {
     let in_data_dir = data_dir.join(CONFIG_FILE);
     let path = match explicit {
@@ -249,7 +261,7 @@ fn load_config(explicit: Option<&Path>, data_dir: &Path) -> Result<Config> {
         None => return Ok(Config::default()),
     };
     let text = fs_err::read_to_string(&path)?;
-    Ok(Config::from_toml(&text)?)
+    Ok(Config::parse_toml(&text)?)
 }
 
 /// Parses a URI argument into its canonical form (bad input is `CoreError::InvalidUri`).
@@ -336,12 +348,12 @@ fn parse_meta(pairs: &[String]) -> Result<Meta> {
 fn cat(open: Open<'_>, a: &CatArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
     let level = Level::from_i64(a.level)?;
-    let node = read_node(&open()?, &uri)?;
+    let node = read_node(open()?.as_ref(), &uri)?;
     cat_node(&node, level)
 }
 
 /// Reads a node that must exist.
-pub fn read_node(store: &SqliteStore, uri: &CtxUri) -> Result<ContextNode> {
+pub fn read_node(store: &dyn ContextFs, uri: &CtxUri) -> Result<ContextNode> {
     store
         .read_node(uri)?
         .ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() }.into())
@@ -682,7 +694,7 @@ fn import(cli: &Cli, a: &ImportArgs) -> Result<Rendered> {
 
 fn export(open: Open<'_>, a: &ExportArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
-    let report = layout::export_tree(&open()?, &uri, &a.dir)?;
+    let report = layout::export_tree(open()?.as_ref(), &uri, &a.dir)?;
     Rendered::new(&report, output::export(&report))
 }
 

@@ -13,8 +13,8 @@ use ce_core::{CtxUri, Level};
 use ce_retrieval::{SearchRequest, SearchResponse};
 use ce_server::status::{DrainReport, Status};
 use ce_server::{Engine, ServerError};
+use ce_store::NodeStat;
 use ce_store::layout::{self, ImportReport};
-use ce_store::{ContextFs, NodeStat};
 use serde::Serialize;
 
 use crate::cli::DemoArgs;
@@ -140,7 +140,7 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
     let mut cat = Vec::new();
     for (uri, level) in showcase(&into, &tree)? {
         let t = Instant::now();
-        let node = read_node(store, &uri)?;
+        let node = read_node(store.as_ref(), &uri)?;
         let text = node.layers.get(level).to_owned();
         cat.push(DemoCat {
             uri,

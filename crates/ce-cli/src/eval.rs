@@ -24,7 +24,7 @@ use ce_index::vector::SearchFilter;
 use ce_retrieval::{SearchMode, SearchRequest};
 use ce_server::status::DrainProgress;
 use ce_server::{Engine, EngineOptions};
-use ce_store::{ContextFs as _, PutRequest, WriteOp};
+use ce_store::{PutRequest, WriteOp};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
@@ -1191,6 +1191,10 @@ pub fn run(args: &EvalArgs, mut config: Config) -> Result<EvalReport> {
         .prefix("ce-eval-")
         .tempdir_in(&base_dir)
         .map_err(CliError::Io)?;
+    // The corpus goes into the temporary directory only, never into a configured database.
+    config.store.url.clear();
+    config.index.vector.destination = "embedded".into();
+    config.index.vector.pgvector_url.clear();
     // Every index the modes need, whatever the configuration lists.
     config.index.outbox.consumers = vec!["vector".into(), "keyword".into()];
     config.index.worker.dry_run_consumers.clear();

@@ -10,6 +10,7 @@ mod bench;
 mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;
+mod bench_scale;
 mod cli;
 mod commands;
 mod demo;

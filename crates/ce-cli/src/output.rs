@@ -9,6 +9,7 @@ use ce_index::relation::Direction;
 use ce_index::worker::dry_run::DryRunReport;
 use ce_retrieval::SearchResponse;
 use ce_retrieval::{HierarchicalResponse, RelatedResponse};
+use ce_server::MigrateReport;
 use ce_server::status::{DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
 use ce_store::layout::{ExportReport, ImportReport};
@@ -59,6 +60,20 @@ pub fn print_error(err: &CliError, json: bool) {
     };
     // Nothing sensible is left to do if stderr itself is gone.
     let _ = io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `ce migrate`.
+pub fn migrate(r: &MigrateReport) -> String {
+    let schema = if r.from == r.to {
+        format!("{} (up to date)", r.to)
+    } else {
+        format!("{} -> {} ({} applied)", r.from, r.to, r.to - r.from)
+    };
+    kv(&[
+        ("backend", r.backend.clone()),
+        ("location", r.location.clone()),
+        ("schema", schema),
+    ])
 }
 
 /// Formats a JSON document for printing.
@@ -290,10 +305,14 @@ pub fn status(s: &Status) -> String {
     let mut out = kv(&[
         ("ready", ready),
         ("data_dir", s.data_dir.clone()),
+        ("store", format!("{} {}", s.store_backend, s.store_location)),
         ("model", model),
         (
             "vector_index",
-            format!("{} records, model {index_model}", s.index_records),
+            format!(
+                "{} records, model {index_model} ({})",
+                s.index_records, s.vector_destination
+            ),
         ),
         ("keyword_index", size(s.keyword_records, "records")),
         ("relation_index", size(s.relation_records, "edges")),

@@ -193,6 +193,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Eval(_) => return local_only("eval"),
         Command::Serve(_) => return local_only("serve"),
         Command::Worker(_) => return local_only("worker"),
+        Command::Migrate => return local_only("migrate"),
         _ => {}
     }
     let c = Client::new(url, cli.api_key.as_deref())?;
@@ -315,7 +316,8 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         | Command::Bench(_)
         | Command::Eval(_)
         | Command::Serve(_)
-        | Command::Worker(_) => Err(CliError::Usage("not a server command".into())),
+        | Command::Worker(_)
+        | Command::Migrate => Err(CliError::Usage("not a server command".into())),
     }
 }
 

@@ -14,7 +14,6 @@ use ce_server::engine::repair::{
     ConsumerReconcile, DeadAction, DeadRepairBody, DeadRepairReport, ReconcileBody, ReconcileReport,
 };
 use ce_server::status::DrainReport;
-use ce_store::OutboxStore as _;
 use ce_store::model::{DeadCounts, DeadFilter};
 use clap::{ArgGroup, Args, Subcommand};
 use serde::Serialize;

@@ -186,10 +186,19 @@ impl Default for EmbeddingConfig {
     }
 }
 
+/// The values of `index.vector.destination`.
+pub const VECTOR_DESTINATIONS: [&str; 2] = ["embedded", "pgvector"];
+
 /// `[index.vector]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VectorConfig {
+    /// Where vectors live: `embedded` (an ANN index in the data directory, held by one
+    /// process at a time) or `pgvector` (a table in PostgreSQL, shared by every process).
+    pub destination: String,
+    /// PostgreSQL URL of the `pgvector` destination; empty: `store.url` (which must then be
+    /// a PostgreSQL URL).
+    pub pgvector_url: String,
     /// Records per index write (16..=512).
     pub upsert_batch_size: u32,
     /// Whether the relation index is maintained.
@@ -205,6 +214,8 @@ pub struct VectorConfig {
 impl Default for VectorConfig {
     fn default() -> Self {
         VectorConfig {
+            destination: "embedded".into(),
+            pgvector_url: String::new(),
             upsert_batch_size: 128,
             relation_index_enabled: false,
             snapshot_interval_seconds: 300,
@@ -240,15 +251,20 @@ impl Default for RepairConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
+    /// Where the source of truth lives: empty for the embedded SQLite file in the data
+    /// directory (`ce.db`), or a `postgres://` / `postgresql://` URL (docs/postgres.md).
+    pub url: String,
     /// Largest accepted layer text, in bytes (after an append too).
     pub max_layer_bytes: usize,
-    /// Milliseconds a writer waits for another process's write lock before giving up.
+    /// Milliseconds a writer waits for another process's write lock before giving up
+    /// (SQLite only).
     pub busy_timeout_ms: u64,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
+            url: String::new(),
             max_layer_bytes: 4 << 20,
             busy_timeout_ms: 10_000,
         }
@@ -426,6 +442,29 @@ impl ServerConfig {
     }
 }
 
+/// Whether `url` names PostgreSQL (`postgres://` or `postgresql://`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Checks that `url` (the value of `key`) is a PostgreSQL URL. The message shows the scheme
+/// only: the rest may hold a password.
+fn postgres_url(key: &str, url: &str, empty_means: &str) -> Result<(), CoreError> {
+    if url.is_empty() || is_postgres_url(url) {
+        return Ok(());
+    }
+    let got = match url.split_once("://") {
+        Some((scheme, _)) => format!("a {scheme}:// URL"),
+        None => format!("{url:?}"),
+    };
+    Err(CoreError::InvalidConfig {
+        key: key.to_owned(),
+        reason: format!(
+            "{got} is not supported: use a postgres:// or postgresql:// URL, or leave it empty for {empty_means}"
+        ),
+    })
+}
+
 fn range<T: PartialOrd + Copy + std::fmt::Display>(
     key: &str,
     v: T,
@@ -443,16 +482,42 @@ fn range<T: PartialOrd + Copy + std::fmt::Display>(
 }
 
 impl Config {
+    /// Whether the source of truth is PostgreSQL (`store.url`).
+    pub fn store_is_postgres(&self) -> bool {
+        is_postgres_url(&self.store.url)
+    }
+
+    /// The PostgreSQL URL of the vector index when `index.vector.destination` is
+    /// `pgvector`: `index.vector.pgvector_url`, else `store.url`. `None` for the embedded
+    /// destination.
+    pub fn pgvector_url(&self) -> Option<&str> {
+        let v = &self.index.vector;
+        if v.destination != "pgvector" {
+            return None;
+        }
+        Some(if v.pgvector_url.is_empty() {
+            &self.store.url
+        } else {
+            &v.pgvector_url
+        })
+    }
+
     /// Parses TOML text and validates it; errors name the key.
     pub fn from_toml(text: &str) -> Result<Config, CoreError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| CoreError::InvalidConfig {
+        let cfg = Config::parse_toml(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text without checking values, for callers that apply overrides first
+    /// (e.g. the CLI's `--store`); they must call [`Config::validate`] afterwards.
+    pub fn parse_toml(text: &str) -> Result<Config, CoreError> {
+        toml::from_str(text).map_err(|e| CoreError::InvalidConfig {
             key: e
                 .span()
                 .map_or_else(String::new, |s| format!("at byte {}", s.start)),
             reason: e.message().to_owned(),
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
+        })
     }
 
     /// Checks every value against spec §12.4 (and our own keys' ranges).
@@ -586,6 +651,20 @@ impl Config {
                 reason: "the vector and keyword weights must not both be 0".into(),
             });
         }
+        let v = &self.index.vector;
+        if !VECTOR_DESTINATIONS.contains(&v.destination.as_str()) {
+            return Err(CoreError::InvalidConfig {
+                key: "index.vector.destination".into(),
+                reason: format!("{:?} is not one of {VECTOR_DESTINATIONS:?}", v.destination),
+            });
+        }
+        postgres_url("index.vector.pgvector_url", &v.pgvector_url, "store.url")?;
+        if self.pgvector_url().is_some_and(str::is_empty) {
+            return Err(CoreError::InvalidConfig {
+                key: "index.vector.pgvector_url".into(),
+                reason: "destination \"pgvector\" needs a PostgreSQL URL: set it, or set store.url to one".into(),
+            });
+        }
         range(
             "index.vector.upsert_batch_size",
             self.index.vector.upsert_batch_size,
@@ -616,6 +695,11 @@ impl Config {
             r.reconcile_interval_minutes,
             1,
             10_080,
+        )?;
+        postgres_url(
+            "store.url",
+            &self.store.url,
+            "the embedded SQLite file in the data directory",
         )?;
         range(
             "store.max_layer_bytes",
@@ -774,6 +858,51 @@ mod tests {
             "{}",
             err(same)
         );
+    }
+
+    #[test]
+    fn store_and_vector_destinations_are_checked() {
+        let c = Config::default();
+        assert_eq!((c.store.url.as_str(), c.pgvector_url()), ("", None));
+        assert!(!c.store_is_postgres());
+        let pg = Config::from_toml(
+            "[store]\nurl = \"postgresql://u@db/ce\"\n[index.vector]\ndestination = \"pgvector\"\n",
+        )
+        .expect("valid");
+        assert!(pg.store_is_postgres());
+        assert_eq!(pg.pgvector_url(), Some("postgresql://u@db/ce"));
+        let own = Config::from_toml(
+            "[index.vector]\ndestination = \"pgvector\"\npgvector_url = \"postgres://v@vec/x\"\n",
+        )
+        .expect("sqlite source, pgvector vectors");
+        assert_eq!(own.pgvector_url(), Some("postgres://v@vec/x"));
+        for (toml, key, shown) in [
+            (
+                "[store]\nurl = \"mysql://root:secret@h/db\"\n",
+                "store.url",
+                "mysql://",
+            ),
+            ("[store]\nurl = \"ce.db\"\n", "store.url", "\"ce.db\""),
+            (
+                "[index.vector]\ndestination = \"qdrant\"\n",
+                "index.vector.destination",
+                "qdrant",
+            ),
+            (
+                "[index.vector]\ndestination = \"pgvector\"\n",
+                "index.vector.pgvector_url",
+                "store.url",
+            ),
+            (
+                "[index.vector]\npgvector_url = \"redis://h\"\n",
+                "index.vector.pgvector_url",
+                "redis://",
+            ),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml).to_string();
+            assert!(err.contains(key) && err.contains(shown), "{toml}: {err}");
+            assert!(!err.contains("secret"), "password shown: {err}");
+        }
     }
 
     #[test]

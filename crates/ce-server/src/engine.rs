@@ -2,13 +2,20 @@
 //! together.
 //!
 //! ```text
-//! writes ─► SqliteStore (+ outbox, same transaction) ─► Wakeup::notify
-//!                                   │
-//!          WorkerPool: IndexWorker × N per consumer ("vector", "keyword")
+//! writes ─► Source: SQLite or PostgreSQL (+ outbox, same transaction) ─► Wakeup::notify
+//!                                   │        (PostgreSQL: NOTIFY ► listener ► Wakeup::notify)
+//!          WorkerPool: IndexWorker × N per consumer ("vector", "keyword", "relation")
 //!                    ▼                                   ▼
-//!   CachedEmbedder ─► EmbeddedVectorIndex        EmbeddedKeywordIndex
+//!   CachedEmbedder ─► vector index                EmbeddedKeywordIndex
+//!                     (embedded or pgvector)
 //!                    └──────── search (ce-retrieval) ────┘
 //! ```
+//!
+//! The source of truth is `store.url` ([`Source`]); the vector index is
+//! `index.vector.destination`: `embedded` (in the data directory, one process at a time,
+//! with snapshots and graph rebuilds) or `pgvector` (shared by every process, so several
+//! `ce worker --consumer vector` can split the work). An engine opens only the indexes of
+//! the consumers it serves ([`EngineOptions::consumers`]).
 //!
 //! Each configured consumer (`index.outbox.consumers`) progresses on its own: a consumer
 //! whose input is missing is blocked without blocking the others. The vector consumer is
@@ -34,6 +41,7 @@ use ce_index::relation::RelationIndex;
 use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
+use ce_index::vector::pgvector::PgVectorIndex;
 use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
@@ -43,20 +51,21 @@ use ce_retrieval::{
     SearchMode, SearchRequest, SearchResponse, VectorSide,
 };
 use ce_store::{
-    ContextFs as _, HoldStore as _, LinkRequest, OutboxStore as _, PutRequest, RelationStore as _,
-    SourceStore, SqliteStore, WriteOutcome,
+    LinkRequest, PutRequest, SourceStore, WriteOutcome,
     layout::{ImportOptions, ImportReport},
 };
 use tracing::{info, warn};
 
 use crate::error::{Result, ServerError};
 use crate::guarded::Guarded;
+use crate::source::Source;
 use crate::status::{
     Applier, ConsumerStatus, DrainProgress, DrainReport, HoldStatus, ReindexReport, Status,
 };
 
 mod failpoint;
 pub mod holds;
+pub mod listen;
 mod periodic;
 pub mod repair;
 pub mod upkeep;
@@ -99,6 +108,8 @@ pub struct EngineOptions {
     /// Prefix of the worker ids (`{role}-{consumer}-{pid}-{n}`), e.g. `serve` or `worker`.
     pub role: String,
     /// The consumers whose workers run here; empty: every configured consumer with an index.
+    /// When set, only these consumers' indexes are opened (so `ce worker --consumer keyword`
+    /// leaves the embedded vector index to another process).
     pub consumers: Vec<String>,
 }
 
@@ -126,9 +137,13 @@ pub struct Readiness {
 pub struct Engine {
     data_dir: PathBuf,
     config: Config,
-    store: Arc<SqliteStore>,
+    store: Source,
     embedder: std::result::Result<Arc<CachedEmbedder>, String>,
-    index: Arc<EmbeddedVectorIndex>,
+    /// The vector index, when the vector consumer is configured and served here.
+    index: Option<Arc<dyn VectorIndex>>,
+    /// The same index when it is the embedded one (`index.vector.destination = "embedded"`):
+    /// its snapshots and graph rebuilds are this process's job.
+    embedded_vector: Option<Arc<EmbeddedVectorIndex>>,
     /// The keyword index, when the keyword consumer is configured.
     keyword: Option<Arc<EmbeddedKeywordIndex>>,
     /// The relation index, when the relation consumer is configured.
@@ -147,6 +162,8 @@ pub struct Engine {
     locks: ce_lock::LockManager,
     /// Keeps the leases handed off to background work, while workers run.
     holds: Mutex<Option<periodic::Periodic>>,
+    /// Wakes the workers on PostgreSQL's commit notifications, while workers run.
+    listener: Mutex<Option<listen::Listener>>,
     running_workers: AtomicUsize,
     options: EngineOptions,
     /// Serializes reindex and drain (both take the workers over).
@@ -177,29 +194,27 @@ impl Engine {
         Self::open_with(data_dir, config, EngineOptions::default())
     }
 
-    /// Opens the store, loads the embedder, opens and binds the vector index, opens the
-    /// keyword index when its consumer is configured, and starts the workers of every ready
+    /// Opens the store (`store.url`), loads the embedder, opens and binds the vector index
+    /// (`index.vector.destination`), opens the keyword and relation indexes, each only when
+    /// its consumer is configured and served here, and starts the workers of every ready
     /// consumer when `options.run_workers` (and `index.worker.enabled`). A missing model or a
     /// model mismatch is not an error here: see [`Engine::readiness`].
     pub fn open_with(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
-        let store = Arc::new(SqliteStore::open(data_dir, config.clone())?);
+        let store = Source::open(data_dir, &config)?;
         let locks = ce_lock::LockManager::from_config(&config.lock, data_dir)?;
         let embedder = ce_embed::build_cached(&config.index.embedding, data_dir).map_err(|e| {
             warn!(error = %e, "embedding model not loaded");
             e.to_string()
         });
-        let index = Arc::new(
-            EmbeddedVectorIndex::open(&data_dir.join(VECTOR_DIR)).map_err(|e| match e.code() {
-                ErrorCode::Unavailable => ServerError::NotReady {
-                    reason: format!(
-                        "{e} (is `ce serve` or `ce worker` running on this data directory? send commands to it with --server URL)"
-                    ),
-                    code: ErrorCode::Unavailable,
-                },
-                _ => ServerError::Index(e),
-            })?,
-        );
-        let wants = |c: &str| config.index.outbox.consumers.iter().any(|x| x == c);
+        let wants = |c: &str| {
+            config.index.outbox.consumers.iter().any(|x| x == c)
+                && (options.consumers.is_empty() || options.consumers.iter().any(|x| x == c))
+        };
+        let (index, embedded_vector) = if wants(VECTOR_CONSUMER) {
+            open_vector_index(data_dir, &config)?
+        } else {
+            (None, None)
+        };
         let keyword = if wants(KEYWORD_CONSUMER) {
             Some(Arc::new(EmbeddedKeywordIndex::open(
                 &data_dir.join(KEYWORD_DIR),
@@ -220,6 +235,7 @@ impl Engine {
             store,
             embedder,
             index,
+            embedded_vector,
             keyword,
             relations,
             wake: Wakeup::new(),
@@ -230,6 +246,7 @@ impl Engine {
             repair_schedule: Mutex::new(None),
             locks,
             holds: Mutex::new(None),
+            listener: Mutex::new(None),
             running_workers: AtomicUsize::new(0),
             options,
             maintenance: Mutex::new(()),
@@ -244,15 +261,14 @@ impl Engine {
 
     /// Binds the index to the embedder's model, recording a mismatch as not-ready.
     fn bind(&self) -> Result<()> {
-        let Ok(embedder) = &self.embedder else {
+        let (Ok(embedder), Some(index)) = (&self.embedder, &self.index) else {
             return Ok(());
         };
         let identity = embedder.identity();
-        let err = match self.index.bind_model(identity) {
+        let err = match index.bind_model(identity) {
             Ok(()) => None,
             Err(e) if e.code() == ErrorCode::SchemaMismatch => {
-                let bound = self
-                    .index
+                let bound = index
                     .model()
                     .ok()
                     .flatten()
@@ -280,13 +296,26 @@ impl Engine {
     }
 
     /// The source of truth (reads; writes should go through the engine so workers wake up).
-    pub fn store(&self) -> &Arc<SqliteStore> {
+    pub fn store(&self) -> &Source {
         &self.store
     }
 
-    /// The vector index.
-    pub fn index(&self) -> &Arc<EmbeddedVectorIndex> {
-        &self.index
+    /// The vector index, when the vector consumer is configured and served here.
+    pub fn index(&self) -> Option<&Arc<dyn VectorIndex>> {
+        self.index.as_ref()
+    }
+
+    /// The embedded vector index, when it is the configured destination and open here.
+    pub fn embedded_vector_index(&self) -> Option<&Arc<EmbeddedVectorIndex>> {
+        self.embedded_vector.as_ref()
+    }
+
+    /// Commit notifications received from PostgreSQL by the running listener (0 on SQLite
+    /// or while no workers run).
+    pub fn notifications_received(&self) -> u64 {
+        lock(&self.listener)
+            .as_ref()
+            .map_or(0, listen::Listener::received)
     }
 
     /// The keyword index, when its consumer is configured.
@@ -382,7 +411,7 @@ impl Engine {
         if !self.configured(consumer) {
             return Err(not_listed(consumer));
         }
-        let source: Arc<dyn SourceStore> = self.store.clone();
+        let source: Arc<dyn SourceStore> = self.store.shared();
         let cfg = |k: u64| {
             let id = format!(
                 "{}-{consumer}-{}-{k}",
@@ -397,7 +426,7 @@ impl Engine {
                 if !self.readiness().ready {
                     return Err(self.not_ready());
                 }
-                let index: Arc<dyn VectorIndex> = self.index.clone();
+                let index = self.vector_or_unsupported()?.clone();
                 (
                     Arc::new(VectorTarget(index)),
                     Some(failpoint::worker_embedder(self.ready_embedder()?)),
@@ -438,16 +467,37 @@ impl Engine {
             .collect()
     }
 
+    /// Why `consumer`'s index is not open: not configured, or not served by this engine.
+    fn no_index(&self, consumer: &str) -> ServerError {
+        if self.configured(consumer) {
+            ServerError::UnsupportedConsumer {
+                name: consumer.into(),
+                reason: format!(
+                    "this process does not open its index: it serves {:?} only",
+                    self.options.consumers
+                ),
+            }
+        } else {
+            not_listed(consumer)
+        }
+    }
+
+    fn vector_or_unsupported(&self) -> Result<&Arc<dyn VectorIndex>> {
+        self.index
+            .as_ref()
+            .ok_or_else(|| self.no_index(VECTOR_CONSUMER))
+    }
+
     fn keyword_or_unsupported(&self) -> Result<&Arc<EmbeddedKeywordIndex>> {
         self.keyword
             .as_ref()
-            .ok_or_else(|| not_listed(KEYWORD_CONSUMER))
+            .ok_or_else(|| self.no_index(KEYWORD_CONSUMER))
     }
 
     fn relations_or_unsupported(&self) -> Result<&Arc<EmbeddedRelationIndex>> {
         self.relations
             .as_ref()
-            .ok_or_else(|| not_listed(RELATION_CONSUMER))
+            .ok_or_else(|| self.no_index(RELATION_CONSUMER))
     }
 
     /// Starts the continuous workers of every ready consumer if enabled (else logs why not).
@@ -477,16 +527,21 @@ impl Engine {
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
         *pool = Some(WorkerPool::start(workers, self.wake.clone(), poll));
         self.running_workers.store(n, Ordering::SeqCst);
-        if consumers.contains(&VECTOR_CONSUMER) {
+        if let Some(embedded) = &self.embedded_vector
+            && consumers.contains(&VECTOR_CONSUMER)
+        {
             *lock(&self.upkeep) = Some(upkeep::start(
-                self.index.clone(),
+                embedded.clone(),
                 upkeep::UpkeepPolicy::from_config(&self.config),
             ));
+        }
+        if let Some(pg) = self.store.postgres() {
+            *lock(&self.listener) = Some(listen::Listener::start(pg.clone(), self.wake.clone()));
         }
         self.start_repair_schedule(&consumers);
         *lock(&self.pool_consumers) = consumers.iter().map(|c| (*c).to_owned()).collect();
         *lock(&self.holds) = Some(holds::start(
-            self.store.clone(),
+            self.store.shared(),
             // A hold adopted elsewhere is simply tried again on the next round.
             self.locks.with_wait(Duration::ZERO),
             consumers.iter().map(|c| (*c).to_owned()).collect(),
@@ -504,6 +559,9 @@ impl Engine {
         if let Some(h) = lock(&self.holds).take() {
             h.stop();
         }
+        if let Some(l) = lock(&self.listener).take() {
+            l.stop();
+        }
         let pool = lock(&self.pool).take();
         if let Some(p) = pool {
             p.shutdown();
@@ -513,10 +571,13 @@ impl Engine {
         }
     }
 
-    /// Stops the workers and writes the vector index's snapshot (also done on drop).
+    /// Stops the workers and writes the embedded vector index's snapshot (also done on
+    /// drop).
     pub fn shutdown(&self) {
         self.stop_pool();
-        if let Err(e) = self.index.flush() {
+        if let Some(embedded) = &self.embedded_vector
+            && let Err(e) = embedded.flush()
+        {
             warn!(error = %e, "vector index snapshot not written (the next start rebuilds it)");
         }
     }
@@ -615,9 +676,10 @@ impl Engine {
         let vector = embedder
             .as_deref()
             .filter(|_| self.configured(VECTOR_CONSUMER))
-            .map(|e| VectorSide {
+            .zip(self.index.as_deref())
+            .map(|(e, index)| VectorSide {
                 embedder: e as &dyn Embedder,
-                index: self.index.as_ref() as &dyn VectorIndex,
+                index,
             });
         let retriever = Retriever {
             source: self.store.as_ref(),
@@ -654,7 +716,7 @@ impl Engine {
         Ok(ce_retrieval::hierarchical_search(
             self.store.as_ref(),
             embedder.as_ref(),
-            self.index.as_ref(),
+            self.vector_or_unsupported()?.as_ref(),
             req,
         )?)
     }
@@ -676,7 +738,7 @@ impl Engine {
             return Applier::DryRun(self.last_dry_run(consumer));
         }
         let ready = match consumer {
-            VECTOR_CONSUMER => {
+            VECTOR_CONSUMER if self.index.is_some() => {
                 let readiness = self.readiness();
                 if readiness.ready {
                     Ok(())
@@ -686,6 +748,9 @@ impl Engine {
             }
             KEYWORD_CONSUMER if self.keyword.is_some() => Ok(()),
             RELATION_CONSUMER if self.relations.is_some() => Ok(()),
+            c if INDEXED_CONSUMERS.contains(&c) && self.configured(c) => {
+                Err(self.no_index(c).to_string())
+            }
             _ => Err(format!(
                 "no index for consumer {consumer:?} in this build yet: its events wait in the journal"
             )),
@@ -701,7 +766,7 @@ impl Engine {
 
     fn has_index(&self, consumer: &str) -> bool {
         match consumer {
-            VECTOR_CONSUMER => true,
+            VECTOR_CONSUMER => self.index.is_some(),
             KEYWORD_CONSUMER => self.keyword.is_some(),
             RELATION_CONSUMER => self.relations.is_some(),
             _ => false,
@@ -744,7 +809,7 @@ impl Engine {
             });
         }
         let target: Arc<dyn IndexTarget> = match consumer {
-            VECTOR_CONSUMER => Arc::new(VectorTarget(self.index.clone())),
+            VECTOR_CONSUMER => Arc::new(VectorTarget(self.vector_or_unsupported()?.clone())),
             KEYWORD_CONSUMER => Arc::new(KeywordTarget(self.keyword_or_unsupported()?.clone())),
             _ => {
                 return Err(ServerError::UnsupportedConsumer {
@@ -798,9 +863,22 @@ impl Engine {
             ready: readiness.ready,
             not_ready: readiness.reasons,
             data_dir: self.data_dir.display().to_string(),
+            store_backend: self.store.backend().to_owned(),
+            store_location: self.store.location(),
+            vector_destination: self.config.index.vector.destination.clone(),
             model: self.embedder.as_ref().ok().map(|e| e.identity().clone()),
-            index_model: self.index.model()?,
-            index_records: self.index.count()?,
+            index_model: self
+                .index
+                .as_ref()
+                .map(|i| i.model())
+                .transpose()?
+                .flatten(),
+            index_records: self
+                .index
+                .as_ref()
+                .map(|i| i.count())
+                .transpose()?
+                .unwrap_or(0),
             keyword_records: self.keyword.as_ref().map(|k| k.count()).transpose()?,
             relation_records: self.relations.as_ref().map(|r| r.count()).transpose()?,
             consumers,
@@ -918,10 +996,11 @@ impl Engine {
         }
         let cleared = match consumer {
             VECTOR_CONSUMER => {
-                let cleared = self.index.count()?;
-                self.index.clear()?;
+                let index = self.vector_or_unsupported()?;
+                let cleared = index.count()?;
+                index.clear()?;
                 if let Some(m) = model {
-                    self.index.bind_model(m)?;
+                    index.bind_model(m)?;
                 }
                 cleared
             }
@@ -1047,6 +1126,44 @@ impl Engine {
             std::thread::sleep(w.paused_for().unwrap_or(poll).min(DRAIN_RECHECK));
         }
     }
+}
+
+/// Opens the vector index `index.vector.destination` names; the embedded one is also
+/// returned as such (its upkeep runs here).
+#[allow(
+    clippy::type_complexity,
+    reason = "a private pair: the index, and the same index when embedded"
+)]
+fn open_vector_index(
+    data_dir: &Path,
+    config: &Config,
+) -> Result<(
+    Option<Arc<dyn VectorIndex>>,
+    Option<Arc<EmbeddedVectorIndex>>,
+)> {
+    if let Some(url) = config.pgvector_url() {
+        // Shared by every process: no lock on the data directory is taken.
+        let index: Arc<dyn VectorIndex> = open_pgvector(url)?;
+        return Ok((Some(index), None));
+    }
+    let embedded = Arc::new(
+        EmbeddedVectorIndex::open(&data_dir.join(VECTOR_DIR)).map_err(|e| match e.code() {
+            ErrorCode::Unavailable => ServerError::NotReady {
+                reason: format!(
+                    "{e} (is `ce serve` or `ce worker` running on this data directory? send commands to it with --server URL)"
+                ),
+                code: ErrorCode::Unavailable,
+            },
+            _ => ServerError::Index(e),
+        })?,
+    );
+    let index: Arc<dyn VectorIndex> = embedded.clone();
+    Ok((Some(index), Some(embedded)))
+}
+
+/// The pgvector index at `url` (`index.vector.destination = "pgvector"`).
+fn open_pgvector(url: &str) -> Result<Arc<dyn VectorIndex>> {
+    Ok(Arc::new(PgVectorIndex::open(url)?))
 }
 
 /// The error for a consumer missing from `index.outbox.consumers`.

@@ -1,7 +1,10 @@
 //! ContextEngine's engine and HTTP server.
 //!
-//! - [`engine`]: one data directory wired up — SQLite source of truth, embedder, embedded
-//!   vector index, `IndexWorker`s with wake-up hints — plus search, status, reindex, drain
+//! - [`source`]: the configured source of truth (embedded SQLite or PostgreSQL) behind one
+//!   handle, shared by the engine and the local CLI
+//! - [`engine`]: one data directory wired up — source of truth, embedder, vector index
+//!   (embedded or pgvector), `IndexWorker`s with wake-up hints — plus search, status,
+//!   reindex, drain
 //! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
@@ -14,6 +17,7 @@ pub mod guarded;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod source;
 pub mod status;
 pub mod wire;
 
@@ -21,3 +25,4 @@ pub use engine::{Engine, EngineOptions, Readiness};
 pub use error::{Result, ServerError};
 pub use http::{ServeOptions, serve};
 pub use metrics::Metrics;
+pub use source::{MigrateReport, Source};

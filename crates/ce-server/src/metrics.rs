@@ -152,6 +152,10 @@ fn describe() {
         "Calls made to the embedding model"
     );
     describe_counter!("index_embed_texts_total", "Texts embedded by the model");
+    describe_counter!(
+        crate::engine::listen::NOTIFICATIONS_METRIC,
+        "Commit notifications (LISTEN ce_outbox) received from PostgreSQL; each wakes the workers"
+    );
 }
 
 /// Sets the gauges that mirror stored state.

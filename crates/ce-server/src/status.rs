@@ -200,6 +200,15 @@ pub struct Status {
     pub not_ready: Vec<String>,
     /// The data directory.
     pub data_dir: String,
+    /// The source of truth's backend: `sqlite` or `postgres` (`store.url`).
+    #[serde(default)]
+    pub store_backend: String,
+    /// Where it lives: the database file, or the URL without its password.
+    #[serde(default)]
+    pub store_location: String,
+    /// Where vectors live: `embedded` or `pgvector` (`index.vector.destination`).
+    #[serde(default)]
+    pub vector_destination: String,
     /// The configured embedding model, when loaded.
     pub model: Option<ModelIdentity>,
     /// The model the vector index is bound to, if any.

@@ -147,7 +147,7 @@ pub enum StoreError {
     #[error("postgres unavailable: {0}")]
     PgUnavailable(String),
     /// Any other PostgreSQL failure, with its SQLSTATE when the server sent one.
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", pg_error_text(.0))]
     Postgres(postgres::Error),
     /// A failure tied to a file of an import or export.
     #[error("{}: {source}", path.display())]

@@ -52,6 +52,7 @@ impl Ce {
         c.env_remove("CE_DATA_DIR")
             .env_remove("CE_CONFIG")
             .env_remove("CE_SERVER")
+            .env_remove("CE_STORE")
             .env_remove("CE_API_KEY")
             .env_remove("CE_FAILPOINT_WORKER_EMBED_DELAY_MS")
             .arg("--data-dir")

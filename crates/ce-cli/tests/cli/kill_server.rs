@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use ce_core::{Config, CtxUri, IndexProjector};
 use ce_index::keyword::KeywordIndex as _;
-use ce_index::vector::{StoredRecord, VectorIndex as _};
+use ce_index::vector::StoredRecord;
 use ce_server::{Engine, EngineOptions};
 use ce_store::{ContextFs as _, OutboxFilter, OutboxStore as _, RelationStore as _, SqliteStore};
 use rand::rngs::StdRng;
@@ -392,7 +392,7 @@ fn sigkill_under_http_writes_keeps_acknowledged_writes_and_indexes_converge() {
         }
     }
     let root = CtxUri::root();
-    let vector = engine.index();
+    let vector = engine.index().expect("vector index");
     let keyword = engine.keyword_index().expect("keyword index");
     let indexes = [
         (

@@ -7,95 +7,21 @@
 //! refused as a large delete (exit 4) until `--allow-large-delete`, locally and over
 //! `--server`.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::fake_embeddings::FakeEmbeddings;
 use super::harness::{Ce, eventually};
 
-/// A loopback OpenAI-compatible `/v1/embeddings` endpoint answering 400 (a non-retryable
-/// refusal: the delivery dies at once) while `failing`, else 16-d vectors.
-struct FakeEmbeddings {
-    url: String,
-    failing: Arc<AtomicBool>,
-}
-
-const DIM: usize = 16;
-
-impl FakeEmbeddings {
-    fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let failing = Arc::new(AtomicBool::new(true));
-        let flag = failing.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut len = 0usize;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        break;
-                    }
-                    let line = line.trim_end();
-                    if line.is_empty() {
-                        break;
-                    }
-                    if let Some((k, v)) = line.split_once(':')
-                        && k.eq_ignore_ascii_case("content-length")
-                    {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; len];
-                if reader.read_exact(&mut body).is_err() {
-                    continue;
-                }
-                let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let (status, answer) = if flag.load(Ordering::SeqCst) {
-                    ("400 Bad Request", json!({"error": {"message": "refused"}}))
-                } else {
-                    let data: Vec<Value> = req["input"]
-                        .as_array()
-                        .map(Vec::as_slice)
-                        .unwrap_or_default()
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| json!({"index": i, "embedding": vector(t.as_str().unwrap_or(""))}))
-                        .collect();
-                    ("200 OK", json!({"data": data}))
-                };
-                let text = answer.to_string();
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-                    text.len()
-                );
-            }
-        });
-        FakeEmbeddings { url, failing }
-    }
-
-    fn config(&self) -> String {
-        format!(
-            "[index.embedding]\nprovider = \"openai\"\nmodel = \"fake\"\nbase_url = \"{}\"\ndimensions = {DIM}\n[index.outbox]\nconsumers = [\"vector\"]\n",
-            self.url
-        )
-    }
-}
-
-/// A deterministic nonzero vector of `text`.
-fn vector(text: &str) -> Vec<f32> {
-    let h = text.bytes().fold(1469598103934665603u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(1099511628211)
-    });
-    (0..DIM).map(|j| ((h >> j) & 1) as f32 + 0.25).collect()
+/// The fake provider's config with only the vector consumer.
+fn config(fake: &FakeEmbeddings) -> String {
+    format!(
+        "{}[index.outbox]\nconsumers = [\"vector\"]\n",
+        fake.embedding_config(32)
+    )
 }
 
 fn stats(ce: &Ce, consumer: &str) -> Value {
@@ -119,9 +45,9 @@ fn vector_of(report: &Value) -> &Value {
 
 #[test]
 fn dead_deliveries_are_counted_requeued_applied_and_forced() {
-    let fake = FakeEmbeddings::start();
+    let fake = FakeEmbeddings::start(true);
     let ce = Ce::new();
-    ce.write_config(&fake.config());
+    ce.write_config(&config(&fake));
     ce.put("ctx://acc/docs/a", "alpha beta");
     ce.json(&["worker", "--once", "--consumer", "vector"]);
     let dead = stats(&ce, "vector")["dead"].as_u64().expect("dead");

@@ -233,8 +233,7 @@ fn now_ms() -> i64 {
 #[test]
 fn a_worker_paused_past_its_lease_cannot_ack_or_leave_stale_vectors() {
     use ce_core::{Config, CtxUri, IndexProjector};
-    use ce_index::vector::VectorIndex as _;
-    use ce_store::{ContextFs as _, OutboxStore as _, SqliteStore};
+    use ce_store::{OutboxStore as _, SqliteStore};
 
     let toml = "[index.worker]\nlease_seconds = 15\nheartbeat_seconds = 2\npoll_interval_ms = 50\n";
     let ce = Ce::hash(toml);
@@ -348,7 +347,11 @@ fn a_worker_paused_past_its_lease_cannot_ack_or_leave_stale_vectors() {
         },
     )
     .expect("engine");
-    let records = engine.index().list_under(&CtxUri::root()).expect("list");
+    let records = engine
+        .index()
+        .expect("vector index")
+        .list_under(&CtxUri::root())
+        .expect("list");
     let projector = IndexProjector::default();
     let want: Vec<(String, u64, String)> = engine
         .store()

@@ -26,10 +26,9 @@ use ce_embed::{Embedder as _, ModelIdentity};
 use ce_index::keyword::embedded::EmbeddedKeywordIndex;
 use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::repair::{Findings, IndexView, LargeDelete, Reconciler, RepairError};
-use ce_index::vector::embedded::EmbeddedVectorIndex;
+use ce_index::vector::VectorIndex;
 use ce_index::worker::runner::Wakeup;
 use ce_store::model::{DeadCounts, DeadFilter};
-use ce_store::{OutboxStore as _, SqliteStore};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -39,6 +38,7 @@ use super::{
     lock, ms,
 };
 use crate::error::{Result, ServerError};
+use crate::source::Source;
 
 /// What [`Engine::repair_dead`] does to the selected dead deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,8 +157,8 @@ impl From<RepairError> for ServerError {
 /// What the repair jobs need of an engine, shareable with the schedule's thread.
 #[derive(Clone)]
 struct Repairer {
-    store: Arc<SqliteStore>,
-    vector: Arc<EmbeddedVectorIndex>,
+    store: Source,
+    vector: Option<Arc<dyn VectorIndex>>,
     keyword: Option<Arc<EmbeddedKeywordIndex>>,
     relations: Option<Arc<EmbeddedRelationIndex>>,
     /// The configured embedding model, when loaded.
@@ -171,7 +171,7 @@ impl Repairer {
     fn view(&self, consumer: &str) -> Option<IndexView<'_>> {
         match consumer {
             VECTOR_CONSUMER => Some(IndexView::Vector {
-                index: self.vector.as_ref(),
+                index: self.vector.as_deref()?,
                 model: self.model.as_ref(),
             }),
             KEYWORD_CONSUMER => Some(IndexView::Keyword(self.keyword.as_deref()?)),
@@ -472,7 +472,7 @@ fn start_schedule(
 #[cfg(test)]
 mod tests {
     use ce_core::{Config, CtxUri};
-    use ce_store::{OutboxStore as _, PutRequest};
+    use ce_store::PutRequest;
 
     use super::*;
     use crate::engine::EngineOptions;

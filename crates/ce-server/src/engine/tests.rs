@@ -191,6 +191,7 @@ fn a_move_asks_the_embedder_for_nothing() {
     // A leaf into a parent the move creates.
     let list = |e: &Engine| {
         e.index()
+            .expect("vector index")
             .list_under(&CtxUri::root())
             .expect("list")
             .into_iter()

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use ce_core::{CtxUri, DeliveryStatus, EventPayload, EventType, Level, OutboxEventCreate};
 use ce_index::relation::Direction;
 use ce_retrieval::{DEFAULT_RELATED_LIMIT, RelatedRequest};
-use ce_store::{OutboxFilter, OutboxStore as _, RelationStore as _};
+use ce_store::OutboxFilter;
 use serde::Serialize;
 
 use super::AppState;

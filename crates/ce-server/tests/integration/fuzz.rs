@@ -14,7 +14,7 @@ use ce_core::{Config, CtxUri};
 use ce_server::http::{AppState, KeyRing, ROUTES, router};
 use ce_server::status::DrainProgress;
 use ce_server::{Engine, EngineOptions};
-use ce_store::{ContextFs as _, PutRequest};
+use ce_store::PutRequest;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
