@@ -28,6 +28,29 @@ pub(crate) enum EdgeEnd {
     To,
 }
 
+impl EdgeEnd {
+    /// The `relations` column this end selects on.
+    pub(crate) fn column(self) -> &'static str {
+        match self {
+            EdgeEnd::From => "from_uri",
+            EdgeEnd::To => "to_uri",
+        }
+    }
+}
+
+/// The path of `fence` and its ancestors: a newer fence on any of them (or on a descendant)
+/// supersedes it.
+pub(crate) fn fence_lineage(fence: &WriteFence) -> Vec<String> {
+    let mut paths: Vec<String> = fence
+        .path
+        .ancestors()
+        .iter()
+        .map(|a| a.as_str().to_owned())
+        .collect();
+    paths.push(fence.path.as_str().to_owned());
+    paths
+}
+
 /// Reads inside one transaction (one snapshot).
 pub(crate) trait ReadTx {
     /// The live node at `uri`.

@@ -9,20 +9,13 @@ use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
 use crate::shared::{NODE_COLUMNS, subtree_bounds};
-use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri};
+use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
 pub(super) struct PgTx<'t, 'c> {
     pub(super) tx: &'t mut Tx<'c>,
     /// The consumers that get a delivery per appended event.
     pub(super) consumers: &'t [String],
-}
-
-fn end_column(end: EdgeEnd) -> &'static str {
-    match end {
-        EdgeEnd::From => "from_uri",
-        EdgeEnd::To => "to_uri",
-    }
 }
 
 impl ReadTx for PgTx<'_, '_> {
@@ -86,7 +79,7 @@ impl ReadTx for PgTx<'_, '_> {
                 &format!(
                     "SELECT from_uri, to_uri, relation_type, weight, reason FROM relations
                      WHERE {} = $1 ORDER BY from_uri, to_uri, relation_type",
-                    end_column(end)
+                    end.column()
                 ),
                 &[&uri.as_str()],
             )?
@@ -239,13 +232,7 @@ impl WriteTx for PgTx<'_, '_> {
 
     fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>> {
         let (lo, hi) = subtree_bounds(&fence.path);
-        let mut related: Vec<String> = fence
-            .path
-            .ancestors()
-            .iter()
-            .map(|a| a.as_str().to_owned())
-            .collect();
-        related.push(fence.path.as_str().to_owned());
+        let related = fence_lineage(fence);
         let token = fence.token as i64;
         self.tx
             .query_opt(

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri};
+use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
 pub(super) struct SqlTx<'a> {
@@ -26,13 +26,6 @@ impl SqlTx<'_> {
             .prepare_cached(sql)?
             .query_map(p, |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?)
-    }
-}
-
-fn end_column(end: EdgeEnd) -> &'static str {
-    match end {
-        EdgeEnd::From => "from_uri",
-        EdgeEnd::To => "to_uri",
     }
 }
 
@@ -84,7 +77,7 @@ impl ReadTx for SqlTx<'_> {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT from_uri, to_uri, relation_type, weight, reason FROM relations
              WHERE {} = ?1 ORDER BY from_uri, to_uri, relation_type",
-            end_column(end)
+            end.column()
         ))?;
         let rows = stmt.query_map([uri.as_str()], |r| {
             Ok((
@@ -241,13 +234,7 @@ impl WriteTx for SqlTx<'_> {
 
     fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>> {
         let (lo, hi) = subtree_bounds(&fence.path);
-        let mut related: Vec<String> = fence
-            .path
-            .ancestors()
-            .iter()
-            .map(|a| a.as_str().to_owned())
-            .collect();
-        related.push(fence.path.as_str().to_owned());
+        let related = fence_lineage(fence);
         let ancestors = serde_json::to_string(&related)?;
         Ok(self
             .conn

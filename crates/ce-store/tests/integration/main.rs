@@ -11,3 +11,4 @@ mod crash;
 mod fs;
 mod outbox_concurrency;
 mod outbox_model;
+mod outbox_ops;
