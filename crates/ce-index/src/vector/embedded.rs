@@ -38,8 +38,8 @@ use self::ann::Ann;
 use self::schema::sql;
 use self::table::{KeyTable, Row};
 use super::memory::{
-    UriVersion, check_binding, check_move, check_node_records, check_query, check_vector, cosine,
-    metadata_version, missing_vector, moved_record,
+    UriVersion, UriVersions, check_binding, check_move, check_node_records, check_query,
+    check_vector, cosine, metadata_version, missing_vector, move_versions, moved_record,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
@@ -410,6 +410,16 @@ impl<'c> WriteTx<'c> {
             model: self.model,
             dimension: self.dimension,
         })
+    }
+}
+
+impl UriVersions for WriteTx<'_> {
+    fn uri_version(&mut self, uri: &CtxUri) -> Result<Option<UriVersion>> {
+        schema::uri_version(self.tx, uri)
+    }
+
+    fn set_uri_version(&mut self, uri: &CtxUri, v: UriVersion) -> Result<()> {
+        schema::set_uri_version(self.tx, uri, v)
     }
 }
 
@@ -1072,33 +1082,14 @@ impl VectorIndex for EmbeddedVectorIndex {
                 .collect::<Result<Vec<_>>>()?;
             let mut moved = 0;
             for ((key, old), new) in moving.into_iter().zip(rewritten) {
-                let v = old.node_version;
-                let src = schema::uri_version(w.tx, &old.record.uri)?;
-                schema::set_uri_version(
-                    w.tx,
-                    &old.record.uri,
-                    UriVersion {
-                        version: src.map_or(0, |s| s.version).max(v),
-                        deleted: true,
-                    },
-                )?;
-                let target = schema::uri_version(w.tx, &new.uri)?;
-                if !UriVersion::admits_write(target, v) {
+                if !move_versions(w, &old.record.uri, &new.uri, old.node_version)? {
                     w.delete(&old.record.id)?;
                     continue;
                 }
-                schema::set_uri_version(
-                    w.tx,
-                    &new.uri,
-                    UriVersion {
-                        version: target.map_or(0, |t| t.version).max(v),
-                        deleted: false,
-                    },
-                )?;
                 // A record already at the target (a half-done earlier move) is replaced; the
                 // moved row keeps its key and vector, so the graph does not change.
                 w.delete(&new.id)?;
-                if !schema::rewrite_row(w.tx, key, &new, v)? {
+                if !schema::rewrite_row(w.tx, key, &new, old.node_version)? {
                     continue;
                 }
                 w.ops.push(Op::Update {

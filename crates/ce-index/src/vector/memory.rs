@@ -3,8 +3,8 @@
 //! [`MemoryVectorIndex`] is the reference implementation of [`VectorIndex`]: property tests
 //! run the same operations on it and on [`super::embedded::EmbeddedVectorIndex`] and compare.
 //! The small pure rules both implementations share live here too, so there is one definition
-//! of each: the version rule ([`UriVersion`]), the move rewrite (`moved_record`), scoring
-//! (`cosine`) and result order (`rank`).
+//! of each: the version rule ([`UriVersion`]) and its bookkeeping on moves (`move_versions`),
+//! the move rewrite (`moved_record`), scoring (`cosine`) and result order (`rank`).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -46,6 +46,57 @@ impl UriVersion {
     pub fn admits_removal(stored: Option<Self>, version: u64) -> bool {
         stored.is_none_or(|s| version >= s.version)
     }
+}
+
+/// Where an index keeps the [`UriVersion`] of each URI.
+pub(crate) trait UriVersions {
+    /// The newest state seen for `uri`.
+    fn uri_version(&mut self, uri: &CtxUri) -> Result<Option<UriVersion>>;
+    /// Records `v` as the newest state of `uri`.
+    fn set_uri_version(&mut self, uri: &CtxUri, v: UriVersion) -> Result<()>;
+}
+
+impl UriVersions for BTreeMap<CtxUri, UriVersion> {
+    fn uri_version(&mut self, uri: &CtxUri) -> Result<Option<UriVersion>> {
+        Ok(self.get(uri).copied())
+    }
+
+    fn set_uri_version(&mut self, uri: &CtxUri, v: UriVersion) -> Result<()> {
+        self.insert(uri.clone(), v);
+        Ok(())
+    }
+}
+
+/// The versions of one record that `move_uri` moves from URI `from` to `to`, computed from
+/// node version `version`: `from` becomes `(its version, deleted)` (at least `version`);
+/// then, if the state of `to` admits a write at `version`, `to` becomes live at least at
+/// `version` and the answer is `true`; otherwise the record is dropped, not moved (`false`).
+pub(crate) fn move_versions(
+    versions: &mut impl UriVersions,
+    from: &CtxUri,
+    to: &CtxUri,
+    version: u64,
+) -> Result<bool> {
+    let src = versions.uri_version(from)?;
+    versions.set_uri_version(
+        from,
+        UriVersion {
+            version: src.map_or(0, |s| s.version).max(version),
+            deleted: true,
+        },
+    )?;
+    let target = versions.uri_version(to)?;
+    if !UriVersion::admits_write(target, version) {
+        return Ok(false);
+    }
+    versions.set_uri_version(
+        to,
+        UriVersion {
+            version: target.map_or(0, |t| t.version).max(version),
+            deleted: false,
+        },
+    )?;
+    Ok(true)
 }
 
 /// Cosine similarity of `a` and `b` (equal lengths), the score every implementation reports.
@@ -363,25 +414,9 @@ impl VectorIndex for MemoryVectorIndex {
         let mut moved = 0;
         for (old, new) in moving.into_iter().zip(rewritten) {
             s.records.remove(&old.record.id);
-            let src = s.versions.get(&old.record.uri).copied();
-            s.versions.insert(
-                old.record.uri.clone(),
-                UriVersion {
-                    version: src.map_or(0, |v| v.version).max(old.node_version),
-                    deleted: true,
-                },
-            );
-            let target = s.versions.get(&new.uri).copied();
-            if !UriVersion::admits_write(target, old.node_version) {
+            if !move_versions(&mut s.versions, &old.record.uri, &new.uri, old.node_version)? {
                 continue;
             }
-            s.versions.insert(
-                new.uri.clone(),
-                UriVersion {
-                    version: target.map_or(0, |v| v.version).max(old.node_version),
-                    deleted: false,
-                },
-            );
             s.records.insert(
                 new.id.clone(),
                 Entry {

@@ -181,6 +181,59 @@ impl SearchFilter {
     }
 }
 
+/// Appends the canonical text of `v` to `out`: one text per value under
+/// `serde_json::Value`'s equality, which [`SearchFilter::matches`] compares with. Numbers keep
+/// their kind (`1` ≠ `1.0`, as in `Value`), `-0.0` equals `0.0`, object keys are sorted. The
+/// embedded index's filter table interns it and the pgvector index stores it (its `pairs`
+/// column): changing it changes stored data.
+pub(crate) fn canonical_value(v: &Value, out: &mut String) {
+    use std::fmt::Write as _;
+    match v {
+        Value::Null => out.push('n'),
+        Value::Bool(b) => out.push(if *b { 't' } else { 'f' }),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                let _ = write!(out, "u{u}");
+            } else if let Some(i) = n.as_i64() {
+                let _ = write!(out, "i{i}");
+            } else {
+                let f = n.as_f64().unwrap_or(0.0);
+                let f = if f == 0.0 { 0.0 } else { f };
+                let _ = write!(out, "d{f:?}");
+            }
+        }
+        Value::String(s) => {
+            out.push('s');
+            push_json_string(s, out);
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for x in a {
+                canonical_value(x, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for k in keys {
+                push_json_string(k, out);
+                out.push(':');
+                canonical_value(&m[k], out);
+                out.push(',');
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// Appends `s` as a JSON string literal (quoted and escaped: it delimits itself).
+pub(crate) fn push_json_string(s: &str, out: &mut String) {
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
 /// A vector index (spec §6, §11.4).
 pub trait VectorIndex: Send + Sync {
     /// The model whose vectors the index holds, if any were written.
@@ -234,4 +287,41 @@ pub trait VectorIndex: Send + Sync {
     fn count(&self) -> Result<u64>;
     /// Removes every record, version and the model binding (for a rebuild).
     fn clear(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Value, canonical_value};
+    use serde_json::json;
+
+    #[test]
+    fn canonical_values_follow_value_equality() {
+        let canon = |v: &Value| {
+            let mut out = String::new();
+            canonical_value(v, &mut out);
+            out
+        };
+        let cases = [
+            (json!(1), json!(1), true),
+            (json!(1), json!(1.0), false),
+            (json!(-0.0), json!(0.0), true),
+            (json!("a"), json!("a"), true),
+            (json!("1"), json!(1), false),
+            (
+                json!({"a": 1, "b": [true]}),
+                json!({"b": [true], "a": 1}),
+                true,
+            ),
+            (json!(null), json!("n"), false),
+        ];
+        for (a, b, eq) in cases {
+            assert_eq!(a == b, eq, "{a} vs {b}");
+            assert_eq!(canon(&a) == canon(&b), eq, "{a} vs {b}");
+        }
+        // The form stored in pgvector's `pairs` column.
+        assert_eq!(
+            canon(&json!({"k\"": [1, -2, 0.5, -0.0, "x", null, false]})),
+            r#"{"k\"":[u1,i-2,d0.5,d0.0,s"x",n,f,],}"#
+        );
+    }
 }

@@ -20,25 +20,23 @@
 //! database must keep their clocks in sync (NTP), as the lease is the only thing that
 //! depends on it — fencing by claim token does not.
 //!
-//! Connections: a small pool of synchronous clients. A connection that failed (server
-//! restart, `pg_terminate_backend`) is dropped, never reused; the error is
+//! Connections: a small [`pool::Pool`] of synchronous clients. A connection that failed
+//! (server restart, `pg_terminate_backend`) is dropped, never reused; the error is
 //! [`StoreError::PgUnavailable`] (retryable) and the next call connects afresh. A stale pooled
 //! connection found dead at `BEGIN` is replaced once transparently (nothing was sent yet).
 
 mod holds;
 mod outbox;
+pub mod pool;
 mod rows;
 mod schema;
 
-use std::collections::HashMap;
-use std::str::FromStr as _;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use ce_core::{Clock, Config, ContextNode, CtxUri, Layers, Millis, SystemClock};
-use postgres::types::ToSql;
-use postgres::{Client, IsolationLevel, NoTls, Row, Statement};
+use postgres::{Client, Row};
 
+use self::pool::{Begin, Pool};
 use crate::error::{Result, StoreError};
 use crate::shared::{NODE_COLUMNS, decode_node};
 use crate::txn::{ReadTx, WriteTx};
@@ -102,74 +100,31 @@ enum WriteKind {
     Bookkeeping,
 }
 
-/// A pooled connection with its prepared statements.
-struct Conn {
-    client: Client,
-    stmts: HashMap<String, Statement>,
-}
-
-/// One open transaction and the statement cache of its connection. Statements are prepared
-/// once per connection (`query` with a string would prepare on every call: two round trips).
-pub(crate) struct Tx<'a> {
-    tx: postgres::Transaction<'a>,
-    stmts: &'a mut HashMap<String, Statement>,
-    /// Set when the transaction appended journal events (a wake-up is sent at commit).
-    notify: bool,
-}
-
-type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+/// One open transaction of the store (statements prepared once per connection).
+pub(crate) type Tx<'a> = pool::Tx<'a, StoreError>;
 
 impl Tx<'_> {
-    fn prepared(&mut self, sql: &str) -> Result<Statement> {
-        if let Some(s) = self.stmts.get(sql) {
-            return Ok(s.clone());
-        }
-        let s = self.tx.prepare(sql)?;
-        self.stmts.insert(sql.to_owned(), s.clone());
-        Ok(s)
-    }
-
-    /// All rows of `sql`.
-    pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>> {
-        let s = self.prepared(sql)?;
-        Ok(self.tx.query(&s, params)?)
-    }
-
-    /// At most one row of `sql`.
-    pub(crate) fn query_opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>> {
-        let s = self.prepared(sql)?;
-        Ok(self.tx.query_opt(&s, params)?)
-    }
-
-    /// Exactly one row of `sql`.
-    pub(crate) fn query_one(&mut self, sql: &str, params: Params<'_>) -> Result<Row> {
-        let s = self.prepared(sql)?;
-        Ok(self.tx.query_one(&s, params)?)
-    }
-
-    /// Runs `sql`; the number of rows it changed.
-    pub(crate) fn execute(&mut self, sql: &str, params: Params<'_>) -> Result<u64> {
-        let s = self.prepared(sql)?;
-        Ok(self.tx.execute(&s, params)?)
-    }
-
-    /// Runs several statements without parameters (DDL).
-    pub(crate) fn batch(&mut self, sql: &str) -> Result<()> {
-        Ok(self.tx.batch_execute(sql)?)
-    }
-
-    /// Marks the transaction as one that appended events: it notifies at commit.
+    /// Marks the transaction as one that appended events: it notifies [`NOTIFY_CHANNEL`] at
+    /// commit.
     pub(crate) fn appended(&mut self) {
-        self.notify = true;
+        self.notify_at_commit(NOTIFY_CHANNEL);
     }
 }
+
+impl pool::PoolError for StoreError {
+    /// Every PostgreSQL error, also one raised in the client (a row that does not decode).
+    fn drops_connection(&self) -> bool {
+        matches!(self, StoreError::PgUnavailable(_) | StoreError::Postgres(_))
+    }
+}
+
+/// Idle connections a store keeps.
+const MAX_IDLE: usize = 16;
 
 /// The PostgreSQL store. Cheap to share behind an `Arc`; safe to use from many threads,
 /// processes and hosts.
 pub struct PgStore {
-    config_pg: postgres::Config,
-    shown: String,
-    pool: Mutex<Vec<Conn>>,
+    pool: Pool,
     clock: Arc<dyn Clock>,
     config: Config,
 }
@@ -177,28 +132,19 @@ pub struct PgStore {
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
-            .field("url", &self.shown)
+            .field("url", &self.pool.location())
             .finish_non_exhaustive()
     }
 }
 
 /// Parses a connection URL, with a connect timeout and TCP keepalives unless it sets them.
 pub fn pg_config(url: &str) -> Result<postgres::Config> {
-    let mut c = postgres::Config::from_str(url).map_err(|e| {
+    pool::client_config(url, "contextengine").map_err(|reason| {
         StoreError::Core(ce_core::CoreError::InvalidConfig {
             key: "store.url".to_owned(),
-            reason: format!("{}: {e}", redact_url(url)),
+            reason,
         })
-    })?;
-    if c.get_connect_timeout().is_none() {
-        c.connect_timeout(Duration::from_secs(5));
-    }
-    c.keepalives(true);
-    c.keepalives_idle(Duration::from_secs(30));
-    if c.get_application_name().is_none() {
-        c.application_name("contextengine");
-    }
-    Ok(c)
+    })
 }
 
 impl PgStore {
@@ -211,9 +157,7 @@ impl PgStore {
     pub fn open_with_clock(url: &str, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
         let store = PgStore {
-            config_pg: pg_config(url)?,
-            shown: redact_url(url),
-            pool: Mutex::new(Vec::new()),
+            pool: Pool::new(pg_config(url)?, redact_url(url), MAX_IDLE),
             clock,
             config,
         };
@@ -226,15 +170,13 @@ impl PgStore {
     /// version before and after. Safe to run from several processes at once (an advisory
     /// lock serializes them; the second finds nothing to do).
     pub fn migrate(&self) -> Result<(i64, i64)> {
-        let mut conn = self.connect()?;
-        let out = schema::migrate(&mut conn.client, &self.shown);
-        self.give_back(conn, out.is_ok());
-        out
+        self.pool
+            .with_client(|client| schema::migrate(client, self.pool.location()))
     }
 
     /// The URL without its password.
     pub fn location(&self) -> &str {
-        &self.shown
+        self.pool.location()
     }
 
     /// The configuration the store runs with.
@@ -249,71 +191,11 @@ impl PgStore {
 
     /// A new connection with the store's settings (also used by `LISTEN` wake-up threads).
     pub fn connect_client(&self) -> Result<Client> {
-        Ok(self.config_pg.connect(NoTls)?)
-    }
-
-    fn connect(&self) -> Result<Conn> {
-        Ok(Conn {
-            client: self.connect_client()?,
-            stmts: HashMap::new(),
-        })
+        Ok(self.pool.connect()?)
     }
 
     fn now(&self) -> Millis {
         self.clock.now_ms()
-    }
-
-    fn take(&self) -> Result<(Conn, bool)> {
-        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match pooled {
-            Some(c) if !c.client.is_closed() => Ok((c, true)),
-            _ => Ok((self.connect()?, false)),
-        }
-    }
-
-    /// Returns a connection to the pool unless its last use failed (its state is unknown).
-    fn give_back(&self, conn: Conn, ok: bool) {
-        if ok && !conn.client.is_closed() {
-            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.len() < 16 {
-                pool.push(conn);
-            }
-        }
-    }
-
-    /// Runs `f` in one transaction of `kind` on a pooled connection. A pooled connection
-    /// that fails at `BEGIN` (the server restarted since) is replaced once.
-    fn run<T>(&self, kind: Begin, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        let (mut conn, pooled) = self.take()?;
-        let f = match attempt(&mut conn, kind, f) {
-            Attempt::Ran(out) => {
-                // Logical errors (not found, conflict) roll back cleanly; a database error
-                // may leave the connection in an unknown state, so it is not reused.
-                let ok = !matches!(
-                    &out,
-                    Err(StoreError::PgUnavailable(_) | StoreError::Postgres(_))
-                );
-                self.give_back(conn, ok);
-                return out;
-            }
-            Attempt::BeginFailed(e, _) if !pooled => return Err(e.into()),
-            Attempt::BeginFailed(e, f) => {
-                tracing::debug!(error = %e, "pooled postgres connection is dead; reconnecting");
-                f
-            }
-        };
-        let mut conn = self.connect()?;
-        match attempt(&mut conn, kind, f) {
-            Attempt::Ran(out) => {
-                let ok = !matches!(
-                    &out,
-                    Err(StoreError::PgUnavailable(_) | StoreError::Postgres(_))
-                );
-                self.give_back(conn, ok);
-                out
-            }
-            Attempt::BeginFailed(e, _) => Err(e.into()),
-        }
     }
 
     /// Runs `f` in one write transaction with the time at which its locks were taken;
@@ -323,34 +205,35 @@ impl PgStore {
         kind: WriteKind,
         f: impl FnOnce(&mut Tx<'_>, Millis) -> Result<T>,
     ) -> Result<T> {
-        self.run(Begin::Write, |tx| {
-            match kind {
-                WriteKind::Source => {
-                    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SOURCE_LOCK])?;
+        self.pool
+            .run(Begin::Write, |tx| {
+                match kind {
+                    WriteKind::Source => {
+                        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SOURCE_LOCK])?;
+                    }
+                    WriteKind::Bookkeeping => {
+                        tx.batch("SET LOCAL synchronous_commit = off")?;
+                    }
                 }
-                WriteKind::Bookkeeping => {
-                    tx.batch("SET LOCAL synchronous_commit = off")?;
+                // The clock is read once the locks are held, so a wait never leaves the
+                // transaction acting on an old time (leases, fencing).
+                let now = self.now();
+                let out = f(tx, now)?;
+                if kind == WriteKind::Source {
+                    ce_core::failpoint::hit("store.before_commit");
                 }
-            }
-            // The clock is read once the locks are held, so a wait never leaves the
-            // transaction acting on an old time (leases, fencing).
-            let now = self.now();
-            let out = f(tx, now)?;
-            if kind == WriteKind::Source {
-                ce_core::failpoint::hit("store.before_commit");
-            }
-            Ok(out)
-        })
-        .inspect(|_| {
-            if kind == WriteKind::Source {
-                ce_core::failpoint::hit("store.after_commit");
-            }
-        })
+                Ok(out)
+            })
+            .inspect(|_| {
+                if kind == WriteKind::Source {
+                    ce_core::failpoint::hit("store.after_commit");
+                }
+            })
     }
 
     /// Runs `f` in one read-only snapshot.
     fn read<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        self.run(Begin::Read, f)
+        self.pool.run(Begin::Read, f)
     }
 }
 
@@ -371,57 +254,6 @@ impl PgStore {
 }
 
 crate::txn::impl_source_traits!(PgStore);
-
-/// How a transaction begins.
-#[derive(Debug, Clone, Copy)]
-enum Begin {
-    /// `READ COMMITTED`, read-write.
-    Write,
-    /// `REPEATABLE READ, READ ONLY`: one snapshot.
-    Read,
-}
-
-enum Attempt<T, F> {
-    /// The transaction began and `f` ran (committed when `Ok`).
-    Ran(Result<T>),
-    /// `BEGIN` failed; `f` did not run and is handed back.
-    BeginFailed(postgres::Error, F),
-}
-
-fn attempt<T, F: FnOnce(&mut Tx<'_>) -> Result<T>>(
-    conn: &mut Conn,
-    kind: Begin,
-    f: F,
-) -> Attempt<T, F> {
-    let Conn { client, stmts } = conn;
-    let builder = client.build_transaction();
-    let begun = match kind {
-        Begin::Write => builder
-            .isolation_level(IsolationLevel::ReadCommitted)
-            .start(),
-        Begin::Read => builder
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start(),
-    };
-    let tx = match begun {
-        Ok(tx) => tx,
-        Err(e) => return Attempt::BeginFailed(e, f),
-    };
-    let mut tx = Tx {
-        tx,
-        stmts,
-        notify: false,
-    };
-    let out = f(&mut tx).and_then(|v| {
-        if tx.notify {
-            tx.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])?;
-        }
-        tx.tx.commit()?;
-        Ok(v)
-    });
-    Attempt::Ran(out)
-}
 
 /// Decodes a `SELECT {NODE_COLUMNS}` row.
 fn node_from_row(row: &Row) -> Result<ContextNode> {
