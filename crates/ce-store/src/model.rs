@@ -8,7 +8,7 @@ use ce_core::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 
 /// How `put` combines the request with an existing node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -407,9 +407,15 @@ pub trait RelationStore: Send + Sync {
 /// token check the spec leaves to the implementation (§3.4.2) made explicit in the type.
 pub trait OutboxStore: Send + Sync {
     /// Appends one event (for repair and tools; writes append theirs themselves).
-    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent>;
-    /// Appends events in one transaction.
-    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>>;
+    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
+        let mut v = self.append_batch(vec![event])?;
+        v.pop()
+            .ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
+    }
+    /// Appends events in one transaction, with a delivery for every configured consumer.
+    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
+        self.append_batch_for(&self.consumers(), events)
+    }
     /// Appends events in one transaction with deliveries for `consumers` only (repair of one
     /// index, e.g. a rebuild, leaves the others' queues alone). Every name must be a
     /// configured consumer.

@@ -308,17 +308,6 @@ fn read_events(tx: &mut Tx<'_>, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
 }
 
 impl OutboxStore for PgStore {
-    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
-        let mut v = self.append_batch(vec![event])?;
-        v.pop()
-            .ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
-    }
-
-    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
-        let consumers = self.config.index.outbox.consumers.clone();
-        self.append_batch_for(&consumers, events)
-    }
-
     fn append_batch_for(
         &self,
         consumers: &[String],

@@ -269,17 +269,6 @@ impl SqliteStore {
 }
 
 impl OutboxStore for SqliteStore {
-    fn append(&self, event: OutboxEventCreate) -> Result<OutboxEvent> {
-        let mut v = self.append_batch(vec![event])?;
-        v.pop()
-            .ok_or_else(|| StoreError::Corrupt("append returned no event".into()))
-    }
-
-    fn append_batch(&self, events: Vec<OutboxEventCreate>) -> Result<Vec<OutboxEvent>> {
-        let consumers = self.config.index.outbox.consumers.clone();
-        self.append_batch_for(&consumers, events)
-    }
-
     fn append_batch_for(
         &self,
         consumers: &[String],
