@@ -11,11 +11,10 @@ use std::sync::Arc;
 
 use ce_core::{Clock, Config, CoreError};
 use ce_store::postgres::{PgStore, redact_url};
-use ce_store::sqlite::DB_FILE;
 use ce_store::{SourceStore, SqliteStore, StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, ServerError};
+use crate::error::Result;
 
 /// The name of the embedded backend in reports.
 pub const SQLITE: &str = "sqlite";
@@ -65,23 +64,15 @@ impl Source {
     /// schema version before and after. Safe to run from several processes at once: the
     /// store serializes migrations, and the later ones find nothing to do.
     pub fn migrate(data_dir: &Path, config: &Config) -> Result<(Source, MigrateReport)> {
-        config.validate()?;
-        let from = if config.store_is_postgres() {
-            pg_schema_version(&config.store.url)?
-        } else {
-            sqlite_schema_version(&data_dir.join(DB_FILE))?
-        };
         let source = Source::open(data_dir, config)?;
-        let to = match &source {
-            // Opening migrated; a second pass reports the version (and is a no-op).
-            Source::Postgres(pg) => pg.migrate()?.1,
-            Source::Sqlite(s) => sqlite_schema_version(s.path())?,
+        let (from, to) = match &source {
+            Source::Sqlite(s) => s.schema_migration(),
+            Source::Postgres(p) => p.schema_migration(),
         };
         let report = MigrateReport {
             backend: source.backend().to_owned(),
             location: source.location(),
-            // Another process may have migrated between the look and the open.
-            from: from.min(to),
+            from,
             to,
         };
         Ok((source, report))
@@ -184,56 +175,10 @@ fn at_url(url: &str, e: StoreError) -> StoreError {
     }
 }
 
-/// The schema version of the SQLite file at `path` (`PRAGMA user_version`, the number of
-/// migrations applied); 0 when the file does not exist yet.
-fn sqlite_schema_version(path: &Path) -> Result<i64> {
-    if !path.exists() {
-        return Ok(0);
-    }
-    let read = || -> rusqlite::Result<i64> {
-        let conn = rusqlite::Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.query_row("PRAGMA user_version", [], |r| r.get(0))
-    };
-    read().map_err(|e| {
-        ServerError::Internal(format!(
-            "reading the schema version of {}: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// The schema version of the PostgreSQL database at `url` (the highest applied migration;
-/// 0 when none was applied yet). A look only: nothing is created.
-fn pg_schema_version(url: &str) -> Result<i64> {
-    let cfg = ce_store::postgres::pg_config(url)?;
-    let mut client = cfg
-        .connect(postgres::NoTls)
-        .map_err(|e| at_url(url, e.into()))?;
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('ce_schema_migrations') IS NOT NULL",
-            &[],
-        )
-        .map_err(StoreError::from)?
-        .get(0);
-    if !exists {
-        return Ok(0);
-    }
-    let row = client
-        .query_one(
-            "SELECT coalesce(max(version), 0)::bigint FROM ce_schema_migrations",
-            &[],
-        )
-        .map_err(StoreError::from)?;
-    Ok(row.get(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ce_store::sqlite::DB_FILE;
 
     #[test]
     fn the_embedded_store_is_the_default_and_migrate_reports_its_version() {

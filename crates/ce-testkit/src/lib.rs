@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+pub mod backends;
 pub mod pg;
 pub mod pgvector;
 

@@ -168,76 +168,21 @@ pub fn hit_ids(idx: &dyn VectorIndex, q: &[f32], f: &SearchFilter, k: usize) -> 
 /// A source store under test, whatever its backend.
 pub type Store = Arc<dyn SourceStore>;
 
-/// A backend of the source store the worker suites run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `SqliteStore` in a temporary directory.
-    Sqlite,
-    /// `PgStore` in a throwaway database of the machine's PostgreSQL (`ce_testkit::pg`);
-    /// the test fails, never skips, when the server is unreachable.
-    Postgres,
-}
+pub use ce_testkit::backend_tests;
+pub use ce_testkit::backends::{Backend, Place};
 
-/// Where a store lives, for as long as the value: a temporary directory or a database.
-#[derive(Debug)]
-pub enum Place {
-    /// The directory of a `SqliteStore`.
-    Dir(tempfile::TempDir),
-    /// The database of a `PgStore`.
-    Db(TestDb),
-}
-
-impl Backend {
-    /// A new, empty place for a store of this backend, named after the running test.
-    pub fn place(self) -> Place {
-        match self {
-            Backend::Sqlite => Place::Dir(tempfile::tempdir().expect("tmp")),
-            Backend::Postgres => {
-                let thread = std::thread::current();
-                Place::Db(TestDb::create(thread.name().unwrap_or("store")))
-            }
-        }
+/// Opens the source store that lives in `place`, on `clock`.
+fn open_store(place: &Place, config: Config, clock: ManualClock) -> Store {
+    let clock = Arc::new(clock);
+    match place {
+        Place::Dir(dir) => Arc::new(
+            SqliteStore::open_with_clock(dir.path(), config, clock).expect("open sqlite store"),
+        ),
+        Place::Db(db) => Arc::new(
+            PgStore::open_with_clock(db.url(), config, clock).expect("open postgres store"),
+        ),
     }
 }
-
-impl Place {
-    /// Opens the store that lives here.
-    pub fn open(&self, config: Config, clock: ManualClock) -> Store {
-        let clock = Arc::new(clock);
-        match self {
-            Place::Dir(dir) => Arc::new(
-                SqliteStore::open_with_clock(dir.path(), config, clock).expect("open sqlite store"),
-            ),
-            Place::Db(db) => Arc::new(
-                PgStore::open_with_clock(db.url(), config, clock).expect("open postgres store"),
-            ),
-        }
-    }
-}
-
-/// Generates, for each named function `fn(Backend)` of the calling module, a `#[test]` of
-/// that name in a `sqlite` and in a `postgres` submodule.
-macro_rules! backend_tests {
-    ($($name:ident),+ $(,)?) => {
-        mod sqlite {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name($crate::common::Backend::Sqlite)
-                }
-            )+
-        }
-        mod postgres {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name($crate::common::Backend::Postgres)
-                }
-            )+
-        }
-    };
-}
-pub(crate) use backend_tests;
 
 /// A real source store (SQLite or PostgreSQL) on a manual clock, whose outbox retries after
 /// 1 s with backoffs capped at 30 s.
@@ -266,7 +211,7 @@ impl Env {
         tune(&mut cfg);
         let clock = ManualClock::new(1_700_000_000_000);
         let place = backend.place();
-        let store = place.open(cfg, clock.clone());
+        let store = open_store(&place, cfg, clock.clone());
         Env {
             store,
             clock,

@@ -127,6 +127,8 @@ pub struct PgStore {
     pool: Pool,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// The schema version before and after the migrations this open applied.
+    migrated: (i64, i64),
 }
 
 impl std::fmt::Debug for PgStore {
@@ -156,22 +158,24 @@ impl PgStore {
     /// Opens the store with an explicit clock (tests and simulations).
     pub fn open_with_clock(url: &str, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
+        let pool = Pool::new(pg_config(url)?, redact_url(url), MAX_IDLE);
+        // Safe from several processes at once: an advisory lock serializes migrators, and
+        // the later ones find nothing to do.
+        let migrated = pool.with_client(|client| schema::migrate(client, pool.location()))?;
         let store = PgStore {
-            pool: Pool::new(pg_config(url)?, redact_url(url), MAX_IDLE),
+            pool,
             clock,
             config,
+            migrated,
         };
-        store.migrate()?;
         store.register_consumers()?;
         Ok(store)
     }
 
-    /// Applies the migrations this build knows that the database lacks; returns the schema
-    /// version before and after. Safe to run from several processes at once (an advisory
-    /// lock serializes them; the second finds nothing to do).
-    pub fn migrate(&self) -> Result<(i64, i64)> {
-        self.pool
-            .with_client(|client| schema::migrate(client, self.pool.location()))
+    /// The schema version before and after the migrations this open applied (equal when
+    /// there were none, e.g. another process applied them first).
+    pub fn schema_migration(&self) -> (i64, i64) {
+        self.migrated
     }
 
     /// The URL without its password.

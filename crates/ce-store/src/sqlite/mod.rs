@@ -53,6 +53,8 @@ pub struct SqliteStore {
     readers: Mutex<Vec<Connection>>,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// The schema version before and after the migrations this open applied.
+    migrated: (i64, i64),
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -81,9 +83,10 @@ impl SqliteStore {
             conn,
             mode: Durability::Full,
         };
-        schema::migrate(&mut writer.conn, &path)?;
+        let migrated = schema::migrate(&mut writer.conn, &path)?;
         let store = SqliteStore {
             path,
+            migrated,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             clock,
@@ -91,6 +94,12 @@ impl SqliteStore {
         };
         store.register_consumers()?;
         Ok(store)
+    }
+
+    /// The schema version before and after the migrations this open applied (equal when
+    /// there were none, e.g. another process applied them first).
+    pub fn schema_migration(&self) -> (i64, i64) {
+        self.migrated
     }
 
     /// Path of the database file.

@@ -104,8 +104,9 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
-/// Applies missing migrations; refuses a database from a newer build.
-pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+/// Applies missing migrations; returns the schema version before and after. Refuses a
+/// database from a newer build.
+pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(i64, i64)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let current: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     let known = MIGRATIONS.len() as i64;
@@ -121,5 +122,5 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     }
     tx.pragma_update(None, "user_version", known)?;
     tx.commit()?;
-    Ok(())
+    Ok((current, known))
 }

@@ -16,7 +16,6 @@ use ce_core::{
 };
 use ce_store::postgres::PgStore;
 use ce_store::{DeliveryRow, OutboxFilter, SourceStore, SqliteStore, StoreError};
-use ce_testkit::pg::TestDb;
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
 pub const T0: i64 = 1_773_482_400_000;
@@ -24,41 +23,17 @@ pub const T0: i64 = 1_773_482_400_000;
 /// A store under test, whatever its backend.
 pub type Store = Arc<dyn SourceStore>;
 
-/// A backend the suites run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `SqliteStore` in a temporary directory.
-    Sqlite,
-    /// `PgStore` in a throwaway database.
-    Postgres,
+pub use ce_testkit::backend_tests;
+pub use ce_testkit::backends::{Backend, Place};
+
+/// Opens (or reopens) the store that lives in a [`Place`].
+pub trait OpenStore {
+    /// The store of this place, on `clock`.
+    fn open(&self, config: Config, clock: Arc<dyn Clock>) -> Store;
 }
 
-impl Backend {
-    /// A new, empty place for a store of this backend, named after the running test.
-    pub fn place(self) -> Place {
-        match self {
-            Backend::Sqlite => Place::Dir(tempfile::tempdir().expect("tempdir")),
-            Backend::Postgres => {
-                let thread = std::thread::current();
-                Place::Db(TestDb::create(thread.name().unwrap_or("store")))
-            }
-        }
-    }
-}
-
-/// Where a store lives, for as long as the value: a temporary directory or a database.
-/// Opening it again reopens the same store.
-#[derive(Debug)]
-pub enum Place {
-    /// The directory of a `SqliteStore`.
-    Dir(tempfile::TempDir),
-    /// The database of a `PgStore`.
-    Db(TestDb),
-}
-
-impl Place {
-    /// Opens (or reopens) the store that lives here.
-    pub fn open(&self, config: Config, clock: Arc<dyn Clock>) -> Store {
+impl OpenStore for Place {
+    fn open(&self, config: Config, clock: Arc<dyn Clock>) -> Store {
         match self {
             Place::Dir(dir) => Arc::new(
                 SqliteStore::open_with_clock(dir.path(), config, clock).expect("open sqlite store"),
@@ -66,32 +41,6 @@ impl Place {
             Place::Db(db) => Arc::new(
                 PgStore::open_with_clock(db.url(), config, clock).expect("open postgres store"),
             ),
-        }
-    }
-
-    /// Empties the place, as if it were new (drop its stores first): a new directory, or the
-    /// same database with every table but the migration log truncated (much cheaper than a
-    /// new database, for property tests that open a store per case).
-    pub fn reset(&mut self) {
-        match self {
-            Place::Dir(dir) => *dir = tempfile::tempdir().expect("tempdir"),
-            Place::Db(db) => {
-                let mut c = ce_testkit::pg::connect(db.url());
-                let tables: Vec<String> = c
-                    .query(
-                        "SELECT quote_ident(tablename) FROM pg_tables
-                         WHERE schemaname = current_schema() AND tablename <> 'ce_schema_migrations'",
-                        &[],
-                    )
-                    .expect("list tables")
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                if !tables.is_empty() {
-                    c.batch_execute(&format!("TRUNCATE {} RESTART IDENTITY", tables.join(", ")))
-                        .expect("truncate tables");
-                }
-            }
         }
     }
 }
@@ -109,30 +58,6 @@ pub fn fresh(backend: Backend, config: Config) -> (Place, Store, ManualClock) {
 pub fn open(dir: &Path, config: Config, clock: Arc<dyn Clock>) -> SqliteStore {
     SqliteStore::open_with_clock(dir, config, clock).expect("open store")
 }
-
-/// Generates, for each named function `fn(Backend)` of the calling module, a `#[test]` of
-/// that name in a `sqlite` and in a `postgres` submodule.
-macro_rules! backend_tests {
-    ($($name:ident),+ $(,)?) => {
-        mod sqlite {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name($crate::common::Backend::Sqlite)
-                }
-            )+
-        }
-        mod postgres {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name($crate::common::Backend::Postgres)
-                }
-            )+
-        }
-    };
-}
-pub(crate) use backend_tests;
 
 /// The configuration of the outbox suites: two consumers, spec defaults otherwise.
 pub fn two_consumers() -> Config {

@@ -23,7 +23,7 @@ use ce_store::{ClaimedEvent, SourceStore, StoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::common::{self, Backend, T0, backend_tests};
+use crate::common::{self, Backend, OpenStore as _, T0, backend_tests};
 
 backend_tests!(eight_workers_never_share_a_delivery_and_lose_nothing);
 

@@ -18,7 +18,7 @@ use ce_store::{Claim, SourceStore, StoreError};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
 
-use crate::common::{self, Backend, Place, T0, backend_tests};
+use crate::common::{self, Backend, OpenStore as _, Place, T0, backend_tests};
 
 backend_tests!(
     outbox_matches_model,
