@@ -7,6 +7,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization;
 
 /// The only scheme ContextEngine accepts, in canonical (lower-case) spelling.
 pub const SCHEME: &str = "ctx://";
@@ -43,6 +44,35 @@ pub enum UriError {
         uri: String,
         /// Byte offset of the character in the trimmed input.
         position: usize,
+    },
+    /// The input contains an invisible character (zero-width, soft hyphen, word joiner, ...)
+    /// or a bidirectional control, which would let two different URIs look identical.
+    #[error("uri {uri:?} contains {what} U+{code:04X} at byte {position}", code = u32::from(*character))]
+    InvisibleCharacter {
+        /// The offending input (trimmed; `Debug` shows the character escaped).
+        uri: String,
+        /// Byte offset of the character in the trimmed input.
+        position: usize,
+        /// The character.
+        character: char,
+        /// What it is, e.g. `the invisible character` or `the bidirectional control`.
+        what: &'static str,
+    },
+    /// The input contains a full-width Latin letter or digit (U+FF10–U+FF5A), a look-alike
+    /// of an ASCII one.
+    #[error(
+        "uri {uri:?} contains the full-width {character:?} (U+{code:04X}) at byte {position}: write the ASCII {ascii:?}",
+        code = u32::from(*character)
+    )]
+    FullWidthCharacter {
+        /// The offending input (trimmed).
+        uri: String,
+        /// Byte offset of the character in the trimmed input.
+        position: usize,
+        /// The full-width character.
+        character: char,
+        /// Its ASCII form.
+        ascii: char,
     },
     /// A segment is `.` or `..`.
     #[error("uri {uri:?} contains the relative segment {segment:?}")]
@@ -93,10 +123,49 @@ pub enum UriError {
 /// Canonicalizes a `ctx://` URI (spec §2.1.1).
 ///
 /// Trims surrounding whitespace, lower-cases the scheme, drops a trailing `/` (and whitespace
-/// before it) except at the root and keeps the case of the path. Rejects empty input, other schemes, control
-/// characters, `.`/`..`, empty segments, backslashes and reserved layout names.
+/// before it) except at the root, keeps the case of the path and normalizes it to Unicode
+/// NFC. Rejects empty input, other schemes, control characters, invisible and
+/// bidirectional-control characters ([`hidden_character`]), full-width Latin letters and
+/// digits, `.`/`..`, empty segments, backslashes and reserved layout names.
 pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
     let trimmed = input.trim();
+    check_characters(trimmed)?;
+    for (position, c) in trimmed.char_indices() {
+        if let Some(what) = hidden_character(c) {
+            return Err(UriError::InvisibleCharacter {
+                uri: trimmed.to_owned(),
+                position,
+                character: c,
+                what,
+            });
+        }
+        if let Some(ascii) = full_width_ascii(c) {
+            return Err(UriError::FullWidthCharacter {
+                uri: trimmed.to_owned(),
+                position,
+                character: c,
+                ascii,
+            });
+        }
+    }
+    // NFC never adds whitespace, control, invisible or full-width characters, so the checks
+    // above hold for the normalized text too.
+    let normalized: String = trimmed.nfc().collect();
+    canonical_form(trimmed, &normalized)
+}
+
+/// Canonicalizes a URI read back from storage with the rules it was written under before
+/// NFC normalization and the refusal of invisible and full-width characters (issue 13):
+/// every URI accepted by [`canonicalize_uri`] comes back unchanged, and one stored earlier
+/// keeps its exact key, so it stays readable and removable.
+pub fn canonicalize_stored_uri(input: &str) -> Result<String, UriError> {
+    let trimmed = input.trim();
+    check_characters(trimmed)?;
+    canonical_form(trimmed, trimmed)
+}
+
+/// The checks on the whole (trimmed) input that come before the scheme.
+fn check_characters(trimmed: &str) -> Result<(), UriError> {
     if trimmed.is_empty() {
         return Err(UriError::Empty);
     }
@@ -106,8 +175,14 @@ pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
             position,
         });
     }
-    let rest = match trimmed.get(..SCHEME.len()) {
-        Some(scheme) if scheme.eq_ignore_ascii_case(SCHEME) => &trimmed[SCHEME.len()..],
+    Ok(())
+}
+
+/// The canonical form of `text`, the trimmed (and normalized) spelling of `trimmed`, which
+/// errors quote.
+fn canonical_form(trimmed: &str, text: &str) -> Result<String, UriError> {
+    let rest = match text.get(..SCHEME.len()) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(SCHEME) => &text[SCHEME.len()..],
         _ => {
             return Err(UriError::UnsupportedScheme {
                 uri: trimmed.to_owned(),
@@ -135,6 +210,46 @@ pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
         });
     }
     Ok(canonical)
+}
+
+/// What `c` is when it is invisible or a bidirectional control: characters that render as
+/// nothing (or reorder the text around them), so that two different URIs would look
+/// identical. `None` for every other character.
+pub fn hidden_character(c: char) -> Option<&'static str> {
+    match c {
+        '\u{202A}'..='\u{202E}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{200E}'
+        | '\u{200F}'
+        | '\u{061C}' => Some("the bidirectional control"),
+        '\u{00AD}'
+        | '\u{034F}'
+        | '\u{115F}'
+        | '\u{1160}'
+        | '\u{180E}'
+        | '\u{200B}'..='\u{200D}'
+        | '\u{2028}'
+        | '\u{2029}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{3164}'
+        | '\u{FEFF}'
+        | '\u{FFA0}'
+        | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{E0000}'..='\u{E007F}' => Some("the invisible character"),
+        _ => None,
+    }
+}
+
+/// The ASCII letter or digit that the full-width `c` (U+FF10–U+FF19, U+FF21–U+FF3A,
+/// U+FF41–U+FF5A) looks like. Full-width punctuation (`（`, `：`, ...) is ordinary CJK text
+/// and stays allowed.
+pub fn full_width_ascii(c: char) -> Option<char> {
+    match c {
+        '\u{FF10}'..='\u{FF19}' | '\u{FF21}'..='\u{FF3A}' | '\u{FF41}'..='\u{FF5A}' => {
+            char::from_u32(u32::from(c) - 0xFF10 + u32::from('0'))
+        }
+        _ => None,
+    }
 }
 
 fn check_segment(uri: &str, segment: &str) -> Result<(), UriError> {
@@ -166,6 +281,13 @@ impl CtxUri {
     /// Parses and canonicalizes `input`.
     pub fn parse(input: &str) -> Result<Self, UriError> {
         canonicalize_uri(input).map(CtxUri)
+    }
+
+    /// Parses a URI read back from storage or from a stored document (rows, event payloads,
+    /// answers): the rules of [`canonicalize_stored_uri`], so a key written before NFC and
+    /// the invisible-character refusal stays exactly the key it was.
+    pub fn parse_stored(input: &str) -> Result<Self, UriError> {
+        canonicalize_stored_uri(input).map(CtxUri)
     }
 
     /// The virtual root `ctx://`.
@@ -298,10 +420,13 @@ impl fmt::Debug for CtxUri {
     }
 }
 
+/// Deserialization reads documents this engine wrote (stored events, answers), so it takes
+/// the stored rules ([`CtxUri::parse_stored`]); input from users goes through
+/// [`CtxUri::parse`].
 impl TryFrom<String> for CtxUri {
     type Error = UriError;
     fn try_from(value: String) -> Result<Self, Self::Error> {
-        CtxUri::parse(&value)
+        CtxUri::parse_stored(&value)
     }
 }
 
@@ -366,6 +491,98 @@ mod tests {
     }
 
     #[test]
+    fn normalizes_to_nfc() {
+        // "é" as e + combining acute and as one precomposed character: one key.
+        let decomposed = canonicalize_uri("ctx://acc/cafe\u{301}").expect("valid");
+        assert_eq!(decomposed, "ctx://acc/caf\u{e9}");
+        assert_eq!(canonicalize_uri("ctx://acc/caf\u{e9}"), Ok(decomposed.clone()));
+        // Hangul jamo compose; CJK text and full-width punctuation stay as written.
+        assert_eq!(
+            canonicalize_uri("ctx://acc/\u{1100}\u{1161}"),
+            Ok("ctx://acc/\u{ac00}".into())
+        );
+        assert_eq!(
+            canonicalize_uri("ctx://acc/会议记录（草稿）：一"),
+            Ok("ctx://acc/会议记录（草稿）：一".into())
+        );
+    }
+
+    #[test]
+    fn refuses_invisible_and_bidi_characters_naming_the_position() {
+        use crate::Classify;
+        for (input, code, what, position) in [
+            ("ctx://acc/a\u{200b}b", 0x200B, "invisible", 11),
+            ("ctx://acc/\u{200d}", 0x200D, "invisible", 10),
+            ("ctx://\u{feff}acc", 0xFEFF, "invisible", 6),
+            ("ctx://acc/so\u{ad}ft", 0xAD, "invisible", 12),
+            ("ctx://acc/w\u{2060}j", 0x2060, "invisible", 11),
+            ("ctx://acc/x\u{e0041}", 0xE0041, "invisible", 11),
+            ("ctx://acc/txt.\u{202e}fdp", 0x202E, "bidirectional", 14),
+            ("ctx://acc/\u{2066}a\u{2069}", 0x2066, "bidirectional", 10),
+            ("ctx://acc/a\u{200f}", 0x200F, "bidirectional", 11),
+            ("ctx://acc/\u{61c}", 0x61C, "bidirectional", 10),
+        ] {
+            let e = canonicalize_uri(input).expect_err(input);
+            let UriError::InvisibleCharacter {
+                position: p,
+                character,
+                ..
+            } = &e
+            else {
+                panic!("{input:?}: {e:?}");
+            };
+            assert_eq!((*p, u32::from(*character)), (position, code), "{input:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(what), "{msg}");
+            assert!(msg.contains(&format!("U+{code:04X} at byte {position}")), "{msg}");
+            assert_eq!(
+                crate::CoreError::from(e).code(),
+                crate::ErrorCode::InvalidUri
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_full_width_letters_and_digits() {
+        let e = canonicalize_uri("ctx://ａcc1/x").expect_err("full-width a");
+        assert_eq!(
+            e,
+            UriError::FullWidthCharacter {
+                uri: "ctx://ａcc1/x".into(),
+                position: 6,
+                character: 'ａ',
+                ascii: 'a',
+            }
+        );
+        assert!(e.to_string().contains("write the ASCII 'a'"), "{e}");
+        assert_eq!(full_width_ascii('０'), Some('0'));
+        assert_eq!(full_width_ascii('Ｚ'), Some('Z'));
+        assert_eq!(full_width_ascii('ｚ'), Some('z'));
+        assert_eq!(full_width_ascii('（'), None);
+        assert_eq!(full_width_ascii('a'), None);
+    }
+
+    #[test]
+    fn stored_uris_keep_their_key() {
+        // Written before NFC and the refusals: read back byte for byte.
+        for stored in [
+            "ctx://acc/cafe\u{301}",
+            "ctx://acc/a\u{200b}b",
+            "ctx://ａcc",
+        ] {
+            assert_eq!(
+                CtxUri::parse_stored(stored).map(String::from),
+                Ok(stored.to_owned())
+            );
+            let back: CtxUri = serde_json::from_value(serde_json::json!(stored)).expect("json");
+            assert_eq!(back.as_str(), stored);
+        }
+        // The stored rules still refuse what was never valid.
+        assert!(CtxUri::parse_stored("ctx://a//b").is_err());
+        assert!(CtxUri::parse_stored("ctx://a/\u{7}").is_err());
+    }
+
+    #[test]
     fn tree_arithmetic() {
         let u = CtxUri::parse("ctx://acc1/users/u1/memories").expect("valid");
         assert_eq!(u.account_id(), "acc1");
@@ -424,6 +641,8 @@ mod tests {
         fn never_panics_and_is_idempotent(input in "\\PC{0,40}|ctx://[\\PC/]{0,40}") {
             if let Ok(c) = canonicalize_uri(&input) {
                 prop_assert_eq!(canonicalize_uri(&c), Ok(c.clone()));
+                // A URI accepted now is stored as is and reads back equal.
+                prop_assert_eq!(canonicalize_stored_uri(&c), Ok(c.clone()));
                 prop_assert!(c.starts_with(SCHEME));
                 prop_assert!(c == SCHEME || !c.ends_with('/'));
             }

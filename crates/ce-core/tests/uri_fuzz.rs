@@ -7,12 +7,46 @@
 //! in the input and whose message names it; `parent` / `is_within` / `rebase` /
 //! `relative_to` obey their laws.
 //!
+//! Since issue 13 the model also refuses invisible and bidirectional-control characters and
+//! full-width Latin letters and digits, and normalizes to NFC (with the `unicode-normalization`
+//! crate, not the crate's code); the tokens include NFC-sensitive and look-alike text.
+//!
 //! `CE_PROPTEST_CASES` sets the number of cases (default 100 000); `CE_SEED` replays a run.
 
 use ce_core::uri::{MAX_URI_BYTES, RESERVED_SEGMENTS, SCHEME};
 use ce_core::{Classify, CoreError, CtxUri, ErrorCode, UriError, canonicalize_uri};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
+use unicode_normalization::UnicodeNormalization;
+
+/// Invisible characters and bidirectional controls a URI must not hold (an independent copy
+/// of the rule: code points, not the crate's table).
+const HIDDEN: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x2028, 0x2029),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x2069),
+    (0x3164, 0x3164),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF9, 0xFFFB),
+    (0xE0000, 0xE007F),
+];
+
+fn is_hidden(c: char) -> bool {
+    let c = u32::from(c);
+    HIDDEN.iter().any(|&(a, b)| (a..=b).contains(&c))
+}
+
+fn is_full_width_alnum(c: char) -> bool {
+    matches!(u32::from(c), 0xFF10..=0xFF19 | 0xFF21..=0xFF3A | 0xFF41..=0xFF5A)
+}
 
 /// Pieces random inputs are made of: the URI's own syntax, look-alikes and hostile text.
 const TOKENS: &[&str] = &[
@@ -58,6 +92,19 @@ const TOKENS: &[&str] = &[
     "\u{200d}",
     "\u{202e}",
     "\u{301}",
+    "\u{327}",
+    "\u{e9}",
+    "\u{1100}\u{1161}",
+    "\u{f900}",
+    "\u{2060}",
+    "\u{ad}",
+    "\u{200e}",
+    "\u{2067}",
+    "\u{e0041}",
+    "ａ",
+    "Ｚ９",
+    "（",
+    "：",
     "\u{5d0}\u{5d1}",
     "\u{627}\u{644}",
     "中文",
@@ -220,6 +267,16 @@ fn model(input: &str) -> Result<String, &'static str> {
     if t.chars().any(char::is_control) {
         return Err("control");
     }
+    for c in t.chars() {
+        if is_hidden(c) {
+            return Err("hidden");
+        }
+        if is_full_width_alnum(c) {
+            return Err("full width");
+        }
+    }
+    let t: String = t.nfc().collect();
+    let t = t.as_str();
     let (scheme, rest) = t.split_at(t.char_indices().nth(6).map_or(t.len(), |(i, _)| i));
     if !scheme.eq_ignore_ascii_case(SCHEME) {
         return Err("scheme");
@@ -270,6 +327,14 @@ fn check_canonical(input: &str, c: &str) -> Result<(), TestCaseError> {
     check(!c.chars().any(char::is_control), || {
         format!("{input:?} -> {c:?}: control character")
     })?;
+    check(!c.chars().any(|ch| is_hidden(ch) || is_full_width_alnum(ch)), || {
+        format!("{input:?} -> {c:?}: invisible or full-width character")
+    })?;
+    check(c.nfc().eq(c.chars()), || format!("{input:?} -> {c:?}: not NFC"))?;
+    let stored = CtxUri::parse_stored(c);
+    check(stored.as_ref().map(CtxUri::as_str) == Ok(c), || {
+        format!("{input:?} -> {c:?} reads back from storage as {stored:?}")
+    })?;
     let path = &c[SCHEME.len()..];
     if !path.is_empty() {
         for seg in path.split('/') {
@@ -314,6 +379,31 @@ fn check_rejection(input: &str, e: &UriError) -> Result<(), TestCaseError> {
                 && t.get(*position..)
                     .and_then(|s| s.chars().next())
                     .is_some_and(char::is_control),
+        ),
+        UriError::InvisibleCharacter {
+            uri,
+            position,
+            character,
+        ..
+        } => (
+            "hidden",
+            uri == t
+                && is_hidden(*character)
+                && t.get(*position..).and_then(|s| s.chars().next()) == Some(*character)
+                && msg.contains(&format!("U+{:04X} at byte {position}", u32::from(*character))),
+        ),
+        UriError::FullWidthCharacter {
+            uri,
+            position,
+            character,
+            ascii,
+        } => (
+            "full width",
+            uri == t
+                && is_full_width_alnum(*character)
+                && ascii.is_ascii_alphanumeric()
+                && t.get(*position..).and_then(|s| s.chars().next()) == Some(*character)
+                && msg.contains(&format!("at byte {position}")),
         ),
         UriError::UnsupportedScheme { uri } => ("scheme", msg.contains("ctx://") && uri == t),
         UriError::EmptySegment { .. } => ("empty segment", msg.contains("empty segment")),

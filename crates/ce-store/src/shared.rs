@@ -33,8 +33,8 @@ pub(crate) fn decode_node(
     let corrupt = |what: &str, e: &dyn std::fmt::Display| {
         StoreError::Corrupt(format!("node {uri:?}: bad {what}: {e}"))
     };
-    let u = CtxUri::parse(&uri).map_err(|e| corrupt("uri", &e))?;
-    let p = CtxUri::parse(&parent).map_err(|e| corrupt("parent_uri", &e))?;
+    let u = CtxUri::parse_stored(&uri).map_err(|e| corrupt("uri", &e))?;
+    let p = CtxUri::parse_stored(&parent).map_err(|e| corrupt("parent_uri", &e))?;
     let t: ContextType = t.parse().map_err(|e| corrupt("context_type", &e))?;
     let o: OwnerSpace = o.parse().map_err(|e| corrupt("owner_space", &e))?;
     let m: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("meta", &e))?;

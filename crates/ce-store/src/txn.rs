@@ -129,7 +129,7 @@ fn relation_event(owner: CtxUri, rv: u64, trace_id: &str) -> EventPayload {
 
 /// Parses a stored edge end.
 pub(crate) fn edge_uri(s: &str) -> Result<CtxUri> {
-    CtxUri::parse(s).map_err(|e| StoreError::Corrupt(format!("relation uri {s:?}: {e}")))
+    CtxUri::parse_stored(s).map_err(|e| StoreError::Corrupt(format!("relation uri {s:?}: {e}")))
 }
 
 fn unchanged(uri: &CtxUri, version: u64, trace_id: String) -> WriteOutcome {
@@ -149,7 +149,7 @@ fn bump_relation_versions(tx: &mut dyn WriteTx, owners: &[String]) -> Result<Vec
     let mut out = Vec::with_capacity(owners.len());
     for o in owners {
         if let Some(rv) = tx.bump_relation_version(o)? {
-            let uri = CtxUri::parse(o)
+            let uri = CtxUri::parse_stored(o)
                 .map_err(|e| StoreError::Corrupt(format!("relation owner {o:?}: {e}")))?;
             out.push((uri, rv));
         }

@@ -99,7 +99,7 @@ fn raw(r: &Row<'_>) -> rusqlite::Result<RawRow> {
 fn decode(row: RawRow) -> Result<RelationRecord> {
     let (id, from, to, relation_type, weight, reason, account_id, owner_space, rv) = row;
     let parse = |s: &str| {
-        CtxUri::parse(s)
+        CtxUri::parse_stored(s)
             .map_err(|e| IndexError::Corrupt(format!("{DB_FILE}: relation {id} uri {s:?}: {e}")))
     };
     Ok(RelationRecord {

@@ -37,7 +37,7 @@ impl HoldStore for PgStore {
                 let at: String = r.try_get(1)?;
                 Ok(Hold {
                     id: r.try_get(0)?,
-                    at: CtxUri::parse(&at).map_err(ce_core::CoreError::from)?,
+                    at: CtxUri::parse_stored(&at).map_err(ce_core::CoreError::from)?,
                     lease: r.try_get(2)?,
                     through_seq: r.try_get(3)?,
                     created_at_ms: r.try_get(4)?,

@@ -45,7 +45,7 @@ impl HoldStore for SqliteStore {
                 let (id, at, lease, through_seq, created_at_ms) = row?;
                 Ok(Hold {
                     id,
-                    at: CtxUri::parse(&at).map_err(ce_core::CoreError::from)?,
+                    at: CtxUri::parse_stored(&at).map_err(ce_core::CoreError::from)?,
                     lease,
                     through_seq,
                     created_at_ms,
