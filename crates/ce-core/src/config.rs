@@ -465,6 +465,84 @@ fn postgres_url(key: &str, url: &str, empty_means: &str) -> Result<(), CoreError
     })
 }
 
+/// The 1-based line and column (in characters) of byte `at` of `text`.
+fn line_column(text: &str, at: usize) -> (usize, usize) {
+    let at = (0..=at.min(text.len()))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+/// The full dotted key (`index.worker.lease_seconds`, `server.api_keys[1].admin`) whose key
+/// or value spans byte `at` of `text`; `None` when the text does not parse as TOML (a syntax
+/// error) or `at` is in no key.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    key_in_table(doc.as_table(), "", at)
+}
+
+fn covers(span: Option<std::ops::Range<usize>>, at: usize) -> bool {
+    span.is_some_and(|s| s.start <= at && at < s.end.max(s.start + 1))
+}
+
+fn join_key(prefix: &str, key: &str) -> String {
+    let simple = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let key = if simple {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    };
+    if prefix.is_empty() {
+        key
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+fn key_in_table(t: &dyn toml_edit::TableLike, prefix: &str, at: usize) -> Option<String> {
+    for (k, item) in t.iter() {
+        let path = join_key(prefix, k);
+        if let Some(found) = key_in_item(item, &path, at) {
+            return Some(found);
+        }
+        if covers(t.key(k).and_then(toml_edit::Key::span), at) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+fn key_in_item(item: &toml_edit::Item, path: &str, at: usize) -> Option<String> {
+    match item {
+        toml_edit::Item::Table(t) => key_in_table(t, path, at),
+        toml_edit::Item::ArrayOfTables(a) => a.iter().enumerate().find_map(|(i, t)| {
+            key_in_table(t, &format!("{path}[{i}]"), at)
+                .or_else(|| covers(t.span(), at).then(|| format!("{path}[{i}]")))
+        }),
+        toml_edit::Item::Value(v) => key_in_value(v, path, at),
+        toml_edit::Item::None => None,
+    }
+}
+
+fn key_in_value(v: &toml_edit::Value, path: &str, at: usize) -> Option<String> {
+    let inner = match v {
+        toml_edit::Value::InlineTable(t) => key_in_table(t, path, at),
+        toml_edit::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| key_in_value(v, &format!("{path}[{i}]"), at)),
+        _ => None,
+    };
+    inner.or_else(|| covers(v.span(), at).then(|| path.to_owned()))
+}
+
 fn range<T: PartialOrd + Copy + std::fmt::Display>(
     key: &str,
     v: T,
@@ -512,11 +590,24 @@ impl Config {
     /// Parses TOML text without checking values, for callers that apply overrides first
     /// (e.g. the CLI's `--store`); they must call [`Config::validate`] afterwards.
     pub fn parse_toml(text: &str) -> Result<Config, CoreError> {
-        toml::from_str(text).map_err(|e| CoreError::InvalidConfig {
-            key: e
-                .span()
-                .map_or_else(String::new, |s| format!("at byte {}", s.start)),
-            reason: e.message().to_owned(),
+        toml::from_str(text).map_err(|e| {
+            let Some(at) = e.span().map(|s| s.start) else {
+                return CoreError::InvalidConfig {
+                    key: "(the file)".into(),
+                    reason: e.message().to_owned(),
+                };
+            };
+            let (line, column) = line_column(text, at);
+            match key_at(text, at) {
+                Some(key) => CoreError::InvalidConfig {
+                    key,
+                    reason: format!("{} (line {line}, column {column})", e.message()),
+                },
+                None => CoreError::InvalidConfig {
+                    key: format!("at line {line}, column {column}"),
+                    reason: e.message().to_owned(),
+                },
+            }
         })
     }
 
@@ -909,5 +1000,57 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let err = Config::from_toml("[index.worker]\nleese_seconds = 60\n").expect_err("typo");
         assert!(err.to_string().contains("leese_seconds"), "{err}");
+    }
+
+    /// Parse errors name the full dotted key and its line and column, not a byte offset.
+    #[test]
+    fn parse_errors_give_the_full_key_line_and_column() {
+        let err = |text: &str| match Config::parse_toml(text) {
+            Err(CoreError::InvalidConfig { key, reason }) => (key, reason),
+            other => panic!("{text:?}: {other:?}"),
+        };
+        for (text, want_key, want_at) in [
+            (
+                "[index.worker]\nleese_seconds = 60\n",
+                "index.worker.leese_seconds",
+                "(line 2, column 1)",
+            ),
+            (
+                "# comment\n[index.worker]\nlease_seconds = \"60\"\n",
+                "index.worker.lease_seconds",
+                "(line 3, column 17)",
+            ),
+            (
+                "index.outbox.max_retries = true\n",
+                "index.outbox.max_retries",
+                "(line 1, column 28)",
+            ),
+            (
+                "[[server.api_keys]]\nkey_env = \"A\"\nadmin = true\n\n\
+                 [[server.api_keys]]\nkey_env = \"B\"\nadmn = true\n",
+                "server.api_keys[1].admn",
+                "(line 7, column 1)",
+            ),
+            (
+                "[index.outbox]\nconsumers = [\"vector\", 7]\n",
+                "index.outbox.consumers[1]",
+                "(line 2, column 24)",
+            ),
+            (
+                "[store]\nurl = \"x\"\n[lock]\nprovider = { a = 1 }\n",
+                "lock.provider",
+                "(line 4, column 12)",
+            ),
+        ] {
+            let (key, reason) = err(text);
+            assert_eq!(key, want_key, "{text:?}: {reason}");
+            assert!(reason.ends_with(want_at), "{text:?}: {reason}");
+            assert!(!reason.contains("byte"), "{reason}");
+        }
+        // A syntax error has no key: the position stands in for it.
+        let (key, _) = err("[index.worker]\nlease_seconds = = 3\n");
+        assert!(key.starts_with("at line 2, column "), "{key}");
+        assert_eq!(line_column("ab\ncé\nx", 6), (2, 3));
+        assert_eq!(line_column("", 0), (1, 1));
     }
 }
