@@ -168,6 +168,15 @@ pub enum StoreError {
     /// A file-system failure (`fs-err` names the path).
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The data directory does not exist and cannot be created (a parent that is a file or
+    /// missing and not creatable, no permission, a read-only file system).
+    #[error("cannot create the data directory {}: {source}", path.display())]
+    DataDir {
+        /// The data directory.
+        path: PathBuf,
+        /// Why `create_dir_all` failed.
+        source: std::io::Error,
+    },
 }
 
 fn found_text(actual: Option<u64>) -> String {
@@ -256,7 +265,7 @@ impl Classify for StoreError {
             StoreError::Sqlite(_) | StoreError::Postgres(_) => ErrorCode::Internal,
             StoreError::PgUnavailable(_) => ErrorCode::Unavailable,
             StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => ErrorCode::NotFound,
-            StoreError::Io(_) => ErrorCode::Io,
+            StoreError::Io(_) | StoreError::DataDir { .. } => ErrorCode::Io,
             StoreError::AtPath { source, .. } => source.code(),
             StoreError::BadLayout { .. } => ErrorCode::InvalidField,
         }
@@ -274,7 +283,7 @@ impl Classify for StoreError {
             // The same deletion stays over the limits until the caller overrides it.
             StoreError::LargeDelete(_) => false,
             // A missing or forbidden path stays so; other I/O (disk full, EINTR) may clear.
-            StoreError::Io(e) => !matches!(
+            StoreError::Io(e) | StoreError::DataDir { source: e, .. } => !matches!(
                 e.kind(),
                 std::io::ErrorKind::NotFound
                     | std::io::ErrorKind::PermissionDenied

@@ -150,8 +150,9 @@ pub fn import_dir_fenced(
     ops.extend(removals);
     ops.extend(hold);
     let outcomes = store.apply_fenced(fences, ops)?;
+    // Every outcome's events count, the prune's DELETEs included.
+    report.events = outcomes.iter().map(|o| o.event_ids.len() as u64).sum();
     for (i, o) in outcomes.iter().take(n_ops).enumerate() {
-        report.events += o.event_ids.len() as u64;
         match (i < n_puts, o.changed) {
             (true, true) => report.nodes_written += 1,
             (true, false) => report.nodes_unchanged += 1,

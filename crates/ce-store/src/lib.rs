@@ -23,8 +23,8 @@ mod txn;
 pub use error::{Result, StoreError};
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, Hold, HoldStore,
-    LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore,
-    Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
+    LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest,
+    RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome, check_list_limit,
 };
 pub use sqlite::SqliteStore;
 

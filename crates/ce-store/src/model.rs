@@ -3,8 +3,8 @@
 use std::str::FromStr;
 
 use ce_core::{
-    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta, Millis,
-    OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Level, Meta,
+    Millis, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,10 @@ pub struct WriteOutcome {
     pub nodes_affected: u64,
     /// The trace id of the write.
     pub trace_id: String,
+    /// Layers a put in replace mode emptied because the request did not give them (absent
+    /// from JSON when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers_removed: Vec<Level>,
 }
 
 /// What the source knows about a URI's version.
@@ -256,8 +260,28 @@ pub struct OutboxFilter {
     /// ... or, when set, after `(after_seq, after_consumer)`: pass the last row's sequence
     /// and consumer to get the next page without skipping rows.
     pub after_consumer: Option<String>,
-    /// At most this many rows (default 100).
+    /// At most this many rows (default 100; users may ask for up to [`MAX_LIST_LIMIT`]).
     pub limit: Option<u32>,
+}
+
+/// Most rows a user's `outbox list` may ask for (page with `after_seq` / `after_consumer`
+/// for more).
+pub const MAX_LIST_LIMIT: u32 = 10_000;
+
+/// Checks a row limit asked by a user (`ce outbox list --limit`, `GET
+/// /v1/outbox/list?limit=`): outside 1..=[`MAX_LIST_LIMIT`] is an `invalid_field` error. The
+/// store itself takes any limit (internal callers page with their own).
+pub fn check_list_limit(limit: Option<u32>) -> Result<()> {
+    match limit {
+        Some(limit) if !(1..=MAX_LIST_LIMIT).contains(&limit) => Err(CoreError::InvalidField {
+            field: "limit",
+            reason: format!(
+                "{limit} is outside 1..={MAX_LIST_LIMIT} (page with after for more rows)"
+            ),
+        }
+        .into()),
+        _ => Ok(()),
+    }
 }
 
 /// Which dead deliveries a repair acts on ([`OutboxStore::count_dead`],
@@ -493,6 +517,7 @@ mod tests {
             event_ids: vec!["evt-1".into()],
             nodes_affected: 1,
             trace_id: "t".into(),
+            layers_removed: vec![Level::L0, Level::L2],
         });
         round_trips(&NodeStat {
             uri: uri("ctx://a/users/u/memories/x"),

@@ -3,7 +3,9 @@
 //! Backends read the current row, call these functions and write the result in the same
 //! transaction as the events; no backend re-implements the merge rules.
 
-use ce_core::{ContextNode, CoreError, CtxUri, Layers, Meta, Millis, PathDefaults, UpsertReason};
+use ce_core::{
+    ContextNode, CoreError, CtxUri, Layers, Level, Meta, Millis, PathDefaults, UpsertReason,
+};
 
 use crate::error::{Result, StoreError};
 use crate::model::{PutMode, PutRequest};
@@ -15,6 +17,8 @@ pub struct PlannedNode {
     pub node: ContextNode,
     /// The reason recorded in `UPSERT_CONTEXT`.
     pub reason: UpsertReason,
+    /// Layers the node had that a replace left empty (it was not given them).
+    pub layers_removed: Vec<Level>,
 }
 
 /// Generates a trace id when the caller gave none.
@@ -195,7 +199,18 @@ pub fn plan_put(
         node.created_at_ms = now;
     }
     node.trace_id = trace_id.to_owned();
-    Ok(Some(PlannedNode { node, reason }))
+    let layers_removed = match (existing, req.mode) {
+        (Some(old), PutMode::Replace) => Level::ALL
+            .into_iter()
+            .filter(|&l| !old.layers.get(l).is_empty() && node.layers.get(l).is_empty())
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Some(PlannedNode {
+        node,
+        reason,
+        layers_removed,
+    }))
 }
 
 fn check_size(field: &'static str, len: usize, max: usize) -> Result<()> {
@@ -261,6 +276,34 @@ mod tests {
         assert_eq!(p.node.version, 8);
         assert_eq!(p.node.owner_space.to_string(), "user:u1");
         assert_eq!(p.node.category, "prefs");
+    }
+
+    #[test]
+    fn replace_names_the_layers_it_empties() {
+        let u = uri("ctx://a/x");
+        let full = PutRequest {
+            abstract_text: Some("a".into()),
+            content: Some("c".into()),
+            ..PutRequest::default()
+        };
+        let created = plan_put(&u, None, None, full, 5, 100, "t")
+            .expect("ok")
+            .expect("new");
+        assert_eq!(created.layers_removed, [], "a create removes nothing");
+        let n = created.node;
+        let overview = |mode| PutRequest {
+            overview: Some("o".into()),
+            mode,
+            ..PutRequest::default()
+        };
+        let replaced = plan_put(&u, Some(&n), None, overview(PutMode::Replace), 6, 100, "t")
+            .expect("ok")
+            .expect("changed");
+        assert_eq!(replaced.layers_removed, [Level::L0, Level::L2]);
+        let merged = plan_put(&u, Some(&n), None, overview(PutMode::Merge), 6, 100, "t")
+            .expect("ok")
+            .expect("changed");
+        assert_eq!(merged.layers_removed, []);
     }
 
     #[test]

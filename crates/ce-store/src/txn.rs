@@ -140,6 +140,7 @@ fn unchanged(uri: &CtxUri, version: u64, trace_id: String) -> WriteOutcome {
         event_ids: Vec::new(),
         nodes_affected: 0,
         trace_id,
+        layers_removed: Vec::new(),
     }
 }
 
@@ -217,6 +218,7 @@ pub(crate) fn put(
         event_ids,
         nodes_affected,
         trace_id,
+        layers_removed: planned.layers_removed,
     })
 }
 
@@ -266,6 +268,7 @@ pub(crate) fn rm(
         event_ids,
         nodes_affected: removed,
         trace_id,
+        layers_removed: Vec::new(),
     })
 }
 
@@ -324,6 +327,7 @@ pub(crate) fn mv(
         event_ids,
         nodes_affected: moved.len() as u64,
         trace_id,
+        layers_removed: Vec::new(),
     })
 }
 
@@ -406,6 +410,7 @@ fn apply_op(
                 event_ids: Vec::new(),
                 nodes_affected: 0,
                 trace_id: id,
+                layers_removed: Vec::new(),
             })
         }
     }
@@ -464,6 +469,7 @@ fn relation_write(
         event_ids,
         nodes_affected: 1,
         trace_id,
+        layers_removed: Vec::new(),
     })
 }
 

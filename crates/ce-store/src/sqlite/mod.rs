@@ -74,7 +74,10 @@ impl SqliteStore {
     /// Opens the store with an explicit clock (tests and simulations).
     pub fn open_with_clock(data_dir: &Path, config: Config, clock: Arc<dyn Clock>) -> Result<Self> {
         config.validate()?;
-        fs_err::create_dir_all(data_dir)?;
+        std::fs::create_dir_all(data_dir).map_err(|source| crate::StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
         let path = data_dir.join(DB_FILE);
         let conn = open_conn(&path, &config)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
