@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::bench::BenchOutboxArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
@@ -69,6 +69,9 @@ pub struct Cli {
         display_order = 905
     )]
     pub api_key: Option<String>,
+    /// More detail in human output: every event id of a write.
+    #[arg(long, short = 'v', global = true, display_order = 906)]
+    pub verbose: bool,
     /// Log format on stderr: human or json (level from $CE_LOG, e.g. `info`, `debug`).
     #[arg(
         long,
@@ -81,6 +84,41 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The commands that work on the data directory only: `--server` and `--api-key` do not
+/// apply to them, so their help does not list the two (given anyway, the command says so).
+pub const LOCAL_ONLY: [&str; 8] = [
+    "import", "export", "demo", "bench", "eval", "serve", "worker", "migrate",
+];
+
+/// The global options that only matter with a server.
+const REMOTE_OPTIONS: [&str; 2] = ["server", "api_key"];
+
+/// The clap command of [`Cli`], with the remote options hidden from the local-only commands.
+///
+/// Clap has no per-subcommand switch for a global option, and changing arguments after the
+/// command is built breaks its lookup tables. So each local-only command gets, before the
+/// build, a hidden non-global copy of each remote option: the global one is then not
+/// propagated to it (clap skips an id the subcommand has), the option stays accepted there
+/// and its value still reaches [`Cli`], where the command refuses it with a reason.
+pub fn command() -> clap::Command {
+    let cmd = Cli::command();
+    let hidden: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| REMOTE_OPTIONS.contains(&a.get_id().as_str()))
+        .map(|a| a.clone().global(false).hide(true))
+        .collect();
+    LOCAL_ONLY.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| sub.args(hidden.iter().cloned()))
+    })
+}
+
+/// Parses the process arguments (exits with clap's usage error, or prints help).
+pub fn parse() -> Cli {
+    use clap::FromArgMatches as _;
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// The `ce` commands.
@@ -325,7 +363,7 @@ pub struct OutboxListArgs {
     /// consumer), so a page boundary inside one event skips nothing.
     #[arg(long, value_name = "CONSUMER", requires = "after")]
     pub after_consumer: Option<String>,
-    /// At most N rows [default: 100].
+    /// At most N rows, 1-10000 (page with --after for more) [default: 100].
     #[arg(long, value_name = "N")]
     pub limit: Option<u32>,
 }
@@ -503,4 +541,54 @@ pub struct BenchLocksArgs {
     /// Redis server of the `redis` provider.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn help(path: &[&str]) -> String {
+        let mut cmd = command();
+        // Global options reach the subcommands when the command is built.
+        cmd.build();
+        let mut sub = &mut cmd;
+        for name in path {
+            sub = sub.find_subcommand_mut(name).expect("subcommand");
+        }
+        sub.render_long_help().to_string()
+    }
+
+    #[test]
+    fn remote_options_are_listed_only_where_they_apply() {
+        for path in [
+            &["serve"][..],
+            &["worker"],
+            &["import"],
+            &["migrate"],
+            &["bench", "outbox"],
+        ] {
+            let h = help(path);
+            assert!(
+                !h.contains("--server") && !h.contains("--api-key"),
+                "{path:?}: {h}"
+            );
+            assert!(h.contains("--data-dir"), "{path:?}: {h}");
+        }
+        for path in [&["put"][..], &["status"], &["outbox", "list"]] {
+            let h = help(path);
+            assert!(
+                h.contains("--server") && h.contains("--api-key"),
+                "{path:?}: {h}"
+            );
+        }
+        command().debug_assert();
+    }
+
+    #[test]
+    fn local_only_names_are_commands() {
+        let cmd = command();
+        for name in LOCAL_ONLY {
+            assert!(cmd.find_subcommand(name).is_some(), "{name}");
+        }
+    }
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ce_core::{
-    Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType, Level, Meta,
-    OutboxEventCreate,
+    Config, ContextNode, CoreError, CtxUri, DeliveryStatus, EventPayload, EventType,
+    IndexProjector, Level, Meta, OutboxEventCreate,
 };
 use ce_lock::LockManager;
 use ce_retrieval::{HierarchicalParams, HierarchicalRequest, RelatedRequest, SearchRequest};
@@ -49,8 +49,8 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
     }
     let open = || open_store(cli);
     match &cli.command {
-        Command::Put(a) => put(&open, a),
-        Command::Cat(a) => cat(&open, a),
+        Command::Put(a) => put(&open, a, cli.verbose),
+        Command::Cat(a) => cat(cli, a),
         Command::Stat(a) => {
             let uri = parse_uri(&a.uri)?;
             let s = open()?.stat(&uri)?;
@@ -59,7 +59,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         Command::Ls(LsArgs { uri }) => {
             let uri = parse_uri(uri)?;
             let children = open()?.ls(&uri)?;
-            Rendered::new(&children, output::ls(&children))
+            Rendered::new(&children, output::ls(&uri, &children))
         }
         Command::Tree(TreeArgs { uri, depth }) => {
             let uri = parse_uri(uri)?;
@@ -71,9 +71,9 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let (from, to) = (parse_uri(from)?, parse_uri(to)?);
             let (store, locks) = open_locked(cli)?;
             let o = guarded(&store, &locks).mv(&from, &to, None)?;
-            Rendered::new(&o, output::outcome(&o))
+            Rendered::new(&o, output::outcome(&o, cli.verbose))
         }
-        Command::Link(a) => link(&open, a),
+        Command::Link(a) => link(&open, a, cli.verbose),
         Command::Unlink(UnlinkArgs {
             from,
             to,
@@ -81,7 +81,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }) => {
             let (from, to) = (parse_uri(from)?, parse_uri(to)?);
             let o = open()?.unlink(&from, &to, relation_type, None)?;
-            Rendered::new(&o, output::outcome(&o))
+            Rendered::new(&o, output::outcome(&o, cli.verbose))
         }
         Command::Relations(a) => {
             let uri = parse_uri(&a.uri)?;
@@ -193,8 +193,10 @@ pub(crate) fn open_store(cli: &Cli) -> Result<Source> {
 /// lock files, or Redis across hosts).
 fn open_locked(cli: &Cli) -> Result<(Source, LockManager)> {
     let (data_dir, config) = resolve(cli)?;
+    // The store first: it creates the data directory, or says why it cannot.
+    let store = Source::open(&data_dir, &config)?;
     let locks = LockManager::from_config(&config.lock, &data_dir).map_err(ServerError::from)?;
-    Ok((Source::open(&data_dir, &config)?, locks))
+    Ok((store, locks))
 }
 
 fn guarded<'a>(store: &'a Source, locks: &'a LockManager) -> Guarded<'a> {
@@ -269,10 +271,10 @@ pub fn parse_uri(s: &str) -> Result<CtxUri> {
     Ok(CtxUri::parse(s).map_err(CoreError::from)?)
 }
 
-fn put(open: Open<'_>, a: &PutArgs) -> Result<Rendered> {
+fn put(open: Open<'_>, a: &PutArgs, verbose: bool) -> Result<Rendered> {
     let (uri, req) = put_body(a)?.into_request()?;
     let o = open()?.put(&uri, req)?;
-    Rendered::new(&o, output::outcome(&o))
+    Rendered::new(&o, output::outcome(&o, verbose))
 }
 
 /// The `put` request as sent over HTTP (local mode converts it the same way the server
@@ -345,11 +347,22 @@ fn parse_meta(pairs: &[String]) -> Result<Meta> {
     Ok(meta)
 }
 
-fn cat(open: Open<'_>, a: &CatArgs) -> Result<Rendered> {
+fn cat(cli: &Cli, a: &CatArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
     let level = Level::from_i64(a.level)?;
-    let node = read_node(open()?.as_ref(), &uri)?;
-    cat_node(&node, level)
+    let (data_dir, config) = resolve(cli)?;
+    let node = read_node(Source::open(&data_dir, &config)?.as_ref(), &uri)?;
+    let out = CatAnswer::of(&node, level, &IndexProjector::new(config.projector));
+    cat_answer(&out, cli.json)
+}
+
+/// Renders a `ce cat` answer; an empty layer gets a note on stderr (human mode) saying what
+/// search uses in its place.
+pub fn cat_answer(a: &CatAnswer, json: bool) -> Result<Rendered> {
+    if !json && let Some(note) = output::cat_note(a) {
+        output::print_note(&note);
+    }
+    Rendered::new(a, output::cat_text(a))
 }
 
 /// Reads a node that must exist.
@@ -359,20 +372,14 @@ pub fn read_node(store: &dyn ContextFs, uri: &CtxUri) -> Result<ContextNode> {
         .ok_or_else(|| StoreError::NodeNotFound { uri: uri.clone() }.into())
 }
 
-/// Renders one layer of `node`.
-pub fn cat_node(node: &ContextNode, level: Level) -> Result<Rendered> {
-    let out = CatAnswer::of(node, level);
-    Rendered::new(&out, output::cat_text(&out))
-}
-
 fn rm(cli: &Cli, a: &RmArgs) -> Result<Rendered> {
     let uri = parse_uri(&a.uri)?;
     let (store, locks) = open_locked(cli)?;
     let o = guarded(&store, &locks).rm(&uri, a.recursive, a.expect_version, None)?;
-    Rendered::new(&o, output::outcome(&o))
+    Rendered::new(&o, output::outcome(&o, cli.verbose))
 }
 
-fn link(open: Open<'_>, a: &LinkArgs) -> Result<Rendered> {
+fn link(open: Open<'_>, a: &LinkArgs, verbose: bool) -> Result<Rendered> {
     let req = LinkRequest {
         from: parse_uri(&a.from)?,
         to: parse_uri(&a.to)?,
@@ -382,7 +389,7 @@ fn link(open: Open<'_>, a: &LinkArgs) -> Result<Rendered> {
         trace_id: None,
     };
     let o = open()?.link(req)?;
-    Rendered::new(&o, output::outcome(&o))
+    Rendered::new(&o, output::outcome(&o, verbose))
 }
 
 fn outbox(open: Open<'_>, c: &OutboxCommand) -> Result<Rendered> {
@@ -421,6 +428,7 @@ fn outbox_list(open: Open<'_>, a: &OutboxListArgs) -> Result<Rendered> {
         after_consumer: a.after_consumer.clone(),
         limit: a.limit,
     };
+    ce_store::check_list_limit(filter.limit)?;
     let rows = open()?.list(&filter)?;
     Rendered::new(&rows, output::outbox_list(&rows))
 }
@@ -505,23 +513,71 @@ pub fn search_request(a: &SearchArgs) -> Result<SearchRequest> {
     Ok(req)
 }
 
-/// Prints drain progress on stderr at most every 200 ms (nothing with `--json`).
-pub fn progress_printer(json: bool, label: &'static str) -> impl Fn(&DrainProgress) + Sync {
-    let last = Mutex::new(None::<Instant>);
-    move |p: &DrainProgress| {
-        if json {
-            return;
+/// Drain progress on stderr, in both modes (stdout holds only the final answer): a line at
+/// most every 200 ms — text, or one JSON object per line with `--json` — and always a last
+/// line with the final totals.
+pub struct Progress {
+    json: bool,
+    label: &'static str,
+    /// When the last line was printed, and what it said.
+    last: Mutex<Option<(Instant, DrainProgress)>>,
+}
+
+impl Progress {
+    /// Progress of the drain named `label` (`worker`, `reindex`, ...).
+    pub fn new(json: bool, label: &'static str) -> Self {
+        Progress {
+            json,
+            label,
+            last: Mutex::new(None),
         }
-        let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
-            return;
-        }
-        *last = Some(Instant::now());
-        eprintln!(
-            "{label}: {} events indexed, {} retried, {} dead ({:.0} ms)",
-            p.succeeded, p.retried, p.failed, p.elapsed_ms
-        );
     }
+
+    /// Reports totals so far (called after every batch, from any worker thread).
+    pub fn update(&self, p: &DrainProgress) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|(t, _)| t.elapsed() < Duration::from_millis(200)) {
+            return;
+        }
+        self.print(p);
+        *last = Some((Instant::now(), *p));
+    }
+
+    /// Reports the final totals, unless the last line already said them.
+    pub fn finish(&self, p: &DrainProgress) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let said = last.is_some_and(|(_, q)| {
+            (q.events, q.succeeded, q.retried, q.failed)
+                == (p.events, p.succeeded, p.retried, p.failed)
+        });
+        if !said {
+            self.print(p);
+            *last = Some((Instant::now(), *p));
+        }
+    }
+
+    fn print(&self, p: &DrainProgress) {
+        let line = if self.json {
+            let mut v = serde_json::to_value(p).unwrap_or_default();
+            v["progress"] = self.label.into();
+            format!("{v}\n")
+        } else {
+            output::drain_progress(self.label, p)
+        };
+        output::print_note(&line);
+    }
+}
+
+/// Runs `engine`'s workers until the outbox is drained, with progress on stderr.
+pub fn drain_with_progress(
+    engine: &Engine,
+    json: bool,
+    label: &'static str,
+) -> Result<DrainReport> {
+    let progress = Progress::new(json, label);
+    let report = engine.drain(&|p: &DrainProgress| progress.update(p))?;
+    progress.finish(&report.progress);
+    Ok(report)
 }
 
 /// The `--json` answer of a local `ce reindex`.
@@ -540,7 +596,7 @@ fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
     let drain = if a.no_wait {
         None
     } else {
-        Some(engine.drain(&progress_printer(cli.json, "reindex"))?)
+        Some(drain_with_progress(&engine, cli.json, "reindex")?)
     };
     engine.shutdown();
     let out = ReindexOutput {
@@ -553,8 +609,14 @@ fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
 fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
     check_workers(a.workers, 0)?;
     let (data_dir, config) = resolve(cli)?;
-    let mut options = ServeOptions::for_config(&config);
+    // The whole configuration, API keys from the environment included, before anything
+    // starts (no worker runs for a server that cannot serve).
+    let mut options = ServeOptions::for_config(&config)?;
     options.bind.clone_from(&a.bind);
+    // A literal address is checked now too (a host name only once it is bound).
+    if let Ok(addr) = a.bind.parse::<std::net::SocketAddr>() {
+        ce_server::http::auth::check_bind(addr, &options.keys, &config.server)?;
+    }
     if let Some(m) = a.max_body_bytes {
         options.max_body_bytes = m;
     }
@@ -613,7 +675,7 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     }
     if a.once {
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers)?;
-        let report = engine.drain(&progress_printer(cli.json, "worker"))?;
+        let report = drain_with_progress(&engine, cli.json, "worker")?;
         engine.shutdown();
         // The ready consumers were drained; one that could not run fails the command.
         let blocked: Vec<String> = report
@@ -630,7 +692,8 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
             };
             return Err(ServerError::NotReady {
                 reason: format!(
-                    "drained {} events; {}",
+                    "drained {} events ({} deliveries); {}",
+                    report.progress.events,
                     report.progress.succeeded,
                     blocked.join("; ")
                 ),

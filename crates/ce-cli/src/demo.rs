@@ -18,7 +18,7 @@ use ce_store::layout::{self, ImportReport};
 use serde::Serialize;
 
 use crate::cli::DemoArgs;
-use crate::commands::{parse_uri, progress_printer, read_node};
+use crate::commands::{drain_with_progress, parse_uri, read_node};
 use crate::error::Result;
 use crate::output::{self, Rendered};
 
@@ -150,7 +150,7 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
         });
     }
 
-    let index = engine.drain(&progress_printer(json, "indexing"))?;
+    let index = drain_with_progress(engine, json, "indexing")?;
 
     let mut searches = Vec::new();
     for q in QUERIES {

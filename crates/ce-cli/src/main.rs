@@ -4,7 +4,8 @@
 //! `demo`, `bench`) or, with `--server URL`, against a running `ce serve` (`remote`), and
 //! prints its answer (`output`): human text by default, one JSON document with `--json`.
 //! Failures print `error: <message> [<code>]` on stderr (JSON with `--json`) and exit with
-//! the code's exit status (see the README's table).
+//! the code's exit status (see the README's table). Commands that run the workers to the end
+//! report progress on stderr in both modes (JSON lines with `--json`, the error object last).
 
 mod bench;
 mod bench_locks;
@@ -24,13 +25,12 @@ use std::process::ExitCode;
 
 use ce_core::Classify;
 use ce_server::logging::{self, LogFormat};
-use clap::Parser;
 
 use crate::cli::{Cli, Command};
 use crate::error::CliError;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::parse();
     let result = init_logging(&cli)
         .and_then(|()| commands::run(&cli))
         .and_then(|rendered| {
@@ -51,7 +51,8 @@ fn main() -> ExitCode {
 }
 
 /// Long-running commands log at `info`; one-shot commands only errors, and nothing with
-/// `--json` (stderr then holds at most the JSON error). `CE_LOG` overrides.
+/// `--json` (stderr then holds JSON lines only: drain progress, and at most one error, last).
+/// `CE_LOG` overrides.
 fn init_logging(cli: &Cli) -> Result<(), CliError> {
     let format: LogFormat = cli.log_format.parse().map_err(|e| {
         CliError::Core(ce_core::CoreError::InvalidField {

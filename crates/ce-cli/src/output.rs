@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use ce_core::{Classify, CtxUri, Delivery, Millis, OutboxEvent, RelationEdge, rfc3339};
+use ce_core::{
+    Classify, CtxUri, Delivery, Level, LevelSource, Millis, OutboxEvent, RelationEdge, rfc3339,
+};
 use ce_index::relation::Direction;
 use ce_index::worker::dry_run::DryRunReport;
 use ce_retrieval::SearchResponse;
 use ce_retrieval::{HierarchicalResponse, RelatedResponse};
 use ce_server::MigrateReport;
-use ce_server::status::{DrainReport, ReindexReport, Status};
+use ce_server::status::{DrainProgress, DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
 use ce_store::layout::{ExportReport, ImportReport};
 use ce_store::{ConsumerStats, DeliveryRow, NodeStat, Relations, WriteOutcome};
@@ -165,26 +167,87 @@ fn meta_text(meta: &ce_core::Meta) -> String {
     }
 }
 
-/// The outcome of a write (put, rm, mv, link, unlink).
-pub fn outcome(o: &WriteOutcome) -> String {
-    let events = if o.event_ids.is_empty() {
-        "-".to_owned()
-    } else {
-        o.event_ids.join(" ")
+/// The outcome of a write (put, rm, mv, link, unlink): the number of events it appended, and
+/// their ids when `verbose` (a put that creates ancestors or an `rm -r` appends many).
+pub fn outcome(o: &WriteOutcome, verbose: bool) -> String {
+    let events = match (o.event_ids.len(), verbose) {
+        (0, _) => "0".to_owned(),
+        (n, true) => format!("{n}: {}", o.event_ids.join(" ")),
+        (n, false) => n.to_string(),
     };
-    kv(&[
+    let mut pairs = vec![
         ("uri", o.uri.to_string()),
         ("version", o.version.to_string()),
         ("changed", o.changed.to_string()),
         ("nodes", o.nodes_affected.to_string()),
         ("events", events),
         ("trace_id", o.trace_id.clone()),
-    ])
+    ];
+    if !o.layers_removed.is_empty() {
+        let layers: Vec<String> = o
+            .layers_removed
+            .iter()
+            .map(|&l| format!("L{l} ({})", layer_name(l)))
+            .collect();
+        pairs.push((
+            "removed",
+            format!(
+                "{}: replace mode keeps only the layers given (--mode merge keeps the others)",
+                layers.join(", ")
+            ),
+        ));
+    }
+    kv(&pairs)
+}
+
+/// The name of a layer, as its `put` option says it.
+fn layer_name(level: Level) -> &'static str {
+    match level {
+        Level::L0 => "abstract",
+        Level::L1 => "overview",
+        Level::L2 => "content",
+    }
 }
 
 /// `ce cat`: the layer's text, newline-terminated.
 pub fn cat_text(a: &CatAnswer) -> String {
     newline_terminated(&a.text)
+}
+
+/// What `ce cat` says on stderr when the layer is empty (stdout stays the exact text).
+pub fn cat_note(a: &CatAnswer) -> Option<String> {
+    if !a.text.is_empty() {
+        return None;
+    }
+    let l = a.level;
+    Some(match a.fallback {
+        Some(LevelSource { level, max_chars }) => {
+            let part = max_chars.map_or_else(
+                || format!("L{level}"),
+                |n| format!("the first {n} characters of L{level}"),
+            );
+            format!(
+                "L{l} ({}) of {} is empty; search uses {part} ({}) for it\n",
+                layer_name(l),
+                a.uri,
+                layer_name(level)
+            )
+        }
+        None if l == Level::L2 => format!(
+            "L2 (content) of {} is empty; L2 has no fallback, so search has no L2 record of it\n",
+            a.uri
+        ),
+        None => format!(
+            "L{l} ({}) of {} is empty, and so is every layer it falls back to: search has no L{l} record of it\n",
+            layer_name(l),
+            a.uri
+        ),
+    })
+}
+
+/// Writes a note for the user on stderr (the answer on stdout stays clean for pipes).
+pub fn print_note(text: &str) {
+    let _ = io::stderr().lock().write_all(text.as_bytes());
 }
 
 fn newline_terminated(text: &str) -> String {
@@ -318,7 +381,13 @@ pub fn status(s: &Status) -> String {
         ("relation_index", size(s.relation_records, "edges")),
         (
             "workers",
-            format!("{} ({})", s.workers, s.worker_consumers.join(", ")),
+            if s.workers == 0 {
+                "none in this process (`ce worker --once` indexes what is pending; `ce serve` \
+                 or `ce worker` keeps indexing)"
+                    .to_owned()
+            } else {
+                format!("{} ({})", s.workers, s.worker_consumers.join(", "))
+            },
         ),
         ("embed_cache", cache),
         (
@@ -381,21 +450,45 @@ pub fn status(s: &Status) -> String {
     out
 }
 
-/// `ce worker --once` (and the indexing step of the demo and of a local reindex).
+/// A progress line of a drain: events and their deliveries (one per consumer) separately.
+pub fn drain_progress(label: &str, p: &DrainProgress) -> String {
+    format!(
+        "{label}: {} events, {} deliveries done, {} retried, {} dead ({:.0} ms)\n",
+        p.events, p.succeeded, p.retried, p.failed, p.elapsed_ms
+    )
+}
+
+/// `ce worker --once` (and the indexing step of the demo and of a local reindex). An event
+/// has one delivery per consumer: both are counted, and both rates given.
 pub fn drain(d: &DrainReport) -> String {
     let p = &d.progress;
-    let rate = if p.elapsed_ms > 0.0 {
-        p.succeeded as f64 * 1000.0 / p.elapsed_ms
-    } else {
-        0.0
+    let per_second = |n: u64| {
+        if p.elapsed_ms > 0.0 {
+            n as f64 * 1000.0 / p.elapsed_ms
+        } else {
+            0.0
+        }
     };
     let mut pairs = vec![
-        ("indexed", format!("{} events", p.succeeded)),
-        ("retried", p.retried.to_string()),
-        ("dead", p.failed.to_string()),
+        ("events", p.events.to_string()),
+        (
+            "deliveries",
+            format!(
+                "{} done, {} retried, {} dead (one per event and consumer)",
+                p.succeeded, p.retried, p.failed
+            ),
+        ),
         ("batches", p.batches.to_string()),
         ("workers", d.workers.to_string()),
-        ("took", format!("{} ms ({rate:.0} events/s)", p.elapsed_ms)),
+        (
+            "took",
+            format!(
+                "{:.0} ms ({:.0} events/s, {:.0} deliveries/s)",
+                p.elapsed_ms,
+                per_second(p.events),
+                per_second(p.succeeded)
+            ),
+        ),
     ];
     let remaining: Vec<String> = d
         .remaining
@@ -517,10 +610,16 @@ fn display_name(s: &NodeStat) -> String {
     }
 }
 
-/// `ce ls`.
-pub fn ls(children: &[NodeStat]) -> String {
+/// `ce ls URI`: its children, or what is there when it has none.
+pub fn ls(uri: &CtxUri, children: &[NodeStat]) -> String {
     if children.is_empty() {
-        return String::new();
+        return if uri.is_root() {
+            "no accounts yet (`ce put ctx://ACCOUNT/...` creates one)\n".to_owned()
+        } else {
+            format!(
+                "{uri} has no children (`ce stat {uri}` shows the node, `ce cat {uri}` its content)\n"
+            )
+        };
     }
     let rows: Vec<Vec<String>> = children
         .iter()

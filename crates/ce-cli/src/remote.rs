@@ -201,7 +201,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Put(a) => {
             let body = commands::put_body(a)?;
             body.clone().into_request()?;
-            outcome(c.post("/v1/put", &body)?)
+            outcome(c.post("/v1/put", &body)?, cli.verbose)
         }
         Command::Cat(CatArgs { uri, level }) => {
             let uri = parse_uri(uri)?;
@@ -210,7 +210,14 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 "/v1/cat",
                 &[("uri", uri.to_string()), ("level", level.to_string())],
             )?;
-            rendered(json, |a: CatAnswer| Ok(output::cat_text(&a)))
+            rendered(json, |a: CatAnswer| {
+                if !cli.json
+                    && let Some(note) = output::cat_note(&a)
+                {
+                    output::print_note(&note);
+                }
+                Ok(output::cat_text(&a))
+            })
         }
         Command::Stat(a) => {
             let uri = parse_uri(&a.uri)?;
@@ -220,7 +227,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Ls(LsArgs { uri }) => {
             let uri = parse_uri(uri)?;
             let json = c.get("/v1/ls", &[("uri", uri.to_string())])?;
-            rendered(json, |v: Vec<NodeStat>| Ok(output::ls(&v)))
+            rendered(json, |v: Vec<NodeStat>| Ok(output::ls(&uri, &v)))
         }
         Command::Tree(TreeArgs { uri, depth }) => {
             let root = parse_uri(uri)?;
@@ -242,7 +249,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 expect_version: *expect_version,
                 trace_id: None,
             };
-            outcome(c.post("/v1/rm", &body)?)
+            outcome(c.post("/v1/rm", &body)?, cli.verbose)
         }
         Command::Mv(MvArgs { from, to }) => {
             let body = MvBody {
@@ -250,11 +257,11 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 to: parse_uri(to)?.to_string(),
                 trace_id: None,
             };
-            outcome(c.post("/v1/mv", &body)?)
+            outcome(c.post("/v1/mv", &body)?, cli.verbose)
         }
         Command::Link(a) => {
             let body = link_body(a)?;
-            outcome(c.post("/v1/link", &body)?)
+            outcome(c.post("/v1/link", &body)?, cli.verbose)
         }
         Command::Unlink(UnlinkArgs {
             from,
@@ -267,7 +274,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 relation_type: relation_type.clone(),
                 trace_id: None,
             };
-            outcome(c.post("/v1/unlink", &body)?)
+            outcome(c.post("/v1/unlink", &body)?, cli.verbose)
         }
         Command::Relations(a) => {
             let uri = parse_uri(&a.uri)?;
@@ -321,8 +328,8 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
     }
 }
 
-fn outcome(json: Value) -> Result<Rendered> {
-    rendered(json, |o: WriteOutcome| Ok(output::outcome(&o)))
+fn outcome(json: Value, verbose: bool) -> Result<Rendered> {
+    rendered(json, |o: WriteOutcome| Ok(output::outcome(&o, verbose)))
 }
 
 fn link_body(a: &LinkArgs) -> Result<LinkBody> {
@@ -389,6 +396,7 @@ fn list_query(a: &OutboxListArgs) -> Result<Vec<(&'static str, String)>> {
         q.push(("after_consumer", c.clone()));
     }
     if let Some(l) = a.limit {
+        ce_store::check_list_limit(Some(l))?;
         q.push(("limit", l.to_string()));
     }
     Ok(q)

@@ -124,7 +124,7 @@ pub fn run(cli: &Cli, c: &RepairCommand) -> Result<Rendered> {
             let drain = if a.no_wait || report.emitted == 0 {
                 None
             } else {
-                Some(engine.drain(&commands::progress_printer(cli.json, "repair"))?)
+                Some(commands::drain_with_progress(&engine, cli.json, "repair")?)
             };
             engine.shutdown();
             let out = ReconcileOutput {

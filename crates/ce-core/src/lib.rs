@@ -32,7 +32,7 @@ pub use node::{
     ContextNode, ContextType, Layers, Level, Meta, OwnerSpace, PathDefaults, RelationEdge,
 };
 pub use projector::{
-    IndexProjector, IndexRecord, MoveProjection, NodeProjection, ProjectionWarning,
+    IndexProjector, IndexRecord, LevelSource, MoveProjection, NodeProjection, ProjectionWarning,
     RelationIndexRecord,
 };
 pub use uri::{CtxUri, UriError, canonicalize_uri};

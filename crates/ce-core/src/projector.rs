@@ -122,6 +122,15 @@ pub struct IndexProjector {
     config: ProjectorConfig,
 }
 
+/// The layer an index level's text comes from ([`IndexProjector::level_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LevelSource {
+    /// The layer whose text is used.
+    pub level: Level,
+    /// Characters of it used (a fallback's limit); `None`: all of it.
+    pub max_chars: Option<usize>,
+}
+
 /// Where a level's text came from.
 struct LevelText<'a> {
     text: String,
@@ -160,23 +169,39 @@ impl IndexProjector {
         Ok(self.record(node, Level::from_i64(level)?))
     }
 
-    fn level_text<'a>(&self, node: &'a ContextNode, level: Level) -> Option<LevelText<'a>> {
-        let l = &node.layers;
-        let pick = |text: &str, file: &'a str, max: Option<usize>| {
-            (!text.is_empty()).then(|| LevelText {
-                text: max.map_or_else(|| text.to_owned(), |m| truncate_chars(text, m)),
-                source_file: file,
-            })
-        };
+    /// Where the index record of `level` takes its text from (spec §2.2.1): the layer itself
+    /// when it has text, else the first fallback layer that has, cut to its character
+    /// limit; `None` when none has text (the level gets no record).
+    pub fn level_source(&self, node: &ContextNode, level: Level) -> Option<LevelSource> {
         let (n, m) = (self.config.l0_fallback_chars, self.config.l1_fallback_chars);
-        match level {
-            Level::L0 => pick(&l.abstract_text, ".abstract.md", None)
-                .or_else(|| pick(&l.overview, ".overview.md", Some(n)))
-                .or_else(|| pick(&l.content, "content.md", Some(n))),
-            Level::L1 => pick(&l.overview, ".overview.md", None)
-                .or_else(|| pick(&l.content, "content.md", Some(m))),
-            Level::L2 => pick(&l.content, "content.md", None),
-        }
+        let candidates: &[(Level, Option<usize>)] = match level {
+            Level::L0 => &[
+                (Level::L0, None),
+                (Level::L1, Some(n)),
+                (Level::L2, Some(n)),
+            ],
+            Level::L1 => &[(Level::L1, None), (Level::L2, Some(m))],
+            Level::L2 => &[(Level::L2, None)],
+        };
+        candidates
+            .iter()
+            .find(|(l, _)| !node.layers.get(*l).is_empty())
+            .map(|&(level, max_chars)| LevelSource { level, max_chars })
+    }
+
+    fn level_text(&self, node: &ContextNode, level: Level) -> Option<LevelText<'static>> {
+        let source = self.level_source(node, level)?;
+        let text = node.layers.get(source.level);
+        Some(LevelText {
+            text: source
+                .max_chars
+                .map_or_else(|| text.to_owned(), |m| truncate_chars(text, m)),
+            source_file: match source.level {
+                Level::L0 => ".abstract.md",
+                Level::L1 => ".overview.md",
+                Level::L2 => "content.md",
+            },
+        })
     }
 
     fn record(&self, node: &ContextNode, level: Level) -> Option<IndexRecord> {
@@ -417,6 +442,24 @@ mod tests {
             p.records[0].metadata["source_files"],
             json!([".overview.md"])
         );
+        let src = |n: &ContextNode, l| proj.level_source(n, l);
+        let only_content = node("", "", "body");
+        assert_eq!(
+            src(&only_content, Level::L0),
+            Some(LevelSource {
+                level: Level::L2,
+                max_chars: Some(3)
+            })
+        );
+        assert_eq!(
+            src(&only_content, Level::L2),
+            Some(LevelSource {
+                level: Level::L2,
+                max_chars: None
+            })
+        );
+        assert_eq!(src(&node("", "", ""), Level::L1), None);
+        assert_eq!(src(&node("a", "", ""), Level::L2), None);
     }
 
     /// Spec §13.5.3: MOVE with from == to is a no-op.

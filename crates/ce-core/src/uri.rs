@@ -495,7 +495,10 @@ mod tests {
         // "é" as e + combining acute and as one precomposed character: one key.
         let decomposed = canonicalize_uri("ctx://acc/cafe\u{301}").expect("valid");
         assert_eq!(decomposed, "ctx://acc/caf\u{e9}");
-        assert_eq!(canonicalize_uri("ctx://acc/caf\u{e9}"), Ok(decomposed.clone()));
+        assert_eq!(
+            canonicalize_uri("ctx://acc/caf\u{e9}"),
+            Ok(decomposed.clone())
+        );
         // Hangul jamo compose; CJK text and full-width punctuation stay as written.
         assert_eq!(
             canonicalize_uri("ctx://acc/\u{1100}\u{1161}"),
@@ -534,7 +537,10 @@ mod tests {
             assert_eq!((*p, u32::from(*character)), (position, code), "{input:?}");
             let msg = e.to_string();
             assert!(msg.contains(what), "{msg}");
-            assert!(msg.contains(&format!("U+{code:04X} at byte {position}")), "{msg}");
+            assert!(
+                msg.contains(&format!("U+{code:04X} at byte {position}")),
+                "{msg}"
+            );
             assert_eq!(
                 crate::CoreError::from(e).code(),
                 crate::ErrorCode::InvalidUri

@@ -327,10 +327,13 @@ fn check_canonical(input: &str, c: &str) -> Result<(), TestCaseError> {
     check(!c.chars().any(char::is_control), || {
         format!("{input:?} -> {c:?}: control character")
     })?;
-    check(!c.chars().any(|ch| is_hidden(ch) || is_full_width_alnum(ch)), || {
-        format!("{input:?} -> {c:?}: invisible or full-width character")
+    check(
+        !c.chars().any(|ch| is_hidden(ch) || is_full_width_alnum(ch)),
+        || format!("{input:?} -> {c:?}: invisible or full-width character"),
+    )?;
+    check(c.nfc().eq(c.chars()), || {
+        format!("{input:?} -> {c:?}: not NFC")
     })?;
-    check(c.nfc().eq(c.chars()), || format!("{input:?} -> {c:?}: not NFC"))?;
     let stored = CtxUri::parse_stored(c);
     check(stored.as_ref().map(CtxUri::as_str) == Ok(c), || {
         format!("{input:?} -> {c:?} reads back from storage as {stored:?}")
@@ -384,13 +387,16 @@ fn check_rejection(input: &str, e: &UriError) -> Result<(), TestCaseError> {
             uri,
             position,
             character,
-        ..
+            ..
         } => (
             "hidden",
             uri == t
                 && is_hidden(*character)
                 && t.get(*position..).and_then(|s| s.chars().next()) == Some(*character)
-                && msg.contains(&format!("U+{:04X} at byte {position}", u32::from(*character))),
+                && msg.contains(&format!(
+                    "U+{:04X} at byte {position}",
+                    u32::from(*character)
+                )),
         ),
         UriError::FullWidthCharacter {
             uri,

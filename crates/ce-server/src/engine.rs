@@ -24,6 +24,7 @@
 //! workers, no vector search), with the reason and the fix in [`Engine::readiness`]; node
 //! reads and writes, keyword indexing and keyword search still work.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -45,7 +46,7 @@ use ce_index::vector::pgvector::PgVectorIndex;
 use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
-use ce_index::worker::{IndexWorker, WorkerConfig};
+use ce_index::worker::{IndexWorker, WorkerCallbacks, WorkerConfig};
 use ce_retrieval::{
     Fusion, HierarchicalRequest, HierarchicalResponse, RelatedRequest, RelatedResponse, Retriever,
     SearchMode, SearchRequest, SearchResponse, VectorSide,
@@ -407,7 +408,13 @@ impl Engine {
     }
 
     /// `n` workers for `consumer`, which must be configured and ready.
-    fn make_workers(&self, consumer: &str, n: usize) -> Result<Vec<Arc<IndexWorker>>> {
+    /// `n` workers for `consumer`, each also reporting to `observer` when given.
+    fn make_workers(
+        &self,
+        consumer: &str,
+        n: usize,
+        observer: Option<&Arc<dyn WorkerCallbacks>>,
+    ) -> Result<Vec<Arc<IndexWorker>>> {
         if !self.configured(consumer) {
             return Err(not_listed(consumer));
         }
@@ -421,6 +428,10 @@ impl Engine {
             WorkerConfig::from_config(&self.config, &id, consumer)
         };
         let next = || self.next_worker.fetch_add(1, Ordering::SeqCst);
+        let observed = |w: IndexWorker| match observer {
+            Some(o) => Arc::new(w.with_callback(o.clone())),
+            None => Arc::new(w),
+        };
         let (target, embedder): (Arc<dyn IndexTarget>, Option<Arc<dyn Embedder>>) = match consumer {
             VECTOR_CONSUMER => {
                 if !self.readiness().ready {
@@ -442,7 +453,7 @@ impl Engine {
                     .map(|_| {
                         let w =
                             IndexWorker::for_relations(cfg(next()), source.clone(), index.clone())?;
-                        Ok(Arc::new(w))
+                        Ok(observed(w))
                     })
                     .collect();
             }
@@ -462,7 +473,7 @@ impl Engine {
                     embedder.clone(),
                     IndexProjector::new(self.config.projector),
                 )?;
-                Ok(Arc::new(w))
+                Ok(observed(w))
             })
             .collect()
     }
@@ -518,7 +529,7 @@ impl Engine {
         let consumers = self.ready_consumers();
         let mut workers = Vec::new();
         for c in &consumers {
-            workers.extend(self.make_workers(c, self.options.workers)?);
+            workers.extend(self.make_workers(c, self.options.workers, None)?);
         }
         if workers.is_empty() {
             return Ok(());
@@ -1037,12 +1048,13 @@ impl Engine {
         if consumers.is_empty() {
             return Err(self.not_ready());
         }
+        let totals = DrainTotals::default();
+        let observer: Arc<dyn WorkerCallbacks> = totals.events.clone();
         let mut workers = Vec::new();
         for c in &consumers {
-            workers.extend(self.make_workers(c, self.options.workers)?);
+            workers.extend(self.make_workers(c, self.options.workers, Some(&observer))?);
         }
         let started = Instant::now();
-        let totals = DrainTotals::default();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
@@ -1180,9 +1192,22 @@ impl Drop for Engine {
     }
 }
 
+/// The distinct events whose deliveries a drain claimed (an event has one delivery per
+/// consumer, so `claimed` alone counts each event once per consumer).
+#[derive(Default)]
+struct EventTally(Mutex<HashSet<i64>>);
+
+impl WorkerCallbacks for EventTally {
+    fn on_event_start(&self, event: &OutboxEvent) -> std::result::Result<(), String> {
+        lock(&self.0).insert(event.seq);
+        Ok(())
+    }
+}
+
 /// Counters shared by the draining threads.
 #[derive(Default)]
 struct DrainTotals {
+    events: Arc<EventTally>,
     batches: AtomicU64,
     claimed: AtomicU64,
     succeeded: AtomicU64,
@@ -1202,6 +1227,7 @@ impl DrainTotals {
 
     fn snapshot(&self, started: Instant) -> DrainProgress {
         DrainProgress {
+            events: lock(&self.events.0).len() as u64,
             batches: self.batches.load(Ordering::SeqCst),
             claimed: self.claimed.load(Ordering::SeqCst),
             succeeded: self.succeeded.load(Ordering::SeqCst),

@@ -259,18 +259,23 @@ pub struct ReindexReport {
     pub took_ms: f64,
 }
 
-/// Totals of a drain so far.
+/// Totals of a drain so far. An outbox event has one delivery per consumer: `events` counts
+/// events, the other counters count deliveries (with three consumers, 10,000 events are
+/// 30,000 deliveries).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct DrainProgress {
+    /// Distinct outbox events whose deliveries were claimed.
+    #[serde(default)]
+    pub events: u64,
     /// Batches run.
     pub batches: u64,
-    /// Events claimed.
+    /// Deliveries claimed.
     pub claimed: u64,
-    /// Events marked done.
+    /// Deliveries marked done.
     pub succeeded: u64,
-    /// Events marked dead.
+    /// Deliveries marked dead.
     pub failed: u64,
-    /// Events sent to retry.
+    /// Deliveries sent to retry.
     pub retried: u64,
     /// Time since the drain started.
     pub elapsed_ms: f64,

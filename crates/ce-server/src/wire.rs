@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use ce_core::{ContextNode, CoreError, CtxUri, Delivery, Level, Meta, OutboxEvent};
+use ce_core::{
+    ContextNode, CoreError, CtxUri, Delivery, IndexProjector, Level, LevelSource, Meta, OutboxEvent,
+};
 use ce_index::vector::SearchFilter;
 use ce_retrieval::{
     DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, HierarchicalParams, HierarchicalRequest, SearchRequest,
@@ -339,17 +341,28 @@ pub struct CatAnswer {
     pub content_hash: String,
     /// The layer's text exactly as stored (empty when the layer is empty; no fallback).
     pub text: String,
+    /// When the layer is empty: the layer search indexes for this level instead (spec
+    /// §2.2.1 fallbacks). Absent when the layer has text, or when no fallback has any (the
+    /// level then has no index record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<LevelSource>,
 }
 
 impl CatAnswer {
-    /// Layer `level` of `node`.
-    pub fn of(node: &ContextNode, level: Level) -> Self {
+    /// Layer `level` of `node`; `projector` tells the fallback of an empty layer.
+    pub fn of(node: &ContextNode, level: Level, projector: &IndexProjector) -> Self {
+        let text = node.layers.get(level).to_owned();
         CatAnswer {
             uri: node.uri.clone(),
             level,
             version: node.version,
             content_hash: node.content_hash.clone(),
-            text: node.layers.get(level).to_owned(),
+            fallback: if text.is_empty() {
+                projector.level_source(node, level)
+            } else {
+                None
+            },
+            text,
         }
     }
 }

@@ -515,7 +515,7 @@ fn violation(args: &[String], r: &Run) -> Option<String> {
         return None; // clap's usage error (never JSON)
     }
     let printed = if json {
-        let Ok(e) = serde_json::from_str::<Value>(r.stderr.trim()) else {
+        let Ok(e) = super::harness::json_error(&r.stderr) else {
             return Some("--json failure without a JSON error on stderr".into());
         };
         if !r.stdout.is_empty() {

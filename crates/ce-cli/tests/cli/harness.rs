@@ -145,12 +145,28 @@ pub fn success(args: &[&str], out: Output) -> String {
     stdout
 }
 
+/// The JSON error of a `--json` failure: stderr is JSON lines, drain progress objects
+/// (`{"progress": ...}`) and then the error object, last.
+pub fn json_error(stderr: &str) -> Result<Value, String> {
+    let lines: Vec<&str> = stderr.trim().lines().collect();
+    let Some((last, progress)) = lines.split_last() else {
+        return Err("stderr is empty".into());
+    };
+    for l in progress {
+        let v: Value = serde_json::from_str(l).map_err(|e| format!("{e}: {l:?}"))?;
+        if v.get("progress").is_none() {
+            return Err(format!("not a progress line: {l}"));
+        }
+    }
+    serde_json::from_str(last).map_err(|e| format!("{e}: {last:?}"))
+}
+
 /// Asserts that `out` is a failure with a JSON error on stderr and returns both.
 pub fn failure(args: &[&str], out: &Output) -> Failure {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "ce {args:?} succeeded");
     assert!(out.stdout.is_empty(), "ce {args:?} printed to stdout");
-    let error: Value = serde_json::from_str(stderr.trim())
+    let error: Value = json_error(&stderr)
         .unwrap_or_else(|e| panic!("ce {args:?}: stderr is not a JSON error ({e}): {stderr}"));
     assert!(
         error["message"].as_str().is_some_and(|m| !m.is_empty()),

@@ -123,6 +123,8 @@ fn import_prune_removes_what_vanished_within_the_delete_safety_limits() {
     assert_eq!(children(&ce), 30);
     let pruned = ce.json(&["import", dir, "--into", "ctx://acc/kb", "--prune"]);
     assert_eq!(pruned["nodes_removed"], 5);
+    // The report counts the DELETE events the prune appended (issue 13: it said 0).
+    assert_eq!(pruned["events"], 5, "{pruned}");
     assert_eq!(children(&ce), 25);
     ce.fail(&["cat", "ctx://acc/kb/doc00.md"], 3);
 

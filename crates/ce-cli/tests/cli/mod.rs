@@ -5,6 +5,7 @@ mod crash_sweep;
 mod demo;
 mod eval;
 mod fake_embeddings;
+mod first_use;
 mod fuzz_args;
 mod harness;
 mod kill_server;

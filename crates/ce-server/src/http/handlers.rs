@@ -82,8 +82,9 @@ pub async fn cat(State(s): State<AppState>, Extension(p): Extension<Principal>, 
     let params = params(q, &["uri", "level"])?;
     let uri = params.uri("uri")?;
     let level = params.level("level")?.unwrap_or(Level::L2);
-    scoped(&s, p, move |_, scope| {
-        Ok(CatAnswer::of(&scope.read_node(&uri)?, level))
+    scoped(&s, p, move |e, scope| {
+        let projector = ce_core::IndexProjector::new(e.config().projector);
+        Ok(CatAnswer::of(&scope.read_node(&uri)?, level, &projector))
     })
     .await
 }
@@ -255,6 +256,7 @@ pub async fn outbox_list(State(s): State<AppState>, q: Q) -> Answer {
         after_consumer: p.get("after_consumer").map(str::to_owned),
         limit: p.number("limit")?,
     };
+    ce_store::check_list_limit(filter.limit)?;
     blocking(&s, move |e| Ok(e.store().list(&filter)?)).await
 }
 

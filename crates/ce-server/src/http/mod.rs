@@ -63,16 +63,21 @@ pub struct ServeOptions {
     pub bind: String,
     /// Largest accepted request body; larger ones get 413 `payload_too_large`.
     pub max_body_bytes: usize,
+    /// The API keys of `[[server.api_keys]]`, read (`key_env`) and checked.
+    pub keys: Arc<KeyRing>,
 }
 
 impl ServeOptions {
-    /// Defaults for `config`: [`DEFAULT_BIND`], and a body limit that fits a put of three
-    /// layers at `store.max_layer_bytes` each.
-    pub fn for_config(config: &ce_core::Config) -> Self {
-        ServeOptions {
+    /// Defaults for `config`: [`DEFAULT_BIND`], a body limit that fits a put of three layers
+    /// at `store.max_layer_bytes` each, and the API keys read from the environment now, so
+    /// that an unset `key_env` variable fails before an engine or a worker starts.
+    pub fn for_config(config: &ce_core::Config) -> Result<Self> {
+        let keys = KeyRing::from_config(&config.server, |var| std::env::var(var).ok())?;
+        Ok(ServeOptions {
             bind: DEFAULT_BIND.into(),
             max_body_bytes: config.store.max_layer_bytes.saturating_mul(3) + BODY_OVERHEAD,
-        }
+            keys: Arc::new(keys),
+        })
     }
 }
 
@@ -182,13 +187,7 @@ pub fn serve(
         move |source| ServerError::Io { context, source }
     };
     let server_config = &engine.config().server;
-    let keys = match KeyRing::from_config(server_config, |var| std::env::var(var).ok()) {
-        Ok(k) => Arc::new(k),
-        Err(e) => {
-            engine.shutdown();
-            return Err(e.into());
-        }
-    };
+    let keys = options.keys.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ce-http")
