@@ -353,16 +353,8 @@ fn cat(cli: &Cli, a: &CatArgs) -> Result<Rendered> {
     let (data_dir, config) = resolve(cli)?;
     let node = read_node(Source::open(&data_dir, &config)?.as_ref(), &uri)?;
     let out = CatAnswer::of(&node, level, &IndexProjector::new(config.projector));
-    cat_answer(&out, cli.json)
-}
-
-/// Renders a `ce cat` answer; an empty layer gets a note on stderr (human mode) saying what
-/// search uses in its place.
-pub fn cat_answer(a: &CatAnswer, json: bool) -> Result<Rendered> {
-    if !json && let Some(note) = output::cat_note(a) {
-        output::print_note(&note);
-    }
-    Rendered::new(a, output::cat_text(a))
+    output::print_cat_note(&out, cli.json);
+    Rendered::new(&out, output::cat_text(&out))
 }
 
 /// Reads a node that must exist.
@@ -564,7 +556,7 @@ impl Progress {
         } else {
             output::drain_progress(self.label, p)
         };
-        output::print_note(&line);
+        output::print_stderr(&line);
     }
 }
 

@@ -245,8 +245,16 @@ pub fn cat_note(a: &CatAnswer) -> Option<String> {
     })
 }
 
-/// Writes a note for the user on stderr (the answer on stdout stays clean for pipes).
-pub fn print_note(text: &str) {
+/// Prints [`cat_note`] on stderr, in human mode.
+pub fn print_cat_note(a: &CatAnswer, json: bool) {
+    if !json && let Some(note) = cat_note(a) {
+        print_stderr(&note);
+    }
+}
+
+/// Writes `text` on stderr (notes and progress: stdout stays the answer, clean for pipes).
+pub fn print_stderr(text: &str) {
+    // Nothing sensible is left to do if stderr itself is gone.
     let _ = io::stderr().lock().write_all(text.as_bytes());
 }
 

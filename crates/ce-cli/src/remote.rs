@@ -211,11 +211,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 &[("uri", uri.to_string()), ("level", level.to_string())],
             )?;
             rendered(json, |a: CatAnswer| {
-                if !cli.json
-                    && let Some(note) = output::cat_note(&a)
-                {
-                    output::print_note(&note);
-                }
+                output::print_cat_note(&a, cli.json);
                 Ok(output::cat_text(&a))
             })
         }
