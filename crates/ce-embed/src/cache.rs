@@ -297,6 +297,10 @@ impl Embedder for CachedEmbedder {
         self.inner.identity()
     }
 
+    fn paused_for(&self) -> Option<Duration> {
+        self.inner.paused_for()
+    }
+
     fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());

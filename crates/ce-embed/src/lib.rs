@@ -8,6 +8,7 @@
 //!   only, never a default
 //! - [`cache`]: a persistent cache keyed by (model identity, sha256(text)) so identical text
 //!   is never embedded twice
+//! - [`pause`]: the rate-limit pause a provider shares with all its callers
 //!
 //! [`build`] turns `[index.embedding]` into the configured provider behind the cache.
 
@@ -22,12 +23,14 @@ pub mod from_config;
 pub mod hash;
 pub mod local;
 pub mod openai;
+pub mod pause;
 
 pub use cache::{CacheStats, CachedEmbedder, EmbeddingCache};
 pub use from_config::{CACHE_FILE, build, build_cached, build_provider, local_model_dir};
 pub use hash::HashEmbedder;
 pub use local::{LocalEmbedder, default_model_dir};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
+pub use pause::RateLimitPause;
 
 /// Which vector space an embedding belongs to. Vectors of two identities never mix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -131,6 +134,29 @@ impl Classify for EmbedError {
     }
 }
 
+impl EmbedError {
+    /// Whether the failure may concern only some texts of the call — a text the provider
+    /// refuses (HTTP 400, 413, 422, …), a bad vector for one text — rather than the call as a
+    /// whole (credentials, permissions, unknown model or endpoint, configuration,
+    /// availability). A permanent failure of this kind over several texts is worth splitting
+    /// (the worker bisects the call to find the refused texts).
+    pub fn may_concern_some_texts(&self) -> bool {
+        match self {
+            EmbedError::Provider {
+                status: Some(status),
+                ..
+            } => (400..500).contains(status) && !matches!(status, 401 | 403 | 404 | 408 | 429),
+            EmbedError::InvalidResponse(_) => true,
+            EmbedError::Provider { status: None, .. }
+            | EmbedError::Timeout { .. }
+            | EmbedError::RateLimited { .. }
+            | EmbedError::ModelLoad { .. }
+            | EmbedError::Cache(_)
+            | EmbedError::Config { .. } => false,
+        }
+    }
+}
+
 /// Turns texts into unit vectors. Implementations are batched: one call embeds all `texts`
 /// (callers split into `embedding.batch_size` chunks) and must honour `timeout`.
 pub trait Embedder: Send + Sync {
@@ -139,6 +165,12 @@ pub trait Embedder: Send + Sync {
     /// Embeds `texts`, returning one L2-normalised vector of `identity().dimension` per text,
     /// in order.
     fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError>;
+    /// How long the provider still asks every caller to wait after a rate limit (see
+    /// [`pause`]); `None` when a call may go out now. Shared by all callers of this embedder;
+    /// wrappers return their inner embedder's.
+    fn paused_for(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Scales `v` to unit length in place; returns false (leaving `v` alone) when its norm is

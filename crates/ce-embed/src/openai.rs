@@ -15,12 +15,18 @@
 //!
 //! Vectors are re-normalised to unit length (providers' rounding, and not every model
 //! normalises).
+//!
+//! A 429 with a wait (`Retry-After` / `retry-after-ms`) pauses the client itself, not only the
+//! caller that got it ([`RateLimitPause`]): until the wait is over every call — from any
+//! worker sharing this client — fails at once with [`EmbedError::RateLimited`] carrying the
+//! time left, and no request is sent. [`Embedder::paused_for`] tells callers to hold back
+//! their work meanwhile.
 
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EmbedError, Embedder, ModelIdentity};
+use crate::{EmbedError, Embedder, ModelIdentity, RateLimitPause};
 
 /// The identity's provider name.
 pub const PROVIDER: &str = "openai";
@@ -73,6 +79,7 @@ pub struct OpenAiEmbedder {
     url: String,
     config: OpenAiConfig,
     identity: ModelIdentity,
+    pause: RateLimitPause,
 }
 
 impl std::fmt::Debug for OpenAiEmbedder {
@@ -157,6 +164,7 @@ impl OpenAiEmbedder {
                 dimension: config.expected_dimension,
             },
             config,
+            pause: RateLimitPause::default(),
         })
     }
 
@@ -252,6 +260,15 @@ impl Embedder for OpenAiEmbedder {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(left) = self.pause.remaining() {
+            return Err(EmbedError::RateLimited {
+                retry_after: Some(left),
+                message: format!(
+                    "{} asked to wait after an earlier rate limit: no request sent",
+                    self.url
+                ),
+            });
+        }
         let input: Vec<&str> = texts
             .iter()
             .map(|t| if t.is_empty() { " " } else { *t })
@@ -288,16 +305,25 @@ impl Embedder for OpenAiEmbedder {
 
         match status {
             200..=299 => self.parse(&body, texts.len()),
-            429 => Err(EmbedError::RateLimited {
-                retry_after,
-                message: error_message(&body),
-            }),
+            429 => {
+                if let Some(wait) = retry_after {
+                    self.pause.extend(wait);
+                }
+                Err(EmbedError::RateLimited {
+                    retry_after,
+                    message: error_message(&body),
+                })
+            }
             _ => Err(EmbedError::Provider {
                 status: Some(status),
                 message: format!("{} answered {status}: {}", self.url, error_message(&body)),
                 retryable: status == 408 || status >= 500,
             }),
         }
+    }
+
+    fn paused_for(&self) -> Option<Duration> {
+        self.pause.remaining()
     }
 }
 

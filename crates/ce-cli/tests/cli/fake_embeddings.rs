@@ -3,11 +3,14 @@
 //! - while `failing` is set, every request gets 400 (non-retryable: the delivery dies);
 //! - a request with a text containing [`POISON`] always gets 400;
 //! - a request with a text containing [`FLAKY`] gets 503 (retryable) the first
-//!   [`FLAKY_FAILURES`] times that text is seen, then succeeds.
+//!   [`FLAKY_FAILURES`] times that text is seen, then succeeds;
+//! - after [`FakeEmbeddings::rate_limit_next`], the next request gets 429 with
+//!   `Retry-After`, and so does every request that arrives before that wait is over (counted
+//!   by [`FakeEmbeddings::requests_in_window`]: a client that honours the wait sends none).
 //!
-//! A refused request refuses every text in it (as a real provider refuses a batch), so the
-//! server records the last answer each text got: [`FakeEmbeddings::refused_last`] are the
-//! texts whose last answer was a 400 — the nodes whose deliveries must end dead.
+//! A refused request refuses every text in it, as a real provider refuses a batch; the
+//! worker splits refused calls until the POISON texts are alone, so only the nodes whose
+//! texts are POISON end dead. [`FakeEmbeddings::requests`] counts every request.
 //!
 //! Each connection is served on its own thread, so concurrent requests really overlap; the
 //! server counts a text that arrives while another request carrying the same text is still
@@ -19,7 +22,7 @@ use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -36,8 +39,22 @@ pub const DIM: usize = 16;
 struct Shared {
     in_flight: Mutex<HashSet<String>>,
     seen: Mutex<HashMap<String, usize>>,
-    last: Mutex<HashMap<String, u16>>,
     overlaps: AtomicUsize,
+    requests: AtomicUsize,
+    window: Mutex<Window>,
+}
+
+/// The rate-limit window (see [`FakeEmbeddings::rate_limit_next`]).
+#[derive(Default)]
+struct Window {
+    /// The wait the next request is answered with.
+    armed: Option<u64>,
+    /// The end of the wait last asked for.
+    until: Option<Instant>,
+    /// Requests answered 429.
+    refused: usize,
+    /// Requests that arrived before the end of a wait already asked for.
+    inside: usize,
 }
 
 /// The running endpoint.
@@ -76,13 +93,25 @@ impl FakeEmbeddings {
         self.shared.overlaps.load(Ordering::SeqCst)
     }
 
-    /// Texts whose last answer was a refusal (400).
-    pub fn refused_last(&self) -> HashSet<String> {
-        let last = self.shared.last.lock().expect("lock");
-        last.iter()
-            .filter(|(_, s)| **s == 400)
-            .map(|(t, _)| t.clone())
-            .collect()
+    /// Requests received.
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Answers the next request with 429 and `Retry-After: secs`, and every request that
+    /// arrives before those seconds are over with 429 and the time left.
+    pub fn rate_limit_next(&self, secs: u64) {
+        self.shared.window.lock().expect("lock").armed = Some(secs);
+    }
+
+    /// Requests answered 429.
+    pub fn rate_limited(&self) -> usize {
+        self.shared.window.lock().expect("lock").refused
+    }
+
+    /// Requests that arrived while a `Retry-After` already sent was not over.
+    pub fn requests_in_window(&self) -> usize {
+        self.shared.window.lock().expect("lock").inside
     }
 
     /// The `[index.embedding]` section that points `ce` here, `batch_size` texts per request
@@ -146,20 +175,28 @@ fn serve(mut stream: std::net::TcpStream, failing: &AtomicBool, state: &Shared) 
         }
         // Hold the request open briefly so that a concurrent duplicate would overlap.
         std::thread::sleep(Duration::from_millis(1));
-        let (status, answer) = answer(&texts, failing, state);
+        state.requests.fetch_add(1, Ordering::SeqCst);
+        let (status, answer, headers) = match rate_limit(state) {
+            Some(secs) => (
+                "429 Too Many Requests",
+                json!({"error": {"message": "rate limit reached"}}),
+                format!("Retry-After: {secs}\r\n"),
+            ),
+            None => {
+                let (status, answer) = answer(&texts, failing, state);
+                (status, answer, String::new())
+            }
+        };
         {
-            let code: u16 = status[..3].parse().unwrap_or(0);
-            let mut last = state.last.lock().expect("lock");
             let mut in_flight = state.in_flight.lock().expect("lock");
             for t in &texts {
-                last.insert(t.clone(), code);
                 in_flight.remove(t);
             }
         }
         let text = answer.to_string();
         if write!(
             stream,
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{text}",
             text.len()
         )
         .is_err()
@@ -167,6 +204,21 @@ fn serve(mut stream: std::net::TcpStream, failing: &AtomicBool, state: &Shared) 
             return;
         }
     }
+}
+
+/// The `Retry-After` seconds to answer this request with, if it is rate-limited.
+fn rate_limit(state: &Shared) -> Option<u64> {
+    let mut w = state.window.lock().expect("lock");
+    let now = Instant::now();
+    if let Some(until) = w.until.filter(|u| *u > now) {
+        w.inside += 1;
+        w.refused += 1;
+        return Some((until - now).as_secs_f64().ceil() as u64);
+    }
+    let secs = w.armed.take()?;
+    w.until = Some(now + Duration::from_secs(secs));
+    w.refused += 1;
+    Some(secs)
 }
 
 fn answer(texts: &[String], failing: &AtomicBool, state: &Shared) -> (&'static str, Value) {

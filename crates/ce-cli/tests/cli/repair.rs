@@ -5,7 +5,8 @@
 //! that reconcile reports and repairs. A source restored from an older copy leaves the
 //! indexes with orphans: reconcile's dry run reports them and appends nothing, the repair is
 //! refused as a large delete (exit 4) until `--allow-large-delete`, locally and over
-//! `--server`.
+//! `--server`. A provider refusing one text of a batch of 32 kills that text's node alone,
+//! and keeps killing it alone when it is requeued while still refused.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::fake_embeddings::FakeEmbeddings;
+use super::fake_embeddings::{FakeEmbeddings, POISON};
 use super::harness::{Ce, eventually};
 
 /// The fake provider's config with only the vector consumer.
@@ -127,6 +128,87 @@ fn dead_deliveries_are_counted_requeued_applied_and_forced() {
     let v = vector_of(&after);
     assert_eq!(v["missing"]["records"], 0, "{after}");
     assert_eq!(v["index_records"], v["source_records"], "{after}");
+}
+
+/// The URIs of the vector consumer's dead deliveries, with their last errors.
+fn dead_vector(ce: &Ce) -> Vec<(String, String)> {
+    let rows = ce.json(&[
+        "outbox",
+        "list",
+        "--consumer",
+        "vector",
+        "--status",
+        "dead",
+        "--limit",
+        "1000",
+    ]);
+    rows.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r["event"]["uri"].as_str().expect("uri").to_owned(),
+                r["delivery"]["last_error"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn one_refused_text_in_a_batch_of_32_kills_only_its_node() {
+    let fake = FakeEmbeddings::start(false);
+    let ce = Ce::new();
+    ce.write_config(&config(&fake));
+    let text = |i: usize| {
+        let mark = if i == 13 { POISON } else { "" };
+        format!("note {i} on topic {i} {mark}")
+    };
+    for i in 0..32 {
+        ce.put(&format!("ctx://acc/notes/n{i}"), &text(i));
+    }
+    ce.json(&["worker", "--once", "--consumer", "vector"]);
+    let dead = dead_vector(&ce);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, "ctx://acc/notes/n13");
+    assert!(
+        dead[0].1.contains("refused"),
+        "the provider's message: {dead:?}"
+    );
+    // One call of 32 texts, then at most two per level of the split (log₂ 32 = 5).
+    let calls = fake.requests();
+    assert!(calls <= 11, "{calls} requests");
+    let s = stats(&ce, "vector");
+    assert_eq!(
+        (s["pending"].as_u64(), s["retry_wait"].as_u64()),
+        (Some(0), Some(0)),
+        "{s}"
+    );
+    assert_eq!(
+        s["done"].as_u64(),
+        Some(33),
+        "the 31 innocent nodes and the two containers: {s}"
+    );
+    for i in (0..32).filter(|&i| i != 13) {
+        let hits = ce.json(&["search", &text(i), "--mode", "vector", "--top-k", "3"]);
+        let found = hits["hits"]
+            .as_array()
+            .expect("hits")
+            .iter()
+            .any(|h| h["uri"] == format!("ctx://acc/notes/n{i}").as_str());
+        assert!(found, "n{i} is searchable: {hits}");
+    }
+
+    // Requeued while the provider still refuses it: only that node dies again.
+    let requeued = ce.json(&["repair", "dead", "--requeue"]);
+    assert_eq!(requeued["counts"], json!({"vector": 1}), "{requeued}");
+    ce.json(&["worker", "--once", "--consumer", "vector"]);
+    let again = dead_vector(&ce);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].0, "ctx://acc/notes/n13");
+    assert_eq!(stats(&ce, "vector")["done"].as_u64(), Some(33));
 }
 
 /// The store's files (`ce.db` and its WAL), copied to or from `to`.

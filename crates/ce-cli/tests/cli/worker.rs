@@ -1,11 +1,14 @@
 //! `ce worker`: continuous workers stop cleanly on SIGTERM; a worker killed in the middle of
-//! a batch leaves claims that another `ce worker --once` finishes once their lease expires.
+//! a batch leaves claims that another `ce worker --once` finishes once their lease expires;
+//! a provider's `Retry-After` holds back every worker of the process, not only the one that
+//! got the 429.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::fake_embeddings::FakeEmbeddings;
 use super::harness::{Ce, eventually};
 
 /// Claimed deliveries of the vector consumer.
@@ -116,6 +119,46 @@ fn claims_of_a_killed_worker_are_finished_after_their_lease() {
     let after = vector(&ce);
     assert_eq!(after["dead"], 0, "{after}");
     assert_eq!(search_uris(&ce, "delta epsilon zeta"), ["ctx://acc/docs/b"]);
+}
+
+#[test]
+fn a_retry_after_pauses_every_worker_of_the_provider() {
+    let fake = FakeEmbeddings::start(false);
+    let ce = Ce::new();
+    ce.write_config(&format!(
+        "{}[index.outbox]\nconsumers = [\"vector\"]\nretry_base_seconds = 1\n\
+         [index.worker]\npoll_interval_ms = 50\n",
+        fake.embedding_config(8)
+    ));
+    fake.rate_limit_next(3);
+    let _worker = KillOnDrop(
+        ce.command(&["worker", "--workers", "2", "--consumer", "vector"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ce worker starts"),
+    );
+    // One text: one worker embeds it and gets 429 with Retry-After: 3.
+    ce.put("ctx://acc/docs/first", "the first text");
+    eventually(Duration::from_secs(30), || {
+        (fake.rate_limited() > 0).then_some(())
+    })
+    .expect("the provider was called");
+    // Work for the other worker while the provider's wait is not over.
+    for i in 0..6 {
+        ce.put(&format!("ctx://acc/docs/n{i}"), &format!("text number {i}"));
+    }
+    eventually(Duration::from_secs(60), || {
+        let v = vector(&ce);
+        (v["done"].as_u64() == Some(9) && v["retry_wait"] == 0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("not drained: {}", vector(&ce)));
+    assert_eq!(
+        fake.requests_in_window(),
+        0,
+        "a worker called the provider before its Retry-After was over"
+    );
+    assert_eq!(fake.rate_limited(), 1);
 }
 
 /// A consumer in dry-run mode is never applied; `ce worker --dry-run` reports its delta,

@@ -86,17 +86,12 @@ fn dimensions_are_sent_when_configured_and_key_is_optional() {
 }
 
 #[test]
-fn rate_limit_carries_retry_after() {
+fn rate_limit_carries_retry_after_and_pauses_the_client() {
     let server = FakeOpenAi::start(DIM, Some(KEY));
     server.push(Reply::Status {
         code: 429,
-        headers: vec![("Retry-After", "2".to_owned())],
+        headers: vec![("Retry-After", "1".to_owned())],
         body: json!({"error": {"message": "Rate limit reached for requests"}}).to_string(),
-    });
-    server.push(Reply::Status {
-        code: 429,
-        headers: vec![("Retry-After", "Fri, 01 Jan 2100 00:00:00 GMT".to_owned())],
-        body: String::new(),
     });
     let c = client(&server, "");
     match c.embed_texts(&["a"], T) {
@@ -109,11 +104,40 @@ fn rate_limit_carries_retry_after() {
             else {
                 unreachable!()
             };
-            assert_eq!(retry_after, Some(Duration::from_secs(2)));
+            assert_eq!(retry_after, Some(Duration::from_secs(1)));
             assert!(message.contains("Rate limit reached"), "{message}");
         }
         other => panic!("expected RateLimited, got {other:?}"),
     }
+    // Until the wait is over the client sends nothing and says how long is left.
+    assert!(c.paused_for().is_some_and(|d| d <= Duration::from_secs(1)));
+    match c.embed_texts(&["a"], T) {
+        Err(EmbedError::RateLimited {
+            retry_after: Some(d),
+            message,
+        }) => {
+            assert!(d <= Duration::from_secs(1), "{d:?}");
+            assert!(message.contains("no request sent"), "{message}");
+        }
+        other => panic!("expected the paused client to refuse, got {other:?}"),
+    }
+    assert_eq!(server.requests().len(), 1, "no request during the pause");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.paused_for().is_some() {
+        assert!(Instant::now() < deadline, "the pause never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The connection stays usable afterwards.
+    assert_eq!(c.embed_texts(&["a"], T).expect("ok").len(), 1);
+    assert_eq!(server.requests().len(), 2);
+
+    // An HTTP-date is honoured as the time until it; a far one pauses for the cap at most.
+    server.push(Reply::Status {
+        code: 429,
+        headers: vec![("Retry-After", "Fri, 01 Jan 2100 00:00:00 GMT".to_owned())],
+        body: String::new(),
+    });
+    let c = client(&server, "");
     match c.embed_texts(&["a"], T) {
         Err(EmbedError::RateLimited {
             retry_after: Some(d),
@@ -121,8 +145,42 @@ fn rate_limit_carries_retry_after() {
         }) => assert!(d > Duration::from_secs(365 * 24 * 3600), "{d:?}"),
         other => panic!("expected RateLimited with a date, got {other:?}"),
     }
-    // The connection stays usable afterwards.
-    assert_eq!(c.embed_texts(&["a"], T).expect("ok").len(), 1);
+    assert!(
+        c.paused_for()
+            .is_some_and(|d| d <= ce_embed::pause::MAX_PAUSE)
+    );
+}
+
+#[test]
+fn a_rate_limit_pauses_every_caller_of_the_client() {
+    let server = FakeOpenAi::start(DIM, Some(KEY));
+    server.push(Reply::Status {
+        code: 429,
+        headers: vec![("Retry-After", "30".to_owned())],
+        body: json!({"error": {"message": "slow down"}}).to_string(),
+    });
+    let c = std::sync::Arc::new(client(&server, ""));
+    assert!(matches!(
+        c.embed_texts(&["first"], T),
+        Err(EmbedError::RateLimited { .. })
+    ));
+    // Four other callers (workers) share the client: none of them sends a request.
+    let callers: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            std::thread::spawn(move || c.embed_texts(&[&format!("text {i}")], T))
+        })
+        .collect();
+    for h in callers {
+        match h.join().expect("caller") {
+            Err(EmbedError::RateLimited {
+                retry_after: Some(d),
+                ..
+            }) => assert!(d <= Duration::from_secs(30), "{d:?}"),
+            other => panic!("expected the shared pause, got {other:?}"),
+        }
+    }
+    assert_eq!(server.requests().len(), 1, "one request per window");
 }
 
 #[test]

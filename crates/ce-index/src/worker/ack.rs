@@ -64,12 +64,8 @@ pub(super) fn acknowledge(
     for (c, err) in failures {
         let e = &c.event;
         if err.is_rate_limit() {
-            let pause = err.retry_after.unwrap_or(w.cfg.default_rate_limit_pause);
-            let mut until = crate::lock(&w.paused_until);
-            let t = Instant::now() + pause;
-            if until.is_none_or(|u| u < t) {
-                *until = Some(t);
-            }
+            w.paused
+                .extend(err.retry_after.unwrap_or(w.cfg.default_rate_limit_pause));
         }
         metrics::counter!("index_worker_event_failed_total", "event_type" => e.event_type.as_str(), "error_code" => err.code().as_str()).increment(1);
         match w.source.mark_failed(

@@ -3,17 +3,20 @@
 //! versioned node records.
 //!
 //! Failures are per URI: a URI whose read, embedding or write failed fails the operations
-//! that include it, and only the events needing those operations are retried.
+//! that include it, and only the events needing those operations are retried. A batched
+//! embedding call or index write refused for good is split until the refused texts or nodes
+//! are isolated ([`super::bisect`]), so one refused text fails only its own node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use ce_core::{ContextNode, CtxUri, IndexProjector, IndexRecord, ProjectionWarning};
-use ce_embed::Embedder;
+use ce_core::{Classify as _, ContextNode, CtxUri, IndexProjector, IndexRecord, ProjectionWarning};
+use ce_embed::{EmbedError, Embedder};
 use ce_store::{SourceStore, UriVersion};
 use tracing::{debug, info_span, warn};
 
 use super::WorkerConfig;
+use super::bisect::{self, Refusal};
 use super::compact::Op;
 use super::error::WorkError;
 use super::fanout::{Applied, OpFanout};
@@ -40,6 +43,10 @@ pub struct ChangeCounts {
     pub removed: u64,
     /// Writes skipped because the index already held a newer version.
     pub stale: u64,
+    /// Nodes whose source moved on to a newer version than the one read (before the write,
+    /// or while it was written): the newer version's own event carries the work, so the
+    /// events needing these nodes are done.
+    pub superseded: u64,
 }
 
 pub(super) struct Applier<'a> {
@@ -80,7 +87,7 @@ impl Applier<'_> {
             Op::SyncSubtree(u) => Some(self.subtree_uris(u)),
         });
         let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
-        if let Err(e) = self.sync_nodes(&fanout.uris(), &moves, &mut failed, &mut counts, 0) {
+        if let Err(e) = self.sync_nodes(&fanout.uris(), &moves, &mut failed, &mut counts) {
             // The batched read failed: every sync op fails with it.
             fanout.fail_all(&e);
         }
@@ -103,17 +110,22 @@ impl Applier<'_> {
 
     /// Syncs `uris`; per-URI failures go to `failed`, a failure of the batched reads is returned.
     ///
-    /// After writing, the source versions are read again: a node that changed while we
-    /// embedded (or was moved away, leaving a URI no later event will revisit) is synced again,
-    /// so a write computed from an old state never outlives the change (`depth` bounds the
-    /// retries; a URI still racing after that fails retryably).
+    /// After writing, the source versions are read again (read after write):
+    /// - a node now live at a newer version is *superseded*: the commit of that version
+    ///   appended an event for this consumer in the same transaction (invariant OB1,
+    ///   `ce-store/src/txn.rs`: every write path appends its events with its rows), and that
+    ///   event is processed after it was committed, so it reads the newer state and writes it
+    ///   — VX1 keeps our older write from overwriting it. Nothing is left to do here;
+    /// - a node removed or moved away meanwhile gets its removal written now: the event that
+    ///   removed it may already have been applied before our write landed, and its subtree
+    ///   sync cannot see a node the index did not hold yet, so no later event would revisit
+    ///   the URI.
     fn sync_nodes(
         &self,
         uris: &[CtxUri],
         moves: &[(CtxUri, CtxUri)],
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut ChangeCounts,
-        depth: u32,
     ) -> Result<(), WorkError> {
         if uris.is_empty() {
             return Ok(());
@@ -215,8 +227,9 @@ impl Applier<'_> {
         to_embed.sort_by_key(|&i| texts[i].len());
         let embed_texts: Vec<String> = to_embed.iter().map(|&i| texts[i].clone()).collect();
 
-        // Embed in batches of `embed_batch_size` texts and at most `max_batch_text_bytes`.
-        let mut embed_errors: Vec<(usize, usize, WorkError)> = Vec::new();
+        // Embed in batches of `embed_batch_size` texts and at most `max_batch_text_bytes`; a
+        // call refused for good is split until the refused texts are isolated.
+        let mut embed_errors: HashMap<usize, WorkError> = HashMap::new();
         for (start, end) in batches(
             &embed_texts,
             self.cfg.embed_batch_size,
@@ -226,27 +239,16 @@ impl Applier<'_> {
             let Some(embedder) = self.embedder else {
                 break;
             };
-            let _s = info_span!("index.embed", texts = end - start).entered();
             let refs: Vec<&str> = embed_texts[start..end].iter().map(String::as_str).collect();
-            let t0 = Instant::now();
-            match embedder.embed_texts(&refs, self.cfg.embed_timeout) {
-                Ok(vs) if vs.len() == refs.len() => {
-                    metrics::histogram!("index_embed_latency_ms")
-                        .record(t0.elapsed().as_secs_f64() * 1e3);
-                    for (k, v) in vs.into_iter().enumerate() {
-                        vectors[to_embed[start + k]] = Some(v);
+            let mut call = |refs: Vec<&str>| self.embed(embedder, &refs);
+            let outcomes = bisect::call_split(refs, &mut call, &self.cfg.consumer, "embed");
+            for (k, outcome) in outcomes.into_iter().enumerate() {
+                match outcome {
+                    Ok(v) => vectors[to_embed[start + k]] = Some(v),
+                    Err(e) => {
+                        embed_errors.insert(to_embed[start + k], e);
                     }
                 }
-                Ok(vs) => embed_errors.push((
-                    start,
-                    end,
-                    WorkError::from(ce_embed::EmbedError::InvalidResponse(format!(
-                        "{} vectors for {} texts",
-                        vs.len(),
-                        refs.len()
-                    ))),
-                )),
-                Err(e) => embed_errors.push((start, end, WorkError::from(e))),
             }
         }
 
@@ -270,11 +272,9 @@ impl Applier<'_> {
                 node_records.push(NodeRecord { record: r, vector });
             }
             if let Some(i) = missing_vector {
-                let pos = to_embed.iter().position(|&t| t == i).unwrap_or(usize::MAX);
                 let err = embed_errors
-                    .iter()
-                    .find(|(s, e, _)| (*s..*e).contains(&pos))
-                    .map(|(_, _, e)| e.clone())
+                    .get(&i)
+                    .cloned()
                     .unwrap_or_else(|| WorkError::internal("embedding missing"));
                 failed.insert(p.node.uri.clone(), err);
                 continue;
@@ -286,52 +286,80 @@ impl Applier<'_> {
             });
         }
         for (u, v) in missing.iter().zip(versions) {
-            writes.push(match v {
-                UriVersion::Deleted(version) => NodeWrite::Remove {
-                    uri: u.clone(),
-                    version,
-                },
-                // Created between our two reads: its own UPSERT event (appended after the
-                // read) will sync it; removing here could hide it behind a deleted state.
-                UriVersion::Live(_) => continue,
-                // Never stored in the source (e.g. a source restored from an older copy):
-                // whatever the index holds for it is an orphan.
-                UriVersion::Unknown => NodeWrite::Purge { uri: u.clone() },
-            });
+            // Created between our two reads: its own UPSERT event (appended after the read)
+            // will sync it; removing here could hide it behind a deleted state.
+            match removal(u, v) {
+                Some(w) => writes.push(w),
+                None => counts.superseded += 1,
+            }
         }
-        let mut written: Vec<(CtxUri, u64)> = Vec::new();
-        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size) {
-            self.write_chunk(chunk, &mut written, failed, counts);
-        }
+        let written = self.write_all(writes, failed, counts);
 
-        // Read-after-write check (see above).
+        // Read after write (see above).
         if written.is_empty() {
             return Ok(());
         }
         let uris: Vec<CtxUri> = written.iter().map(|(u, _)| u.clone()).collect();
         let now = self.source.versions(&uris)?;
-        let changed: Vec<CtxUri> = written
-            .into_iter()
-            .zip(now)
-            .filter(|((_, v), now)| *now != UriVersion::Live(*v))
-            .map(|((u, _), _)| u)
-            .collect();
-        if changed.is_empty() {
-            return Ok(());
-        }
-        if depth >= 3 {
-            for u in changed {
-                failed.insert(
-                    u,
-                    WorkError::internal("node kept changing while it was indexed"),
-                );
+        let mut removals: Vec<NodeWrite> = Vec::new();
+        for ((u, v), now) in written.into_iter().zip(now) {
+            if now == UriVersion::Live(v) {
+                continue;
             }
-            return Ok(());
+            match removal(&u, now) {
+                Some(w) => removals.push(w),
+                None => {
+                    debug!(uri = %u, version = v, "node changed while it was indexed: superseded");
+                    counts.superseded += 1;
+                }
+            }
         }
-        self.sync_nodes(&changed, moves, failed, counts, depth + 1)
+        // Removals are not checked again: a node re-created since is live at a newer version,
+        // which VX1 lets no removal computed from an older state hide, and its event syncs it.
+        self.write_all(removals, failed, counts);
+        Ok(())
     }
 
-    /// Applies one batched index write; syncs applied go to `written`.
+    /// Writes `writes` in chunks of `upsert_batch_size` records; returns the syncs applied
+    /// (URI and version written).
+    fn write_all(
+        &self,
+        writes: Vec<NodeWrite>,
+        failed: &mut HashMap<CtxUri, WorkError>,
+        counts: &mut ChangeCounts,
+    ) -> Vec<(CtxUri, u64)> {
+        let mut written: Vec<(CtxUri, u64)> = Vec::new();
+        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size) {
+            self.write_chunk(chunk, &mut written, failed, counts);
+        }
+        written
+    }
+
+    /// One embedding call; a refusal says whether splitting the call may help.
+    fn embed(&self, embedder: &dyn Embedder, texts: &[&str]) -> Result<Vec<Vec<f32>>, Refusal> {
+        let _s = info_span!("index.embed", texts = texts.len()).entered();
+        let t0 = Instant::now();
+        let refused = |e: EmbedError| Refusal {
+            splittable: !e.is_retryable() && e.may_concern_some_texts(),
+            error: WorkError::from(e),
+        };
+        match embedder.embed_texts(texts, self.cfg.embed_timeout) {
+            Ok(vs) if vs.len() == texts.len() => {
+                metrics::histogram!("index_embed_latency_ms")
+                    .record(t0.elapsed().as_secs_f64() * 1e3);
+                Ok(vs)
+            }
+            Ok(vs) => Err(refused(EmbedError::InvalidResponse(format!(
+                "{} vectors for {} texts",
+                vs.len(),
+                texts.len()
+            )))),
+            Err(e) => Err(refused(e)),
+        }
+    }
+
+    /// Applies one batched index write (split when refused for good, see [`bisect`]); syncs
+    /// applied go to `written`.
     fn write_chunk(
         &self,
         writes: Vec<NodeWrite>,
@@ -347,31 +375,34 @@ impl Applier<'_> {
                 _ => (w.uri().clone(), None),
             })
             .collect();
-        let t0 = Instant::now();
         ce_core::failpoint::hit("worker.after_embed");
-        let written_nodes = self.target.write_nodes(writes);
-        ce_core::failpoint::hit("worker.after_index_write");
-        match written_nodes {
-            Ok(outcomes) => {
-                metrics::histogram!("index_vector_upsert_latency_ms")
-                    .record(t0.elapsed().as_secs_f64() * 1e3);
-                for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
-                    match (outcome, synced) {
-                        (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
-                        (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
-                        (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
-                        (Err(e), _) => {
-                            warn!(uri = %uri, error = %e, "vector write failed");
-                            failed.insert(uri, e.into());
-                        }
-                    }
+        let mut call = |writes: Vec<NodeWrite>| {
+            let (n, t0) = (writes.len(), Instant::now());
+            match self.target.write_nodes(writes) {
+                Ok(outcomes) => {
+                    metrics::histogram!("index_vector_upsert_latency_ms")
+                        .record(t0.elapsed().as_secs_f64() * 1e3);
+                    Ok(outcomes)
+                }
+                Err(e) => {
+                    warn!(error = %e, nodes = n, "batched vector write failed");
+                    Err(Refusal {
+                        splittable: !e.is_retryable(),
+                        error: WorkError::from(e),
+                    })
                 }
             }
-            Err(e) => {
-                warn!(error = %e, nodes = keys.len(), "batched vector write failed");
-                let e = WorkError::from(e);
-                for (uri, _) in keys {
-                    failed.insert(uri, e.clone());
+        };
+        let outcomes = bisect::call_split(writes, &mut call, &self.cfg.consumer, "write");
+        ce_core::failpoint::hit("worker.after_index_write");
+        for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
+            match (outcome.and_then(|o| o.map_err(WorkError::from)), synced) {
+                (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
+                (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
+                (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
+                (Err(e), _) => {
+                    warn!(uri = %uri, error = %e, "vector write failed");
+                    failed.insert(uri, e);
                 }
             }
         }
@@ -420,6 +451,21 @@ impl Applier<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The write that removes `uri` from the index given its source state, `None` when the source
+/// holds it live (then its own event syncs it).
+fn removal(uri: &CtxUri, state: UriVersion) -> Option<NodeWrite> {
+    match state {
+        UriVersion::Deleted(version) => Some(NodeWrite::Remove {
+            uri: uri.clone(),
+            version,
+        }),
+        UriVersion::Live(_) => None,
+        // Never stored in the source (e.g. a source restored from an older copy): whatever
+        // the index holds for it is an orphan.
+        UriVersion::Unknown => Some(NodeWrite::Purge { uri: uri.clone() }),
     }
 }
 

@@ -4,10 +4,12 @@
 //! 1. claim a batch of the consumer's runnable deliveries (`OutboxStore::claim_batch`);
 //! 2. [`compact`] it into distinct operations (spec §9.2);
 //! 3. [`apply`] them: read the current source state, project, classify each level, embed
-//!    only changed text (batched, capped), write versioned node records — while a heartbeat
-//!    renews the claims' leases;
+//!    only changed text (batched, capped; a call refused for good is split to find the
+//!    refused texts, [`bisect`]), write versioned node records — while a heartbeat renews the
+//!    claims' leases;
 //! 4. `ack` each event: `mark_done` when all its operations succeeded, else `mark_failed`
-//!    classified per spec §8.4 (rate limits also pause the worker).
+//!    classified per spec §8.4 (rate limits also pause the worker; a provider's own pause
+//!    after a `Retry-After` holds back every worker that shares it).
 //!
 //! The relation consumer shares claim, heartbeat and ack; its batch is compacted into owner
 //! syncs ([`compact::compact_relations`]) and applied by [`relation`]: read each owner's
@@ -19,6 +21,7 @@
 
 mod ack;
 pub mod apply;
+mod bisect;
 pub mod compact;
 pub mod dry_run;
 mod error;
@@ -29,11 +32,11 @@ pub mod runner;
 pub mod target;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ce_core::{IndexProjector, OutboxEvent};
-use ce_embed::Embedder;
+use ce_embed::{Embedder, RateLimitPause};
 use ce_store::SourceStore;
 use serde::Serialize;
 use tracing::{info_span, warn};
@@ -173,7 +176,9 @@ pub struct IndexWorker {
     sink: Sink,
     projector: IndexProjector,
     callbacks: Vec<Arc<dyn WorkerCallbacks>>,
-    paused_until: Mutex<Option<Instant>>,
+    /// This worker's own pause after a rate limit (the provider's shared pause, when it has
+    /// one, is [`Embedder::paused_for`]).
+    paused: RateLimitPause,
 }
 
 impl IndexWorker {
@@ -227,7 +232,7 @@ impl IndexWorker {
             },
             projector,
             callbacks: Vec::new(),
-            paused_until: Mutex::new(None),
+            paused: RateLimitPause::default(),
         })
     }
 
@@ -246,7 +251,7 @@ impl IndexWorker {
             sink: Sink::Relations(index),
             projector: IndexProjector::default(),
             callbacks: Vec::new(),
-            paused_until: Mutex::new(None),
+            paused: RateLimitPause::default(),
         })
     }
 
@@ -261,10 +266,16 @@ impl IndexWorker {
         &self.cfg
     }
 
-    /// How long the worker is still paused by a rate limit.
+    /// How long the worker is still paused by a rate limit: its own pause, or the pause of
+    /// the provider it embeds with (shared by every worker using that provider).
     pub fn paused_for(&self) -> Option<Duration> {
-        let until = (*crate::lock(&self.paused_until))?;
-        until.checked_duration_since(Instant::now())
+        let provider = match &self.sink {
+            Sink::Records {
+                embedder: Some(e), ..
+            } => e.paused_for(),
+            _ => None,
+        };
+        self.paused.remaining().max(provider)
     }
 
     /// Claims, applies and acknowledges up to `limit` events (spec §5.1).
@@ -338,6 +349,7 @@ impl IndexWorker {
                     ("delete", c.removed),
                     ("stale", c.stale),
                     ("reuse", c.reused),
+                    ("superseded", c.superseded),
                 ];
                 Outcomes {
                     results: applied.results,
@@ -346,6 +358,7 @@ impl IndexWorker {
             }
             Sink::Relations(index) => {
                 let applier = relation::RelationApplier {
+                    consumer: &self.cfg.consumer,
                     source,
                     index: index.as_ref(),
                     projector: &self.projector,

@@ -21,18 +21,23 @@
 //!    removed or moved away meanwhile is synced again (its removal supersedes the write).
 //!    Without this, a move back that another worker applied between this worker's read and
 //!    its write could not see the edges this worker was about to write under the moved-away
-//!    URI, and they would stay as orphans.
+//!    URI, and they would stay as orphans. One still live at a newer node version is
+//!    *superseded*, not synced again: a content write does not change edges, and every change
+//!    that does (an edge change bumps the relation version, a removal and re-creation) appended
+//!    an event for this consumer in its own transaction (OB1), which reads the newer state.
 //!
 //! Failures are per owner: an owner whose read or write failed fails the operations that
-//! include it, and only the events needing those operations are retried.
+//! include it, and only the events needing those operations are retried. A batched write
+//! refused for good is split until the refused owners are isolated ([`super::bisect`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use ce_core::{ContextNode, CtxUri, IndexProjector, RelationEdge};
+use ce_core::{Classify as _, ContextNode, CtxUri, IndexProjector, RelationEdge};
 use ce_store::{SourceStore, UriVersion};
 use tracing::{debug, info_span, warn};
 
+use super::bisect::{self, Refusal};
 use super::compact::Op;
 use super::error::WorkError;
 use super::fanout::{Applied, OpFanout};
@@ -55,21 +60,27 @@ pub struct RelationCounts {
     pub unchanged: u64,
     /// Writes skipped because the index already held a newer state of the owner.
     pub stale: u64,
+    /// Owners found live at a newer node version after their edges were written (see the
+    /// module documentation): done, the newer version's events carry any further change.
+    pub superseded: u64,
 }
 
 impl RelationCounts {
     /// `(metric action, count)` pairs of `index_worker_changes_total`.
-    pub fn actions(&self) -> [(&'static str, u64); 4] {
+    pub fn actions(&self) -> [(&'static str, u64); 5] {
         [
             ("upsert", self.upserted),
             ("delete", self.removed),
             ("unchanged", self.unchanged),
             ("stale", self.stale),
+            ("superseded", self.superseded),
         ]
     }
 }
 
 pub(super) struct RelationApplier<'a> {
+    /// The consumer served (metric label).
+    pub consumer: &'a str,
     pub source: &'a dyn SourceStore,
     pub index: &'a dyn RelationIndex,
     pub projector: &'a IndexProjector,
@@ -179,38 +190,47 @@ impl RelationApplier<'_> {
         let mut pending = owners.to_vec();
         for _ in 0..READ_ROUNDS {
             let written = self.sync_once(&pending, failed, counts)?;
-            pending = self.changed_since(&written)?;
+            pending = self.gone_since(&written, counts)?;
             if pending.is_empty() {
                 return Ok(());
             }
             debug!(
                 owners = pending.len(),
-                "owners changed after their edges were written: syncing again"
+                "owners removed after their edges were written: syncing again"
             );
         }
         for u in pending {
             failed.insert(
                 u,
-                WorkError::internal("owner kept changing while its edges were written"),
+                WorkError::internal(
+                    "owner kept being removed and re-created while its edges were written",
+                ),
             );
         }
         Ok(())
     }
 
     /// The owners of `written` (owner, node version of the replace) that the source no longer
-    /// holds at that version.
-    fn changed_since(&self, written: &[(CtxUri, u64)]) -> Result<Vec<CtxUri>, WorkError> {
+    /// holds live; those live at a newer version are counted as superseded.
+    fn gone_since(
+        &self,
+        written: &[(CtxUri, u64)],
+        counts: &mut RelationCounts,
+    ) -> Result<Vec<CtxUri>, WorkError> {
         if written.is_empty() {
             return Ok(Vec::new());
         }
         let uris: Vec<CtxUri> = written.iter().map(|(u, _)| u.clone()).collect();
         let versions = self.source.versions(&uris)?;
-        Ok(written
-            .iter()
-            .zip(versions)
-            .filter(|((_, v), now)| !matches!(now, UriVersion::Live(n) if n == v))
-            .map(|((u, _), _)| u.clone())
-            .collect())
+        let mut gone = Vec::new();
+        for ((u, v), now) in written.iter().zip(versions) {
+            match now {
+                UriVersion::Live(n) if n == *v => {}
+                UriVersion::Live(_) => counts.superseded += 1,
+                UriVersion::Deleted(_) | UriVersion::Unknown => gone.push(u.clone()),
+            }
+        }
+        Ok(gone)
     }
 
     /// One read-and-write pass over `owners`; returns the owners whose edge set it replaced
@@ -309,7 +329,8 @@ impl RelationApplier<'_> {
         Ok(changed)
     }
 
-    /// Applies one batched index write, counting outcomes; failures go to `failed`. Returns
+    /// Applies one batched index write (split when refused for good), counting outcomes;
+    /// failures go to `failed`. Returns
     /// the replaces that are in place (applied or already there), with their node versions.
     fn write_chunk(
         &self,
@@ -329,34 +350,39 @@ impl RelationApplier<'_> {
             })
             .collect();
         let mut in_place = Vec::new();
-        let t0 = Instant::now();
-        match self.index.write_owners(writes) {
-            Ok(outcomes) => {
-                metrics::histogram!("index_relation_write_latency_ms")
-                    .record(t0.elapsed().as_secs_f64() * 1e3);
-                for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
-                    if let (Some(v), Ok(RelationOutcome::Applied | RelationOutcome::Unchanged)) =
-                        (replaced, &outcome)
-                    {
-                        in_place.push((owner.clone(), v));
-                    }
-                    match outcome {
-                        Ok(RelationOutcome::Applied) if replaced.is_some() => counts.upserted += 1,
-                        Ok(RelationOutcome::Applied) => counts.removed += 1,
-                        Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
-                        Ok(RelationOutcome::Stale) => counts.stale += 1,
-                        Err(e) => {
-                            warn!(uri = %owner, error = %e, "relation write failed");
-                            failed.insert(owner, e.into());
-                        }
-                    }
+        let mut call = |writes: Vec<RelationWrite>| {
+            let (n, t0) = (writes.len(), Instant::now());
+            match self.index.write_owners(writes) {
+                Ok(outcomes) => {
+                    metrics::histogram!("index_relation_write_latency_ms")
+                        .record(t0.elapsed().as_secs_f64() * 1e3);
+                    Ok(outcomes)
+                }
+                Err(e) => {
+                    warn!(error = %e, owners = n, "batched relation write failed");
+                    Err(Refusal {
+                        splittable: !e.is_retryable(),
+                        error: WorkError::from(e),
+                    })
                 }
             }
-            Err(e) => {
-                warn!(error = %e, owners = keys.len(), "batched relation write failed");
-                let e = WorkError::from(e);
-                for (owner, _) in keys {
-                    failed.insert(owner, e.clone());
+        };
+        let outcomes = bisect::call_split(writes, &mut call, self.consumer, "write");
+        for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
+            let outcome = outcome.and_then(|o| o.map_err(WorkError::from));
+            if let (Some(v), Ok(RelationOutcome::Applied | RelationOutcome::Unchanged)) =
+                (replaced, &outcome)
+            {
+                in_place.push((owner.clone(), v));
+            }
+            match outcome {
+                Ok(RelationOutcome::Applied) if replaced.is_some() => counts.upserted += 1,
+                Ok(RelationOutcome::Applied) => counts.removed += 1,
+                Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
+                Ok(RelationOutcome::Stale) => counts.stale += 1,
+                Err(e) => {
+                    warn!(uri = %owner, error = %e, "relation write failed");
+                    failed.insert(owner, e);
                 }
             }
         }
@@ -536,6 +562,7 @@ mod tests {
             .expect("mv");
         // Only the move's own operations (not the owner's UPSERT_RELATION the store adds).
         let applier = RelationApplier {
+            consumer: "relation",
             source: env.store.as_ref(),
             index: env.index.as_ref(),
             projector: &IndexProjector::default(),
@@ -552,7 +579,8 @@ mod tests {
                 upserted: 2,
                 removed: 1,
                 unchanged: 2,
-                stale: 0
+                stale: 0,
+                superseded: 0,
             },
             "o re-pointed, n/x written, m/x removed; the containers m and n own nothing"
         );
@@ -578,6 +606,7 @@ mod tests {
             .rm(&uri("ctx://acc/t"), false, None, None)
             .expect("rm");
         let applier = RelationApplier {
+            consumer: "relation",
             source: env.store.as_ref(),
             index: env.index.as_ref(),
             projector: &IndexProjector::default(),

@@ -23,16 +23,23 @@ use crate::vector::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorRecord,
 };
 
-/// Decides the fault of one embedding call: 0 ok, 1 timeout, 2 rate limit, 3 5xx, 4 permanent.
+/// Decides the fault of one embedding call: 0 ok, 1 timeout, 2 rate limit, 3 5xx, 4 permanent
+/// (invalid response), 5 the provider refuses the request (HTTP 400).
 type FaultScript = Box<dyn FnMut(&[&str]) -> u8 + Send>;
 
-/// A deterministic embedder with call counting and scripted faults.
+/// What the test provider answers when it refuses a request.
+const REFUSAL: &str = "input refused by the provider";
+
+/// A deterministic embedder with call counting and scripted faults. Like a real provider, a
+/// rate limit pauses it for the wait it asks for (every worker sharing it then holds back).
 struct TestEmbedder {
     id: ModelIdentity,
     calls: AtomicU64,
     texts: AtomicU64,
     max_batch: AtomicU64,
     faults: Mutex<FaultScript>,
+    rate_limit_wait: Duration,
+    pause: ce_embed::RateLimitPause,
 }
 
 impl TestEmbedder {
@@ -45,6 +52,19 @@ impl TestEmbedder {
     }
 
     fn named(model: &str, f: impl FnMut(&[&str]) -> u8 + Send + 'static) -> Arc<Self> {
+        Self::build(model, Duration::from_millis(1), f)
+    }
+
+    /// An embedder whose rate limits ask for `wait`.
+    fn pausing(wait: Duration, f: impl FnMut(&[&str]) -> u8 + Send + 'static) -> Arc<Self> {
+        Self::build("bytes-8", wait, f)
+    }
+
+    fn build(
+        model: &str,
+        rate_limit_wait: Duration,
+        f: impl FnMut(&[&str]) -> u8 + Send + 'static,
+    ) -> Arc<Self> {
         Arc::new(TestEmbedder {
             id: ModelIdentity {
                 provider: "test".into(),
@@ -55,6 +75,8 @@ impl TestEmbedder {
             texts: AtomicU64::new(0),
             max_batch: AtomicU64::new(0),
             faults: Mutex::new(Box::new(f)),
+            rate_limit_wait,
+            pause: ce_embed::RateLimitPause::default(),
         })
     }
 
@@ -73,6 +95,10 @@ impl Embedder for TestEmbedder {
         &self.id
     }
 
+    fn paused_for(&self) -> Option<Duration> {
+        self.pause.remaining()
+    }
+
     fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.max_batch
@@ -81,8 +107,9 @@ impl Embedder for TestEmbedder {
         match fault {
             1 => return Err(EmbedError::Timeout { after: timeout }),
             2 => {
+                self.pause.extend(self.rate_limit_wait);
                 return Err(EmbedError::RateLimited {
-                    retry_after: Some(Duration::from_millis(1)),
+                    retry_after: Some(self.rate_limit_wait),
                     message: "slow down".into(),
                 });
             }
@@ -94,6 +121,13 @@ impl Embedder for TestEmbedder {
                 });
             }
             4 => return Err(EmbedError::InvalidResponse("permanent".into())),
+            5 => {
+                return Err(EmbedError::Provider {
+                    status: Some(400),
+                    message: REFUSAL.into(),
+                    retryable: false,
+                });
+            }
             _ => {}
         }
         self.texts.fetch_add(texts.len() as u64, Ordering::SeqCst);
@@ -413,9 +447,10 @@ fn error_matrix() {
         (4, DeliveryStatus::Dead, false),
     ] {
         let env = env();
-        let emb = TestEmbedder::with_faults(move |_| fault);
+        // A rate limit asks for an hour: long enough to observe the pause.
+        let emb = TestEmbedder::pausing(Duration::from_secs(3600), move |_| fault);
         let index = Arc::new(MemoryVectorIndex::new());
-        let w = worker(&env, emb, index, "w1");
+        let w = worker(&env, emb.clone(), index, "w1");
         put(&env, "ctx://acc/x", "text", "");
         let r = w.run_once(100).expect("run");
         assert_eq!(r.claimed, 2);
@@ -438,10 +473,16 @@ fn error_matrix() {
         );
         assert!(rows[0].delivery.error_code.is_some());
         if fault == 2 {
-            assert!(
-                w.paused_for().is_some()
-                    || rows[0].delivery.error_code.as_deref() == Some("rate_limited")
-            );
+            assert_eq!(rows[0].delivery.error_code.as_deref(), Some("rate_limited"));
+            let pause = w.paused_for().expect("a rate limit pauses the worker");
+            assert!(pause > Duration::from_secs(3500), "{pause:?}");
+            // While paused the worker claims nothing, even with new work ready.
+            put(&env, "ctx://acc/y", "more text", "");
+            let calls = emb.calls.load(Ordering::SeqCst);
+            assert_eq!(w.run_once(100).expect("run").claimed, 0);
+            assert_eq!(emb.calls.load(Ordering::SeqCst), calls);
+        } else {
+            assert_eq!(w.paused_for(), None, "fault {fault} does not pause");
         }
     }
     // Vector store unavailable: retryable.
@@ -531,4 +572,351 @@ fn embedding_batches_respect_the_batch_size() {
         "abstract and content per node"
     );
     assert_eq!(actual(index.as_ref()), expected(&env));
+}
+
+/// Runs `w` until nothing is runnable, advancing the clock over backoffs; the summed results.
+fn drain_counting(env: &Env, w: &IndexWorker) -> IndexBatchResult {
+    let mut total = IndexBatchResult::default();
+    for _ in 0..200 {
+        let r = w.run_once(100).expect("run_once");
+        total.claimed += r.claimed;
+        total.succeeded += r.succeeded;
+        total.failed += r.failed;
+        total.retried += r.retried;
+        if r.claimed == 0 {
+            let open = env
+                .store
+                .stats()
+                .expect("stats")
+                .iter()
+                .map(|s| s.pending + s.claimed + s.retry_wait)
+                .sum::<u64>();
+            if open == 0 {
+                return total;
+            }
+            env.clock.advance(31_000);
+        }
+    }
+    panic!("outbox did not drain");
+}
+
+/// The dead deliveries: URI → last error.
+fn dead(env: &Env) -> BTreeMap<String, String> {
+    env.store
+        .list(&OutboxFilter {
+            status: Some(DeliveryStatus::Dead),
+            limit: Some(1000),
+            ..OutboxFilter::default()
+        })
+        .expect("list")
+        .into_iter()
+        .map(|r| {
+            (
+                r.event.uri.to_string(),
+                r.delivery.last_error.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// 32 leaves `ctx://acc/d/n{i}`, each with one distinct text; those in `refused` carry
+/// "POISON". Returns the URIs of the refused ones, sorted.
+fn seed_32(env: &Env, refused: &[usize]) -> Vec<String> {
+    let mut poisoned = Vec::new();
+    for i in 0..32 {
+        let u = format!("ctx://acc/d/n{i}");
+        let mark = if refused.contains(&i) {
+            poisoned.push(u.clone());
+            " POISON"
+        } else {
+            ""
+        };
+        put(env, &u, &format!("text {i}{mark}"), "");
+    }
+    poisoned.sort();
+    poisoned
+}
+
+/// The records expected of every node except `without`.
+fn expected_without(env: &Env, without: &[String]) -> BTreeMap<String, IndexRecord> {
+    expected(env)
+        .into_iter()
+        .filter(|(_, r)| !without.contains(&r.uri.to_string()))
+        .collect()
+}
+
+/// Refuses (HTTP 400) every call that holds a POISON text.
+fn refuse_poison(texts: &[&str]) -> u8 {
+    if texts.iter().any(|t| t.contains("POISON")) {
+        5
+    } else {
+        0
+    }
+}
+
+#[test]
+fn one_refused_text_fails_only_its_own_node() {
+    for refused in [vec![17], vec![0, 9, 31]] {
+        let env = env();
+        let emb = TestEmbedder::with_faults(refuse_poison);
+        let index = Arc::new(MemoryVectorIndex::new());
+        let w = worker(&env, emb.clone(), index.clone(), "w1");
+        let poisoned = seed_32(&env, &refused);
+        let total = drain_counting(&env, &w);
+        // One call of 32 texts, split until each refused text is alone: k refused of 32 cost
+        // at most 2k·log₂32 more calls.
+        let k = refused.len() as u64;
+        let calls = emb.calls.load(Ordering::SeqCst);
+        assert!(calls <= 1 + 10 * k, "{refused:?}: {calls} embedding calls");
+        assert_eq!(emb.max_batch.load(Ordering::SeqCst), 32, "one batched call");
+        let dead = dead(&env);
+        assert_eq!(
+            dead.keys().cloned().collect::<Vec<_>>(),
+            poisoned,
+            "only the refused nodes are dead"
+        );
+        assert!(dead.values().all(|e| e.contains(REFUSAL)), "{dead:?}");
+        assert_eq!(total.failed, refused.len());
+        assert_eq!(total.retried, 0, "a permanent refusal is not retried");
+        assert_eq!(actual(index.as_ref()), expected_without(&env, &poisoned));
+        assert_vectors_match_text(index.as_ref());
+    }
+}
+
+#[test]
+fn a_503_then_400_batch_retries_then_fails_only_the_refused_node() {
+    let env = env();
+    let mut first = true;
+    let emb = TestEmbedder::with_faults(move |texts| {
+        if std::mem::take(&mut first) {
+            3
+        } else {
+            refuse_poison(texts)
+        }
+    });
+    let index = Arc::new(MemoryVectorIndex::new());
+    let w = worker(&env, emb, index.clone(), "w1");
+    let poisoned = seed_32(&env, &[5]);
+    let first_run = w.run_once(100).expect("run");
+    // The 503 is retryable: the whole call's events retry, unsplit.
+    assert_eq!(first_run.retried, 32, "{first_run:?}");
+    assert!(dead(&env).is_empty());
+    drain_counting(&env, &w);
+    assert_eq!(dead(&env).keys().cloned().collect::<Vec<_>>(), poisoned);
+    assert_eq!(actual(index.as_ref()), expected_without(&env, &poisoned));
+}
+
+#[test]
+fn rate_limits_and_timeouts_are_never_split() {
+    for fault in [1u8, 2, 3] {
+        let env = env();
+        let emb = TestEmbedder::with_faults(move |_| fault);
+        let index = Arc::new(MemoryVectorIndex::new());
+        let w = worker(&env, emb.clone(), index, "w1");
+        seed_32(&env, &[]);
+        let r = w.run_once(100).expect("run");
+        assert_eq!(r.retried, 32, "fault {fault}: {r:?}");
+        assert_eq!(
+            emb.calls.load(Ordering::SeqCst),
+            1,
+            "fault {fault}: one call"
+        );
+    }
+}
+
+/// A vector target whose batched writes are refused for good (a non-retryable index error)
+/// whenever they hold a node whose URI contains "poison".
+struct RefusingTarget(VectorTarget);
+
+impl IndexTarget for RefusingTarget {
+    fn uses_vectors(&self) -> bool {
+        true
+    }
+    fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
+        self.0.bind_model(model)
+    }
+    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
+        self.0.get(ids)
+    }
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
+        self.0.vectors(ids)
+    }
+    fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
+        self.0.list_under(uri)
+    }
+    fn write_nodes(
+        &self,
+        writes: Vec<NodeWrite>,
+    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+        if let Some(w) = writes.iter().find(|w| w.uri().as_str().contains("poison")) {
+            return Err(IndexError::Corrupt(format!("cannot store {}", w.uri())));
+        }
+        self.0.write_nodes(writes)
+    }
+}
+
+#[test]
+fn a_refused_batched_write_fails_only_the_refused_nodes() {
+    let env = env();
+    let index = Arc::new(MemoryVectorIndex::new());
+    let mut cfg = wcfg("w1");
+    cfg.vector_upsert_batch_size = 128;
+    let w = IndexWorker::for_target(
+        cfg,
+        env.store.clone(),
+        Arc::new(RefusingTarget(VectorTarget(index.clone()))),
+        Some(TestEmbedder::new()),
+        IndexProjector::default(),
+    )
+    .expect("worker");
+    let mut refused = Vec::new();
+    for i in 0..32 {
+        let u = if i == 3 || i == 20 {
+            refused.push(format!("ctx://acc/d/poison{i}"));
+            refused.sort();
+            format!("ctx://acc/d/poison{i}")
+        } else {
+            format!("ctx://acc/d/n{i}")
+        };
+        put(&env, &u, &format!("text {i}"), "");
+    }
+    let total = drain_counting(&env, &w);
+    let dead = dead(&env);
+    assert_eq!(dead.keys().cloned().collect::<Vec<_>>(), refused);
+    assert!(
+        dead.values().all(|e| e.contains("cannot store")),
+        "{dead:?}"
+    );
+    assert_eq!(total.failed, 2);
+    assert_eq!(actual(index.as_ref()), expected_without(&env, &refused));
+}
+
+#[test]
+fn a_provider_pause_holds_back_every_worker_sharing_it() {
+    let env = env();
+    let mut first = true;
+    let emb = TestEmbedder::pausing(Duration::from_secs(3600), move |_| {
+        if std::mem::take(&mut first) { 2 } else { 0 }
+    });
+    let index = Arc::new(MemoryVectorIndex::new());
+    let w1 = worker(&env, emb.clone(), index.clone(), "w1");
+    let w2 = worker(&env, emb.clone(), index, "w2");
+    put(&env, "ctx://acc/a", "alpha", "");
+    assert_eq!(w1.run_once(100).expect("run").retried, 1);
+    // w2 never saw the 429, yet the provider's pause holds it back: no second call.
+    put(&env, "ctx://acc/b", "beta", "");
+    let pause = w2.paused_for().expect("the provider's pause is shared");
+    assert!(pause > Duration::from_secs(3500), "{pause:?}");
+    assert_eq!(w2.run_once(100).expect("run").claimed, 0);
+    assert_eq!(
+        emb.calls.load(Ordering::SeqCst),
+        1,
+        "one request per window"
+    );
+}
+
+#[test]
+fn a_node_changing_while_it_is_indexed_is_superseded_not_failed() {
+    // Every embedding call races a write of the node (the writer always wins), 12 times.
+    let env = env();
+    let store = env.store.clone();
+    let mut writes_left = 12;
+    let emb = TestEmbedder::with_faults(move |_| {
+        if writes_left > 0 {
+            writes_left -= 1;
+            let req = PutRequest {
+                abstract_text: Some(format!("hot {writes_left}")),
+                ..PutRequest::default()
+            };
+            store.put(&uri("ctx://acc/hot"), req).expect("racing put");
+        }
+        0
+    });
+    let index = Arc::new(MemoryVectorIndex::new());
+    let w = worker(&env, emb, index.clone(), "w1");
+    put(&env, "ctx://acc/hot", "hot start", "");
+    let total = drain_counting(&env, &w);
+    assert_eq!(
+        (total.failed, total.retried),
+        (0, 0),
+        "a superseded delivery is done, never failed: {total:?}"
+    );
+    assert!(dead(&env).is_empty());
+    assert_eq!(actual(index.as_ref()), expected(&env));
+    let node = env
+        .store
+        .read_node(&uri("ctx://acc/hot"))
+        .expect("read")
+        .expect("node");
+    let stored = index
+        .get(&[ce_core::stable_hash("ctx://acc/hot", 0)])
+        .expect("get");
+    assert_eq!(
+        stored[0].node_version, node.version,
+        "the index ends at the last version"
+    );
+    assert_eq!(stored[0].record.text, "hot 0");
+}
+
+#[test]
+fn a_hot_node_written_by_several_threads_leaves_no_dead_delivery() {
+    let env = env();
+    // A slow embedder widens the window in which the node changes under the worker.
+    let emb = TestEmbedder::with_faults(|_| {
+        std::thread::sleep(Duration::from_millis(2));
+        0
+    });
+    let index = Arc::new(MemoryVectorIndex::new());
+    let workers: Vec<Arc<IndexWorker>> = (0..2)
+        .map(|i| Arc::new(worker(&env, emb.clone(), index.clone(), &format!("w{i}"))))
+        .collect();
+    put(&env, "ctx://acc/hot", "hot start", "");
+    let stop = Arc::new(AtomicBool::new(false));
+    let running: Vec<_> = workers
+        .iter()
+        .map(|w| {
+            let (w, stop) = (w.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut total = IndexBatchResult::default();
+                while !stop.load(Ordering::SeqCst) {
+                    let r = w.run_once(100).expect("run_once");
+                    total.failed += r.failed;
+                    total.retried += r.retried;
+                }
+                total
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let store = env.store.clone();
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    let req = PutRequest {
+                        mode: PutMode::Merge,
+                        abstract_text: Some(format!("writer {t} line {i}")),
+                        ..PutRequest::default()
+                    };
+                    store.put(&uri("ctx://acc/hot"), req).expect("put");
+                }
+            })
+        })
+        .collect();
+    for h in writers {
+        h.join().expect("writer");
+    }
+    let mut failures = 0;
+    stop.store(true, Ordering::SeqCst);
+    for h in running {
+        let t = h.join().expect("worker");
+        failures += t.failed + t.retried;
+    }
+    drain(&env, &workers[0]);
+    assert!(dead(&env).is_empty(), "dead: {:?}", dead(&env));
+    assert_eq!(failures, 0, "no delivery failed");
+    assert_eq!(
+        actual(index.as_ref()),
+        expected(&env),
+        "the index ends at the last version"
+    );
 }

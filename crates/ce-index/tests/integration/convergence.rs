@@ -7,7 +7,7 @@
 //! |-----------------------------------------|-------|---------------------------------------|
 //! | embed timeout                           | 10 %  | embed call                            |
 //! | embed 5xx (503, retryable)              | 5 %   | embed call                            |
-//! | permanent embed error (400)             | 0.5 % | embed call                            |
+//! | text refused for good (400)             | 0.5 % | distinct text (every call carrying it) |
 //! | embed rate limit (DESIGN §5; not in #5) | 5 %   | embed call                            |
 //! | index write failure                     | 5 %   | index write call (any of the 3)       |
 //! | worker kill mid-batch                   | 2 %   | batch that writes to its index        |
@@ -23,9 +23,10 @@
 //!   applied: other workers may claim its events while it still applies them, its late acks
 //!   are refused (a late ack never makes an event dead), and the work is redone.
 //! - A duplicate re-appends a copy of a delivered event for one consumer a few writes later.
-//! - A permanent embed error fails only the URIs whose texts were in the failing call
-//!   (`worker::apply`), hence only the events whose operations include one of them — not the
-//!   whole claimed batch — and of those, the events for which it is the failure the worker
+//! - A refused text fails only the URIs whose texts the provider refuses (`worker::apply`
+//!   splits a refused call until the refused texts are alone, `worker::bisect`), hence only
+//!   the events whose operations include one of them — not the whole call or claimed batch —
+//!   and of those, the events for which it is the failure the worker
 //!   reports (`worker::ack`: an event's first failed operation; an operation's first failed
 //!   URI); the worker marks those dead. The test learns them from the worker's own report
 //!   (`WorkerCallbacks::on_event_failure`, non-retryable, on the thread whose batch saw the
@@ -86,7 +87,9 @@ const RELATION: usize = 2;
 const EMBED_TIMEOUT: f64 = 0.10;
 /// Per embed call: a retryable 503.
 const EMBED_5XX: f64 = 0.05;
-/// Per embed call: a non-retryable 400.
+/// Per distinct text, decided the first time the text is sent while faults are on: the
+/// provider refuses it (a non-retryable 400 for every call that carries it), as a real
+/// provider refuses an input it cannot embed.
 const EMBED_PERMANENT: f64 = 0.005;
 /// Per embed call (not in issue 5's list; DESIGN.md §5 names rate limits).
 const EMBED_RATE_LIMIT: f64 = 0.05;
@@ -316,6 +319,8 @@ struct Sim {
     hits: Mutex<Vec<Hit>>,
     /// Expectations broken on worker threads (a panic, a late ack that made an event dead).
     broken: Mutex<Vec<String>>,
+    /// Whether the provider refuses each text it has seen while faults were on.
+    refused: Mutex<BTreeMap<String, bool>>,
 }
 
 impl Sim {
@@ -324,6 +329,24 @@ impl Sim {
         self.faults
             .load(SeqCst)
             .then(|| self.rng.lock().expect("rng").random())
+    }
+
+    /// Whether the provider refuses one of `texts` (each decided once, [`EMBED_PERMANENT`]).
+    fn refuses(&self, texts: &[&str]) -> bool {
+        let mut refused = self.refused.lock().expect("refused");
+        let mut any = false;
+        for t in texts {
+            let r = match refused.get(*t) {
+                Some(r) => *r,
+                None => {
+                    let r = self.roll(EMBED_PERMANENT);
+                    refused.insert((*t).to_owned(), r);
+                    r
+                }
+            };
+            any |= r;
+        }
+        any
     }
 
     fn roll(&self, rate: f64) -> bool {
@@ -418,22 +441,21 @@ impl Embedder for FaultyEmbedder {
                     retryable: true,
                 });
             }
-            edge += EMBED_PERMANENT;
-            if r < edge {
-                Tally::bump(&t.permanent);
-                BATCH.with_borrow_mut(|b| b.permanent = true);
-                return Err(EmbedError::Provider {
-                    status: Some(400),
-                    message: PERMANENT.into(),
-                    retryable: false,
-                });
-            }
             edge += EMBED_RATE_LIMIT;
             if r < edge {
                 Tally::bump(&t.rate_limits);
                 return Err(EmbedError::RateLimited {
                     retry_after: Some(Duration::from_millis(1)),
                     message: "slow down".into(),
+                });
+            }
+            if self.sim.refuses(texts) {
+                Tally::bump(&t.permanent);
+                BATCH.with_borrow_mut(|b| b.permanent = true);
+                return Err(EmbedError::Provider {
+                    status: Some(400),
+                    message: PERMANENT.into(),
+                    retryable: false,
                 });
             }
         }
@@ -803,6 +825,7 @@ fn converge(backend: Backend, seed: u64, writes: usize, tally: &Arc<Tally>) {
         working: AtomicUsize::new(0),
         hits: Mutex::new(Vec::new()),
         broken: Mutex::new(Vec::new()),
+        refused: Mutex::new(BTreeMap::new()),
     });
     let emb = Arc::new(FaultyEmbedder {
         inner: HashEmbedder::new(16),

@@ -45,6 +45,10 @@ mod delayed {
             self.inner.identity()
         }
 
+        fn paused_for(&self) -> Option<Duration> {
+            self.inner.paused_for()
+        }
+
         fn embed_texts(
             &self,
             texts: &[&str],
