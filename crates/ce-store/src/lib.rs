@@ -22,9 +22,9 @@ mod txn;
 
 pub use error::{Result, StoreError};
 pub use model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, Hold, HoldStore,
-    LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore,
-    Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
+    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow, Hold,
+    HoldStore, LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest,
+    RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
 };
 pub use sqlite::SqliteStore;
 

@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use ce_core::{
     ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Meta, Millis,
-    OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+    NodeKind, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
 use serde::{Deserialize, Serialize};
 
@@ -115,6 +115,9 @@ pub struct NodeStat {
     pub layer_bytes: [u64; 3],
     /// Number of direct children.
     pub children: u64,
+    /// Account, container or leaf (derived from the URI and `children`, not stored).
+    #[serde(default)]
+    pub kind: NodeKind,
     /// Metadata.
     pub meta: Meta,
     /// Creation time.
@@ -323,6 +326,16 @@ pub struct ConsumerStats {
     pub last_error: Option<ConsumerError>,
 }
 
+/// How far one consumer is behind the journal ([`OutboxStore::lag`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ConsumerLag {
+    /// Deliveries not applied yet (pending, claimed or waiting to retry).
+    pub events: u64,
+    /// Age of the oldest of them (since its event was appended, by the store's clock), in
+    /// milliseconds; `None` without lag.
+    pub oldest_age_ms: Option<u64>,
+}
+
 /// A consumer's most recent failure (see [`ConsumerStats::last_error`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerError {
@@ -370,6 +383,8 @@ pub trait ContextFs: Send + Sync {
     fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
     /// Reads several nodes in one snapshot (absent ones are skipped).
     fn read_nodes(&self, uris: &[CtxUri]) -> Result<Vec<ContextNode>>;
+    /// The kind of the node at each URI, in order (one snapshot; see [`NodeKind::of`]).
+    fn kinds(&self, uris: &[CtxUri]) -> Result<Vec<NodeKind>>;
     /// The version state of each URI, in order (one snapshot).
     fn versions(&self, uris: &[CtxUri]) -> Result<Vec<UriVersion>>;
     /// Stats a node.
@@ -468,6 +483,11 @@ pub trait OutboxStore: Send + Sync {
     fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)>;
     /// Counts per consumer.
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
+    /// The deliveries of `consumer` not applied yet, of events on `within` or below it when
+    /// given (an event counts by its `uri`): one query over the runnable deliveries (a
+    /// partial index), never the consumer's history. An unconfigured consumer is
+    /// [`StoreError::UnknownConsumer`].
+    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag>;
     /// The configured consumers.
     fn consumers(&self) -> Vec<String>;
 }
@@ -505,6 +525,7 @@ mod tests {
             relation_version: 1,
             layer_bytes: [1, 2, 3],
             children: 0,
+            kind: NodeKind::Leaf,
             meta: Meta::from([("k".to_owned(), serde_json::json!({"n": [1, null]}))]),
             created_at_ms: 1,
             updated_at_ms: 2,
