@@ -266,6 +266,9 @@ pub struct SearchTimings {
     pub keyword_ms: f64,
     /// The batched source read and checks.
     pub hydrate_ms: f64,
+    /// Counting the lag of the indexes read.
+    #[serde(default)]
+    pub lag_ms: f64,
     /// The whole search.
     pub total_ms: f64,
 }
@@ -563,6 +566,13 @@ impl Retriever<'_> {
             hit.kind = kind;
         }
         timings.hydrate_ms = ms(t.elapsed());
+        let t = Instant::now();
+        let lag = lag::lag_of(
+            self.source,
+            mode.indexes(),
+            lag::search_scope(&req.filter).as_ref(),
+        )?;
+        timings.lag_ms = ms(t.elapsed());
 
         let total = started.elapsed();
         timings.total_ms = ms(total);
@@ -573,11 +583,6 @@ impl Retriever<'_> {
                 .increment(dropped as u64);
         }
         let candidates = vector_hits.len() + keyword_hits.len();
-        let lag = lag::lag_of(
-            self.source,
-            mode.indexes(),
-            lag::search_scope(&req.filter).as_ref(),
-        )?;
         debug!(%mode, candidates, hits = hits.len(), dropped, "search done");
         Ok(SearchResponse {
             mode: choice.requested,

@@ -1,6 +1,6 @@
 //! Local `ce search`, `ce status`, `ce reindex`, `ce worker --once` against the data directory.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::harness::Ce;
 
@@ -109,6 +109,10 @@ fn index_then_search_with_filters() {
     let top = &ce.json(&["search", q, "--subtree", "ctx://acc/docs"])["hits"][0];
     assert_eq!(top["abstract"], "Editor setup");
     assert_eq!(top["version"], 1);
+    assert_eq!(
+        (&top["kind"], &top["context_type"]),
+        (&json!("leaf"), &json!("resource"))
+    );
 
     // Every hit names the stable id of the record that matched (spec §2.1.1).
     for m in ["hybrid", "vector", "keyword"] {
@@ -285,6 +289,20 @@ fn hierarchical_search_returns_leaves_with_their_path() {
         "hierarchical",
     ]);
     assert!(human.contains("in ctx://acc/kb/cooking"), "{human}");
+    // A flat search can hit a container: its kind says so (its stored type is the default).
+    let flat = ce.json(&[
+        "search",
+        "italian cooking recipes",
+        "--mode",
+        "keyword",
+        "--top-k",
+        "1",
+    ]);
+    assert_eq!(
+        (&flat["hits"][0]["uri"], &flat["hits"][0]["kind"]),
+        (&json!("ctx://acc/kb/cooking"), &json!("container")),
+        "{flat}"
+    );
     assert_eq!(
         ce.fail(
             &["search", "x", "--mode", "hierarchical", "--alpha", "2"],
