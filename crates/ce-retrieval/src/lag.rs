@@ -2,9 +2,9 @@
 //!
 //! Indexes follow the source of truth asynchronously, so a search right after a write may not
 //! find it. Every answer says, per index it read, how many changes (outbox deliveries) within
-//! the request's scope that index has not applied yet and how old the oldest is — one count
-//! over the runnable deliveries per index ([`ce_store::OutboxStore::lag`]), never a scan of
-//! the history. The scope is the request's subtree, else its account, else everything: a
+//! the request's scope that index has not applied yet and how old the oldest is — one bounded
+//! count over the oldest runnable deliveries per index ([`ce_store::OutboxStore::lag`]: at
+//! most [`ce_store::LAG_SCAN_LIMIT`] + 1 of them), never a scan of the history. The scope is the request's subtree, else its account, else everything: a
 //! tenant (whose searches are bound to its account) only ever sees its own account's counts.
 
 use ce_core::CtxUri;
@@ -30,6 +30,10 @@ pub struct IndexLag {
     /// claimed or retrying deliveries; dead ones are not counted: see `ce outbox list
     /// --status dead`).
     pub events: u64,
+    /// Whether the index has more than [`ce_store::LAG_SCAN_LIMIT`] changes to apply (in any
+    /// scope): only the oldest were examined, so `events` is a lower bound.
+    #[serde(default)]
+    pub capped: bool,
     /// Age of the oldest of them, in seconds (0 without lag).
     pub oldest_age_seconds: f64,
 }
@@ -50,6 +54,7 @@ pub(crate) fn lag_of(
             Ok(IndexLag {
                 index: (*i).to_owned(),
                 events: l.events,
+                capped: l.capped,
                 oldest_age_seconds: l.oldest_age_ms.map_or(0.0, |ms| ms as f64 / 1e3),
             })
         })
@@ -73,10 +78,19 @@ pub(crate) fn account_scope(uri: &CtxUri) -> Option<CtxUri> {
 
 /// One line for people when some index lags, e.g. `15 changes not indexed yet (keyword
 /// index; the oldest 3.2 s ago)`; `None` when every index is up to date. The count is the
-/// largest of the indexes' (a change is searchable everywhere once every index has it).
+/// largest of the indexes' (a change is searchable everywhere once every index has it), with
+/// a `+` when it is a lower bound.
 pub fn lag_summary(lag: &[IndexLag]) -> Option<String> {
-    let behind: Vec<&IndexLag> = lag.iter().filter(|l| l.events > 0).collect();
+    let behind: Vec<&IndexLag> = lag.iter().filter(|l| l.events > 0 || l.capped).collect();
     let most = behind.iter().map(|l| l.events).max()?;
+    let capped = behind.iter().any(|l| l.capped);
+    if most == 0 {
+        // Only a backlog beyond the scan limit, none of its oldest changes in scope.
+        return Some(format!(
+            "over {} changes are queued for indexing; some within this scope may not be indexed yet",
+            ce_store::LAG_SCAN_LIMIT
+        ));
+    }
     let oldest = behind
         .iter()
         .map(|l| l.oldest_age_seconds)
@@ -89,9 +103,14 @@ pub fn lag_summary(lag: &[IndexLag]) -> Option<String> {
             .collect::<Vec<_>>()
             .join(", "),
     };
-    let changes = if most == 1 { "change" } else { "changes" };
+    let changes = if most == 1 && !capped {
+        "change"
+    } else {
+        "changes"
+    };
+    let plus = if capped { "+" } else { "" };
     Some(format!(
-        "{most} {changes} not indexed yet ({which}; the oldest {oldest:.1} s ago)"
+        "{most}{plus} {changes} not indexed yet ({which}; the oldest {oldest:.1} s ago)"
     ))
 }
 
@@ -103,6 +122,7 @@ mod tests {
         IndexLag {
             index: index.into(),
             events,
+            capped: false,
             oldest_age_seconds: age,
         }
     }
@@ -122,6 +142,19 @@ mod tests {
         assert_eq!(
             lag_summary(&[lag("relation", 1, 0.0)]).as_deref(),
             Some("1 change not indexed yet (relation index; the oldest 0.0 s ago)")
+        );
+        let capped = |events| IndexLag {
+            capped: true,
+            ..lag("keyword", events, 7.0)
+        };
+        assert_eq!(
+            lag_summary(&[capped(1001)]).as_deref(),
+            Some("1001+ changes not indexed yet (keyword index; the oldest 7.0 s ago)")
+        );
+        let none_in_scope = lag_summary(&[capped(0)]).expect("a line");
+        assert!(
+            none_in_scope.starts_with("over 1000 changes are queued"),
+            "{none_in_scope}"
         );
     }
 

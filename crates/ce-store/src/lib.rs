@@ -21,6 +21,7 @@ pub mod sqlite;
 mod txn;
 
 pub use error::{Result, StoreError};
+pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow, Hold,
     HoldStore, LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest,

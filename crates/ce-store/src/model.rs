@@ -326,11 +326,19 @@ pub struct ConsumerStats {
     pub last_error: Option<ConsumerError>,
 }
 
+/// Most deliveries [`OutboxStore::lag`] examines (the consumer's oldest not applied yet), so
+/// that a large backlog costs a bounded read.
+pub const LAG_SCAN_LIMIT: u64 = 1000;
+
 /// How far one consumer is behind the journal ([`OutboxStore::lag`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ConsumerLag {
-    /// Deliveries not applied yet (pending, claimed or waiting to retry).
+    /// Deliveries not applied yet (pending, claimed or waiting to retry) within the scope,
+    /// among the consumer's oldest [`LAG_SCAN_LIMIT`] + 1 such deliveries.
     pub events: u64,
+    /// Whether the consumer has more than [`LAG_SCAN_LIMIT`] deliveries not applied yet (in
+    /// any scope): `events` is then a lower bound.
+    pub capped: bool,
     /// Age of the oldest of them (since its event was appended, by the store's clock), in
     /// milliseconds; `None` without lag.
     pub oldest_age_ms: Option<u64>,
@@ -484,9 +492,9 @@ pub trait OutboxStore: Send + Sync {
     /// Counts per consumer.
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
     /// The deliveries of `consumer` not applied yet, of events on `within` or below it when
-    /// given (an event counts by its `uri`): one query over the runnable deliveries (a
-    /// partial index), never the consumer's history. An unconfigured consumer is
-    /// [`StoreError::UnknownConsumer`].
+    /// given (an event counts by its `uri`): one query over the oldest [`LAG_SCAN_LIMIT`] + 1
+    /// runnable deliveries (a partial index), never the consumer's history nor its whole
+    /// backlog. An unconfigured consumer is [`StoreError::UnknownConsumer`].
     fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag>;
     /// The configured consumers.
     fn consumers(&self) -> Vec<String>;

@@ -228,7 +228,7 @@ fn related_right_after_link_says_the_relation_index_lags() {
     let r = ce.json(&["related", "ctx://acc/docs/a"]);
     assert_eq!(
         r["lag"],
-        serde_json::json!([{"index": "relation", "events": 0, "oldest_age_seconds": 0.0}])
+        serde_json::json!([{"index": "relation", "events": 0, "capped": false, "oldest_age_seconds": 0.0}])
     );
     assert!(
         !ce.ok(&["related", "ctx://acc/docs/a"])

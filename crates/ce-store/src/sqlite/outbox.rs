@@ -14,7 +14,7 @@ use super::{Durability, SqliteStore};
 use crate::error::{Result, StoreError};
 use crate::model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter,
-    DeliveryRow, FORCED_DONE_CODE, OutboxFilter, OutboxStore,
+    DeliveryRow, FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
 };
 use crate::shared::outbox::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
@@ -37,13 +37,17 @@ const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
 
-/// The deliveries of consumer `?1` not applied yet, of events on `?2` or below it (all when
-/// `?2` is NULL): count and oldest append time, inside the runnable partial index.
-const LAG_SQL: &str = "SELECT count(*), min(e.created_at) FROM deliveries d
-     INDEXED BY deliveries_runnable
+/// Among the oldest `?3` deliveries of consumer `?1` not applied yet (inside the runnable
+/// partial index): how many were examined, how many are of events on `?2` or below it (all
+/// when `?2` is NULL), and the oldest append time of those.
+const LAG_SQL: &str = "SELECT count(*), coalesce(sum(in_scope), 0),
+        min(CASE WHEN in_scope = 1 THEN created_at END) FROM (
+     SELECT e.created_at, CASE WHEN ?2 IS NULL OR e.uri = ?2
+            OR substr(e.uri, 1, length(?2) + 1) = ?2 || '/' THEN 1 ELSE 0 END AS in_scope
+     FROM deliveries d INDEXED BY deliveries_runnable
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status IN (0, 1, 2)
-       AND (?2 IS NULL OR e.uri = ?2 OR substr(e.uri, 1, length(?2) + 1) = ?2 || '/')";
+     ORDER BY d.seq LIMIT ?3)";
 
 /// The most recent failure among consumer `?1`'s runnable (pending, claimed, retrying)
 /// deliveries, and among its dead ones (`INDEXED BY`: the planner would otherwise walk the
@@ -576,11 +580,15 @@ impl OutboxStore for SqliteStore {
         let within = within.map(CtxUri::as_str);
         let now = self.clock.now_ms();
         self.read(|conn| {
-            let (events, oldest): (i64, Option<i64>) = conn
+            let limit = i64::try_from(LAG_SCAN_LIMIT + 1).unwrap_or(i64::MAX);
+            let (examined, events, oldest): (i64, i64, Option<i64>) = conn
                 .prepare_cached(LAG_SQL)?
-                .query_row(params![consumer, within], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                .query_row(params![consumer, within, limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
             Ok(ConsumerLag {
                 events: u64::try_from(events).unwrap_or(0),
+                capped: u64::try_from(examined).unwrap_or(0) > LAG_SCAN_LIMIT,
                 oldest_age_ms: oldest.map(|t| u64::try_from(now - t).unwrap_or(0)),
             })
         })

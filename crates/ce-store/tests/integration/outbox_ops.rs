@@ -11,7 +11,7 @@ use ce_core::{
     OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_store::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
-use ce_store::{OutboxFilter, StoreError};
+use ce_store::{LAG_SCAN_LIMIT, OutboxFilter, StoreError};
 
 use crate::common::{self, Backend, T0, backend_tests, uri};
 
@@ -456,6 +456,17 @@ fn lag_counts_what_is_not_applied_within_a_subtree(backend: Backend) {
     assert_eq!((sub.events, sub.oldest_age_ms), (1, Some(1000)));
     // The other consumer is untouched.
     assert_eq!(store.lag("keyword", None).expect("lag").events, 4);
+    // A backlog over the scan limit is counted up to it and flagged.
+    let many = (0..LAG_SCAN_LIMIT).map(|i| upsert(&format!("ctx://big/n{i}")));
+    store.append_batch(many.collect()).expect("append");
+    let big = store.lag("keyword", None).expect("lag");
+    assert_eq!(
+        (big.events, big.capped),
+        (LAG_SCAN_LIMIT + 1, true),
+        "{big:?}"
+    );
+    let sub = store.lag("keyword", Some(&a)).expect("lag");
+    assert_eq!((sub.events, sub.capped), (2, true), "{sub:?}");
     let err = store.lag("nope", None).expect_err("unknown consumer");
     assert!(matches!(err, StoreError::UnknownConsumer { .. }), "{err}");
 }
