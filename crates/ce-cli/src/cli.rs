@@ -150,7 +150,8 @@ pub enum Command {
     Relations(UriArg),
     /// A node's edges from the relation index, strongest first, checked against the source.
     Related(RelatedArgs),
-    /// Search the vector index; hits are checked against the source of truth.
+    /// Search the indexes (hybrid by default: vector and keyword, fused); hits are checked
+    /// against the source of truth.
     Search(SearchArgs),
     /// Inspect or repair the outbox.
     #[command(subcommand)]
@@ -407,9 +408,9 @@ pub struct SearchArgs {
     /// Skip vector candidates below this cosine similarity (-1..1; not in keyword mode).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub min_score: Option<f32>,
-    /// vector, keyword or hybrid (default: retrieval.default_mode, `auto` = hybrid when both
-    /// indexes are configured), or hierarchical (descend the best containers; leaves with
-    /// their path).
+    /// vector, keyword or hybrid (default: retrieval.default_mode; `auto` = hybrid when both
+    /// indexes serve, keyword with a notice when the vector index cannot), or hierarchical
+    /// (descend the best containers; leaves with their path).
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
     /// Hierarchical mode: weight of a node's own score against its parent's (0-1, default 0.5).

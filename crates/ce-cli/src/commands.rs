@@ -95,19 +95,19 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let req = related_request(a)?;
             let engine = open_engine(cli, 1, false, "related")?;
             let r = engine.related(&req)?;
-            Rendered::new(&r, output::related(&r))
+            Rendered::new(&r, output::related(&r, output::LOCAL_CATCH_UP))
         }
         Command::Search(a) if is_hierarchical(a) => {
             let req = hierarchical_request(a)?;
             let engine = open_engine(cli, 1, false, "search")?;
             let r = engine.hierarchical(&req)?;
-            Rendered::new(&r, output::hierarchical(&r))
+            Rendered::new(&r, output::hierarchical(&r, output::LOCAL_CATCH_UP))
         }
         Command::Search(a) => {
             let req = search_request(a)?;
             let engine = open_engine(cli, 1, false, "search")?;
             let r = engine.search(&req)?;
-            Rendered::new(&r, output::search(&r))
+            Rendered::new(&r, output::search(&r, output::LOCAL_CATCH_UP))
         }
         Command::Status => {
             let engine = open_engine(cli, 1, false, "status")?;

@@ -239,7 +239,7 @@ fn human(o: &DemoOutput) -> String {
             "\n$ ce search {:?} --top-k {DEMO_TOP_K} --subtree {}    ({} ms)\n",
             q.query, o.into, q.ms
         ));
-        s.push_str(&output::search(&q.result));
+        s.push_str(&output::search(&q.result, output::LOCAL_CATCH_UP));
     }
     s.push_str("\n$ ce status\n");
     s.push_str(&output::status(&o.status));

@@ -9,8 +9,10 @@ use ce_core::{
 };
 use ce_index::relation::Direction;
 use ce_index::worker::dry_run::DryRunReport;
-use ce_retrieval::SearchResponse;
-use ce_retrieval::{HierarchicalResponse, RelatedResponse};
+use ce_retrieval::{
+    HierarchicalResponse, IndexLag, ModeRanks, RelatedResponse, SearchMode, SearchResponse,
+    lag_summary,
+};
 use ce_server::MigrateReport;
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport, Status};
 use ce_server::wire::CatAnswer;
@@ -280,37 +282,88 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// `ce search`.
-pub fn search(r: &SearchResponse) -> String {
+/// `ce search`: the notice of a fallback first, then (hybrid) how the scores were fused, the
+/// hits, a summary, and a line when an index read lags behind (`catch_up` says what to do).
+pub fn search(r: &SearchResponse, catch_up: &str) -> String {
+    let mut out = String::new();
+    if let Some(n) = &r.notice {
+        out.push_str(&format!("notice: {n}\n"));
+    }
+    let hybrid = r.mode_used == SearchMode::Hybrid;
+    if hybrid {
+        out.push_str(&format!(
+            "hybrid search: reciprocal rank fusion ({}), SCORE = Σ weight / (k + rank); \
+             VECTOR and KEYWORD are the ranks in each mode\n",
+            r.fusion.as_deref().unwrap_or("rrf")
+        ));
+    }
+    let rank = |n: Option<usize>| n.map_or_else(|| "-".to_owned(), |n| format!("#{n}"));
     let rows: Vec<Vec<String>> = r
         .hits
         .iter()
         .map(|h| {
-            vec![
-                format!("{:.4}", h.score),
+            let mut row = vec![format!("{:.4}", h.score)];
+            if hybrid {
+                let ranks = h.ranks.unwrap_or(ModeRanks {
+                    vector: None,
+                    keyword: None,
+                });
+                row.push(rank(ranks.vector));
+                row.push(rank(ranks.keyword));
+            }
+            row.extend([
                 format!("L{}", h.level),
                 h.uri.to_string(),
                 one_line(&h.abstract_text, 100),
-            ]
+            ]);
+            row
         })
         .collect();
-    let mut out = if rows.is_empty() {
-        "no hits\n".to_owned()
+    if rows.is_empty() {
+        out.push_str("no hits\n");
+    } else if hybrid {
+        out.push_str(&table(
+            &["SCORE", "VECTOR", "KEYWORD", "LEVEL", "URI", "ABSTRACT"],
+            &rows,
+        ));
     } else {
-        table(&["SCORE", "LEVEL", "URI", "ABSTRACT"], &rows)
-    };
+        out.push_str(&table(&["SCORE", "LEVEL", "URI", "ABSTRACT"], &rows));
+    }
     out.push_str(&format!(
-        "({} hits from {} candidates, {} dropped by hydration, {} ms)\n",
-        r.hits.len(),
-        r.candidates,
+        "({} from {}, {} dropped by hydration, {} search, {} ms)\n",
+        count(r.hits.len(), "hit"),
+        count(r.candidates, "candidate"),
         r.dropped_by_hydration,
+        r.mode_used,
         r.timings.total_ms
     ));
+    push_lag(&mut out, &r.lag, catch_up);
     out
 }
 
+/// What the lag line of a local command suggests.
+pub const LOCAL_CATCH_UP: &str = "run `ce worker --once` or keep `ce serve` running";
+/// What the lag line of a `--server` command suggests.
+pub const REMOTE_CATCH_UP: &str = "the server's workers have not applied them yet (`ce status`)";
+
+/// The lag line (after the answer, on stdout) when an index read lags behind.
+fn push_lag(out: &mut String, lag: &[IndexLag], catch_up: &str) {
+    if let Some(summary) = lag_summary(lag) {
+        out.push_str(&format!("{summary} — {catch_up}\n"));
+    }
+}
+
+/// `n` and `unit`, plural unless `n` is 1: `1 hit`, `2 hits`.
+fn count(n: usize, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
+}
+
 /// `ce search --mode hierarchical`.
-pub fn hierarchical(r: &HierarchicalResponse) -> String {
+pub fn hierarchical(r: &HierarchicalResponse, catch_up: &str) -> String {
     let mut out = String::new();
     if r.hits.is_empty() {
         out.push_str("no hits\n");
@@ -333,14 +386,15 @@ pub fn hierarchical(r: &HierarchicalResponse) -> String {
     }
     let s = &r.stats;
     out.push_str(&format!(
-        "({} hits, {} containers expanded, {} index searches{}, {} dropped by hydration, {} ms)\n",
-        r.hits.len(),
+        "({}, {} containers expanded, {} index searches{}, {} dropped by hydration, {} ms)\n",
+        count(r.hits.len(), "hit"),
         s.containers_expanded,
         s.index_searches,
         if s.converged { ", converged" } else { "" },
         r.dropped_by_hydration,
         s.total_ms
     ));
+    push_lag(&mut out, &r.lag, catch_up);
     out
 }
 
@@ -588,6 +642,7 @@ pub fn stat(s: &NodeStat) -> String {
     kv(&[
         ("uri", s.uri.to_string()),
         ("parent", s.parent_uri.to_string()),
+        ("kind", s.kind.to_string()),
         ("type", s.context_type.to_string()),
         (
             "category",
@@ -634,6 +689,7 @@ pub fn ls(uri: &CtxUri, children: &[NodeStat]) -> String {
         .map(|s| {
             vec![
                 display_name(s),
+                s.kind.to_string(),
                 s.context_type.to_string(),
                 format!("v{}", s.version),
                 bytes(s.layer_bytes.iter().sum()),
@@ -643,7 +699,9 @@ pub fn ls(uri: &CtxUri, children: &[NodeStat]) -> String {
         })
         .collect();
     table(
-        &["NAME", "TYPE", "VERSION", "SIZE", "CHILDREN", "UPDATED"],
+        &[
+            "NAME", "KIND", "TYPE", "VERSION", "SIZE", "CHILDREN", "UPDATED",
+        ],
         &rows,
     )
 }
@@ -726,7 +784,7 @@ pub fn relations(uri: &CtxUri, r: &Relations) -> String {
 }
 
 /// `ce related`.
-pub fn related(r: &RelatedResponse) -> String {
+pub fn related(r: &RelatedResponse, catch_up: &str) -> String {
     let mut out = if r.edges.is_empty() {
         format!("{} has no indexed relations\n", r.uri)
     } else {
@@ -756,6 +814,7 @@ pub fn related(r: &RelatedResponse) -> String {
             r.dropped_by_hydration
         ));
     }
+    push_lag(&mut out, &r.lag, catch_up);
     out
 }
 

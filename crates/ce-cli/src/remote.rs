@@ -288,17 +288,19 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
                 q.push(("type", t.clone()));
             }
             let json = c.get("/v1/related", &q)?;
-            rendered(json, |r| Ok(output::related(&r)))
+            rendered(json, |r| Ok(output::related(&r, output::REMOTE_CATCH_UP)))
         }
         Command::Search(a) if commands::is_hierarchical(a) => {
             let req = commands::hierarchical_request(a)?;
             let json = c.post("/v1/search", &SearchBody::from_hierarchical(&req))?;
-            rendered(json, |r| Ok(output::hierarchical(&r)))
+            rendered(json, |r| {
+                Ok(output::hierarchical(&r, output::REMOTE_CATCH_UP))
+            })
         }
         Command::Search(a) => {
             let req = commands::search_request(a)?;
             let json = c.post("/v1/search", &SearchBody::from_request(&req))?;
-            rendered(json, |r| Ok(output::search(&r)))
+            rendered(json, |r| Ok(output::search(&r, output::REMOTE_CATCH_UP)))
         }
         Command::Outbox(o) => outbox(&c, o),
         Command::Status => {

@@ -29,7 +29,7 @@ pub use event::{
 };
 pub use hash::{sha256_hex, sha256_tagged, stable_hash};
 pub use node::{
-    ContextNode, ContextType, Layers, Level, Meta, OwnerSpace, PathDefaults, RelationEdge,
+    ContextNode, ContextType, Layers, Level, Meta, NodeKind, OwnerSpace, PathDefaults, RelationEdge,
 };
 pub use projector::{
     IndexProjector, IndexRecord, LevelSource, MoveProjection, NodeProjection, ProjectionWarning,

@@ -126,6 +126,49 @@ impl fmt::Display for ContextType {
     }
 }
 
+/// Where a node sits in the tree, as listings show it: derived from its URI and children,
+/// never stored. A node's [`ContextType`] is a separate, stored attribute (a filter key): an
+/// account or a container created as a missing ancestor keeps its path default
+/// ([`PathDefaults`], `resource` outside a type folder), which is why listings show the kind
+/// beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    /// A top-level node (`ctx://{account}`).
+    Account,
+    /// A node with children.
+    Container,
+    /// A node without children.
+    #[default]
+    Leaf,
+}
+
+impl NodeKind {
+    /// The kind of the node at `uri` with `children` direct children.
+    pub fn of(uri: &CtxUri, children: u64) -> Self {
+        match (uri.depth(), children) {
+            (1, _) => NodeKind::Account,
+            (_, 0) => NodeKind::Leaf,
+            _ => NodeKind::Container,
+        }
+    }
+
+    /// The lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Account => "account",
+            NodeKind::Container => "container",
+            NodeKind::Leaf => "leaf",
+        }
+    }
+}
+
+impl fmt::Display for NodeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Whose context a node is: `user:{id}`, `agent:{id}` or `shared`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -347,6 +390,19 @@ pub fn validate_relation_type(t: &str) -> Result<(), CoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kind_is_account_at_the_top_else_container_with_children() {
+        let u = |s: &str| CtxUri::parse(s).expect("uri");
+        assert_eq!(NodeKind::of(&u("ctx://acc"), 0), NodeKind::Account);
+        assert_eq!(NodeKind::of(&u("ctx://acc"), 3), NodeKind::Account);
+        assert_eq!(NodeKind::of(&u("ctx://acc/docs"), 2), NodeKind::Container);
+        assert_eq!(NodeKind::of(&u("ctx://acc/docs/a"), 0), NodeKind::Leaf);
+        assert_eq!(
+            serde_json::to_value(NodeKind::Container).expect("json"),
+            "container"
+        );
+    }
 
     #[test]
     fn path_defaults_follow_the_layout() {

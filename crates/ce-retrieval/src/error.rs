@@ -24,6 +24,15 @@ pub enum RetrievalError {
         /// The configured embedder's model.
         embedder: String,
     },
+    /// The request needs the vector index, which is configured but cannot serve (the model
+    /// is missing, or the index holds another model's vectors).
+    #[error("{mode} search needs the vector index, which is not ready: {reason}")]
+    VectorUnavailable {
+        /// The mode that needs it.
+        mode: crate::SearchMode,
+        /// Why it cannot serve, with the fix.
+        reason: String,
+    },
     /// Embedding the query failed.
     #[error("embedding the query: {0}")]
     Embed(#[from] EmbedError),
@@ -40,6 +49,7 @@ impl Classify for RetrievalError {
         match self {
             RetrievalError::InvalidRequest(e) => e.code(),
             RetrievalError::ModelMismatch { .. } => ErrorCode::SchemaMismatch,
+            RetrievalError::VectorUnavailable { .. } => ErrorCode::Unavailable,
             RetrievalError::Embed(e) => e.code(),
             RetrievalError::Index(e) => e.code(),
             RetrievalError::Store(e) => e.code(),
@@ -50,6 +60,8 @@ impl Classify for RetrievalError {
         match self {
             RetrievalError::InvalidRequest(e) => e.is_retryable(),
             RetrievalError::ModelMismatch { .. } => false,
+            // The model may appear (or the index be rebuilt) without a restart.
+            RetrievalError::VectorUnavailable { .. } => true,
             RetrievalError::Embed(e) => e.is_retryable(),
             RetrievalError::Index(e) => e.is_retryable(),
             RetrievalError::Store(e) => e.is_retryable(),

@@ -123,6 +123,7 @@ impl Current {
             uri: node.uri.clone(),
             parent_uri: node.parent_uri.clone(),
             level: record.level,
+            record_id: record.id.clone(),
             score,
             abstract_text: if node.layers.abstract_text.is_empty() {
                 snippet(&record.text)
@@ -131,6 +132,8 @@ impl Current {
             },
             version: node.version,
             context_type: node.context_type.as_str().to_owned(),
+            // The search sets it from one batched read of the hits' children.
+            kind: ce_core::NodeKind::Leaf,
             category: node.category.clone(),
             ranks: None,
         })

@@ -12,19 +12,29 @@
 //!    dropped and counted in [`SearchResponse::dropped_by_hydration`] — stale text is never
 //!    returned as current (DESIGN.md decision 9: better not found than found wrong);
 //! 4. keep the best-scoring record of each node; in hybrid mode fuse the two node rankings by
-//!    weighted reciprocal rank fusion ([`Fusion`]); return up to `top_k` nodes.
+//!    weighted reciprocal rank fusion ([`Fusion`]); return up to `top_k` nodes, each with the
+//!    stable id of the record that matched (`record_id`, spec §2.1.1);
+//! 5. report the lag of every index read, within the request's scope ([`IndexLag`]), so that
+//!    "no hits" right after a write says why.
+//!
+//! A request that names no mode (nor does `retrieval.default_mode`) runs in `auto`: hybrid
+//! when both indexes serve, else the one that does. When the vector index is configured but
+//! cannot serve (the model is missing, or the index holds another model's vectors), `auto`
+//! falls back to keyword search and says so in [`SearchResponse::notice`]; a request that
+//! names a mode needing vectors gets [`RetrievalError::VectorUnavailable`].
 //!
 //! Nothing here writes: retrieval reads the indexes and the source and returns.
 
 mod error;
 mod hydrate;
+mod lag;
 mod related;
 mod tree;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ce_core::{CoreError, CtxUri, IndexRecord, Level, RetrievalConfig};
+use ce_core::{CoreError, CtxUri, IndexRecord, Level, NodeKind, RetrievalConfig};
 use ce_embed::Embedder;
 use ce_index::keyword::KeywordIndex;
 use ce_index::vector::{SearchFilter, VectorIndex};
@@ -34,6 +44,7 @@ use serde_json::Value;
 use tracing::debug;
 
 pub use error::{Result, RetrievalError};
+pub use lag::{IndexLag, KEYWORD_INDEX, RELATION_INDEX, VECTOR_INDEX, lag_summary};
 pub use related::{
     DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, RelatedEdge, RelatedRequest, RelatedResponse, related,
 };
@@ -87,6 +98,15 @@ impl SearchMode {
     fn uses_keywords(self) -> bool {
         self != SearchMode::Vector
     }
+
+    /// The indexes this mode reads, named as their outbox consumers.
+    pub fn indexes(self) -> &'static [&'static str] {
+        match self {
+            SearchMode::Vector => &[VECTOR_INDEX],
+            SearchMode::Keyword => &[KEYWORD_INDEX],
+            SearchMode::Hybrid => &[VECTOR_INDEX, KEYWORD_INDEX],
+        }
+    }
 }
 
 impl std::fmt::Display for SearchMode {
@@ -124,7 +144,7 @@ pub struct SearchRequest {
     pub min_score: Option<f32>,
     /// Timeout of the query's embedding call.
     pub embed_timeout: Duration,
-    /// The mode; `None` takes the configured default ([`Fusion::default_mode`]).
+    /// The mode; `None` takes the configured default ([`Fusion::default_mode`]), else `auto`.
     pub mode: Option<SearchMode>,
 }
 
@@ -209,8 +229,12 @@ pub struct SearchHit {
     pub parent_uri: CtxUri,
     /// The level of the best-matching record.
     pub level: Level,
+    /// The stable id of that record, `stable_hash(uri, level)` (spec §2.1.1): the id the
+    /// indexes store it under.
+    pub record_id: String,
     /// Vector mode: cosine similarity of that record to the query; keyword mode: its BM25
-    /// score; hybrid: the fused score (higher is better in every mode).
+    /// score; hybrid: the fused score, `Σ weight / (rrf_k + rank)` over the modes that ranked
+    /// the node (see `ranks`; higher is better in every mode).
     pub score: f32,
     /// The node's current L0 abstract, or — when the node has none — the start of the
     /// matched record's indexed text (at most [`SNIPPET_CHARS`] characters).
@@ -218,8 +242,11 @@ pub struct SearchHit {
     pub abstract_text: String,
     /// The node's current version (equal to the version the record was indexed from).
     pub version: u64,
-    /// Context type.
+    /// Context type (stored; accounts and created ancestors have their path default).
     pub context_type: String,
+    /// Account, container or leaf (derived from the URI and the children).
+    #[serde(default)]
+    pub kind: NodeKind,
     /// Category.
     pub category: String,
     /// Hybrid mode: the node's rank in each mode.
@@ -239,15 +266,31 @@ pub struct SearchTimings {
     pub keyword_ms: f64,
     /// The batched source read and checks.
     pub hydrate_ms: f64,
+    /// Counting the lag of the indexes read.
+    #[serde(default)]
+    pub lag_ms: f64,
     /// The whole search.
     pub total_ms: f64,
 }
 
+/// The name of the mode of a request that names none (see the module docs).
+pub const AUTO_MODE: &str = "auto";
+
 /// The answer of a search.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SearchResponse {
+    /// The mode asked for: the request's, else `retrieval.default_mode`'s, else
+    /// [`AUTO_MODE`].
+    pub mode: String,
     /// The mode that ran.
-    pub mode: SearchMode,
+    pub mode_used: SearchMode,
+    /// Why the mode that ran is not the one asked for (`auto` without a vector index that
+    /// serves); `None` otherwise.
+    #[serde(default)]
+    pub notice: Option<String>,
+    /// Hybrid mode: how the rankings were fused (`rrf k=60, vector×1, keyword×1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fusion: Option<String>,
     /// Nodes found, best first (at most `top_k`).
     pub hits: Vec<SearchHit>,
     /// Records the indexes returned (vector ones at or above `min_score`).
@@ -257,6 +300,9 @@ pub struct SearchResponse {
     pub dropped_by_hydration: usize,
     /// The embedding model (`provider:model:dimension`); empty in keyword mode.
     pub model: String,
+    /// Per index read: changes within the request's scope not applied yet.
+    #[serde(default)]
+    pub lag: Vec<IndexLag>,
     /// Timings.
     pub timings: SearchTimings,
 }
@@ -286,6 +332,14 @@ impl Default for Fusion {
 }
 
 impl Fusion {
+    /// How the fusion is described to people: `rrf k=60, vector×1, keyword×1`.
+    pub fn describe(&self) -> String {
+        format!(
+            "rrf k={}, vector×{}, keyword×{}",
+            self.rrf_k, self.vector_weight, self.keyword_weight
+        )
+    }
+
     /// The `[retrieval]` settings (validated by `Config::validate`).
     pub fn from_config(c: &RetrievalConfig) -> Self {
         Fusion {
@@ -368,38 +422,67 @@ pub struct Retriever<'a> {
     pub keyword: Option<&'a dyn KeywordIndex>,
     /// Fusion and the default mode.
     pub fusion: Fusion,
+    /// Why the vector index is configured but cannot serve (`vector` is then `None`): `auto`
+    /// falls back to keyword search with this as the notice; a mode that needs vectors is
+    /// [`RetrievalError::VectorUnavailable`].
+    pub vector_unavailable: Option<&'a str>,
+}
+
+/// The mode a request runs in, as [`Retriever::mode`] decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeChoice {
+    /// The mode asked for, or [`AUTO_MODE`].
+    pub requested: String,
+    /// The mode that runs.
+    pub used: SearchMode,
+    /// Why `used` differs from what `auto` prefers, when it does.
+    pub notice: Option<String>,
 }
 
 impl Retriever<'_> {
-    /// The mode `req` runs in: its own, else the configured default, else hybrid when both
-    /// indexes are available or the one that is. A mode whose index is not available is a
+    /// The mode `req` runs in: its own, else the configured default, else `auto`: hybrid when
+    /// both indexes are available, else the one that is — keyword, with a notice, when the
+    /// vector index is configured but cannot serve. A named mode whose vector index cannot
+    /// serve is [`RetrievalError::VectorUnavailable`]; one whose index is not configured is a
     /// non-retryable error naming `mode`.
-    pub fn mode(&self, req: &SearchRequest) -> Result<SearchMode> {
-        let auto = match (self.vector.is_some(), self.keyword.is_some()) {
-            (true, true) => SearchMode::Hybrid,
-            (false, true) => SearchMode::Keyword,
-            _ => SearchMode::Vector,
+    pub fn mode(&self, req: &SearchRequest) -> Result<ModeChoice> {
+        let named = req.mode.or(self.fusion.default_mode);
+        let (used, notice) = match (named, self.vector.is_some(), self.keyword.is_some()) {
+            (Some(m), _, _) => (m, None),
+            (None, true, true) => (SearchMode::Hybrid, None),
+            (None, false, true) => (
+                SearchMode::Keyword,
+                self.vector_unavailable.map(|why| {
+                    format!("vector search is unavailable ({why}): searched the keyword index only")
+                }),
+            ),
+            (None, _, false) => (SearchMode::Vector, None),
         };
-        let mode = req.mode.or(self.fusion.default_mode).unwrap_or(auto);
-        let missing = match mode {
-            _ if mode.uses_vectors() && self.vector.is_none() => Some("vector"),
-            _ if mode.uses_keywords() && self.keyword.is_none() => Some("keyword"),
-            _ => None,
-        };
-        match missing {
-            Some(index) => Err(RetrievalError::InvalidRequest(CoreError::InvalidField {
-                field: "mode",
-                reason: format!("{mode} search needs the {index} index, which is not available"),
-            })),
-            None => Ok(mode),
+        if used.uses_vectors() && self.vector.is_none() {
+            return Err(match self.vector_unavailable {
+                Some(why) => RetrievalError::VectorUnavailable {
+                    mode: used,
+                    reason: why.to_owned(),
+                },
+                None => not_configured(used, VECTOR_INDEX),
+            });
         }
+        if used.uses_keywords() && self.keyword.is_none() {
+            return Err(not_configured(used, KEYWORD_INDEX));
+        }
+        Ok(ModeChoice {
+            requested: named.map_or(AUTO_MODE, SearchMode::as_str).to_owned(),
+            used,
+            notice,
+        })
     }
 
     /// Runs `req` (see the module docs).
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
         let started = Instant::now();
         req.validate()?;
-        let mode = self.mode(req)?;
+        let choice = self.mode(req)?;
+        let mode = choice.used;
         let mut timings = SearchTimings::default();
         let mut model = String::new();
 
@@ -448,7 +531,7 @@ impl Retriever<'_> {
                 .map(|h| &h.record)
                 .chain(keyword_hits.iter().map(|h| &h.record)),
         )?;
-        let (hits, dropped) = match mode {
+        let (mut hits, dropped) = match mode {
             SearchMode::Vector | SearchMode::Keyword => {
                 let (ranked, dropped) = if mode == SearchMode::Vector {
                     current.rank(&vector_hits, req.top_k)
@@ -478,7 +561,18 @@ impl Retriever<'_> {
                 (hits, dv + dk)
             }
         };
+        let uris: Vec<CtxUri> = hits.iter().map(|h| h.uri.clone()).collect();
+        for (hit, kind) in hits.iter_mut().zip(self.source.kinds(&uris)?) {
+            hit.kind = kind;
+        }
         timings.hydrate_ms = ms(t.elapsed());
+        let t = Instant::now();
+        let lag = lag::lag_of(
+            self.source,
+            mode.indexes(),
+            lag::search_scope(&req.filter).as_ref(),
+        )?;
+        timings.lag_ms = ms(t.elapsed());
 
         let total = started.elapsed();
         timings.total_ms = ms(total);
@@ -491,11 +585,15 @@ impl Retriever<'_> {
         let candidates = vector_hits.len() + keyword_hits.len();
         debug!(%mode, candidates, hits = hits.len(), dropped, "search done");
         Ok(SearchResponse {
-            mode,
+            mode: choice.requested,
+            mode_used: mode,
+            notice: choice.notice,
+            fusion: (mode == SearchMode::Hybrid).then(|| self.fusion.describe()),
             hits,
             candidates,
             dropped_by_hydration: dropped,
             model,
+            lag,
             timings,
         })
     }
@@ -513,8 +611,17 @@ pub fn search(
         vector: Some(VectorSide { embedder, index }),
         keyword: None,
         fusion: Fusion::default(),
+        vector_unavailable: None,
     }
     .search(req)
+}
+
+/// The error of a mode whose index is not configured.
+fn not_configured(mode: SearchMode, index: &str) -> RetrievalError {
+    RetrievalError::InvalidRequest(CoreError::InvalidField {
+        field: "mode",
+        reason: format!("{mode} search needs the {index} index, which is not available"),
+    })
 }
 
 fn embed_query(embedder: &dyn Embedder, query: &str, timeout: Duration) -> Result<Vec<f32>> {

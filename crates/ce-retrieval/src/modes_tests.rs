@@ -40,7 +40,10 @@ fn keyword_mode_ranks_by_bm25_without_the_embedder() {
         .retriever()
         .search(&mode("rebalance partition", SearchMode::Keyword))
         .expect("search");
-    assert_eq!(r.mode, SearchMode::Keyword);
+    assert_eq!(
+        (r.mode.as_str(), r.mode_used),
+        ("keyword", SearchMode::Keyword)
+    );
     assert_eq!(uris(&r), ["ctx://acc/docs/kafka"]);
     assert!(
         r.model.is_empty(),
@@ -64,7 +67,8 @@ fn hybrid_fuses_the_two_rankings_by_reciprocal_rank() {
         .retriever()
         .search(&mode("consumer lag", SearchMode::Hybrid))
         .expect("search");
-    assert_eq!(r.mode, SearchMode::Hybrid);
+    assert_eq!(r.mode_used, SearchMode::Hybrid);
+    assert_eq!(r.fusion.as_deref(), Some("rrf k=60, vector×1, keyword×1"));
     let fusion = Fusion::default();
     for h in &r.hits {
         let ranks = h.ranks.expect("hybrid hits carry their ranks");
@@ -152,17 +156,17 @@ fn modes_without_their_index_and_bad_modes_are_refused() {
         assert!(err.to_string().contains("keyword index"), "{err}");
     }
     assert_eq!(
-        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        r.mode(&SearchRequest::new("lag")).expect("auto").used,
         SearchMode::Vector
     );
     r.keyword = Some(f.keyword.as_ref());
     assert_eq!(
-        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        r.mode(&SearchRequest::new("lag")).expect("auto").used,
         SearchMode::Hybrid
     );
     r.vector = None;
     assert_eq!(
-        r.mode(&SearchRequest::new("lag")).expect("auto"),
+        r.mode(&SearchRequest::new("lag")).expect("auto").used,
         SearchMode::Keyword
     );
     let mut req = mode("lag", SearchMode::Keyword);
@@ -172,4 +176,109 @@ fn modes_without_their_index_and_bad_modes_are_refused() {
     let err = "fuzzy".parse::<SearchMode>().expect_err("bad mode");
     assert!(err.to_string().contains("mode"), "{err}");
     assert_eq!(u("ctx://acc/docs/kafka").account_id(), "acc");
+}
+
+#[test]
+fn auto_falls_back_to_keyword_with_a_notice_when_vectors_cannot_serve() {
+    let f = corpus();
+    let mut r = f.retriever();
+    r.vector = None;
+    r.vector_unavailable = Some("embedding model not loaded");
+    let out = r.search(&SearchRequest::new("rebalance")).expect("auto");
+    assert_eq!(
+        (out.mode.as_str(), out.mode_used),
+        (AUTO_MODE, SearchMode::Keyword)
+    );
+    assert_eq!(uris(&out), ["ctx://acc/docs/kafka"]);
+    let notice = out.notice.expect("a notice");
+    assert!(notice.contains("embedding model not loaded"), "{notice}");
+    assert!(notice.contains("keyword"), "{notice}");
+    // A named mode that needs vectors stays an error, retryable and `unavailable`.
+    for m in [SearchMode::Vector, SearchMode::Hybrid] {
+        let err = r.search(&mode("rebalance", m)).expect_err("named mode");
+        assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+        assert!(err.is_retryable(), "{err}");
+        assert!(err.to_string().contains("not loaded"), "{err}");
+    }
+    // So does a configured default that needs them.
+    r.fusion.default_mode = Some(SearchMode::Hybrid);
+    let err = r
+        .search(&SearchRequest::new("rebalance"))
+        .expect_err("default");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    // With both indexes serving, auto is hybrid and says nothing.
+    let out = f
+        .retriever()
+        .search(&SearchRequest::new("rebalance"))
+        .expect("auto");
+    assert_eq!((out.mode_used, out.notice), (SearchMode::Hybrid, None));
+}
+
+#[test]
+fn every_hit_carries_the_stable_id_of_the_record_that_matched() {
+    let f = corpus();
+    for m in SearchMode::ALL {
+        let out = f
+            .retriever()
+            .search(&mode("rebalance partition", m))
+            .expect("search");
+        assert!(!out.hits.is_empty(), "{m}: {out:?}");
+        for h in &out.hits {
+            assert_eq!(
+                h.record_id,
+                ce_core::stable_hash(h.uri.as_str(), h.level.as_u8()),
+                "{m}: {h:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_lag_of_each_index_read_is_reported_within_the_scope() {
+    let f = corpus();
+    let out = f
+        .retriever()
+        .search(&mode("lag", SearchMode::Hybrid))
+        .expect("search");
+    let lag: Vec<(&str, u64)> = out
+        .lag
+        .iter()
+        .map(|l| (l.index.as_str(), l.events))
+        .collect();
+    assert_eq!(lag, [("vector", 0), ("keyword", 0)]);
+    f.put(
+        "ctx://acc/docs/new",
+        "Fresh note on consumer lag.",
+        "Not indexed yet.",
+    );
+    f.put("ctx://other/docs/x", "Another account.", "Lag too.");
+    let out = f
+        .retriever()
+        .search(&mode("fresh", SearchMode::Keyword))
+        .expect("search");
+    assert!(out.hits.is_empty(), "{out:?}");
+    assert_eq!(out.lag.len(), 1, "keyword mode reads one index: {out:?}");
+    // Each put appends its node's event and one per ancestor created.
+    let all = out.lag[0].events;
+    assert!(all >= 2, "{out:?}");
+    let mut req = mode("fresh", SearchMode::Keyword);
+    req.filter.account_id = Some("other".into());
+    let other = f.retriever().search(&req).expect("search");
+    assert!(
+        other.lag[0].events >= 1 && other.lag[0].events < all,
+        "{other:?}"
+    );
+    req.filter.account_id = None;
+    req.filter.subtree = Some(u("ctx://acc/docs/new"));
+    let one = f.retriever().search(&req).expect("search");
+    assert_eq!(one.lag[0].events, 1, "{one:?}");
+    f.index_all();
+    let out = f
+        .retriever()
+        .search(&mode("fresh", SearchMode::Keyword))
+        .expect("search");
+    assert_eq!(
+        (uris(&out), out.lag[0].events),
+        (vec!["ctx://acc/docs/new"], 0)
+    );
 }

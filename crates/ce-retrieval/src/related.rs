@@ -5,7 +5,8 @@
 //! the owner (`from_uri`) is at exactly the relation version the record was indexed from —
 //! an owner whose edges changed since (linked, unlinked, moved, removed) has its records
 //! dropped and counted until the relation worker catches up. Better not found than found
-//! wrong (DESIGN.md decision 9).
+//! wrong (DESIGN.md decision 9). The answer carries the relation index's lag within the
+//! node's account, so that an edge just linked and not yet indexed is explained.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -16,6 +17,7 @@ use ce_store::{SourceStore, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RetrievalError};
+use crate::lag::{self, IndexLag, RELATION_INDEX};
 
 /// Edges returned when the request does not say.
 pub const DEFAULT_RELATED_LIMIT: usize = 50;
@@ -78,6 +80,9 @@ pub struct RelatedResponse {
     pub edges: Vec<RelatedEdge>,
     /// Index records dropped because the source no longer vouches for them.
     pub dropped_by_hydration: usize,
+    /// The relation index's changes within the node's account not applied yet.
+    #[serde(default)]
+    pub lag: Vec<IndexLag>,
     /// Time taken, in milliseconds.
     pub took_ms: f64,
 }
@@ -153,10 +158,16 @@ pub fn related(
         metrics::counter!("retrieval_dropped_by_hydration_total", "mode" => "related")
             .increment(dropped as u64);
     }
+    let lag = lag::lag_of(
+        source,
+        &[RELATION_INDEX],
+        lag::account_scope(&req.uri).as_ref(),
+    )?;
     Ok(RelatedResponse {
         uri: req.uri.clone(),
         edges,
         dropped_by_hydration: dropped,
+        lag,
         took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
     })
 }
@@ -262,6 +273,27 @@ mod tests {
         let typed = f.related("ctx://acc/docs/a", Some("depends_on"), Direction::Both);
         assert_eq!(typed.edges.len(), 1);
         assert_eq!(typed.edges[0].relation_type, "depends_on");
+    }
+
+    #[test]
+    fn an_edge_not_indexed_yet_shows_as_relation_lag_within_the_account() {
+        let f = Fixture::new();
+        for n in ["a", "b"] {
+            f.put(&format!("ctx://acc/docs/{n}"), n);
+        }
+        f.put("ctx://other/docs/c", "c");
+        f.index_all();
+        let r = f.related("ctx://acc/docs/a", None, Direction::Out);
+        assert_eq!(r.lag.len(), 1, "{r:?}");
+        assert_eq!((r.lag[0].index.as_str(), r.lag[0].events), ("relation", 0));
+        f.link("ctx://acc/docs/a", "ctx://acc/docs/b", "cites", 1.0);
+        f.put("ctx://other/docs/d", "another account's change");
+        let r = f.related("ctx://acc/docs/a", None, Direction::Out);
+        assert!(r.edges.is_empty(), "{r:?}");
+        assert_eq!(r.lag[0].events, 1, "only this account's change: {r:?}");
+        f.index_all();
+        let r = f.related("ctx://acc/docs/a", None, Direction::Out);
+        assert_eq!((others(&r), r.lag[0].events), (vec!["ctx://acc/docs/b"], 0));
     }
 
     #[test]

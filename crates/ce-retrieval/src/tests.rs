@@ -90,6 +90,7 @@ impl Fixture {
             }),
             keyword: Some(self.keyword.as_ref()),
             fusion: Fusion::default(),
+            vector_unavailable: None,
         }
     }
 

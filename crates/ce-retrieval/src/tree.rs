@@ -31,7 +31,8 @@ use ce_store::SourceStore;
 use serde::{Deserialize, Serialize};
 
 use crate::hydrate::Current;
-use crate::{Result, RetrievalError, SearchRequest, embed_query, ms};
+use crate::lag::{self, IndexLag};
+use crate::{Result, RetrievalError, SearchRequest, VECTOR_INDEX, embed_query, ms};
 
 /// Parameters of [`hierarchical_search`] (defaults in [`HierarchicalParams::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -125,6 +126,8 @@ pub struct HierarchicalHit {
     pub own_score: f32,
     /// The level of that record.
     pub level: Level,
+    /// The stable id of that record, `stable_hash(uri, level)` (spec §2.1.1).
+    pub record_id: String,
     /// The node's current L0 abstract.
     #[serde(rename = "abstract")]
     pub abstract_text: String,
@@ -164,6 +167,9 @@ pub struct HierarchicalResponse {
     pub dropped_by_hydration: usize,
     /// The embedding model.
     pub model: String,
+    /// The vector index's changes within the start not applied yet.
+    #[serde(default)]
+    pub lag: Vec<IndexLag>,
     /// Counters and timings.
     pub stats: HierarchicalStats,
 }
@@ -443,6 +449,7 @@ pub fn hierarchical_search(
                 score: l.score,
                 own_score: l.own,
                 level: l.record.level,
+                record_id: l.record.id.clone(),
                 abstract_text: node.layers.abstract_text.clone(),
                 version: node.version,
                 path: l
@@ -472,10 +479,16 @@ pub fn hierarchical_search(
         metrics::counter!("retrieval_dropped_by_hydration_total", "mode" => "hierarchical")
             .increment(dropped as u64);
     }
+    let lag = lag::lag_of(
+        source,
+        &[VECTOR_INDEX],
+        lag::search_scope(&req.search.filter).as_ref(),
+    )?;
     Ok(HierarchicalResponse {
         hits,
         dropped_by_hydration: dropped,
         model: identity.key(),
+        lag,
         stats,
     })
 }

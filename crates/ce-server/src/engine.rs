@@ -48,8 +48,8 @@ use ce_index::worker::runner::{Wakeup, WorkerPool};
 use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkerCallbacks, WorkerConfig};
 use ce_retrieval::{
-    Fusion, HierarchicalRequest, HierarchicalResponse, RelatedRequest, RelatedResponse, Retriever,
-    SearchMode, SearchRequest, SearchResponse, VectorSide,
+    Fusion, HierarchicalRequest, HierarchicalResponse, RelatedRequest, RelatedResponse,
+    RetrievalError, Retriever, SearchRequest, SearchResponse, VectorSide,
 };
 use ce_store::{
     LinkRequest, PutRequest, SourceStore, WriteOutcome,
@@ -676,14 +676,12 @@ impl Engine {
 
     /// Searches the indexes and hydrates the hits (see `ce-retrieval`). Without a mode the
     /// configured default runs (`retrieval.default_mode`; `auto`: hybrid when both the vector
-    /// and keyword consumers are configured, else the configured one). A mode that needs
-    /// vectors while the vector side is not ready gets the not-ready error (it never falls
-    /// back silently); keyword search works without the model.
+    /// and keyword indexes serve, else the one that does). When the vector side is not ready,
+    /// `auto` falls back to keyword search with a notice in the answer; a named mode that
+    /// needs vectors gets the not-ready error. Keyword search works without the model.
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
-        let embedder = self
-            .ready_embedder()
-            .ok()
-            .filter(|_| self.readiness().ready);
+        let readiness = self.readiness();
+        let embedder = self.ready_embedder().ok().filter(|_| readiness.ready);
         let vector = embedder
             .as_deref()
             .filter(|_| self.configured(VECTOR_CONSUMER))
@@ -692,30 +690,19 @@ impl Engine {
                 embedder: e as &dyn Embedder,
                 index,
             });
+        let why = readiness.reasons.join("; ");
         let retriever = Retriever {
             source: self.store.as_ref(),
             vector,
             keyword: self.keyword.as_deref().map(|k| k as &dyn KeywordIndex),
             fusion: Fusion::from_config(&self.config.retrieval),
+            vector_unavailable: (vector.is_none() && self.configured(VECTOR_CONSUMER))
+                .then_some(why.as_str()),
         };
-        let mode = req.mode.or(retriever.fusion.default_mode).unwrap_or(
-            match (
-                self.configured(VECTOR_CONSUMER),
-                self.configured(KEYWORD_CONSUMER),
-            ) {
-                (true, true) => SearchMode::Hybrid,
-                (false, true) => SearchMode::Keyword,
-                _ => SearchMode::Vector,
-            },
-        );
-        if mode != SearchMode::Keyword && vector.is_none() && self.configured(VECTOR_CONSUMER) {
-            return Err(self.not_ready());
+        match retriever.search(req) {
+            Err(RetrievalError::VectorUnavailable { .. }) => Err(self.not_ready()),
+            r => Ok(r?),
         }
-        let req = SearchRequest {
-            mode: Some(mode),
-            ..req.clone()
-        };
-        Ok(retriever.search(&req)?)
     }
 
     /// Hierarchical search (see `ce_retrieval::hierarchical_search`); needs the vector side.

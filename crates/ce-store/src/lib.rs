@@ -21,10 +21,12 @@ pub mod sqlite;
 mod txn;
 
 pub use error::{Result, StoreError};
+pub use model::LAG_SCAN_LIMIT;
 pub use model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, Hold, HoldStore,
-    LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest,
-    RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome, check_list_limit,
+    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow, Hold,
+    HoldStore, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore, PutMode,
+    PutRequest, RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
+    check_list_limit,
 };
 pub use sqlite::SqliteStore;
 

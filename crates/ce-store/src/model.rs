@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use ce_core::{
     ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Level, Meta,
-    Millis, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+    Millis, NodeKind, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +119,9 @@ pub struct NodeStat {
     pub layer_bytes: [u64; 3],
     /// Number of direct children.
     pub children: u64,
+    /// Account, container or leaf (derived from the URI and `children`, not stored).
+    #[serde(default)]
+    pub kind: NodeKind,
     /// Metadata.
     pub meta: Meta,
     /// Creation time.
@@ -347,6 +350,24 @@ pub struct ConsumerStats {
     pub last_error: Option<ConsumerError>,
 }
 
+/// Most deliveries [`OutboxStore::lag`] examines (the consumer's oldest not applied yet), so
+/// that a large backlog costs a bounded read.
+pub const LAG_SCAN_LIMIT: u64 = 1000;
+
+/// How far one consumer is behind the journal ([`OutboxStore::lag`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ConsumerLag {
+    /// Deliveries not applied yet (pending, claimed or waiting to retry) within the scope,
+    /// among the consumer's oldest [`LAG_SCAN_LIMIT`] + 1 such deliveries.
+    pub events: u64,
+    /// Whether the consumer has more than [`LAG_SCAN_LIMIT`] deliveries not applied yet (in
+    /// any scope): `events` is then a lower bound.
+    pub capped: bool,
+    /// Age of the oldest of them (since its event was appended, by the store's clock), in
+    /// milliseconds; `None` without lag.
+    pub oldest_age_ms: Option<u64>,
+}
+
 /// A consumer's most recent failure (see [`ConsumerStats::last_error`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerError {
@@ -394,6 +415,8 @@ pub trait ContextFs: Send + Sync {
     fn read_node(&self, uri: &CtxUri) -> Result<Option<ContextNode>>;
     /// Reads several nodes in one snapshot (absent ones are skipped).
     fn read_nodes(&self, uris: &[CtxUri]) -> Result<Vec<ContextNode>>;
+    /// The kind of the node at each URI, in order (one snapshot; see [`NodeKind::of`]).
+    fn kinds(&self, uris: &[CtxUri]) -> Result<Vec<NodeKind>>;
     /// The version state of each URI, in order (one snapshot).
     fn versions(&self, uris: &[CtxUri]) -> Result<Vec<UriVersion>>;
     /// Stats a node.
@@ -492,6 +515,11 @@ pub trait OutboxStore: Send + Sync {
     fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)>;
     /// Counts per consumer.
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
+    /// The deliveries of `consumer` not applied yet, of events on `within` or below it when
+    /// given (an event counts by its `uri`): one query over the oldest [`LAG_SCAN_LIMIT`] + 1
+    /// runnable deliveries (a partial index), never the consumer's history nor its whole
+    /// backlog. An unconfigured consumer is [`StoreError::UnknownConsumer`].
+    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag>;
     /// The configured consumers.
     fn consumers(&self) -> Vec<String>;
 }
@@ -530,6 +558,7 @@ mod tests {
             relation_version: 1,
             layer_bytes: [1, 2, 3],
             children: 0,
+            kind: NodeKind::Leaf,
             meta: Meta::from([("k".to_owned(), serde_json::json!({"n": [1, null]}))]),
             created_at_ms: 1,
             updated_at_ms: 2,

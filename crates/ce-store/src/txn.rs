@@ -559,6 +559,7 @@ pub(crate) fn stat_of(tx: &mut dyn ReadTx, n: ContextNode) -> Result<NodeStat> {
             l.content.len() as u64,
         ],
         children,
+        kind: ce_core::NodeKind::of(&n.uri, children),
         uri: n.uri,
         parent_uri: n.parent_uri,
         context_type: n.context_type,
@@ -715,6 +716,19 @@ macro_rules! impl_source_traits {
                 uris: &[ce_core::CtxUri],
             ) -> $crate::Result<Vec<ce_core::ContextNode>> {
                 self.read_source(|tx| $crate::txn::read_nodes(tx, uris))
+            }
+
+            fn kinds(&self, uris: &[ce_core::CtxUri]) -> $crate::Result<Vec<ce_core::NodeKind>> {
+                self.read_source(|tx| {
+                    uris.iter()
+                        .map(|u| {
+                            Ok(ce_core::NodeKind::of(
+                                u,
+                                $crate::txn::ReadTx::count_children(tx, u)?,
+                            ))
+                        })
+                        .collect()
+                })
             }
 
             fn versions(

@@ -403,3 +403,46 @@ fn config_is_read_from_the_data_dir_or_named_explicitly() {
         f.error
     );
 }
+
+/// Accounts and the containers a put creates keep their stored path-default type
+/// (`resource` outside a type folder); `ls` and `stat` show their kind beside it.
+#[test]
+fn listings_show_the_kind_beside_the_stored_type() {
+    let ce = Ce::new();
+    ce.put("ctx://acc/docs/a", "text");
+    let kind = |args: &[&str]| {
+        let mut all = vec!["ls"];
+        all.extend_from_slice(args);
+        let v = ce.json(&all);
+        (v[0]["kind"].clone(), v[0]["context_type"].clone())
+    };
+    assert_eq!(kind(&[]), (json!("account"), json!("resource")));
+    assert_eq!(
+        kind(&["ctx://acc"]),
+        (json!("container"), json!("resource"))
+    );
+    assert_eq!(
+        kind(&["ctx://acc/docs"]),
+        (json!("leaf"), json!("resource"))
+    );
+    let human = ce.ok(&["ls", "ctx://acc"]);
+    let mut lines = human.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header[..3], ["NAME", "KIND", "TYPE"], "{human}");
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..3], ["docs/", "container", "resource"], "{human}");
+    let stat = ce.ok(&["stat", "ctx://acc"]);
+    assert!(
+        stat.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["kind", "account"]),
+        "{stat}"
+    );
+}

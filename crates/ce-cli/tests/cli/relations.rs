@@ -216,3 +216,58 @@ fn related_reads_the_relation_index_and_follows_the_source() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["edges"][0]["other"], "ctx://acc/docs/help", "{v}");
 }
+
+/// `ce related` right after `link` says the relation index has not applied the change yet
+/// (after the edges; `lag` in JSON), locally and over `--server`.
+#[test]
+fn related_right_after_link_says_the_relation_index_lags() {
+    let ce = Ce::hash("");
+    ce.put("ctx://acc/docs/a", "a");
+    ce.put("ctx://acc/docs/b", "b");
+    ce.json(&["worker", "--once"]);
+    let r = ce.json(&["related", "ctx://acc/docs/a"]);
+    assert_eq!(
+        r["lag"],
+        serde_json::json!([{"index": "relation", "events": 0, "capped": false, "oldest_age_seconds": 0.0}])
+    );
+    assert!(
+        !ce.ok(&["related", "ctx://acc/docs/a"])
+            .contains("not indexed yet")
+    );
+    ce.ok(&[
+        "link",
+        "ctx://acc/docs/a",
+        "ctx://acc/docs/b",
+        "--type",
+        "cites",
+    ]);
+    let r = ce.json(&["related", "ctx://acc/docs/a"]);
+    assert_eq!(r["edges"], serde_json::json!([]), "{r}");
+    assert_eq!(
+        (
+            r["lag"][0]["index"].as_str(),
+            r["lag"][0]["events"].as_u64()
+        ),
+        (Some("relation"), Some(1)),
+        "{r}"
+    );
+    let human = ce.ok(&["related", "ctx://acc/docs/a"]);
+    assert!(
+        human.contains("1 change not indexed yet (relation index")
+            && human.contains("run `ce worker --once`"),
+        "{human}"
+    );
+    let server = ce.serve(&["--workers", "0"]);
+    let (status, v) = server.get("/v1/related?uri=ctx://acc/docs/a");
+    assert_eq!(
+        (status, v["lag"][0]["events"].as_u64()),
+        (200, Some(1)),
+        "{v}"
+    );
+    let out = ce.remote(&server, &["related", "ctx://acc/docs/a"]);
+    let human = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && human.contains("1 change not indexed yet"),
+        "{out:?}"
+    );
+}

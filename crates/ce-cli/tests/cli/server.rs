@@ -318,17 +318,35 @@ fn without_the_model_the_server_is_up_but_not_ready() {
             .is_some_and(|m| m.contains("scripts/fetch-model.sh")),
         "{body}"
     );
-    // Nodes still work; search says why it cannot.
+    // Nodes still work; `auto` search falls back to the keyword index and says why; a mode
+    // that needs vectors says why it cannot.
     server.ok(
         "/v1/put",
-        &json!({"uri": "ctx://acc/docs/a", "content": "a"}),
+        &json!({"uri": "ctx://acc/docs/a", "content": "alpha"}),
     );
-    error(
-        server.post("/v1/search", &json!({"query": "a"})),
-        503,
-        "unavailable",
-        true,
+    let auto = super::harness::eventually(std::time::Duration::from_secs(20), || {
+        let r = server.ok("/v1/search", &json!({"query": "alpha"}));
+        (r["hits"].as_array().is_some_and(|h| !h.is_empty())).then_some(r)
+    })
+    .expect("the keyword index caught up");
+    assert_eq!(
+        (auto["mode"].as_str(), auto["mode_used"].as_str()),
+        (Some("auto"), Some("keyword"))
     );
+    assert!(
+        auto["notice"]
+            .as_str()
+            .is_some_and(|n| n.contains("scripts/fetch-model.sh")),
+        "{auto}"
+    );
+    for mode in ["vector", "hybrid"] {
+        error(
+            server.post("/v1/search", &json!({"query": "alpha", "mode": mode})),
+            503,
+            "unavailable",
+            true,
+        );
+    }
     assert_eq!(server.get("/v1/status").1["ready"], false);
 }
 
@@ -548,8 +566,21 @@ fn search_modes_over_http() {
         (r["mode"].as_str(), r["model"].as_str()),
         (Some("keyword"), Some(""))
     );
+    // Every hit carries the stable id of the record that matched (spec §2.1.1).
+    let level = u8::try_from(r["hits"][0]["level"].as_u64().expect("level")).expect("level");
+    assert_eq!(
+        r["hits"][0]["record_id"],
+        ce_core::stable_hash(doc, level),
+        "{r}"
+    );
     let hybrid = server.search_until("proxy reset connections", |h| uris(h).contains(&doc));
     assert!(hybrid[0]["ranks"].is_object(), "{hybrid:?}");
+    assert!(
+        hybrid[0]["record_id"]
+            .as_str()
+            .is_some_and(|id| id.len() == 32),
+        "{hybrid:?}"
+    );
     let (status, body) = server.post("/v1/search", &json!({"query": "x", "mode": "fuzzy"}));
     assert_eq!(
         (status, body["code"].as_str()),

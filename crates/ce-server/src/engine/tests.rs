@@ -234,8 +234,15 @@ fn a_model_change_is_not_ready_until_reindexed() {
         r.reasons[0].contains("ce reindex --consumer vector"),
         "{r:?}"
     );
-    let err = e.search(&SearchRequest::new("dark")).expect_err("mismatch");
+    let mut vector = SearchRequest::new("dark");
+    vector.mode = Some(SearchMode::Vector);
+    let err = e.search(&vector).expect_err("mismatch");
     assert_eq!(err.code(), ErrorCode::SchemaMismatch, "{err}");
+    // `auto` falls back to the keyword index and says why.
+    let auto = e.search(&SearchRequest::new("dark")).expect("auto");
+    assert_eq!(auto.mode_used, SearchMode::Keyword);
+    let notice = auto.notice.expect("a notice");
+    assert!(notice.contains("ce reindex --consumer vector"), "{notice}");
     // The blocked vector consumer holds nobody back: keyword search still answers, and a
     // drain applies the keyword consumer and reports the vector one blocked.
     let mut keyword = SearchRequest::new("dark");
@@ -271,7 +278,7 @@ fn a_model_change_is_not_ready_until_reindexed() {
 }
 
 #[test]
-fn a_missing_model_keeps_nodes_working_but_not_search() {
+fn a_missing_model_keeps_nodes_working_and_auto_search_on_keywords() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("no-model");
     let cfg = Config::from_toml(&format!(
@@ -296,9 +303,19 @@ fn a_missing_model_keeps_nodes_working_but_not_search() {
             .expect("versions")[..],
         [UriVersion::Live(1)]
     ));
-    let err = e.search(&SearchRequest::new("x")).expect_err("no model");
-    assert_eq!(err.code(), ErrorCode::Unavailable);
-    assert!(err.is_retryable());
+    for m in [SearchMode::Vector, SearchMode::Hybrid] {
+        let mut req = SearchRequest::new("x");
+        req.mode = Some(m);
+        let err = e.search(&req).expect_err("no model");
+        assert_eq!(err.code(), ErrorCode::Unavailable, "{m}: {err}");
+        assert!(err.is_retryable());
+    }
+    let auto = e.search(&SearchRequest::new("x")).expect("auto falls back");
+    assert_eq!(auto.mode_used, SearchMode::Keyword);
+    assert!(
+        auto.notice
+            .is_some_and(|n| n.contains("scripts/fetch-model.sh"))
+    );
 }
 
 #[test]

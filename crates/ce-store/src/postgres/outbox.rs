@@ -11,8 +11,8 @@
 //!   checks token and lease, so it serializes with any claim of that row.
 
 use ce_core::{
-    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
-    failpoint,
+    CtxUri, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
+    OutboxEventCreate, failpoint,
 };
 use postgres::Row;
 use postgres::types::ToSql;
@@ -20,8 +20,8 @@ use postgres::types::ToSql;
 use super::{PgStore, Tx, WriteKind};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    Claim, ClaimedEvent, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow, FORCED_DONE_CODE,
-    OutboxFilter, OutboxStore,
+    Claim, ClaimedEvent, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
+    FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
 };
 use crate::shared::outbox::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
@@ -56,6 +56,18 @@ const CLAIM_SQL: &str = "WITH picked AS (
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = $1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
+
+/// Among the oldest `$3` deliveries of consumer `$1` not applied yet: how many were examined,
+/// how many are of events on `$2` or below it (all when `$2` is NULL), and the oldest append
+/// time of those. The predicate is that of the partial index `deliveries_runnable`.
+const LAG_SQL: &str = "SELECT count(*), coalesce(sum(in_scope), 0)::bigint,
+        min(CASE WHEN in_scope = 1 THEN created_at END) FROM (
+     SELECT e.created_at, CASE WHEN $2::text IS NULL OR e.uri = $2
+            OR left(e.uri, length($2) + 1) = $2 || '/' THEN 1 ELSE 0 END AS in_scope
+     FROM deliveries d
+     JOIN events e ON e.seq = d.seq
+     WHERE d.consumer = $1 AND d.status IN (0, 1, 2)
+     ORDER BY d.seq LIMIT $3) oldest";
 
 /// The most recent failure among consumer `$1`'s runnable (pending, claimed, retrying)
 /// deliveries, and among its dead ones. PostgreSQL has no `INDEXED BY`: the predicates are
@@ -610,6 +622,25 @@ impl OutboxStore for PgStore {
         })
     }
 
+    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag> {
+        check_consumer(&self.config.index.outbox.consumers, consumer)?;
+        let within = within.map(CtxUri::as_str);
+        let now = self.clock.now_ms();
+        self.read(|tx| {
+            let limit = i64::try_from(LAG_SCAN_LIMIT + 1).unwrap_or(i64::MAX);
+            let r = tx.query_one(LAG_SQL, &[&consumer, &within, &limit])?;
+            let examined: i64 = r.try_get(0)?;
+            let events: i64 = r.try_get(1)?;
+            Ok(ConsumerLag {
+                events: u64::try_from(events).unwrap_or(0),
+                capped: u64::try_from(examined).unwrap_or(0) > LAG_SCAN_LIMIT,
+                oldest_age_ms: r
+                    .try_get::<_, Option<i64>>(2)?
+                    .map(|t| u64::try_from(now - t).unwrap_or(0)),
+            })
+        })
+    }
+
     fn consumers(&self) -> Vec<String> {
         self.config.index.outbox.consumers.clone()
     }
@@ -633,8 +664,8 @@ mod tests {
     use postgres::fallible_iterator::FallibleIterator as _;
 
     use super::{
-        CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL, PgStore,
-        WriteKind,
+        CLAIM_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL,
+        PgStore, WriteKind,
     };
     use crate::model::OutboxStore as _;
 
@@ -724,6 +755,7 @@ mod tests {
             for (sql, args, index) in [
                 (CLAIM_SQL, claim.as_str(), "deliveries_runnable"),
                 (LOW_WATERMARK_SQL, "('vector')", "deliveries_runnable"),
+                (LAG_SQL, "('vector', NULL, 1001)", "deliveries_runnable"),
                 (LAST_ERROR_RUNNABLE_SQL, "('vector')", "deliveries_runnable"),
                 (LAST_ERROR_DEAD_SQL, "('vector')", "deliveries_dead"),
             ] {

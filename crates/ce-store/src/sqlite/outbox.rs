@@ -5,15 +5,16 @@
 //! live claims can ever hold one delivery. Acks are fenced by the claim token and the lease.
 
 use ce_core::{
-    Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent, OutboxEventCreate,
+    CtxUri, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
+    OutboxEventCreate,
 };
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 
 use super::{Durability, SqliteStore};
 use crate::error::{Result, StoreError};
 use crate::model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
-    FORCED_DONE_CODE, OutboxFilter, OutboxStore,
+    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter,
+    DeliveryRow, FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
 };
 use crate::shared::outbox::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
@@ -35,6 +36,18 @@ const CLAIM_SQL: &str = "UPDATE deliveries SET status = 1, claimed_by = ?3, clai
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
+
+/// Among the oldest `?3` deliveries of consumer `?1` not applied yet (inside the runnable
+/// partial index): how many were examined, how many are of events on `?2` or below it (all
+/// when `?2` is NULL), and the oldest append time of those.
+const LAG_SQL: &str = "SELECT count(*), coalesce(sum(in_scope), 0),
+        min(CASE WHEN in_scope = 1 THEN created_at END) FROM (
+     SELECT e.created_at, CASE WHEN ?2 IS NULL OR e.uri = ?2
+            OR substr(e.uri, 1, length(?2) + 1) = ?2 || '/' THEN 1 ELSE 0 END AS in_scope
+     FROM deliveries d INDEXED BY deliveries_runnable
+     JOIN events e ON e.seq = d.seq
+     WHERE d.consumer = ?1 AND d.status IN (0, 1, 2)
+     ORDER BY d.seq LIMIT ?3)";
 
 /// The most recent failure among consumer `?1`'s runnable (pending, claimed, retrying)
 /// deliveries, and among its dead ones (`INDEXED BY`: the planner would otherwise walk the
@@ -562,6 +575,25 @@ impl OutboxStore for SqliteStore {
         })
     }
 
+    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag> {
+        check_consumer(&self.config.index.outbox.consumers, consumer)?;
+        let within = within.map(CtxUri::as_str);
+        let now = self.clock.now_ms();
+        self.read(|conn| {
+            let limit = i64::try_from(LAG_SCAN_LIMIT + 1).unwrap_or(i64::MAX);
+            let (examined, events, oldest): (i64, i64, Option<i64>) = conn
+                .prepare_cached(LAG_SQL)?
+                .query_row(params![consumer, within, limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+            Ok(ConsumerLag {
+                events: u64::try_from(events).unwrap_or(0),
+                capped: u64::try_from(examined).unwrap_or(0) > LAG_SCAN_LIMIT,
+                oldest_age_ms: oldest.map(|t| u64::try_from(now - t).unwrap_or(0)),
+            })
+        })
+    }
+
     fn consumers(&self) -> Vec<String> {
         self.config.index.outbox.consumers.clone()
     }
@@ -572,7 +604,9 @@ mod tests {
     //! SQLite's own outbox tests; the backend-neutral ones run on every backend in
     //! `tests/integration/outbox_ops.rs`.
 
-    use super::{CLAIM_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL};
+    use super::{
+        CLAIM_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL,
+    };
     use crate::sqlite::SqliteStore;
 
     /// The claim and the low watermark must walk the partial index of runnable deliveries,
@@ -584,6 +618,7 @@ mod tests {
         for (sql, index) in [
             (CLAIM_SQL, "deliveries_runnable"),
             (LOW_WATERMARK_SQL, "deliveries_runnable"),
+            (LAG_SQL, "deliveries_runnable"),
             (LAST_ERROR_RUNNABLE_SQL, "deliveries_runnable"),
             (LAST_ERROR_DEAD_SQL, "deliveries_dead"),
         ] {

@@ -11,7 +11,7 @@ use ce_core::{
     OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_store::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
-use ce_store::{OutboxFilter, StoreError};
+use ce_store::{LAG_SCAN_LIMIT, OutboxFilter, StoreError};
 
 use crate::common::{self, Backend, T0, backend_tests, uri};
 
@@ -21,6 +21,7 @@ backend_tests!(
     dead_repair_follows_its_filter_and_touches_only_dead_deliveries,
     fenced_transitions_follow_token_and_lease,
     list_pages_and_show_finds_by_id_or_seq,
+    lag_counts_what_is_not_applied_within_a_subtree,
 );
 
 /// The default configuration with `names` as the consumers, in that order.
@@ -420,4 +421,52 @@ fn list_pages_and_show_finds_by_id_or_seq(backend: Backend) {
         store.show("evt-missing"),
         Err(StoreError::EventNotFound { .. })
     ));
+}
+
+/// The lag of a consumer counts its pending, claimed and retrying deliveries (not done or
+/// dead ones), within a subtree when asked (a sibling sharing the text prefix is outside),
+/// with the oldest one's age; an unknown consumer is refused.
+fn lag_counts_what_is_not_applied_within_a_subtree(backend: Backend) {
+    let (_place, store, clock) = common::fresh(backend, consumers(&["vector", "keyword"]));
+    let none = store.lag("vector", None).expect("lag");
+    assert_eq!((none.events, none.oldest_age_ms), (0, None));
+    store
+        .append_batch(vec![upsert("ctx://acc/a"), upsert("ctx://acc/ab")])
+        .expect("append");
+    clock.advance(5000);
+    store
+        .append_batch(vec![upsert("ctx://acc/a/x"), upsert("ctx://other/b")])
+        .expect("append");
+    let all = store.lag("vector", None).expect("lag");
+    assert_eq!((all.events, all.oldest_age_ms), (4, Some(5000)));
+    let a = uri("ctx://acc/a");
+    assert_eq!(store.lag("vector", Some(&a)).expect("lag").events, 2);
+    let acc = store.lag("vector", Some(&uri("ctx://acc"))).expect("lag");
+    assert_eq!(acc.events, 3);
+    // One applied, one claimed, one dead: the claimed one still lags.
+    let claimed = store.claim_batch("vector", "w", 3).expect("claim");
+    store.mark_done(&claimed[0].claim).expect("done");
+    store
+        .mark_failed(&claimed[1].claim, "bad", "invalid_payload", false)
+        .expect("dead");
+    clock.advance(1000);
+    let all = store.lag("vector", None).expect("lag");
+    assert_eq!((all.events, all.oldest_age_ms), (2, Some(1000)));
+    let sub = store.lag("vector", Some(&a)).expect("lag");
+    assert_eq!((sub.events, sub.oldest_age_ms), (1, Some(1000)));
+    // The other consumer is untouched.
+    assert_eq!(store.lag("keyword", None).expect("lag").events, 4);
+    // A backlog over the scan limit is counted up to it and flagged.
+    let many = (0..LAG_SCAN_LIMIT).map(|i| upsert(&format!("ctx://big/n{i}")));
+    store.append_batch(many.collect()).expect("append");
+    let big = store.lag("keyword", None).expect("lag");
+    assert_eq!(
+        (big.events, big.capped),
+        (LAG_SCAN_LIMIT + 1, true),
+        "{big:?}"
+    );
+    let sub = store.lag("keyword", Some(&a)).expect("lag");
+    assert_eq!((sub.events, sub.capped), (2, true), "{sub:?}");
+    let err = store.lag("nope", None).expect_err("unknown consumer");
+    assert!(matches!(err, StoreError::UnknownConsumer { .. }), "{err}");
 }
