@@ -161,8 +161,9 @@ pub enum Command {
     /// Apply the pending schema migrations of the store (`--store` / `store.url`) and print
     /// its schema version before and after.
     Migrate,
-    /// Retrieval quality on a BEIR-format data set: nDCG@k, recall@k, MRR@k and latency per
-    /// search mode (the corpus is indexed in a temporary data directory).
+    /// Retrieval quality on a BEIR-format data set: nDCG@k, recall@k, MRR@k, recall@100 and
+    /// latency per search mode (the corpus is indexed in --data-dir, kept, else in a temporary
+    /// data directory).
     Eval(EvalArgs),
     /// Rebuild an index from the source of truth (embedding cache makes it cheap).
     Reindex(ReindexArgs),

@@ -130,7 +130,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }
         Command::Eval(args) => {
             let (_, config) = resolve(cli)?;
-            let report = eval::run(args, config)?;
+            let report = eval::run(args, config, cli.data_dir.as_deref())?;
             Ok(Rendered {
                 human: report.human(),
                 json: serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?,

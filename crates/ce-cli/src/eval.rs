@@ -6,24 +6,29 @@
 //! 2. **map** every document to a node ([`doc_text`] for its layers, [`DocUris`] for its URI
 //!    and, for the hits, back to its id);
 //! 3. **evaluate** ([`evaluate`]): run every query in every mode through a caller-given search
-//!    and score the ranked ids against the qrels with nDCG@k, recall@k and MRR@k (as
-//!    pytrec_eval and BEIR compute them), timing each search.
+//!    and score the ranked ids against the qrels with nDCG@k, recall@k, MRR@k and recall@100
+//!    (as pytrec_eval and BEIR compute them), timing each search and handing each ranking on
+//!    (progress, the TREC run file).
 //!
-//! The metrics know nothing of the engine: [`run`] (section 4) indexes the corpus in a fresh
-//! data directory and passes the engine's search as a closure, so the metrics are tested on
-//! hand-made rankings.
+//! The metrics know nothing of the engine: [`run`] (section 4) writes the corpus in a
+//! [`Layout`] into a data directory (`--data-dir`, kept, or a temporary one), builds the
+//! indexes the modes need one at a time (timed, with progress on stderr) and passes the
+//! engine's search as a closure, so the metrics are tested on hand-made rankings.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::BufRead;
+use std::io::{BufRead, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ce_core::uri::RESERVED_SEGMENTS;
-use ce_core::{Config, CoreError, CtxUri};
+use ce_core::{Config, CoreError, CtxUri, Level};
+use ce_embed::Embedder as _;
 use ce_index::vector::SearchFilter;
 use ce_retrieval::{SearchMode, SearchRequest};
+use ce_server::engine::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_server::status::DrainProgress;
-use ce_server::{Engine, EngineOptions};
+use ce_server::{Engine, EngineOptions, ServerError, Source};
 use ce_store::{PutRequest, WriteOp};
 use serde::{Deserialize, Serialize};
 
@@ -355,14 +360,42 @@ impl DocUris {
 // 3. Evaluation
 // ---------------------------------------------------------------------------------------------
 
-/// The search under evaluation: `(mode, query text, n)` → up to `n` document ids, best first.
-pub type SearchFn<'a> = dyn FnMut(&str, &str, usize) -> Result<Vec<String>> + 'a;
+/// The cutoff of the recall reported beside the metrics at k (BEIR's recall@100).
+pub const RECALL_DEPTH: usize = 100;
+
+/// Largest cutoff `k`.
+pub const MAX_K: usize = 1000;
+
+/// The search under evaluation: `(mode, query text, n)` → up to `n` `(document id, score)`
+/// pairs, best first.
+pub type SearchFn<'a> = dyn FnMut(&str, &str, usize) -> Result<Vec<(String, f32)>> + 'a;
+
+/// One query's ranking in one mode, as [`evaluate`] scored it.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryRun<'a> {
+    /// The mode.
+    pub mode: &'a str,
+    /// The query's id.
+    pub query_id: &'a str,
+    /// Up to [`EvalReport::depth`] distinct document ids with their scores, best first
+    /// (without the query's own id).
+    pub ranking: &'a [(&'a str, f32)],
+    /// Queries of this mode run so far, this one included.
+    pub done: usize,
+    /// Queries of this mode in all.
+    pub total: usize,
+}
+
+/// Called by [`evaluate`] after every query (progress, run files).
+pub type OnQuery<'a> = dyn FnMut(&QueryRun<'_>) -> Result<()> + 'a;
 
 /// What [`evaluate`] measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EvalReport {
-    /// The cutoff of every metric.
+    /// The cutoff of nDCG, recall and MRR.
     pub k: usize,
+    /// Documents ranked per query: the larger of `k` and [`RECALL_DEPTH`].
+    pub depth: usize,
     /// Documents in the corpus.
     pub documents: usize,
     /// Queries in the queries file.
@@ -393,7 +426,9 @@ pub struct ModeReport {
     pub recall: f64,
     /// Mean MRR@k (reciprocal rank of the first relevant hit within k, else 0).
     pub mrr: f64,
-    /// Latency of one search call.
+    /// Mean recall@100 ([`RECALL_DEPTH`]), whatever k is.
+    pub recall_100: f64,
+    /// Latency of one search call (asking for [`EvalReport::depth`] documents).
     pub latency: LatencyReport,
 }
 
@@ -422,40 +457,27 @@ impl EvalReport {
         }
         let k = self.k;
         out.push_str(&format!(
-            "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             "mode",
             format!("nDCG@{k}"),
             format!("R@{k}"),
             format!("MRR@{k}"),
+            format!("R@{RECALL_DEPTH}"),
             "p50 ms",
             "p99 ms"
         ));
         for m in &self.modes {
             out.push_str(&format!(
-                "{:<10} {:>9.4} {:>9.4} {:>9.4} {:>9.2} {:>9.2}\n",
-                m.mode, m.ndcg, m.recall, m.mrr, m.latency.p50_ms, m.latency.p99_ms
+                "{:<10} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>9.2} {:>9.2}\n",
+                m.mode, m.ndcg, m.recall, m.mrr, m.recall_100, m.latency.p50_ms, m.latency.p99_ms
             ));
         }
         out
     }
 }
 
-/// Runs every query that has a relevant judgment through `search(mode, query, n)` for each
-/// mode (all queries of a mode, then the next mode) and scores the top `k` ids it returns.
-///
-/// `search` returns document ids, best first. Repeated ids count once (at their first rank);
-/// ids outside the corpus count as not relevant. As BEIR does by default, a document whose id
-/// equals the query's id is dropped from the ranking; for such queries `search` is asked for
-/// `k + 1` ids so that `k` remain.
-pub fn evaluate(
-    data: &BeirData,
-    modes: &[String],
-    k: usize,
-    search: &mut SearchFn<'_>,
-) -> Result<EvalReport> {
-    if k == 0 {
-        return Err(CliError::Usage("k must be at least 1".into()));
-    }
+/// Refuses an empty list of modes or one that names a mode twice.
+pub fn check_modes(modes: &[String]) -> Result<()> {
     if modes.is_empty() {
         return Err(CliError::Usage("no search mode to evaluate".into()));
     }
@@ -470,6 +492,30 @@ pub fn evaluate(
             i + 1
         )));
     }
+    Ok(())
+}
+
+/// Runs every query that has a relevant judgment through `search(mode, query, n)` for each
+/// mode (all queries of a mode, then the next mode), scores the ranking it returns (nDCG,
+/// recall and MRR at `k`, recall at [`RECALL_DEPTH`]) and hands it to `on_query`.
+///
+/// Each search is asked for `depth` = max(`k`, [`RECALL_DEPTH`]) documents, best first.
+/// Repeated ids count once (at their first rank); ids outside the corpus count as not
+/// relevant. As BEIR does by default, a document whose id equals the query's id is dropped
+/// from the ranking; for such queries `search` is asked for `depth + 1` ids so that `depth`
+/// remain.
+pub fn evaluate(
+    data: &BeirData,
+    modes: &[String],
+    k: usize,
+    search: &mut SearchFn<'_>,
+    on_query: &mut OnQuery<'_>,
+) -> Result<EvalReport> {
+    if k == 0 {
+        return Err(CliError::Usage("k must be at least 1".into()));
+    }
+    check_modes(modes)?;
+    let depth = k.max(RECALL_DEPTH);
     let doc_ids: HashSet<&str> = data.corpus.iter().map(|d| d.id.as_str()).collect();
     let query_ids: HashSet<&str> = data.queries.iter().map(|q| q.id.as_str()).collect();
     let qrels_unknown_queries = data
@@ -507,21 +553,30 @@ pub fn evaluate(
 
     let mut reports = Vec::with_capacity(modes.len());
     for mode in modes {
-        let (mut ndcg, mut recall, mut mrr) = (0.0, 0.0, 0.0);
+        let (mut ndcg, mut recall, mut mrr, mut recall_100) = (0.0, 0.0, 0.0, 0.0);
         let mut latencies = Vec::with_capacity(evaluated.len());
-        for &(query, judged) in &evaluated {
+        for (done, &(query, judged)) in evaluated.iter().enumerate() {
             let fetch = if doc_ids.contains(query.id.as_str()) {
-                k + 1
+                depth + 1
             } else {
-                k
+                depth
             };
             let started = Instant::now();
             let hits = search(mode, &query.text, fetch)?;
             latencies.push(started.elapsed());
-            let ranked = ranking(&hits, &query.id, k);
-            ndcg += ndcg_at_k(&ranked, judged, k);
-            recall += recall_at_k(&ranked, judged, k);
-            mrr += mrr_at_k(&ranked, judged, k);
+            let ranked = ranking(&hits, &query.id, depth);
+            let ids: Vec<&str> = ranked.iter().map(|&(id, _)| id).collect();
+            ndcg += ndcg_at_k(&ids, judged, k);
+            recall += recall_at_k(&ids, judged, k);
+            mrr += mrr_at_k(&ids, judged, k);
+            recall_100 += recall_at_k(&ids, judged, RECALL_DEPTH);
+            on_query(&QueryRun {
+                mode,
+                query_id: &query.id,
+                ranking: &ranked,
+                done: done + 1,
+                total: evaluated.len(),
+            })?;
         }
         let n = evaluated.len() as f64;
         reports.push(ModeReport {
@@ -529,11 +584,13 @@ pub fn evaluate(
             ndcg: ndcg / n,
             recall: recall / n,
             mrr: mrr / n,
+            recall_100: recall_100 / n,
             latency: latency_report(&mut latencies),
         });
     }
     Ok(EvalReport {
         k,
+        depth,
         documents: data.corpus.len(),
         queries: data.queries.len(),
         evaluated_queries: evaluated.len(),
@@ -545,13 +602,13 @@ pub fn evaluate(
     })
 }
 
-/// The first `k` distinct ids of `hits`, without `query_id`.
-fn ranking<'a>(hits: &'a [String], query_id: &str, k: usize) -> Vec<&'a str> {
+/// The first `depth` distinct ids of `hits` with their scores, without `query_id`.
+fn ranking<'a>(hits: &'a [(String, f32)], query_id: &str, depth: usize) -> Vec<(&'a str, f32)> {
     let mut seen = HashSet::new();
     hits.iter()
-        .map(String::as_str)
-        .filter(|&id| id != query_id && seen.insert(id))
-        .take(k)
+        .map(|(id, score)| (id.as_str(), *score))
+        .filter(|&(id, _)| id != query_id && seen.insert(id))
+        .take(depth)
         .collect()
 }
 
@@ -637,6 +694,19 @@ mod tests {
         pairs.iter().map(|&(d, s)| (d.to_owned(), s)).collect()
     }
 
+    /// `ids` with decreasing scores, as a search returns them.
+    fn scored(ids: &[&str]) -> Vec<(String, f32)> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| ((*id).to_owned(), 1.0 / (i + 1) as f32))
+            .collect()
+    }
+
+    /// An [`OnQuery`] that keeps nothing.
+    fn ignore(_: &QueryRun<'_>) -> Result<()> {
+        Ok(())
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
     }
@@ -700,17 +770,29 @@ mod tests {
     fn evaluate_averages_a_three_query_toy_case() {
         let data = toy_data();
         let mut calls = Vec::new();
-        let mut search = |mode: &str, query: &str, n: usize| -> Result<Vec<String>> {
+        let mut search = |mode: &str, query: &str, n: usize| -> Result<Vec<(String, f32)>> {
             calls.push((mode.to_owned(), query.to_owned(), n));
             let ids: &[&str] = match query {
                 "first" => &["d1"],
                 "second" => &["x", "d3", "d3", "d2"],
                 _ => &["x", "y"],
             };
-            Ok(ids.iter().map(|s| (*s).to_owned()).collect())
+            Ok(scored(ids))
         };
         let modes = vec!["vector".to_owned(), "keyword".to_owned()];
-        let report = evaluate(&data, &modes, 10, &mut search).expect("evaluates");
+        let mut runs = Vec::new();
+        let mut keep = |r: &QueryRun<'_>| -> Result<()> {
+            let ids: Vec<String> = r.ranking.iter().map(|(id, _)| (*id).to_owned()).collect();
+            runs.push((
+                r.mode.to_owned(),
+                r.query_id.to_owned(),
+                ids,
+                r.done,
+                r.total,
+            ));
+            Ok(())
+        };
+        let report = evaluate(&data, &modes, 10, &mut search, &mut keep).expect("evaluates");
 
         let l3 = 1.0 / 3f64.log2();
         let q2 = (l3 + 1.0) / (2.0 + l3);
@@ -719,6 +801,8 @@ mod tests {
             assert!(close(m.ndcg, (1.0 + q2) / 3.0), "{m:?}");
             assert!(close(m.recall, 2.0 / 3.0), "{m:?}");
             assert!(close(m.mrr, 1.5 / 3.0), "{m:?}");
+            // Everything found is within 10, so recall@100 is recall@10.
+            assert!(close(m.recall_100, 2.0 / 3.0), "{m:?}");
             assert!(m.latency.p50_ms <= m.latency.p99_ms);
         }
         assert_eq!(report.modes[0].mode, "vector");
@@ -729,7 +813,8 @@ mod tests {
         assert_eq!(report.relevant_judgments, 4);
         assert_eq!(report.qrels_unknown_queries, 1);
         assert_eq!(report.qrels_unknown_documents, 1);
-        // Mode-major order, k ids asked for each query.
+        // Mode-major order, RECALL_DEPTH ids asked for each query (k is below it).
+        assert_eq!(report.depth, RECALL_DEPTH);
         let asked: Vec<_> = calls
             .iter()
             .map(|(m, q, n)| (m.as_str(), q.as_str(), *n))
@@ -737,13 +822,25 @@ mod tests {
         assert_eq!(
             asked,
             [
-                ("vector", "first", 10),
-                ("vector", "second", 10),
-                ("vector", "third", 10),
-                ("keyword", "first", 10),
-                ("keyword", "second", 10),
-                ("keyword", "third", 10),
+                ("vector", "first", 100),
+                ("vector", "second", 100),
+                ("vector", "third", 100),
+                ("keyword", "first", 100),
+                ("keyword", "second", 100),
+                ("keyword", "third", 100),
             ]
+        );
+        // Every query's ranking is handed on, deduplicated, with the progress count.
+        assert_eq!(runs.len(), 6);
+        assert_eq!(
+            runs[1],
+            (
+                "vector".to_owned(),
+                "q2".to_owned(),
+                vec!["x".to_owned(), "d3".to_owned(), "d2".to_owned()],
+                2,
+                3
+            )
         );
         let json = serde_json::to_value(&report).expect("serializes");
         assert_eq!(json["modes"][1]["mode"], "keyword");
@@ -797,28 +894,69 @@ mod tests {
             qrels: [("q1".to_owned(), judged(&[("d2", 1)]))].into(),
         };
         let mut asked = 0;
-        let mut search = |_: &str, _: &str, n: usize| -> Result<Vec<String>> {
+        let mut search = |_: &str, _: &str, n: usize| -> Result<Vec<(String, f32)>> {
             asked = n;
-            Ok(vec!["q1".into(), "d1".into(), "d2".into()])
+            Ok(scored(&["q1", "d1", "d2"]))
         };
-        let report = evaluate(&data, &["hybrid".to_owned()], 2, &mut search).expect("evaluates");
-        assert_eq!(asked, 3);
+        let report = evaluate(&data, &["hybrid".to_owned()], 2, &mut search, &mut ignore)
+            .expect("evaluates");
+        assert_eq!(asked, RECALL_DEPTH + 1);
         // Ranking without q1 is [d1, d2]: the relevant doc is second.
         assert!(close(report.modes[0].mrr, 0.5));
         assert!(close(report.modes[0].recall, 1.0));
     }
 
     #[test]
+    fn recall_at_100_counts_what_lies_below_k() {
+        let ids: Vec<String> = (0..1200).map(|i| format!("d{i}")).collect();
+        let data = BeirData {
+            corpus: ids
+                .iter()
+                .map(|id| BeirDoc {
+                    id: id.clone(),
+                    title: String::new(),
+                    text: "t".into(),
+                })
+                .collect(),
+            queries: vec![BeirQuery {
+                id: "q1".into(),
+                text: "query".into(),
+            }],
+            // Relevant: rank 50 (outside the top 10, inside the top 100) and rank 600.
+            qrels: [("q1".to_owned(), judged(&[("d49", 1), ("d599", 1)]))].into(),
+        };
+        let all: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut search = |_: &str, _: &str, n: usize| -> Result<Vec<(String, f32)>> {
+            Ok(scored(&all[..n.min(all.len())]))
+        };
+        let one = ["keyword".to_owned()];
+        let r = evaluate(&data, &one, 10, &mut search, &mut ignore).expect("evaluates");
+        let m = &r.modes[0];
+        assert!(close(m.recall, 0.0) && close(m.ndcg, 0.0), "{m:?}");
+        assert!(close(m.recall_100, 0.5), "{m:?}");
+        // k = 1000 ranks 1000 deep: both relevant documents are found.
+        let mut depths = Vec::new();
+        let mut keep = |q: &QueryRun<'_>| -> Result<()> {
+            depths.push(q.ranking.len());
+            Ok(())
+        };
+        let r = evaluate(&data, &one, MAX_K, &mut search, &mut keep).expect("evaluates");
+        assert_eq!((r.depth, depths), (MAX_K, vec![MAX_K]));
+        assert!(close(r.modes[0].recall, 1.0) && close(r.modes[0].recall_100, 0.5));
+        assert!(r.human().contains("R@1000") && r.human().contains("R@100 "));
+    }
+
+    #[test]
     fn evaluate_rejects_what_it_cannot_measure() {
         let data = toy_data();
-        let mut search = |_: &str, _: &str, _: usize| -> Result<Vec<String>> { Ok(vec![]) };
+        let mut search = |_: &str, _: &str, _: usize| -> Result<Vec<(String, f32)>> { Ok(vec![]) };
         let one = ["vector".to_owned()];
         assert!(matches!(
-            evaluate(&data, &one, 0, &mut search),
+            evaluate(&data, &one, 0, &mut search, &mut ignore),
             Err(CliError::Usage(_))
         ));
         assert!(matches!(
-            evaluate(&data, &[], 10, &mut search),
+            evaluate(&data, &[], 10, &mut search, &mut ignore),
             Err(CliError::Usage(_))
         ));
         let twice = [
@@ -826,21 +964,22 @@ mod tests {
             "keyword".to_owned(),
             "vector".to_owned(),
         ];
-        let err = evaluate(&data, &twice, 10, &mut search).expect_err("duplicate mode");
+        let err =
+            evaluate(&data, &twice, 10, &mut search, &mut ignore).expect_err("duplicate mode");
         assert!(err.to_string().contains("positions 1 and 3"), "{err}");
         let unjudged = BeirData {
             qrels: Qrels::new(),
             ..data.clone()
         };
         assert!(matches!(
-            evaluate(&unjudged, &one, 10, &mut search),
+            evaluate(&unjudged, &one, 10, &mut search, &mut ignore),
             Err(CliError::Usage(_))
         ));
         // A failing search fails the evaluation.
-        let mut failing = |_: &str, _: &str, _: usize| -> Result<Vec<String>> {
+        let mut failing = |_: &str, _: &str, _: usize| -> Result<Vec<(String, f32)>> {
             Err(CliError::Usage("engine down".into()))
         };
-        assert!(evaluate(&data, &one, 10, &mut failing).is_err());
+        assert!(evaluate(&data, &one, 10, &mut failing, &mut ignore).is_err());
     }
 
     #[test]
@@ -951,13 +1090,18 @@ mod tests {
         )
         .expect("ce-small loads");
         assert_eq!((data.corpus.len(), data.queries.len()), (300, 85));
-        let mut oracle = |_: &str, text: &str, n: usize| -> Result<Vec<String>> {
+        let mut oracle = |_: &str, text: &str, n: usize| -> Result<Vec<(String, f32)>> {
             let query = data.queries.iter().find(|q| q.text == text).expect("known");
             let mut judged: Vec<_> = data.qrels[&query.id].iter().collect();
             judged.sort_by_key(|&(_, score)| std::cmp::Reverse(*score));
-            Ok(judged.into_iter().take(n).map(|(d, _)| d.clone()).collect())
+            Ok(judged
+                .into_iter()
+                .take(n)
+                .map(|(d, _)| (d.clone(), 1.0))
+                .collect())
         };
-        let report = evaluate(&data, &["oracle".to_owned()], 10, &mut oracle).expect("runs");
+        let report =
+            evaluate(&data, &["oracle".to_owned()], 10, &mut oracle, &mut ignore).expect("runs");
         assert_eq!(report.evaluated_queries, 85);
         assert_eq!(report.relevant_judgments, 94);
         assert_eq!(
@@ -1133,13 +1277,86 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 4. `ce eval`: index the corpus in a fresh data directory, then evaluate every mode
+// 4. `ce eval`: index the corpus in a data directory, then evaluate every mode
 // ---------------------------------------------------------------------------------------------
 
 /// Where the corpus is stored.
 pub const EVAL_BASE: &str = "ctx://eval/resources";
 /// Documents per write transaction while loading the corpus.
 const LOAD_CHUNK: usize = 500;
+/// Most index records a node becomes (one per level), hence most texts a delivery embeds.
+const RECORDS_PER_DOC: u64 = 3;
+/// Shortest time between two progress lines of a stage.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// How a BEIR document becomes a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// CE's layers: the title (or the first sentence) as the L0 abstract, the text as the L2
+    /// content; every level is searched.
+    Layered,
+    /// The standard BEIR document text: `title + " " + text` as the L2 content, the one
+    /// text published BEIR baselines embed and index; only L2 is searched.
+    Beir,
+}
+
+impl Layout {
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Layered => "layered",
+            Layout::Beir => "beir",
+        }
+    }
+
+    /// The write that stores `doc` in this layout (replace mode: nothing of an earlier
+    /// layout is left).
+    pub fn put_request(self, doc: &BeirDoc) -> PutRequest {
+        match self {
+            Layout::Layered => {
+                let (abstract_text, content) = doc_text(doc);
+                PutRequest {
+                    abstract_text: Some(abstract_text),
+                    content: Some(content),
+                    ..PutRequest::default()
+                }
+            }
+            Layout::Beir => PutRequest {
+                content: Some(beir_text(doc)),
+                ..PutRequest::default()
+            },
+        }
+    }
+
+    /// The level searches are restricted to (`None`: every level).
+    pub fn level(self) -> Option<Level> {
+        match self {
+            Layout::Layered => None,
+            Layout::Beir => Some(Level::L2),
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = CliError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "layered" => Ok(Layout::Layered),
+            "beir" => Ok(Layout::Beir),
+            other => Err(CliError::Usage(format!(
+                "--layout {other:?} is not one of \"layered\", \"beir\""
+            ))),
+        }
+    }
+}
+
+/// BEIR's document text: title and text joined by a space, trimmed (as BEIR's dense
+/// retrieval models encode `title + " " + text`).
+pub fn beir_text(doc: &BeirDoc) -> String {
+    format!("{} {}", doc.title, doc.text).trim().to_owned()
+}
 
 /// Options of `ce eval`.
 #[derive(Debug, clap::Args)]
@@ -1161,102 +1378,534 @@ pub struct EvalArgs {
         default_value = "vector,keyword,hybrid"
     )]
     pub modes: Vec<String>,
-    /// Cutoff of nDCG, recall and MRR (1-99)
+    /// Cutoff of nDCG, recall and MRR (1-1000); recall@100 is reported as well
     #[arg(long, value_name = "K", default_value_t = 10)]
     pub k: usize,
-    /// Directory in which the fresh, temporary data directory is created [default: the system
-    /// temp dir]
+    /// Document layout: `layered` (title as L0, text as L2) or `beir` (title and text as one
+    /// text, searched at L2 only, as published BEIR baselines index them)
+    #[arg(long, value_name = "L", default_value = "layered")]
+    pub layout: String,
+    /// Write every query's ranking to FILE as a TREC run (`qid Q0 docid rank score run_tag`,
+    /// run tag `ce-<mode>`)
+    #[arg(long, value_name = "FILE")]
+    pub run_file: Option<PathBuf>,
+    /// Directory in which the temporary data directory is created when no --data-dir is given
+    /// [default: the system temp dir]
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
 }
 
-/// Loads the data set, indexes the corpus with `config` (its embedding model, its fusion
-/// settings) in a fresh data directory that is removed afterwards, and evaluates each mode.
-pub fn run(args: &EvalArgs, mut config: Config) -> Result<EvalReport> {
-    if args.k == 0 || args.k >= ce_retrieval::MAX_TOP_K {
-        return Err(CliError::Usage(format!(
-            "--k {} is outside 1..={}",
-            args.k,
-            ce_retrieval::MAX_TOP_K - 1
-        )));
+/// Indexing of one index, as [`run`] measured it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IndexReport {
+    /// The index (its consumer): `keyword` or `vector`.
+    pub index: String,
+    /// Deliveries applied: one per node written or changed since the index was last brought
+    /// up to date — the documents, and on the first run their two ancestors (0 when a kept
+    /// data directory already held this corpus).
+    pub deliveries: u64,
+    /// Time to apply them.
+    pub ms: f64,
+    /// Deliveries per second; `None` when there was nothing to do.
+    pub per_second: Option<f64>,
+    /// `vector`: texts the model embedded (the others came from the embedding cache).
+    pub texts_embedded: Option<u64>,
+    /// `vector`: texts answered from the embedding cache.
+    pub cache_hits: Option<u64>,
+    /// `vector`: the model (`provider:model:dimension`).
+    pub model: Option<String>,
+}
+
+/// Time spent in each stage of [`run`], in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StageTimings {
+    /// Reading the data set.
+    pub load_ms: f64,
+    /// Writing the corpus into the store.
+    pub write_ms: f64,
+    /// Building the indexes (every index, see [`EvalOutput::indexes`]).
+    pub index_ms: f64,
+    /// Running the queries of every mode.
+    pub search_ms: f64,
+    /// The whole command.
+    pub total_ms: f64,
+}
+
+/// What `ce eval` reports: the quality figures and how they were obtained.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalOutput {
+    /// The figures.
+    #[serde(flatten)]
+    pub quality: EvalReport,
+    /// How documents became nodes.
+    pub layout: Layout,
+    /// The data directory the corpus was indexed in.
+    pub data_dir: String,
+    /// Whether it is kept (`--data-dir`) or was a temporary one, now removed.
+    pub data_dir_kept: bool,
+    /// The TREC run file written, if any.
+    pub run_file: Option<String>,
+    /// One entry per index built, in the order they were built.
+    pub indexes: Vec<IndexReport>,
+    /// Time per stage.
+    pub timings: StageTimings,
+}
+
+impl EvalOutput {
+    /// The report as text: how it was obtained, indexing, then the quality table.
+    pub fn human(&self) -> String {
+        let layout = match self.layout {
+            Layout::Layered => "layered (title as L0, text as L2, every level searched)",
+            Layout::Beir => "beir (title and text as one L2 text, L2 searched)",
+        };
+        let kept = if self.data_dir_kept {
+            "kept"
+        } else {
+            "temporary, removed"
+        };
+        let mut out = format!(
+            "layout {layout}; data directory {} ({kept})\n",
+            self.data_dir
+        );
+        out.push_str(&format!(
+            "{:<10} {:>10} {:>10} {:>10} {:>10} {:>10}  model\n",
+            "index", "deliveries", "seconds", "per s", "embedded", "cached"
+        ));
+        let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        for i in &self.indexes {
+            out.push_str(&format!(
+                "{:<10} {:>10} {:>10.1} {:>10} {:>10} {:>10}  {}\n",
+                i.index,
+                i.deliveries,
+                i.ms / 1e3,
+                i.per_second
+                    .map_or_else(|| "-".to_owned(), |r| format!("{r:.0}")),
+                opt(i.texts_embedded),
+                opt(i.cache_hits),
+                i.model.as_deref().unwrap_or("-")
+            ));
+        }
+        out.push_str(&self.quality.human());
+        if let Some(path) = &self.run_file {
+            out.push_str(&format!("run file {path}\n"));
+        }
+        let t = &self.timings;
+        out.push_str(&format!(
+            "time: load {:.1} s, write {:.1} s, index {:.1} s, search {:.1} s, total {:.1} s\n",
+            t.load_ms / 1e3,
+            t.write_ms / 1e3,
+            t.index_ms / 1e3,
+            t.search_ms / 1e3,
+            t.total_ms / 1e3
+        ));
+        out
     }
-    let modes: Vec<SearchMode> = args
-        .modes
-        .iter()
-        .map(|m| m.parse::<SearchMode>().map_err(CliError::from))
-        .collect::<Result<_>>()?;
-    let data = load_beir(&args.corpus, &args.queries, &args.qrels)?;
-    let base_dir = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::Builder::new()
-        .prefix("ce-eval-")
-        .tempdir_in(&base_dir)
-        .map_err(CliError::Io)?;
-    // The corpus goes into the temporary directory only, never into a configured database.
-    config.store.url.clear();
-    config.index.vector.destination = "embedded".into();
-    config.index.vector.pgvector_url.clear();
-    // Every index the modes need, whatever the configuration lists.
-    config.index.outbox.consumers = vec!["vector".into(), "keyword".into()];
-    config.index.worker.dry_run_consumers.clear();
-    let engine = Engine::open_with(
-        dir.path(),
-        config,
-        EngineOptions {
-            workers: 2,
-            run_workers: false,
-            role: "eval".into(),
-            consumers: Vec::new(),
-        },
-    )?;
-    let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
-    let uris = DocUris::new(&base, &data.corpus)?;
-    let ops: Vec<WriteOp> = data
-        .corpus
-        .iter()
-        .zip(uris.uris())
-        .map(|(doc, uri)| {
-            let (abstract_text, content) = doc_text(doc);
-            WriteOp::Put {
-                uri: uri.clone(),
-                req: PutRequest {
-                    abstract_text: Some(abstract_text),
-                    content: Some(content),
-                    ..PutRequest::default()
-                },
+}
+
+/// Progress lines on stderr (`eval: …`): at most one per [`PROGRESS_EVERY`] while a stage
+/// runs, and always its last one.
+struct Progress {
+    last: Mutex<Option<Instant>>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Prints `line()` now.
+    fn say(&self, line: impl std::fmt::Display) {
+        eprintln!("eval: {line}");
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Prints `stage done/total unit (elapsed)` unless a line went out less than
+    /// [`PROGRESS_EVERY`] ago and the stage is not finished.
+    fn tick(&self, stage: &str, done: u64, total: u64, unit: &str, started: Instant) {
+        {
+            let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            if done < total && last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+                return;
             }
-        })
-        .collect();
-    for chunk in ops.chunks(LOAD_CHUNK) {
-        engine.store().apply_batch(chunk.to_vec())?;
+        }
+        self.say(format_args!(
+            "{stage} {done}/{total} {unit} ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        ));
     }
-    let drained = engine.drain(&|_: &DrainProgress| {})?;
+}
+
+/// The data directory of a run: the user's (`--data-dir`, kept) or a temporary one.
+enum WorkDir {
+    Kept(PathBuf),
+    Temporary(tempfile::TempDir),
+}
+
+impl WorkDir {
+    fn path(&self) -> &Path {
+        match self {
+            WorkDir::Kept(p) => p,
+            WorkDir::Temporary(t) => t.path(),
+        }
+    }
+}
+
+/// A TREC run file being written.
+struct RunFile {
+    path: PathBuf,
+    out: std::io::BufWriter<fs_err::File>,
+}
+
+impl RunFile {
+    fn create(path: &Path) -> Result<Self> {
+        Ok(RunFile {
+            path: path.to_owned(),
+            out: std::io::BufWriter::new(fs_err::File::create(path)?),
+        })
+    }
+
+    /// One line per ranked document: `qid Q0 docid rank score ce-<mode>`.
+    fn write(&mut self, run: &QueryRun<'_>) -> Result<()> {
+        for (rank, (doc, score)) in run.ranking.iter().enumerate() {
+            writeln!(
+                self.out,
+                "{} Q0 {doc} {} {score} ce-{}",
+                run.query_id,
+                rank + 1,
+                run.mode
+            )?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<String> {
+        self.out.flush()?;
+        Ok(self.path.display().to_string())
+    }
+}
+
+/// A TREC run file separates its columns by white space: no id may contain any.
+fn check_trec_ids(data: &BeirData) -> Result<()> {
+    let docs = data.corpus.iter().map(|d| ("document", &d.id));
+    let queries = data.queries.iter().map(|q| ("query", &q.id));
+    match docs
+        .chain(queries)
+        .find(|(_, id)| id.chars().any(char::is_whitespace))
+    {
+        Some((what, id)) => Err(CliError::Usage(format!(
+            "{what} id {id:?} contains white space, which a TREC run file (--run-file) cannot \
+             hold"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a data directory that holds nodes outside `ctx://eval` (the user's own data).
+fn check_eval_only(store: &Source, dir: &Path) -> Result<()> {
+    let root = CtxUri::parse("ctx://").map_err(CoreError::from)?;
+    let eval = CtxUri::parse("ctx://eval").map_err(CoreError::from)?;
+    let foreign: Vec<String> = store
+        .ls(&root)?
+        .into_iter()
+        .filter(|n| n.uri != eval)
+        .map(|n| n.uri.to_string())
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "the data directory {} holds nodes outside ctx://eval ({}): ce eval works in an empty \
+         or eval-only data directory; give another --data-dir, or none for a temporary one",
+        dir.display(),
+        foreign.join(", ")
+    )))
+}
+
+/// Writes the corpus under [`EVAL_BASE`] and removes the nodes there that are not in it (a
+/// kept data directory may hold another corpus); returns the documents that changed.
+fn write_corpus(
+    store: &Source,
+    data: &BeirData,
+    uris: &DocUris,
+    layout: Layout,
+    progress: &Progress,
+) -> Result<u64> {
+    let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
+    let stale: Vec<WriteOp> = if store.read_node(&base)?.is_some() {
+        store
+            .ls(&base)?
+            .into_iter()
+            .filter(|n| uris.doc_id(&n.uri).is_none())
+            .map(|n| WriteOp::Rm {
+                uri: n.uri,
+                recursive: true,
+                expect_version: None,
+                trace_id: None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !stale.is_empty() {
+        progress.say(format_args!(
+            "removing {} nodes of another corpus under {EVAL_BASE}",
+            stale.len()
+        ));
+        for chunk in stale.chunks(LOAD_CHUNK) {
+            store.apply_batch(chunk.to_vec())?;
+        }
+    }
+    let started = Instant::now();
+    let total = data.corpus.len() as u64;
+    let (mut done, mut changed) = (0, 0);
+    let docs: Vec<(&BeirDoc, &CtxUri)> = data.corpus.iter().zip(uris.uris()).collect();
+    for chunk in docs.chunks(LOAD_CHUNK) {
+        let ops = chunk
+            .iter()
+            .map(|(doc, uri)| WriteOp::Put {
+                uri: (*uri).clone(),
+                req: layout.put_request(doc),
+            })
+            .collect();
+        let outcomes = store.apply_batch(ops)?;
+        changed += outcomes.iter().filter(|o| o.changed).count() as u64;
+        done += chunk.len() as u64;
+        progress.tick("writing", done, total, "documents", started);
+    }
+    Ok(changed)
+}
+
+/// Applies what `consumer` has pending with `engine`'s workers, saying first how much (and,
+/// for the vector index, how many texts at most it embeds with which model).
+fn build_index(engine: &Engine, consumer: &str, progress: &Progress) -> Result<IndexReport> {
+    let lag = engine
+        .store()
+        .stats()?
+        .into_iter()
+        .find(|s| s.consumer == consumer)
+        .map_or(0, |s| s.pending + s.claimed + s.retry_wait);
+    let vector = consumer == VECTOR_CONSUMER;
+    let embedder = engine.embedder().ok().filter(|_| vector);
+    let model = embedder.map(|e| e.identity().key());
+    let before = embedder.map(|e| e.stats());
+    match &model {
+        Some(model) => progress.say(format_args!(
+            "indexing {consumer}: {lag} deliveries, up to {} texts to embed with {model} \
+             (texts already in the embedding cache are not embedded again)",
+            lag * RECORDS_PER_DOC
+        )),
+        None => progress.say(format_args!("indexing {consumer}: {lag} deliveries")),
+    }
+    let started = Instant::now();
+    let label = format!("indexing {consumer}");
+    let drained = engine.drain(&|p: &DrainProgress| {
+        progress.tick(&label, p.succeeded.min(lag), lag, "deliveries", started);
+    })?;
+    let elapsed = started.elapsed();
     if let Some(blocked) = drained
         .remaining
         .iter()
         .find(|r| r.lag_events > 0 || r.dead > 0)
     {
-        return Err(CliError::Usage(format!(
+        let reason = format!(
             "the {} index could not be built: {}",
             blocked.consumer, blocked.validation_reason
+        );
+        return Err(if engine.readiness().ready {
+            CliError::Usage(reason)
+        } else {
+            ServerError::NotReady {
+                reason,
+                code: engine.not_ready_code(),
+            }
+            .into()
+        });
+    }
+    let after = embedder.map(|e| e.stats());
+    let delta = |f: fn(&ce_embed::CacheStats) -> u64| {
+        before
+            .as_ref()
+            .zip(after.as_ref())
+            .map(|(b, a)| f(a).saturating_sub(f(b)))
+    };
+    Ok(IndexReport {
+        index: consumer.to_owned(),
+        deliveries: drained.progress.succeeded,
+        ms: ms(elapsed),
+        per_second: (drained.progress.succeeded > 0)
+            .then(|| drained.progress.succeeded as f64 / elapsed.as_secs_f64().max(1e-9)),
+        texts_embedded: delta(|s| s.texts_embedded),
+        cache_hits: delta(|s| s.hits),
+        model,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Loads the data set, indexes the corpus with `config` (its embedding model, its fusion
+/// settings) and evaluates each mode.
+///
+/// The corpus goes into `data_dir` when given (kept afterwards: a later run on the same
+/// corpus and layout finds it indexed; the directory must hold nothing outside
+/// `ctx://eval`), else into a temporary directory that is removed. Only the indexes the
+/// modes read are built, one after the other (keyword, then vector), so each is timed on its
+/// own; without a vector mode no embedder is opened at all.
+pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Result<EvalOutput> {
+    let started = Instant::now();
+    if !(1..=MAX_K).contains(&args.k) {
+        return Err(CliError::Usage(format!(
+            "--k {} is outside 1..={MAX_K}",
+            args.k
         )));
     }
+    let layout: Layout = args.layout.parse()?;
+    let modes: Vec<SearchMode> = args
+        .modes
+        .iter()
+        .map(|m| m.parse::<SearchMode>().map_err(CliError::from))
+        .collect::<Result<_>>()?;
     let names: Vec<String> = modes.iter().map(|m| m.as_str().to_owned()).collect();
-    let report = evaluate(&data, &names, args.k, &mut |mode, query, n| {
+    check_modes(&names)?;
+    let mut run_file = args.run_file.as_deref().map(RunFile::create).transpose()?;
+
+    // The indexes the modes read: keyword first (seconds), then vector (embedding).
+    let consumers: Vec<&str> = [KEYWORD_CONSUMER, VECTOR_CONSUMER]
+        .into_iter()
+        .filter(|c| {
+            modes.iter().any(|m| match m {
+                SearchMode::Keyword => *c == KEYWORD_CONSUMER,
+                SearchMode::Vector => *c == VECTOR_CONSUMER,
+                SearchMode::Hybrid => true,
+            })
+        })
+        .collect();
+    let dir = match data_dir {
+        Some(d) => WorkDir::Kept(d.to_owned()),
+        None => WorkDir::Temporary(
+            tempfile::Builder::new()
+                .prefix("ce-eval-")
+                .tempdir_in(args.work_dir.clone().unwrap_or_else(std::env::temp_dir))
+                .map_err(CliError::Io)?,
+        ),
+    };
+    // The corpus goes into the data directory's own SQLite store and embedded indexes, never
+    // into a configured database.
+    config.store.url.clear();
+    config.index.vector.destination = "embedded".into();
+    config.index.vector.pgvector_url.clear();
+    config.index.outbox.consumers = consumers.iter().map(|c| (*c).to_owned()).collect();
+    config.index.worker.dry_run_consumers.clear();
+    let data = load_beir(&args.corpus, &args.queries, &args.qrels)?;
+    if run_file.is_some() {
+        check_trec_ids(&data)?;
+    }
+    let load_ms = ms(started.elapsed());
+    // Refused before anything is written: a directory holding the user's own data.
+    check_eval_only(&Source::open(dir.path(), &config)?, dir.path())?;
+    let progress = Progress::new();
+    progress.say(format_args!(
+        "loaded {} documents, {} queries, {} judged query-document pairs ({:.1} s)",
+        data.corpus.len(),
+        data.queries.len(),
+        data.qrels.values().map(BTreeMap::len).sum::<usize>(),
+        load_ms / 1e3
+    ));
+
+    let open = |only: &[&str]| {
+        Engine::open_with(
+            dir.path(),
+            config.clone(),
+            EngineOptions {
+                workers: 2,
+                run_workers: false,
+                role: "eval".into(),
+                consumers: only.iter().map(|c| (*c).to_owned()).collect(),
+            },
+        )
+    };
+    progress.say(format_args!(
+        "writing {} documents ({} layout) into {}",
+        data.corpus.len(),
+        layout.as_str(),
+        dir.path().display()
+    ));
+
+    let t = Instant::now();
+    let mut engine = open(&consumers[..1])?;
+    let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
+    let uris = DocUris::new(&base, &data.corpus)?;
+    let changed = write_corpus(engine.store(), &data, &uris, layout, &progress)?;
+    let write_ms = ms(t.elapsed());
+    progress.say(format_args!(
+        "{changed} documents written or changed, {} unchanged",
+        data.corpus.len() as u64 - changed
+    ));
+
+    let t = Instant::now();
+    let mut indexes = vec![build_index(&engine, consumers[0], &progress)?];
+    for consumer in &consumers[1..] {
+        // The next index is built by an engine serving every index (the earlier ones have
+        // nothing left to do), which then also serves the searches.
+        engine.shutdown();
+        drop(engine);
+        engine = open(&[])?;
+        indexes.push(build_index(&engine, consumer, &progress)?);
+    }
+    let index_ms = ms(t.elapsed());
+
+    let t = Instant::now();
+    let filter = SearchFilter {
+        subtree: Some(base.clone()),
+        level: layout.level(),
+        ..SearchFilter::default()
+    };
+    let mut search = |mode: &str, query: &str, n: usize| -> Result<Vec<(String, f32)>> {
         let req = SearchRequest {
             mode: Some(mode.parse()?),
             top_k: n,
-            filter: SearchFilter {
-                subtree: Some(base.clone()),
-                ..SearchFilter::default()
-            },
+            filter: filter.clone(),
             ..SearchRequest::new(query)
         };
         let hits = engine.search(&req)?.hits;
         Ok(hits
             .iter()
-            .filter_map(|h| uris.doc_id(&h.uri).map(str::to_owned))
+            .filter_map(|h| uris.doc_id(&h.uri).map(|id| (id.to_owned(), h.score)))
             .collect())
-    })?;
+    };
+    let mut on_query = |q: &QueryRun<'_>| -> Result<()> {
+        if let Some(f) = run_file.as_mut() {
+            f.write(q)?;
+        }
+        progress.tick(
+            &format!("searching {}", q.mode),
+            q.done as u64,
+            q.total as u64,
+            "queries",
+            t,
+        );
+        Ok(())
+    };
+    let quality = evaluate(&data, &names, args.k, &mut search, &mut on_query)?;
+    let search_ms = ms(t.elapsed());
     engine.shutdown();
-    Ok(report)
+    let run_file = run_file.map(RunFile::finish).transpose()?;
+    Ok(EvalOutput {
+        quality,
+        layout,
+        data_dir: dir.path().display().to_string(),
+        data_dir_kept: matches!(dir, WorkDir::Kept(_)),
+        run_file,
+        indexes,
+        timings: StageTimings {
+            load_ms,
+            write_ms,
+            index_ms,
+            search_ms,
+            total_ms: ms(started.elapsed()),
+        },
+    })
 }

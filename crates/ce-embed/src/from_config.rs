@@ -32,7 +32,8 @@ pub fn build(cfg: &EmbeddingConfig, data_dir: &Path) -> Result<Arc<dyn Embedder>
 ///   `run scripts/fetch-model.sh`).
 /// - `openai`: reads the key from the variable named by `api_key_env` (unset or empty: no key);
 ///   the dimension is `dimensions`, else the known size of OpenAI's models, else
-///   [`EmbedError::Config`] asking for `index.embedding.dimensions`. No request is made here.
+///   [`EmbedError::Config`] asking for `index.embedding.dimensions`; `dimensions` is sent in
+///   requests only to `text-embedding-3-*` models, to shorten them. No request is made here.
 /// - `hash`: `dimensions` (default 384). Test and benchmark use only: its identity
 ///   (`hash:feature-hash-v1:…`) says so wherever vectors are stored.
 pub fn build_provider(cfg: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
@@ -62,9 +63,14 @@ pub fn build_provider(cfg: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedE
                 base_url: cfg.base_url.clone(),
                 api_key,
                 model: cfg.model.clone(),
-                // Known OpenAI models get their native size without asking; anything else
-                // is sent so the server shortens (text-embedding-3-*) or refuses clearly.
-                dimensions: dimensions.filter(|&d| openai::known_dimension(&cfg.model) != Some(d)),
+                // Only OpenAI's text-embedding-3 models shorten their vectors on request, so
+                // only they are sent a `dimensions` (one other than their native size). For
+                // any other model it is the size to expect and is not sent: vLLM refuses the
+                // field for a model that cannot shorten, even at its native size.
+                dimensions: dimensions.filter(|&d| {
+                    shortens_on_request(&cfg.model)
+                        && openai::known_dimension(&cfg.model) != Some(d)
+                }),
                 expected_dimension,
             })?))
         }
@@ -76,6 +82,12 @@ pub fn build_provider(cfg: &EmbeddingConfig) -> Result<Arc<dyn Embedder>, EmbedE
             reason: format!("{other:?} is not one of \"local\", \"openai\", \"hash\""),
         }),
     }
+}
+
+/// Whether the `openai` provider's `model` returns shorter vectors when asked
+/// (`dimensions` in the request): OpenAI's `text-embedding-3-*`.
+fn shortens_on_request(model: &str) -> bool {
+    model.starts_with("text-embedding-3-")
 }
 
 /// See [`build`]; returns the concrete cached embedder.

@@ -57,8 +57,13 @@ use hydrate::Current;
 
 /// `top_k` when the request does not say.
 pub const DEFAULT_TOP_K: usize = 10;
-/// Largest accepted `top_k`.
+/// Largest `top_k` of a request from the interfaces (CLI `--top-k`, HTTP `top_k`), which
+/// check it with [`SearchRequest::validate`].
 pub const MAX_TOP_K: usize = 100;
+/// Largest `top_k` a [`Retriever`] itself accepts: an evaluation ranks deeper than the
+/// interfaces allow (`ce eval --k 1000` asks for one node more when a document shares the
+/// query's id).
+pub const MAX_RETRIEVER_TOP_K: usize = 1001;
 /// Largest accepted query, in bytes.
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
 /// Characters of indexed text shown when a node has no abstract.
@@ -161,8 +166,14 @@ impl SearchRequest {
         }
     }
 
-    /// Checks what the types cannot: a non-empty query of bounded size, a bounded `top_k`.
+    /// Checks what the types cannot: a non-empty query of bounded size, a `top_k` of at most
+    /// [`MAX_TOP_K`].
     pub fn validate(&self) -> Result<()> {
+        self.validate_up_to(MAX_TOP_K)
+    }
+
+    /// [`SearchRequest::validate`] with `top_k` bounded by `max_top_k`.
+    pub fn validate_up_to(&self, max_top_k: usize) -> Result<()> {
         let bad = |field: &'static str, reason: String| {
             Err(RetrievalError::InvalidRequest(CoreError::InvalidField {
                 field,
@@ -190,10 +201,10 @@ impl SearchRequest {
                 );
             }
         }
-        if self.top_k == 0 || self.top_k > MAX_TOP_K {
+        if self.top_k == 0 || self.top_k > max_top_k {
             return bad(
                 "top_k",
-                format!("{} is outside 1..={MAX_TOP_K}", self.top_k),
+                format!("{} is outside 1..={max_top_k}", self.top_k),
             );
         }
         Ok(())
@@ -480,7 +491,7 @@ impl Retriever<'_> {
     /// Runs `req` (see the module docs).
     pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
         let started = Instant::now();
-        req.validate()?;
+        req.validate_up_to(MAX_RETRIEVER_TOP_K)?;
         let choice = self.mode(req)?;
         let mode = choice.used;
         let mut timings = SearchTimings::default();

@@ -269,7 +269,11 @@ fn bad_requests_get_typed_errors() {
     let mut req = SearchRequest::new("x");
     req.top_k = 0;
     assert_eq!(code(req.clone()), ErrorCode::InvalidField);
+    // The interfaces stop at MAX_TOP_K; the retriever ranks deeper, up to its own bound.
     req.top_k = MAX_TOP_K + 1;
+    assert!(req.validate().is_err());
+    assert!(f.search(&req).is_ok());
+    req.top_k = MAX_RETRIEVER_TOP_K + 1;
     assert_eq!(code(req), ErrorCode::InvalidField);
     let mut req = SearchRequest::new("x");
     req.min_score = Some(1.5);

@@ -15,7 +15,8 @@
 //! `index.vector.destination`: `embedded` (in the data directory, one process at a time,
 //! with snapshots and graph rebuilds) or `pgvector` (shared by every process, so several
 //! `ce worker --consumer vector` can split the work). An engine opens only the indexes of
-//! the consumers it serves ([`EngineOptions::consumers`]).
+//! the consumers it serves ([`EngineOptions::consumers`]), and the embedder only when it
+//! serves the vector consumer.
 //!
 //! Each configured consumer (`index.outbox.consumers`) progresses on its own: a consumer
 //! whose input is missing is blocked without blocking the others. The vector consumer is
@@ -203,13 +204,20 @@ impl Engine {
     pub fn open_with(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
         let store = Source::open(data_dir, &config)?;
         let locks = ce_lock::LockManager::from_config(&config.lock, data_dir)?;
-        let embedder = ce_embed::build_cached(&config.index.embedding, data_dir).map_err(|e| {
-            warn!(error = %e, "embedding model not loaded");
-            e.to_string()
-        });
         let wants = |c: &str| {
             config.index.outbox.consumers.iter().any(|x| x == c)
                 && (options.consumers.is_empty() || options.consumers.iter().any(|x| x == c))
+        };
+        // Only the vector side embeds: without it no model is loaded and no provider opened.
+        let embedder = if wants(VECTOR_CONSUMER) {
+            ce_embed::build_cached(&config.index.embedding, data_dir).map_err(|e| {
+                warn!(error = %e, "embedding model not loaded");
+                e.to_string()
+            })
+        } else {
+            Err(format!(
+                "no embedder: the {VECTOR_CONSUMER} consumer is not configured or not served here"
+            ))
         };
         let (index, embedded_vector) = if wants(VECTOR_CONSUMER) {
             open_vector_index(data_dir, &config)?
@@ -339,10 +347,13 @@ impl Engine {
         &self.wake
     }
 
-    /// Whether the vector consumer can index and search, and if not why.
+    /// Whether the vector consumer can index and search, and if not why (an engine that does
+    /// not serve it needs no model and is ready).
     pub fn readiness(&self) -> Readiness {
         let mut reasons = Vec::new();
-        if let Err(e) = &self.embedder {
+        if let Err(e) = &self.embedder
+            && self.index.is_some()
+        {
             reasons.push(format!("embedding model not loaded: {e}"));
         }
         if let Some(e) = lock(&self.binding_error).as_ref() {
@@ -375,7 +386,11 @@ impl Engine {
     fn ready_embedder(&self) -> Result<Arc<CachedEmbedder>> {
         match &self.embedder {
             Ok(e) => Ok(e.clone()),
-            Err(_) => Err(self.not_ready()),
+            Err(_) if self.index.is_some() => Err(self.not_ready()),
+            Err(reason) => Err(ServerError::NotReady {
+                reason: reason.clone(),
+                code: ErrorCode::Unavailable,
+            }),
         }
     }
 

@@ -13,6 +13,7 @@ mod layout;
 mod nodes;
 mod outbox;
 mod postgres;
+mod readme;
 mod relations;
 mod repair;
 mod scale;
