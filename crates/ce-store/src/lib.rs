@@ -23,12 +23,12 @@ mod txn;
 pub use error::{Result, StoreError};
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerStats, ContextFs, DeliveryRow, Hold, HoldStore,
-    LinkRequest, NodeStat, OutboxFilter, OutboxStore, PutMode, PutRequest, RelationStore,
-    Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
+    IndexOwner, LinkRequest, NodeStat, OutboxFilter, OutboxStore, OwnerStore, PutMode, PutRequest,
+    RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
 };
 pub use sqlite::SqliteStore;
 
 /// Everything a backend provides: one transactional store for nodes, relations and outbox.
-pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore {}
+pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore {}
 
-impl<T: ContextFs + RelationStore + OutboxStore + HoldStore> SourceStore for T {}
+impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore> SourceStore for T {}
