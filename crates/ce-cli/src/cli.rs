@@ -444,6 +444,11 @@ pub struct ReindexArgs {
     /// Only queue the rebuild (locally: do not run the workers until it is done).
     #[arg(long)]
     pub no_wait: bool,
+    /// Make this data directory the owner of the consumer's embedded index first, in place
+    /// of the instance that owns it (its data directory is gone; stop its processes first).
+    /// Local only.
+    #[arg(long)]
+    pub take_over: bool,
 }
 
 /// `ce serve`.

@@ -584,6 +584,9 @@ struct ReindexOutput<'a> {
 fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
     check_consumer(&a.consumer)?;
     let engine = open_engine(cli, ce_server::engine::DEFAULT_WORKERS, false, "reindex")?;
+    if a.take_over {
+        engine.take_over(&a.consumer)?;
+    }
     let report = engine.reindex(&a.consumer)?;
     let drain = if a.no_wait {
         None
@@ -740,10 +743,11 @@ fn import(cli: &Cli, a: &ImportArgs) -> Result<Rendered> {
     let (report, hold) = guarded(&store, &locks).import(&a.dir, &into, options)?;
     let mut json = serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?;
     json["hold"] = hold.clone().into();
-    let human = format!(
-        "{}hold                {hold} (locks {into} until indexed)\n",
-        output::import(&report)
-    );
+    let held = match &hold {
+        Some(id) => format!("{id} (locks {into} until indexed)"),
+        None => "none (nothing changed: nothing to index)".into(),
+    };
+    let human = format!("{}hold                {held}\n", output::import(&report));
     Ok(Rendered { json, human })
 }
 

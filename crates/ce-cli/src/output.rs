@@ -421,10 +421,19 @@ pub fn status(s: &Status) -> String {
     let cache = s.embed_cache.map_or_else(
         || "-".to_owned(),
         |c| {
-            format!(
-                "{} hits, {} misses, {} model calls, {} texts embedded",
-                c.hits, c.misses, c.provider_calls, c.texts_embedded
-            )
+            let mut text = format!(
+                "{} vectors of this model ({} in all, {:.1} MiB)",
+                c.entries,
+                c.all_entries,
+                c.bytes as f64 / (1024.0 * 1024.0)
+            );
+            if let Some(n) = c.counters {
+                text.push_str(&format!(
+                    "; this server: {} hits, {} misses, {} model calls, {} texts embedded",
+                    n.hits, n.misses, n.provider_calls, n.texts_embedded
+                ));
+            }
+            text
         },
     );
     let mut out = kv(&[

@@ -307,6 +307,11 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
             let json = c.get("/v1/status", &[])?;
             rendered(json, |s: Status| Ok(output::status(&s)))
         }
+        Command::Reindex(a) if a.take_over => Err(CliError::Usage(
+            "--take-over runs without --server, on the data directory that takes the consumer \
+             over (a running server already owns what it consumes)"
+                .into(),
+        )),
         Command::Reindex(a) => {
             let body = ReindexBody {
                 consumer: Some(a.consumer.clone()),

@@ -186,6 +186,27 @@ impl EmbeddingCache {
         .map_err(|e| cache_err(&self.path, "cannot read", e))
     }
 
+    /// What the cache holds: entries of `model`, of every model, and the file's size.
+    pub fn totals(&self, model: &str) -> Result<CacheTotals, EmbedError> {
+        let conn = self.conn()?;
+        let read = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+            conn.query_row(sql, params, |r| r.get::<_, i64>(0))
+                .map(|n| n.max(0) as u64)
+                .map_err(|e| cache_err(&self.path, "cannot read", e))
+        };
+        Ok(CacheTotals {
+            model_entries: read(
+                "SELECT count(*) FROM embedding_cache WHERE model = ?1",
+                &[&model],
+            )?,
+            entries: read("SELECT count(*) FROM embedding_cache", &[])?,
+            file_bytes: read(
+                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+                &[],
+            )?,
+        })
+    }
+
     /// Deletes every entry of `model` (e.g. after switching models); returns how many.
     pub fn remove_model(&self, model: &str) -> Result<u64, EmbedError> {
         let conn = self.conn()?;
@@ -208,6 +229,17 @@ fn decode(b: &[u8], dimension: usize) -> Option<Vec<f32>> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
     )
+}
+
+/// What an [`EmbeddingCache`] holds, read from the file (the same for every process).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheTotals {
+    /// Vectors stored for the model asked about.
+    pub model_entries: u64,
+    /// Vectors stored for every model.
+    pub entries: u64,
+    /// The database file's size in bytes (its write-ahead log aside).
+    pub file_bytes: u64,
 }
 
 /// Counters of a [`CachedEmbedder`] since it was created.
@@ -279,6 +311,11 @@ impl CachedEmbedder {
             texts_embedded: c.texts_embedded.load(Ordering::Relaxed),
             cache_errors: c.cache_errors.load(Ordering::Relaxed),
         }
+    }
+
+    /// What the cache holds ([`EmbeddingCache::totals`] for this embedder's model).
+    pub fn totals(&self) -> Result<CacheTotals, EmbedError> {
+        self.cache.totals(&self.model_key)
     }
 
     /// The wrapped embedder.
@@ -424,5 +461,23 @@ mod tests {
         assert_eq!(cache.get_many("m:y:3", 3, &[k]).expect("get"), vec![None]);
         assert_eq!(cache.count("m:x:3").expect("count"), 1);
         assert_eq!(cache.remove_model("m:x:3").expect("rm"), 1);
+    }
+
+    #[test]
+    fn totals_are_read_from_the_file_by_any_process() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let writer = EmbeddingCache::open(&path).expect("open");
+        let (a, b) = (text_key("a"), text_key("b"));
+        writer
+            .put_many("m:x:2", &[(&a, &[1.0, 2.0]), (&b, &[3.0, 4.0])])
+            .expect("put");
+        writer.put_many("m:y:2", &[(&a, &[5.0, 6.0])]).expect("put");
+        // Another handle (another process) sees what the first wrote.
+        let reader = EmbeddingCache::open(&path).expect("open again");
+        let t = reader.totals("m:x:2").expect("totals");
+        assert_eq!((t.model_entries, t.entries), (2, 3));
+        assert!(t.file_bytes > 0, "{t:?}");
+        assert_eq!(reader.totals("m:z:2").expect("totals").model_entries, 0);
     }
 }

@@ -25,7 +25,7 @@ pub mod local;
 pub mod openai;
 pub mod pause;
 
-pub use cache::{CacheStats, CachedEmbedder, EmbeddingCache};
+pub use cache::{CacheStats, CacheTotals, CachedEmbedder, EmbeddingCache};
 pub use from_config::{CACHE_FILE, build, build_cached, build_provider, local_model_dir};
 pub use hash::HashEmbedder;
 pub use local::{LocalEmbedder, default_model_dir};

@@ -207,12 +207,17 @@ pub fn lk1_violation(held: &[(LockRequest, String)]) -> Option<(usize, usize)> {
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// Another owner holds a conflicting lock past the wait.
-    #[error("{path} is busy: locked by {holder} ({mode:?}); waited {waited_ms} ms")]
+    #[error(
+        "{path} is busy: locked by {holder} ({mode:?}); waited {waited_ms} ms: retry once the \
+         holder is done (a lock whose process died goes stale after lock.lock_expire_secs)"
+    )]
     Busy {
         /// The path that could not be locked.
         path: CtxUri,
-        /// The conflicting lock's path and owner, as the provider knows them.
+        /// The conflicting lock's owner and path, as the provider knows them.
         holder: String,
+        /// The conflicting lock's path.
+        held: CtxUri,
         /// The conflicting lock's mode.
         mode: LockMode,
         /// How long the acquire waited.

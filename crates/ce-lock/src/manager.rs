@@ -304,9 +304,11 @@ impl LockManager {
                     .unwrap_or(&reqs[0])
                     .path
                     .clone();
+                let process = holder.split('-').next().unwrap_or("?");
                 return Err(LockError::Busy {
                     path,
-                    holder: format!("{holder} on {}", held.path),
+                    holder: format!("lease {holder} of process {process} on {}", held.path),
+                    held: held.path.clone(),
                     mode: held.mode,
                     waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
                 });

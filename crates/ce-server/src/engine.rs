@@ -62,12 +62,14 @@ use crate::error::{Result, ServerError};
 use crate::guarded::Guarded;
 use crate::source::Source;
 use crate::status::{
-    Applier, ConsumerStatus, DrainProgress, DrainReport, HoldStatus, ReindexReport, Status,
+    Applier, ConsumerStatus, DrainProgress, DrainReport, EmbedCacheStatus, HoldStatus,
+    ReindexReport, Status,
 };
 
 mod failpoint;
 pub mod holds;
 pub mod listen;
+pub mod owner;
 mod periodic;
 pub mod repair;
 pub mod upkeep;
@@ -170,6 +172,8 @@ pub struct Engine {
     options: EngineOptions,
     /// Serializes reindex and drain (both take the workers over).
     maintenance: Mutex<()>,
+    /// The worker locks of the consumers this engine has run workers for ([`owner`]).
+    worker_locks: Mutex<Vec<(String, owner::WorkerLock)>>,
     next_worker: AtomicU64,
 }
 
@@ -259,6 +263,7 @@ impl Engine {
             running_workers: AtomicUsize::new(0),
             options,
             maintenance: Mutex::new(()),
+            worker_locks: Mutex::new(Vec::new()),
             next_worker: AtomicU64::new(0),
         };
         engine.bind()?;
@@ -422,8 +427,10 @@ impl Engine {
             .collect()
     }
 
-    /// `n` workers for `consumer`, which must be configured and ready.
-    /// `n` workers for `consumer`, each also reporting to `observer` when given.
+    /// `n` workers for `consumer`, which must be configured and ready, and owned by this
+    /// data directory when its index is embedded ([`owner`]), each also reporting to
+    /// `observer` when given. The first workers of a consumer take its worker lock, releasing
+    /// the claims a crashed predecessor left.
     fn make_workers(
         &self,
         consumer: &str,
@@ -432,6 +439,14 @@ impl Engine {
     ) -> Result<Vec<Arc<IndexWorker>>> {
         if !self.configured(consumer) {
             return Err(not_listed(consumer));
+        }
+        owner::claim(&self.store, &self.config, &self.data_dir, consumer, false)?;
+        {
+            let mut held = lock(&self.worker_locks);
+            if !held.iter().any(|(c, _)| c == consumer) {
+                let taken = owner::worker_lock(&self.store, &self.data_dir, consumer)?;
+                held.push((consumer.to_owned(), taken));
+            }
         }
         let source: Arc<dyn SourceStore> = self.store.shared();
         let cfg = |k: u64| {
@@ -660,7 +675,7 @@ impl Engine {
         dir: &Path,
         into: &CtxUri,
         options: ImportOptions,
-    ) -> Result<(ImportReport, String)> {
+    ) -> Result<(ImportReport, Option<String>)> {
         let r = self.guarded().import(dir, into, options)?;
         self.wake.notify();
         Ok(r)
@@ -897,7 +912,7 @@ impl Engine {
             consumers,
             workers: self.running_workers(),
             worker_consumers: lock(&self.pool_consumers).clone(),
-            embed_cache: self.embedder.as_ref().ok().map(|e| e.stats().into()),
+            embed_cache: self.embed_cache_status(),
             holds: self
                 .store
                 .holds()?
@@ -909,6 +924,31 @@ impl Engine {
                     through_seq: h.through_seq,
                 })
                 .collect(),
+        })
+    }
+
+    /// Makes this data directory the owner of `consumer` when its index is embedded, whoever
+    /// owned it before (see [`owner`]); follow with [`Engine::reindex`]: the index here lacks
+    /// what the previous owner applied. Stop the previous owner's processes first.
+    pub fn take_over(&self, consumer: &str) -> Result<()> {
+        if !self.configured(consumer) {
+            return Err(not_listed(consumer));
+        }
+        owner::claim(&self.store, &self.config, &self.data_dir, consumer, true)
+    }
+
+    /// The embedding cache's totals, and this process's counters when it runs workers.
+    fn embed_cache_status(&self) -> Option<EmbedCacheStatus> {
+        let embedder = self.embedder.as_ref().ok()?;
+        let totals = embedder.totals().unwrap_or_else(|e| {
+            warn!(error = %e, "embedding cache totals not read");
+            ce_embed::CacheTotals::default()
+        });
+        Some(EmbedCacheStatus {
+            entries: totals.model_entries,
+            all_entries: totals.entries,
+            bytes: totals.file_bytes,
+            counters: self.options.run_workers.then(|| embedder.stats().into()),
         })
     }
 
@@ -935,6 +975,8 @@ impl Engine {
             VECTOR_CONSUMER => Some(self.ready_embedder()?.identity().clone()),
             _ => None,
         };
+        // Rebuilding an index that another instance owns would feed the wrong index.
+        owner::claim(&self.store, &self.config, &self.data_dir, consumer, false)?;
         let _maintenance = lock(&self.maintenance);
         let started = Instant::now();
         self.stop_pool();

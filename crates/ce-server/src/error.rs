@@ -58,6 +58,50 @@ pub enum ServerError {
     /// A blocking task failed to complete (it panicked or was cancelled).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A path lock is busy because an import's hold keeps it (docs/locks.md, "Holds").
+    #[error(
+        "{path} is busy: import {hold} locks {at} until its events are indexed (recorded \
+         {age_seconds} s ago; `ce status` lists the holds); run `ce worker --once` on the data \
+         directory, or keep `ce serve` running, to index it and end the hold, then retry"
+    )]
+    HeldByImport {
+        /// The path that could not be locked.
+        path: ce_core::CtxUri,
+        /// The hold's id (the import's `hold`).
+        hold: String,
+        /// The subtree the hold locks.
+        at: ce_core::CtxUri,
+        /// The hold's age.
+        age_seconds: u64,
+    },
+    /// Another index instance owns the embedded index of the consumer this process would
+    /// consume (docs/indexing.md, "One index per consumer").
+    #[error(
+        "consumer {consumer:?} is owned by another index instance: {} (data directory {} on \
+         {}, owner for {age_seconds} s); this is instance {} (data directory {} on {}). Its \
+         deliveries are split among whoever claims them, so a second embedded index would miss \
+         records while the outbox shows them done. Run this consumer's workers only in the \
+         owner's data directory (send searches there with --server); for the vector index use \
+         a shared destination (index.vector.destination = \"pgvector\"); if the owner's data \
+         directory is gone for good, stop its processes and take the consumer over here, \
+         rebuilding its index: `ce reindex --consumer {consumer} --take-over`",
+        owner.instance,
+        owner.data_dir,
+        owner.host,
+        me.instance,
+        me.data_dir,
+        me.host
+    )]
+    ConsumerOwned {
+        /// The consumer.
+        consumer: String,
+        /// The instance that owns it.
+        owner: Box<ce_store::IndexOwner>,
+        /// This data directory's instance.
+        me: Box<ce_store::IndexOwner>,
+        /// How long the owner has owned it.
+        age_seconds: u64,
+    },
     /// A derived deletion refused by the delete-safety policy (DESIGN.md decision 11); the
     /// reason names the counts and the override.
     #[error("large delete refused: {reason}")]
@@ -78,6 +122,8 @@ impl Classify for ServerError {
             ServerError::Lock(e) => e.code(),
             ServerError::NotReady { code, .. } => *code,
             ServerError::UnsupportedConsumer { .. } => ErrorCode::InvalidField,
+            ServerError::ConsumerOwned { .. } => ErrorCode::InvalidConfig,
+            ServerError::HeldByImport { .. } => ErrorCode::Busy,
             ServerError::Io { .. } => ErrorCode::Io,
             ServerError::Internal(_) => ErrorCode::Internal,
             ServerError::LargeDelete { .. } => ErrorCode::LargeDelete,
@@ -93,8 +139,12 @@ impl Classify for ServerError {
             ServerError::Retrieval(e) => e.is_retryable(),
             ServerError::Lock(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
-            ServerError::UnsupportedConsumer { .. } | ServerError::LargeDelete { .. } => false,
-            ServerError::Io { .. } | ServerError::Internal(_) => true,
+            ServerError::UnsupportedConsumer { .. }
+            | ServerError::ConsumerOwned { .. }
+            | ServerError::LargeDelete { .. } => false,
+            ServerError::Io { .. }
+            | ServerError::Internal(_)
+            | ServerError::HeldByImport { .. } => true,
         }
     }
 }

@@ -9,13 +9,13 @@
 
 use std::path::Path;
 
-use ce_core::CtxUri;
-use ce_lock::{Lease, LeaseRef, LockManager, LockRequest, scope_of};
+use ce_core::{Clock as _, CtxUri, SystemClock};
+use ce_lock::{Lease, LeaseRef, LockError, LockManager, LockRequest, scope_of};
 use ce_store::layout::{self, ImportOptions, ImportReport};
 use ce_store::plan;
 use ce_store::{SourceStore, StoreError, WriteFence, WriteOp, WriteOutcome};
 
-use crate::error::Result;
+use crate::error::{Result, ServerError};
 
 /// A store and the lock manager its multi-step writes go through.
 #[derive(Clone, Copy)]
@@ -74,9 +74,36 @@ impl Guarded<'_> {
         }
     }
 
+    /// `e`, naming the import when the busy lock is an import's hold (its id and age).
+    fn explain_busy(&self, e: LockError) -> ServerError {
+        let LockError::Busy { path, held, .. } = &e else {
+            return e.into();
+        };
+        let hold = self
+            .store
+            .holds()
+            .ok()
+            .and_then(|hs| hs.into_iter().find(|h| &h.at == held));
+        match hold {
+            Some(h) => ServerError::HeldByImport {
+                path: path.clone(),
+                age_seconds: u64::try_from(
+                    SystemClock.now_ms().saturating_sub(h.created_at_ms) / 1000,
+                )
+                .unwrap_or(0),
+                hold: h.id,
+                at: h.at,
+            },
+            None => e.into(),
+        }
+    }
+
     /// Runs `ops` under leases on `reqs`, then releases them.
     fn locked(&self, reqs: &[LockRequest], ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        let leases = acquire_all(self.locks, reqs)?;
+        let leases = acquire_all(self.locks, reqs).map_err(|e| match e {
+            ServerError::Lock(l) => self.explain_busy(l),
+            e => e,
+        })?;
         ce_core::failpoint::hit("lock.after_acquire");
         let fences: Vec<WriteFence> = leases.iter().flat_map(write_fences).collect();
         let out = self.store.apply_fenced(&fences, ops);
@@ -142,26 +169,36 @@ impl Guarded<'_> {
         self.locked(&reqs, vec![op])
     }
 
-    /// The lifecycle lease of an import into `into`. A hold left by an earlier import of the
-    /// same target that no keeper has adopted (no engine runs, or it has not come round yet)
-    /// is taken over — imports of one target follow each other without waiting for the
-    /// earlier lease to go stale — and the new hold supersedes it. A hold a keeper is
-    /// keeping (its import still being indexed) makes this import wait, then busy.
-    fn import_lease(&self, into: &CtxUri) -> Result<Lease> {
+    /// The lifecycle lease of an import into `into`, and whether it is an earlier import's
+    /// (then the new hold must supersede it whatever the import writes). A hold left by an
+    /// earlier import of the same target that no keeper has adopted (no engine runs, or it
+    /// has not come round yet) is taken over — imports of one target follow each other
+    /// without waiting for the earlier lease to go stale — and the new hold supersedes it. A
+    /// hold a keeper is keeping (its import still being indexed) makes this import wait,
+    /// then busy.
+    fn import_lease(&self, into: &CtxUri) -> Result<(Lease, bool)> {
         let prior = self.store.holds()?.into_iter().find(|h| &h.at == into);
         let reference = prior.and_then(|h| serde_json::from_str::<LeaseRef>(&h.lease).ok());
         match reference {
-            Some(r) if r.covered == [LockRequest::tree(into.clone())] => {
-                Ok(self.locks.adopt(&r)?)
-            }
-            _ => Ok(self.locks.acquire(&[LockRequest::tree(into.clone())])?),
+            Some(r) if r.covered == [LockRequest::tree(into.clone())] => Ok((
+                self.locks.adopt(&r).map_err(|e| self.explain_busy(e))?,
+                true,
+            )),
+            _ => Ok((
+                self.locks
+                    .acquire(&[LockRequest::tree(into.clone())])
+                    .map_err(|e| self.explain_busy(e))?,
+                false,
+            )),
         }
     }
 
     /// `import` under a lifecycle TREE lock on `into`: the nodes are written with the lease's
     /// fences and, in the same transaction, the lease is handed off as a hold that lasts
     /// until the consumers have applied the import; a concurrent rm of the subtree meanwhile
-    /// gets the busy error. Returns the report and the hold's id.
+    /// gets the busy error. An import that appended no events (nothing changed) records no
+    /// hold and frees the lock at once, unless it took over an earlier import's hold (whose
+    /// events still wait). Returns the report and the hold's id, if one was recorded.
     ///
     /// With `options.prune`, nodes under `into` that `dir` no longer has are removed in the
     /// same transaction, within the delete-safety limits.
@@ -170,8 +207,8 @@ impl Guarded<'_> {
         dir: &Path,
         into: &CtxUri,
         options: ImportOptions,
-    ) -> Result<(ImportReport, String)> {
-        let lease = self.import_lease(into)?;
+    ) -> Result<(ImportReport, Option<String>)> {
+        let (lease, supersedes) = self.import_lease(into)?;
         ce_core::failpoint::hit("lock.after_acquire");
         let fences = write_fences(&lease);
         let id = format!("import-{}", uuid::Uuid::now_v7().simple());
@@ -183,16 +220,19 @@ impl Guarded<'_> {
             lease: serde_json::to_string(&reference).map_err(|e| {
                 crate::ServerError::Internal(format!("lease reference does not serialise: {e}"))
             })?,
+            only_with_events: !supersedes,
         };
-        match layout::import_dir_fenced(self.store, dir, into, options, &fences, Some(hold)) {
-            Ok(report) => Ok((report, id)),
-            Err(e) => {
-                // Nothing was written, the hold included: take the lease back and free it.
-                if let Ok(lease) = self.locks.adopt(&reference) {
-                    release(lease);
-                }
-                Err(e.into())
+        let written =
+            layout::import_dir_fenced(self.store, dir, into, options, &fences, Some(hold));
+        let held = matches!(written, Ok((_, true)));
+        if !held {
+            // No hold keeps the lease (nothing changed, or nothing was written): take it back
+            // and free it.
+            if let Ok(lease) = self.locks.adopt(&reference) {
+                release(lease);
             }
         }
+        let (report, _) = written?;
+        Ok((report, held.then_some(id)))
     }
 }

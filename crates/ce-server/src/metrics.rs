@@ -187,7 +187,7 @@ fn refresh(engine: &Engine) {
     }
     metrics::gauge!("index_workers_running").set(status.workers as f64);
     metrics::gauge!("ce_ready").set(if status.ready { 1.0 } else { 0.0 });
-    if let Some(c) = status.embed_cache {
+    if let Some(c) = status.embed_cache.and_then(|c| c.counters) {
         metrics::counter!("index_embed_cache_hits_total").absolute(c.hits);
         metrics::counter!("index_embed_cache_misses_total").absolute(c.misses);
         metrics::counter!("index_embed_provider_calls_total").absolute(c.provider_calls);

@@ -149,8 +149,9 @@ impl From<PgStore> for Source {
 }
 
 /// `e`, met while connecting to `url`, naming the server (the store's own message does not).
-/// A database or role the server does not know, or refused credentials, are a bad
-/// `store.url`: `invalid_config`, not an internal error.
+/// A database or role the server does not know, refused credentials, or a `search_path`
+/// naming no schema that exists are a bad `store.url`: `invalid_config`, not an internal
+/// error.
 fn at_url(url: &str, e: StoreError) -> StoreError {
     match e {
         StoreError::PgUnavailable(why) => {
@@ -169,10 +170,37 @@ fn at_url(url: &str, e: StoreError) -> StoreError {
                     ),
                 })
             }
+            // SQLSTATE 3F000: the migrations found no schema to create their tables in.
+            Some(db) if db.code().code().starts_with("3F") => {
+                let named = search_path_of(url).map_or_else(
+                    || "the role's or database's default search_path".to_owned(),
+                    |p| format!("search_path {p:?}"),
+                );
+                StoreError::Core(CoreError::InvalidConfig {
+                    key: "store.url".into(),
+                    reason: format!(
+                        "{}: {named} names no schema that exists (create it with \
+                         `CREATE SCHEMA name`, or fix options=-csearch_path=...): {} ({})",
+                        redact_url(url),
+                        db.message(),
+                        db.code().code()
+                    ),
+                })
+            }
             _ => StoreError::Postgres(pg),
         },
         e => e,
     }
+}
+
+/// The `search_path` a PostgreSQL URL sets through its `options` parameter
+/// (`options=-csearch_path%3Dname` or `-c search_path=a,b`), if any.
+fn search_path_of(url: &str) -> Option<String> {
+    let config: postgres::Config = url.parse().ok()?;
+    let options = config.get_options()?;
+    let (_, rest) = options.split_once("search_path=")?;
+    let value = rest.split_whitespace().next().unwrap_or("");
+    Some(value.to_owned())
 }
 
 #[cfg(test)]
@@ -192,6 +220,19 @@ mod tests {
         drop(source);
         let (_, second) = Source::migrate(dir.path(), &Config::default()).expect("again");
         assert_eq!((second.from, second.to), (first.to, first.to));
+    }
+
+    #[test]
+    fn the_search_path_is_read_from_the_url_options() {
+        assert_eq!(
+            search_path_of("postgres://u@h/db?options=-csearch_path%3Dapp").as_deref(),
+            Some("app")
+        );
+        assert_eq!(
+            search_path_of("postgres://u@h/db?options=-c%20search_path%3Da,b%20-cx%3Dy").as_deref(),
+            Some("a,b")
+        );
+        assert_eq!(search_path_of("postgres://u@h/db?sslmode=disable"), None);
     }
 
     #[test]

@@ -161,9 +161,28 @@ impl ConsumerStatus {
     }
 }
 
-/// Counters of the embedding cache since the engine started.
+/// The embedding cache: what it holds (from the cache file, whichever process asks), and the
+/// counters of the process that serves (`ce serve`, `ce worker`; with `--server`, the
+/// server's) — a one-shot local `ce status` embeds nothing, so it has none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmbedCacheStatus {
+    /// Vectors stored for the configured model.
+    #[serde(default)]
+    pub entries: u64,
+    /// Vectors stored for every model (older models' entries stay until deleted).
+    #[serde(default)]
+    pub all_entries: u64,
+    /// The cache file's size in bytes.
+    #[serde(default)]
+    pub bytes: u64,
+    /// This process's counters since it started (absent when it does not run workers).
+    #[serde(flatten)]
+    pub counters: Option<EmbedCacheCounters>,
+}
+
+/// Counters of the embedding cache since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbedCacheCounters {
     /// Texts answered from the cache.
     pub hits: u64,
     /// Texts sent to the model.
@@ -178,9 +197,9 @@ pub struct EmbedCacheStatus {
     pub cache_errors: u64,
 }
 
-impl From<CacheStats> for EmbedCacheStatus {
+impl From<CacheStats> for EmbedCacheCounters {
     fn from(s: CacheStats) -> Self {
-        EmbedCacheStatus {
+        EmbedCacheCounters {
             hits: s.hits,
             misses: s.misses,
             duplicates: s.duplicates,
@@ -225,7 +244,7 @@ pub struct Status {
     pub workers: usize,
     /// The consumers those workers serve.
     pub worker_consumers: Vec<String>,
-    /// Embedding cache counters of this process, when the model is loaded.
+    /// The embedding cache, when the model is loaded.
     pub embed_cache: Option<EmbedCacheStatus>,
     /// Subtrees locked until their import is indexed (docs/store.md, "Holds"), oldest first.
     pub holds: Vec<HoldStatus>,

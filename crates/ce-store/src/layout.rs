@@ -117,12 +117,12 @@ fn read_text(path: &Path) -> Result<String> {
 /// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction:
 /// either the whole tree (with its events) commits, or nothing does.
 pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<ImportReport> {
-    import_dir_fenced(store, dir, into, ImportOptions::default(), &[], None)
+    Ok(import_dir_fenced(store, dir, into, ImportOptions::default(), &[], None)?.0)
 }
 
 /// [`import_dir`] under a path lock: the batch carries the lease's `fences`, and `hold` (a
 /// [`WriteOp::Hold`]) goes last in the same transaction, so the lease is handed off exactly
-/// when the import commits.
+/// when the import commits. Returns the report and whether the hold was recorded.
 pub fn import_dir_fenced(
     store: &dyn SourceStore,
     dir: &Path,
@@ -130,7 +130,7 @@ pub fn import_dir_fenced(
     options: ImportOptions,
     fences: &[WriteFence],
     hold: Option<WriteOp>,
-) -> Result<ImportReport> {
+) -> Result<(ImportReport, bool)> {
     if !fs_err::metadata(dir)?.is_dir() {
         return Err(bad(dir, "is not a directory"));
     }
@@ -148,10 +148,12 @@ pub fn import_dir_fenced(
     ops.extend(relations);
     let n_ops = ops.len();
     ops.extend(removals);
+    let with_hold = hold.is_some();
     ops.extend(hold);
     let outcomes = store.apply_fenced(fences, ops)?;
     // Every outcome's events count, the prune's DELETEs included.
     report.events = outcomes.iter().map(|o| o.event_ids.len() as u64).sum();
+    let held = with_hold && outcomes.last().is_some_and(|o| o.changed);
     for (i, o) in outcomes.iter().take(n_ops).enumerate() {
         match (i < n_puts, o.changed) {
             (true, true) => report.nodes_written += 1,
@@ -160,7 +162,7 @@ pub fn import_dir_fenced(
             (false, false) => {}
         }
     }
-    Ok(report)
+    Ok((report, held))
 }
 
 /// The removals of a pruning import: every node under `into` that `puts` does not write,

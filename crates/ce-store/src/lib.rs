@@ -24,13 +24,13 @@ pub use error::{Result, StoreError};
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow, Hold,
-    HoldStore, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore, PutMode,
-    PutRequest, RelationStore, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
-    check_list_limit,
+    HoldStore, IndexOwner, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore,
+    OwnerStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteFence, WriteOp,
+    WriteOutcome, check_list_limit,
 };
 pub use sqlite::SqliteStore;
 
 /// Everything a backend provides: one transactional store for nodes, relations and outbox.
-pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore {}
+pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore {}
 
-impl<T: ContextFs + RelationStore + OutboxStore + HoldStore> SourceStore for T {}
+impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore> SourceStore for T {}

@@ -189,7 +189,7 @@ pub enum WriteOp {
     /// Records a [`Hold`]: `lease` (the lock layer's serialised hand-off reference, opaque
     /// here) is held until every consumer has applied the events of the batch up to this op
     /// (put it last). It supersedes an earlier hold on the same `at` (the writer took its
-    /// lease over). Its outcome's `uri` is `at`.
+    /// lease over). Its outcome's `uri` is `at`, and `changed` says whether it was recorded.
     Hold {
         /// The hold's id.
         id: String,
@@ -197,6 +197,9 @@ pub enum WriteOp {
         at: CtxUri,
         /// The serialised lease reference.
         lease: String,
+        /// Record it only when an earlier op of the batch appended events (a write that
+        /// changed nothing has nothing to wait for).
+        only_with_events: bool,
     },
     /// [`ContextFs::mv`] as one op of a batch.
     Mv {
@@ -607,4 +610,33 @@ pub trait HoldStore: Send + Sync {
     fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool>;
     /// Ends a hold; false when it was already ended.
     fn end_hold(&self, id: &str) -> Result<bool>;
+}
+
+/// The index instance that applies a consumer's deliveries to an embedded (per data
+/// directory) index: deliveries are per consumer, so a second instance consuming it would
+/// take part of the queue into an index nobody searches (docs/indexing.md, "One index per
+/// consumer").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexOwner {
+    /// The instance's id, kept in its data directory (a new data directory is a new
+    /// instance).
+    pub instance: String,
+    /// The host it ran on when it last claimed the consumer (for messages).
+    pub host: String,
+    /// Its data directory there (for messages).
+    pub data_dir: String,
+    /// When it first claimed the consumer.
+    pub since_ms: Millis,
+}
+
+/// Ownership of consumers by index instances, and the claims a process's predecessors left.
+pub trait OwnerStore: Send + Sync {
+    /// Records `me` as the owner of `consumer` when it has none (or `take_over`), refreshing
+    /// the host and data directory of an instance that already owns it; returns the owner
+    /// recorded afterwards (someone else when refused).
+    fn claim_owner(&self, consumer: &str, me: &IndexOwner, take_over: bool) -> Result<IndexOwner>;
+    /// Ends the leases of every claim of `consumer` now, so the next claim takes them over
+    /// at once; returns how many. Only for a caller that knows no live worker holds them
+    /// (the claims of a crashed predecessor).
+    fn expire_claims(&self, consumer: &str) -> Result<u64>;
 }

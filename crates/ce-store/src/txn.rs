@@ -376,16 +376,23 @@ pub(crate) fn apply_fenced(
     for f in fences {
         check_fence(tx, f, now)?;
     }
+    let mut appended = false;
     ops.into_iter()
-        .map(|op| apply_op(tx, max_layer_bytes, op, now))
+        .map(|op| {
+            let out = apply_op(tx, max_layer_bytes, op, now, appended)?;
+            appended |= !out.event_ids.is_empty();
+            Ok(out)
+        })
         .collect()
 }
 
+/// One op of a batch; `appended`: whether an earlier op of the batch appended events.
 fn apply_op(
     tx: &mut dyn WriteTx,
     max_layer_bytes: usize,
     op: WriteOp,
     now: Millis,
+    appended: bool,
 ) -> Result<WriteOutcome> {
     match op {
         WriteOp::Put { uri, req } => put(tx, max_layer_bytes, &uri, req, now),
@@ -401,12 +408,20 @@ fn apply_op(
             trace_id,
         } => rm(tx, &uri, recursive, expect_version, trace_id, now),
         WriteOp::Mv { from, to, trace_id } => mv(tx, &from, &to, trace_id, now),
-        WriteOp::Hold { id, at, lease } => {
-            tx.insert_hold(&id, &at, &lease, now)?;
+        WriteOp::Hold {
+            id,
+            at,
+            lease,
+            only_with_events,
+        } => {
+            let record = appended || !only_with_events;
+            if record {
+                tx.insert_hold(&id, &at, &lease, now)?;
+            }
             Ok(WriteOutcome {
                 uri: at,
                 version: 0,
-                changed: true,
+                changed: record,
                 event_ids: Vec::new(),
                 nodes_affected: 0,
                 trace_id: id,

@@ -441,3 +441,91 @@ fn sigkill_under_http_writes_keeps_acknowledged_writes_and_indexes_converge() {
     assert_eq!(status["keyword_records"].as_u64(), Some(want.len() as u64));
     engine.shutdown();
 }
+
+/// The outbox stats of `ce` as (consumer, pending, claimed, retry_wait, done) rows.
+fn delivery_counts(ce: &Ce) -> Vec<(String, u64, u64, u64, u64)> {
+    ce.json(&["outbox", "stats"])
+        .as_array()
+        .expect("stats")
+        .iter()
+        .map(|c| {
+            let n = |k: &str| c[k].as_u64().expect("count");
+            (
+                c["consumer"].as_str().expect("consumer").to_owned(),
+                n("pending"),
+                n("claimed"),
+                n("retry_wait"),
+                n("done"),
+            )
+        })
+        .collect()
+}
+
+/// A server killed mid-indexing (a crash right after its first claim committed, with
+/// `lease_seconds = 300`) leaves claims behind; the server restarted on the same data
+/// directory holds the embedded store alone, so it takes those claims back at once: every
+/// delivery is done long before the lease would have run out.
+#[test]
+fn a_restarted_server_takes_back_its_dead_predecessors_claims_at_once() {
+    let ce = Ce::hash("[index.worker]\nlease_seconds = 300\n");
+    let src = tempfile::tempdir().expect("tempdir");
+    for i in 0..20 {
+        std::fs::write(
+            src.path().join(format!("doc{i:02}.md")),
+            format!("document {i} about restarts"),
+        )
+        .expect("write");
+    }
+    ce.json(&[
+        "import",
+        src.path().to_str().expect("utf-8 path"),
+        "--into",
+        "ctx://acc/kb",
+    ]);
+    let crashed = ce
+        .command(&["serve", "--bind", "127.0.0.1:0"])
+        .env(ce_core::failpoint::VAR, "outbox.after_claim")
+        .output()
+        .expect("ce serve runs");
+    assert!(
+        !crashed.status.success(),
+        "the failpoint did not stop the server: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
+    let left: u64 = delivery_counts(&ce).iter().map(|c| c.2).sum();
+    assert!(
+        left > 0,
+        "the crash left no claim: {:?}",
+        delivery_counts(&ce)
+    );
+
+    let t0 = std::time::Instant::now();
+    let server = ce.serve(&[]);
+    let drained = eventually(Duration::from_secs(90), || {
+        let counts = delivery_counts(&ce);
+        counts
+            .iter()
+            .all(|(_, pending, claimed, retry, done)| {
+                (*pending, *claimed, *retry) == (0, 0, 0) && *done > 0
+            })
+            .then_some(counts)
+    });
+    assert!(
+        drained.is_some(),
+        "the restarted server waited for the dead claims' leases: {:?}\n{}",
+        delivery_counts(&ce),
+        server.log()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(
+        server
+            .log()
+            .contains("claims left by an earlier process released"),
+        "{}",
+        server.log()
+    );
+}

@@ -156,3 +156,38 @@ fn import_prune_removes_what_vanished_within_the_delete_safety_limits() {
     assert_eq!(forced["nodes_removed"], 10);
     assert_eq!(children(&ce), 15);
 }
+
+/// An import that changed nothing appends no events and holds nothing, so an `rm -r` right
+/// after it succeeds without a worker; while an import that changed something is not
+/// indexed yet, the busy error names it (its hold id and age) and the fix.
+#[test]
+fn a_no_op_import_holds_nothing_and_a_busy_rm_names_the_import() {
+    let ce = Ce::hash("[lock]\nwait_ms = 200\n");
+    let src = tempfile::tempdir().expect("tempdir");
+    for i in 0..3 {
+        std::fs::write(src.path().join(format!("doc{i}.md")), format!("doc {i}")).expect("write");
+    }
+    let dir = src.path().to_str().expect("utf-8 path");
+    let first = ce.json(&["import", dir, "--into", "ctx://acc/kb"]);
+    let hold = first["hold"]
+        .as_str()
+        .expect("the first import holds its subtree");
+    let f = ce.fail(&["rm", "-r", "ctx://acc/kb"], 4);
+    assert_eq!(f.error["code"], "busy", "{}", f.error);
+    assert_eq!(f.error["retryable"], true, "{}", f.error);
+    let message = f.error["message"].as_str().expect("message");
+    for part in [hold, "import", "ctx://acc/kb", "s ago", "ce worker --once"] {
+        assert!(message.contains(part), "{part:?} missing: {message}");
+    }
+    // Indexed: the hold ends. The same import again changes nothing and holds nothing.
+    ce.json(&["worker", "--once"]);
+    let again = ce.json(&["import", dir, "--into", "ctx://acc/kb"]);
+    assert_eq!(again["events"], 0, "{again}");
+    assert_eq!(again["nodes_written"], 0, "{again}");
+    assert!(again["hold"].is_null(), "{again}");
+    let human = ce.ok(&["import", dir, "--into", "ctx://acc/kb"]);
+    assert!(human.contains("hold                none"), "{human}");
+    assert_eq!(ce.json(&["status"])["holds"], serde_json::json!([]));
+    let removed = ce.json(&["rm", "-r", "ctx://acc/kb"]);
+    assert_eq!(removed["nodes_affected"], 4, "{removed}");
+}

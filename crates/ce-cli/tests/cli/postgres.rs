@@ -284,6 +284,31 @@ fn a_bad_store_url_is_a_typed_error_that_names_it() {
     assert!(!ce.data_dir().join("ce.db").exists());
 }
 
+/// A `search_path` (set through the URL's `options`) naming a schema that does not exist is
+/// a bad `store.url` naming the schema, not an internal error with a raw SQLSTATE; the same
+/// URL works once the schema exists.
+#[test]
+fn a_search_path_naming_a_missing_schema_is_a_config_error() {
+    let db = TestDb::create("cli_search_path");
+    let ce = Ce::new();
+    let sep = if db.url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-csearch_path%3Dce_no_such_schema", db.url());
+    let f = ce.fail(&["--store", &url, "ls"], 2);
+    assert_eq!(f.error["code"], "invalid_config", "{:?}", f.error);
+    assert_eq!(f.error["retryable"], false, "{:?}", f.error);
+    let msg = f.error["message"].as_str().expect("message");
+    assert!(
+        msg.contains("store.url") && msg.contains("ce_no_such_schema"),
+        "{msg}"
+    );
+    let mut admin = ce_testkit::pg::connect(db.url());
+    admin
+        .batch_execute("CREATE SCHEMA ce_no_such_schema")
+        .expect("create schema");
+    drop(admin);
+    assert_eq!(pg(&ce, &url, &["ls"]), serde_json::json!([]));
+}
+
 #[test]
 fn workers_and_status_use_the_postgres_store() {
     let db = TestDb::create("cli_worker");
@@ -495,5 +520,106 @@ fn pgvector_vector_workers_share_one_index() {
     assert!(
         status["index_records"].as_u64().is_some_and(|n| n >= 3),
         "{status}"
+    );
+}
+
+/// Two data directories on one PostgreSQL store: the first to consume the embedded keyword
+/// consumer owns it; a `ce worker --consumer keyword` from the second is refused before it
+/// claims anything, naming both instances and the fixes; the pgvector vector consumer (a
+/// shared destination) works from both; `ce reindex --take-over` moves the consumer to the
+/// second, whose index is then complete, and the first is refused in turn.
+#[test]
+fn an_embedded_consumer_is_owned_by_one_data_directory() {
+    let db = TestDb::create("cli_owner");
+    let vectors = ce_testkit::pgvector::test_db("cli_owner");
+    let config = format!(
+        "[index.outbox]\nconsumers = [\"vector\", \"keyword\"]\n\
+         [index.vector]\ndestination = \"pgvector\"\npgvector_url = \"{}\"\n",
+        vectors.url()
+    );
+    let (a, b) = (Ce::hash(&config), Ce::hash(&config));
+    let url = db.url();
+    let put = |i: usize| {
+        pg(
+            &a,
+            url,
+            &[
+                "put",
+                &format!("ctx://acc/notes/n{i}"),
+                "--content",
+                &format!("note number {i} about owners"),
+            ],
+        )
+    };
+    for i in 0..3 {
+        put(i);
+    }
+    pg(&a, url, &["worker", "--once", "--consumer", "keyword"]);
+    for i in 3..5 {
+        put(i);
+    }
+    let refused = b.fail(
+        &["--store", url, "worker", "--once", "--consumer", "keyword"],
+        2,
+    );
+    assert_eq!(
+        refused.error["code"], "invalid_config",
+        "{:?}",
+        refused.error
+    );
+    assert_eq!(refused.error["retryable"], false, "{:?}", refused.error);
+    let msg = refused.error["message"].as_str().expect("message");
+    for part in [
+        "\"keyword\"",
+        a.data_dir().to_str().expect("utf-8"),
+        b.data_dir().to_str().expect("utf-8"),
+        "pgvector",
+        "--take-over",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing: {msg}");
+    }
+    let stats = pg(&a, url, &["outbox", "stats"]);
+    assert_eq!(
+        stats_of(&stats, "keyword")["pending"],
+        2,
+        "the refused worker claimed: {stats}"
+    );
+
+    // The shared destination has no owner: vector workers run from both data directories.
+    pg(&a, url, &["worker", "--once", "--consumer", "vector"]);
+    put(5);
+    pg(&b, url, &["worker", "--once", "--consumer", "vector"]);
+    let stats = pg(&b, url, &["outbox", "stats"]);
+    assert_eq!(stats_of(&stats, "vector")["pending"], 0, "{stats}");
+
+    // The second takes the consumer over and rebuilds its index from the source.
+    pg(
+        &b,
+        url,
+        &["reindex", "--consumer", "keyword", "--take-over"],
+    );
+    let hits = pg(
+        &b,
+        url,
+        &["search", "note number 4 about owners", "--mode", "keyword"],
+    );
+    let found: Vec<&str> = hits["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .filter_map(|h| h["uri"].as_str())
+        .collect();
+    for i in 0..6 {
+        let u = format!("ctx://acc/notes/n{i}");
+        assert!(found.contains(&u.as_str()), "{u} missing from {hits}");
+    }
+    let refused = a.fail(
+        &["--store", url, "worker", "--once", "--consumer", "keyword"],
+        2,
+    );
+    let msg = refused.error["message"].as_str().expect("message");
+    assert!(
+        msg.contains(b.data_dir().to_str().expect("utf-8")),
+        "the owner is now the second: {msg}"
     );
 }

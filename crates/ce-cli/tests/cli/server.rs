@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::harness::Ce;
+use super::harness::{Ce, success};
 
 fn uris(hits: &[Value]) -> Vec<&str> {
     hits.iter().filter_map(|h| h["uri"].as_str()).collect()
@@ -602,4 +602,41 @@ fn search_modes_over_http() {
             .is_some_and(|m| m.contains("min_score")),
         "{body}"
     );
+}
+
+/// `ce status` shows what the embedding cache holds (read from the cache file, so a one-shot
+/// local status sees what the workers stored), and the hit / miss counters only where they
+/// mean something: a running server's, with `--server`.
+#[test]
+fn status_shows_the_persistent_embedding_cache_totals() {
+    let ce = Ce::hash("");
+    for i in 0..3 {
+        ce.put(
+            &format!("ctx://acc/notes/n{i}"),
+            &format!("cached text number {i}"),
+        );
+    }
+    ce.json(&["worker", "--once"]);
+    let local = ce.json(&["status"]);
+    let cache = &local["embed_cache"];
+    let entries = cache["entries"].as_u64().expect("entries");
+    assert!(entries >= 3, "{local}");
+    assert!(cache["all_entries"].as_u64() >= Some(entries), "{local}");
+    assert!(cache["bytes"].as_u64() > Some(0), "{local}");
+    assert!(
+        cache.get("hits").is_none(),
+        "a one-shot status has no counters of its own: {local}"
+    );
+    let human = ce.ok(&["status"]);
+    assert!(
+        human.contains(&format!("{entries} vectors of this model")),
+        "{human}"
+    );
+
+    let server = ce.serve(&[]);
+    let out = ce.run(&["--json", "--server", &server.url, "status"]);
+    let remote: Value = serde_json::from_str(&success(&["status"], out)).expect("JSON");
+    let cache = &remote["embed_cache"];
+    assert_eq!(cache["entries"].as_u64(), Some(entries), "{remote}");
+    assert_eq!(cache["hits"], 0, "the server's own counters: {remote}");
 }

@@ -322,10 +322,12 @@ pub fn acquire_waits_then_busy_and_drop_releases(make: Make) {
         Err(LockError::Busy {
             path,
             holder,
+            held,
             mode,
             waited_ms,
         }) => {
             assert_eq!(path, uri("ctx://a/docs/x"));
+            assert_eq!(held, uri("ctx://a/docs"));
             assert!(holder.contains(lease.owner()), "{holder}");
             assert_eq!(mode, LockMode::Tree);
             assert!(waited_ms >= 300, "waited only {waited_ms} ms");

@@ -96,6 +96,7 @@ fn import_holds_its_subtree(lock_config: &str) {
     let (report, hold) = e
         .import(src.path(), &into, ImportOptions::default())
         .expect("import");
+    let hold = hold.expect("an import that wrote holds its subtree");
     assert_eq!(
         report.nodes_written,
         12 + 4,
@@ -369,6 +370,7 @@ fn a_second_import_of_the_same_target_takes_over_the_first_ones_hold() {
         .import(tree_on_disk(5).path(), &into, ImportOptions::default())
         .expect("a re-import does not wait for the first one's lease");
     assert_ne!(first, second);
+    let second = second.expect("the second import wrote");
     let store = SqliteStore::open(data.path(), config("")).expect("store");
     let holds = store.holds().expect("holds");
     assert_eq!(
@@ -406,4 +408,33 @@ fn a_one_shot_drain_ends_the_holds_it_applied() {
     assert!(e.status().expect("status").holds.is_empty());
     e.rm(&into, true, None, None)
         .expect("the subtree is free once indexed");
+}
+
+#[test]
+fn an_import_that_changes_nothing_holds_nothing_unless_an_earlier_one_still_waits() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let e = engine(data.path(), config(""), false);
+    let into = u("ctx://acc/kb");
+    let src = tree_on_disk(4);
+    let (_, first) = e
+        .import(src.path(), &into, ImportOptions::default())
+        .expect("import");
+    let first = first.expect("the first import wrote");
+    // Unchanged, but the first import's events still wait: its hold carries on as this one.
+    let (report, again) = e
+        .import(src.path(), &into, ImportOptions::default())
+        .expect("re-import");
+    assert_eq!((report.events, report.nodes_written), (0, 0));
+    let again = again.expect("the earlier hold is superseded, not dropped");
+    let err = e.rm(&into, true, None, None).expect_err("held");
+    assert_eq!(err.code(), ErrorCode::Busy, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&again) && !msg.contains(&first), "{msg}");
+    e.drain(&|_| {}).expect("drain");
+    let (_, none) = e
+        .import(src.path(), &into, ImportOptions::default())
+        .expect("re-import after indexing");
+    assert_eq!(none, None, "nothing to index, nothing held");
+    assert!(e.status().expect("status").holds.is_empty());
+    e.rm(&into, true, None, None).expect("free at once");
 }

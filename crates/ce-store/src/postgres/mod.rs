@@ -27,6 +27,7 @@
 
 mod holds;
 mod outbox;
+mod owners;
 pub mod pool;
 mod rows;
 mod schema;

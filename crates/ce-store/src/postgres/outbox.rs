@@ -202,7 +202,7 @@ impl PgStore {
         })
     }
 
-    fn check_consumer(&self, consumer: &str) -> Result<()> {
+    pub(super) fn check_consumer(&self, consumer: &str) -> Result<()> {
         check_consumer(&self.config.index.outbox.consumers, consumer)
     }
 

@@ -98,6 +98,16 @@ const MIGRATIONS: &[&str] = &[
         created_at  BIGINT NOT NULL
     );
     "#,
+    // 2: the index instance that owns each embedded consumer (SQLite migration 3).
+    r#"
+    CREATE TABLE index_owners (
+        consumer TEXT COLLATE "C" PRIMARY KEY,
+        instance TEXT NOT NULL,
+        host     TEXT NOT NULL,
+        data_dir TEXT NOT NULL,
+        since    BIGINT NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

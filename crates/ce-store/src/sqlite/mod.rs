@@ -14,6 +14,7 @@
 
 mod holds;
 mod outbox;
+mod owners;
 mod rows;
 mod schema;
 

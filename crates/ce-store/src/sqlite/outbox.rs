@@ -173,7 +173,7 @@ impl SqliteStore {
         })
     }
 
-    fn check_consumer(&self, consumer: &str) -> Result<()> {
+    pub(super) fn check_consumer(&self, consumer: &str) -> Result<()> {
         check_consumer(&self.config.index.outbox.consumers, consumer)
     }
 

@@ -102,6 +102,16 @@ const MIGRATIONS: &[&str] = &[
         created_at  INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 3: the index instance that owns each embedded consumer (docs/indexing.md).
+    r#"
+    CREATE TABLE index_owners (
+        consumer TEXT PRIMARY KEY,
+        instance TEXT NOT NULL,
+        host     TEXT NOT NULL,
+        data_dir TEXT NOT NULL,
+        since    INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

@@ -1088,6 +1088,7 @@ fn a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers(backend: Backe
                 id: "h1".into(),
                 at: uri("ctx://acc/imp"),
                 lease: "{\"opaque\":true}".into(),
+                only_with_events: true,
             },
         ])
         .expect("batch with a hold");

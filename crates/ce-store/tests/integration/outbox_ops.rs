@@ -11,7 +11,7 @@ use ce_core::{
     OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_store::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
-use ce_store::{LAG_SCAN_LIMIT, OutboxFilter, StoreError};
+use ce_store::{IndexOwner, LAG_SCAN_LIMIT, OutboxFilter, StoreError};
 
 use crate::common::{self, Backend, T0, backend_tests, uri};
 
@@ -22,6 +22,8 @@ backend_tests!(
     fenced_transitions_follow_token_and_lease,
     list_pages_and_show_finds_by_id_or_seq,
     lag_counts_what_is_not_applied_within_a_subtree,
+    expired_claims_are_taken_over_at_once_and_the_old_token_is_stale,
+    the_first_instance_owns_a_consumer_until_another_takes_it_over,
 );
 
 /// The default configuration with `names` as the consumers, in that order.
@@ -469,4 +471,81 @@ fn lag_counts_what_is_not_applied_within_a_subtree(backend: Backend) {
     assert_eq!((sub.events, sub.capped), (2, true), "{sub:?}");
     let err = store.lag("nope", None).expect_err("unknown consumer");
     assert!(matches!(err, StoreError::UnknownConsumer { .. }), "{err}");
+}
+
+/// `expire_claims` ends the leases of one consumer's claims at once (not the others'): the
+/// next claim takes them over without waiting, and the old claim's token no longer counts.
+fn expired_claims_are_taken_over_at_once_and_the_old_token_is_stale(backend: Backend) {
+    let (_place, store, _clock) = common::fresh(backend, consumers(&["vector", "keyword"]));
+    store
+        .append_batch((0..3).map(|i| upsert(&format!("ctx://acc/n{i}"))).collect())
+        .expect("append");
+    let old = store.claim_batch("vector", "dead-1", 10).expect("claim");
+    let kept = store.claim_batch("keyword", "live-1", 10).expect("claim");
+    assert_eq!((old.len(), kept.len()), (3, 3));
+    assert!(
+        store
+            .claim_batch("vector", "w", 10)
+            .expect("claim")
+            .is_empty()
+    );
+    assert_eq!(store.expire_claims("vector").expect("expire"), 3);
+    let taken = store.claim_batch("vector", "w", 10).expect("claim");
+    assert_eq!(
+        taken.iter().map(|c| c.event.seq).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert!(
+        store.mark_done(&old[0].claim).is_err(),
+        "the old claim is stale"
+    );
+    for t in &taken {
+        store.mark_done(&t.claim).expect("the new claims count");
+    }
+    // The keyword claims were left alone; an unknown consumer is refused.
+    assert!(
+        store
+            .claim_batch("keyword", "w", 10)
+            .expect("claim")
+            .is_empty()
+    );
+    assert_eq!(store.expire_claims("vector").expect("again"), 0);
+    assert!(store.expire_claims("graph").is_err());
+}
+
+/// The first instance to claim a consumer owns it; another is answered with the owner and
+/// records nothing, until it takes the consumer over; the owner's host and directory follow
+/// it, its `since` stays.
+fn the_first_instance_owns_a_consumer_until_another_takes_it_over(backend: Backend) {
+    let (_place, store, clock) = common::fresh(backend, consumers(&["keyword"]));
+    let a = IndexOwner {
+        instance: "a".into(),
+        host: "h1".into(),
+        data_dir: "/data/a".into(),
+        since_ms: 0,
+    };
+    let b = IndexOwner {
+        instance: "b".into(),
+        host: "h2".into(),
+        data_dir: "/data/b".into(),
+        since_ms: 0,
+    };
+    let first = store.claim_owner("keyword", &a, false).expect("claim");
+    assert_eq!((first.instance.as_str(), first.since_ms), ("a", T0));
+    clock.advance(1_000);
+    let refused = store.claim_owner("keyword", &b, false).expect("claim");
+    assert_eq!(refused, first, "b is told a owns it");
+    let moved = IndexOwner {
+        data_dir: "/data/a2".into(),
+        ..a.clone()
+    };
+    let again = store.claim_owner("keyword", &moved, false).expect("claim");
+    assert_eq!((again.data_dir.as_str(), again.since_ms), ("/data/a2", T0));
+    let taken = store.claim_owner("keyword", &b, true).expect("take over");
+    assert_eq!((taken.instance.as_str(), taken.since_ms), ("b", T0 + 1_000));
+    assert_eq!(
+        store.claim_owner("keyword", &a, false).expect("claim"),
+        taken
+    );
+    assert!(store.claim_owner("graph", &a, false).is_err());
 }

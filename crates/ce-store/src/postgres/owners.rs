@@ -1,0 +1,53 @@
+//! Which index instance owns each embedded consumer, and the release of claims a crashed
+//! predecessor left ([`OwnerStore`]) on PostgreSQL: the SQLite backend's queries
+//! (`sqlite/owners.rs`).
+
+use super::{PgStore, WriteKind};
+use crate::error::Result;
+use crate::model::{IndexOwner, OwnerStore};
+
+impl OwnerStore for PgStore {
+    fn claim_owner(&self, consumer: &str, me: &IndexOwner, take_over: bool) -> Result<IndexOwner> {
+        self.check_consumer(consumer)?;
+        self.write(WriteKind::Bookkeeping, |tx, now| {
+            tx.execute(
+                "INSERT INTO index_owners (consumer, instance, host, data_dir, since)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (consumer) DO UPDATE SET instance = excluded.instance,
+                    host = excluded.host, data_dir = excluded.data_dir,
+                    since = CASE WHEN index_owners.instance = excluded.instance
+                                 THEN index_owners.since ELSE excluded.since END
+                 WHERE $6 OR index_owners.instance = excluded.instance",
+                &[
+                    &consumer,
+                    &me.instance,
+                    &me.host,
+                    &me.data_dir,
+                    &now,
+                    &take_over,
+                ],
+            )?;
+            let r = tx.query_one(
+                "SELECT instance, host, data_dir, since FROM index_owners WHERE consumer = $1",
+                &[&consumer],
+            )?;
+            Ok(IndexOwner {
+                instance: r.try_get(0)?,
+                host: r.try_get(1)?,
+                data_dir: r.try_get(2)?,
+                since_ms: r.try_get(3)?,
+            })
+        })
+    }
+
+    fn expire_claims(&self, consumer: &str) -> Result<u64> {
+        self.check_consumer(consumer)?;
+        self.write(WriteKind::Bookkeeping, |tx, now| {
+            tx.execute(
+                "UPDATE deliveries SET claimed_until = $2, visible_at = $2, updated_at = $2
+                 WHERE consumer = $1 AND status = 1 AND visible_at > $2",
+                &[&consumer, &now],
+            )
+        })
+    }
+}
