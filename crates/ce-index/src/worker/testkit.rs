@@ -7,7 +7,7 @@ use std::time::Duration;
 use ce_core::{Config, ManualClock};
 use ce_store::{OutboxStore as _, SqliteStore};
 
-use super::IndexWorker;
+use super::{IndexBatchResult, IndexWorker};
 
 /// A store in a temporary directory, on a manual clock.
 pub(super) struct Env {
@@ -37,10 +37,15 @@ impl Env {
     }
 }
 
-/// Runs `w` until nothing is runnable, advancing the clock over backoffs.
-pub(super) fn drain(env: &Env, w: &IndexWorker) {
+/// Runs `w` until nothing is runnable, advancing the clock over backoffs; the summed results.
+pub(super) fn drain(env: &Env, w: &IndexWorker) -> IndexBatchResult {
+    let mut total = IndexBatchResult::default();
     for _ in 0..200 {
         let r = w.run_once(100).expect("run_once");
+        total.claimed += r.claimed;
+        total.succeeded += r.succeeded;
+        total.failed += r.failed;
+        total.retried += r.retried;
         if r.claimed == 0 {
             let open = env
                 .store
@@ -50,7 +55,7 @@ pub(super) fn drain(env: &Env, w: &IndexWorker) {
                 .map(|s| s.pending + s.claimed + s.retry_wait)
                 .sum::<u64>();
             if open == 0 {
-                return;
+                return total;
             }
             env.clock.advance(31_000);
             std::thread::sleep(Duration::from_millis(2));

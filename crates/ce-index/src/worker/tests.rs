@@ -574,32 +574,6 @@ fn embedding_batches_respect_the_batch_size() {
     assert_eq!(actual(index.as_ref()), expected(&env));
 }
 
-/// Runs `w` until nothing is runnable, advancing the clock over backoffs; the summed results.
-fn drain_counting(env: &Env, w: &IndexWorker) -> IndexBatchResult {
-    let mut total = IndexBatchResult::default();
-    for _ in 0..200 {
-        let r = w.run_once(100).expect("run_once");
-        total.claimed += r.claimed;
-        total.succeeded += r.succeeded;
-        total.failed += r.failed;
-        total.retried += r.retried;
-        if r.claimed == 0 {
-            let open = env
-                .store
-                .stats()
-                .expect("stats")
-                .iter()
-                .map(|s| s.pending + s.claimed + s.retry_wait)
-                .sum::<u64>();
-            if open == 0 {
-                return total;
-            }
-            env.clock.advance(31_000);
-        }
-    }
-    panic!("outbox did not drain");
-}
-
 /// The dead deliveries: URI → last error.
 fn dead(env: &Env) -> BTreeMap<String, String> {
     env.store
@@ -662,7 +636,7 @@ fn one_refused_text_fails_only_its_own_node() {
         let index = Arc::new(MemoryVectorIndex::new());
         let w = worker(&env, emb.clone(), index.clone(), "w1");
         let poisoned = seed_32(&env, &refused);
-        let total = drain_counting(&env, &w);
+        let total = drain(&env, &w);
         // One call of 32 texts, split until each refused text is alone: k refused of 32 cost
         // at most 2k·log₂32 more calls.
         let k = refused.len() as u64;
@@ -701,7 +675,7 @@ fn a_503_then_400_batch_retries_then_fails_only_the_refused_node() {
     // The 503 is retryable: the whole call's events retry, unsplit.
     assert_eq!(first_run.retried, 32, "{first_run:?}");
     assert!(dead(&env).is_empty());
-    drain_counting(&env, &w);
+    drain(&env, &w);
     assert_eq!(dead(&env).keys().cloned().collect::<Vec<_>>(), poisoned);
     assert_eq!(actual(index.as_ref()), expected_without(&env, &poisoned));
 }
@@ -780,7 +754,7 @@ fn a_refused_batched_write_fails_only_the_refused_nodes() {
         };
         put(&env, &u, &format!("text {i}"), "");
     }
-    let total = drain_counting(&env, &w);
+    let total = drain(&env, &w);
     let dead = dead(&env);
     assert_eq!(dead.keys().cloned().collect::<Vec<_>>(), refused);
     assert!(
@@ -835,7 +809,7 @@ fn a_node_changing_while_it_is_indexed_is_superseded_not_failed() {
     let index = Arc::new(MemoryVectorIndex::new());
     let w = worker(&env, emb, index.clone(), "w1");
     put(&env, "ctx://acc/hot", "hot start", "");
-    let total = drain_counting(&env, &w);
+    let total = drain(&env, &w);
     assert_eq!(
         (total.failed, total.retried),
         (0, 0),
