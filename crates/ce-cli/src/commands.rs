@@ -588,6 +588,22 @@ fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
         engine.take_over(&a.consumer)?;
     }
     let report = engine.reindex(&a.consumer)?;
+    // Rebuilding the vector index may embed the whole corpus: say so before it starts.
+    if !cli.json
+        && let Some(model) = &report.model
+    {
+        output::print_stderr(&format!(
+            "reindex: {} {} queued for the vector index; their texts (up to 3 per node) are \
+             embedded with {} unless the embedding cache has them\n",
+            report.requeued,
+            if report.requeued == 1 {
+                "node"
+            } else {
+                "nodes"
+            },
+            model.model
+        ));
+    }
     let drain = if a.no_wait {
         None
     } else {

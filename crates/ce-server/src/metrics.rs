@@ -153,6 +153,14 @@ fn describe() {
     );
     describe_counter!("index_embed_texts_total", "Texts embedded by the model");
     describe_counter!(
+        "index_worker_changes_total",
+        "Index changes a worker made or skipped, per consumer and action (e.g. embed, payload, unchanged, delete, stale, superseded)"
+    );
+    describe_counter!(
+        "index_worker_split_calls_total",
+        "Extra calls made splitting a permanently refused batch to isolate the refused items, per consumer and call (embed, write)"
+    );
+    describe_counter!(
         crate::engine::listen::NOTIFICATIONS_METRIC,
         "Commit notifications (LISTEN ce_outbox) received from PostgreSQL; each wakes the workers"
     );

@@ -235,6 +235,14 @@ fn a_model_change_needs_a_reindex_and_gets_one() {
     );
     assert_eq!(ce.json(&["status"])["ready"], true);
 
+    // In human mode, a vector rebuild says what it may embed before it starts.
+    let out = ce.run(&["reindex"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("reindex: 1 node queued for the vector index"),
+        "{stderr}"
+    );
     // --no-wait only queues.
     let r = ce.json(&["reindex", "--no-wait"]);
     assert!(r["drain"].is_null(), "{r}");
