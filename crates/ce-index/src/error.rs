@@ -1,6 +1,7 @@
 //! Index errors, classified per spec §8.4.
 
 use ce_core::{Classify, CoreError, ErrorCode};
+use ce_store::postgres::PgFailure;
 
 /// Result of an index operation.
 pub type Result<T, E = IndexError> = std::result::Result<T, E>;
@@ -25,39 +26,18 @@ pub(crate) fn sqlite_error(file: &str, e: rusqlite::Error) -> IndexError {
     }
 }
 
-/// Maps a PostgreSQL error: no SQLSTATE (I/O, a closed connection), connection exceptions
-/// (08), insufficient resources (53), operator intervention (57: shutdown, terminated
-/// backend, cancelled statement), system errors (58), transaction rollbacks (40:
-/// serialization failures, deadlocks), lock timeouts (55P03, 55006) and a prepared statement
-/// outdated by a concurrent schema change are unavailable (retryable); an
-/// integrity violation (23) can only come from a concurrent writer, so the write raced
-/// (retryable); data exceptions (22) and internal errors (XX: corruption) are corrupt; the
-/// rest (e.g. 42: a missing table or privilege) is [`IndexError::Postgres`].
+/// Maps a PostgreSQL error by the classification the store uses on the same pool
+/// ([`PgFailure`], docs/postgres.md "Errors"): unavailable (retryable), an integrity violation
+/// raced a concurrent writer ([`IndexError::Raced`], retryable), bad data or the server's
+/// internal error is corrupt, the rest (e.g. a missing table or privilege, a value the client
+/// cannot convert) is [`IndexError::Postgres`].
 pub(crate) fn postgres_error(e: &postgres::Error) -> IndexError {
-    let text = match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => match std::error::Error::source(e) {
-            Some(src) => format!("{e}: {src}"),
-            None => e.to_string(),
-        },
-    };
-    let Some(code) = e.code().map(|c| c.code()) else {
-        return IndexError::Unavailable(format!("postgres: {text}"));
-    };
-    // "cached plan must not change result type" (0A000 like every unsupported feature):
-    // the connection is dropped, so a retry prepares the statement afresh.
-    let stale_plan = e
-        .as_db_error()
-        .is_some_and(|db| db.routine() == Some("RevalidateCachedQuery"));
-    let class = code.get(..2).unwrap_or("");
-    match class {
-        "08" | "53" | "57" | "58" | "40" => IndexError::Unavailable(format!("postgres: {text}")),
-        _ if matches!(code, "55P03" | "55006") || stale_plan => {
-            IndexError::Unavailable(format!("postgres: {text}"))
-        }
-        "23" => IndexError::Raced(format!("postgres: {text}")),
-        "22" | "XX" => IndexError::Corrupt(format!("postgres: {text}")),
-        _ => IndexError::Postgres(text),
+    let text = ce_store::error::pg_error_text(e);
+    match PgFailure::of(e) {
+        PgFailure::Unavailable => IndexError::Unavailable(format!("postgres: {text}")),
+        PgFailure::Raced => IndexError::Raced(format!("postgres: {text}")),
+        PgFailure::Corrupt => IndexError::Corrupt(format!("postgres: {text}")),
+        PgFailure::Permanent => IndexError::Postgres(text),
     }
 }
 

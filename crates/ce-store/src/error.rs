@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use ce_core::{Classify, CoreError, CtxUri, ErrorCode};
 
+use crate::postgres::PgFailure;
+
 /// Result of a store operation.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -143,10 +145,11 @@ pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(rusqlite::Error),
     /// The PostgreSQL server cannot be reached, dropped the connection or refuses work for
-    /// now (SQLSTATE classes 08, 53, 57P, serialization failures and deadlocks): retryable.
+    /// now ([`PgFailure::Unavailable`]): retryable.
     #[error("postgres unavailable: {0}")]
     PgUnavailable(String),
-    /// Any other PostgreSQL failure, with its SQLSTATE when the server sent one.
+    /// Any other PostgreSQL failure, with its SQLSTATE when the server sent one; retryable
+    /// only when a concurrent writer raced it ([`PgFailure`]).
     #[error("postgres: {}", pg_error_text(.0))]
     Postgres(postgres::Error),
     /// A failure tied to a file of an import or export.
@@ -199,35 +202,16 @@ impl From<rusqlite::Error> for StoreError {
 
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> Self {
-        let transient = match e.code() {
-            // No SQLSTATE: a closed connection or an I/O error is transient; an error raised
-            // in the client (a type mismatch, a column that does not decode) is a bug that
-            // repeats, not an outage.
-            None => {
-                e.is_closed()
-                    || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>())
-            }
-            Some(c) => {
-                let s = c.code();
-                s.starts_with("08")
-                    || s.starts_with("53")
-                    || s.starts_with("57P")
-                    || s == "40001"
-                    || s == "40P01"
-                    || s == "55P03"
-            }
-        };
-        if transient {
-            StoreError::PgUnavailable(pg_error_text(&e))
-        } else {
-            StoreError::Postgres(e)
+        match PgFailure::of(&e) {
+            PgFailure::Unavailable => StoreError::PgUnavailable(pg_error_text(&e)),
+            PgFailure::Raced | PgFailure::Corrupt | PgFailure::Permanent => StoreError::Postgres(e),
         }
     }
 }
 
 /// The error with the server's message and SQLSTATE (`Display` of `postgres::Error` alone
 /// says only "db error").
-pub(crate) fn pg_error_text(e: &postgres::Error) -> String {
+pub fn pg_error_text(e: &postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => match std::error::Error::source(e) {
@@ -262,7 +246,12 @@ impl Classify for StoreError {
             StoreError::LeaseLost { .. } => ErrorCode::LeaseLost,
             StoreError::LargeDelete(_) => ErrorCode::LargeDelete,
             StoreError::Corrupt(_) | StoreError::SchemaTooNew { .. } => ErrorCode::Corrupt,
-            StoreError::Sqlite(_) | StoreError::Postgres(_) => ErrorCode::Internal,
+            StoreError::Sqlite(_) => ErrorCode::Internal,
+            StoreError::Postgres(e) => match PgFailure::of(e) {
+                PgFailure::Corrupt => ErrorCode::Corrupt,
+                PgFailure::Unavailable => ErrorCode::Unavailable,
+                PgFailure::Raced | PgFailure::Permanent => ErrorCode::Internal,
+            },
             StoreError::PgUnavailable(_) => ErrorCode::Unavailable,
             StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => ErrorCode::NotFound,
             StoreError::Io(_) | StoreError::DataDir { .. } => ErrorCode::Io,
@@ -292,12 +281,8 @@ impl Classify for StoreError {
             ),
             // Unknown SQLite errors are retried by default so that nothing is lost (spec §5.4).
             StoreError::Sqlite(_) => true,
-            // Data, integrity and syntax errors (SQLSTATE 22, 23, 42) and errors raised in
-            // the client (no SQLSTATE: a type that does not convert) repeat; others may not.
-            StoreError::Postgres(e) => e.code().is_some_and(|c| {
-                let s = c.code();
-                !(s.starts_with("22") || s.starts_with("23") || s.starts_with("42"))
-            }),
+            // One table for the store and the indexes (docs/postgres.md "Errors").
+            StoreError::Postgres(e) => PgFailure::of(e).is_retryable(),
             StoreError::AtPath { source, .. } => source.is_retryable(),
             StoreError::BadLayout { .. } => false,
             StoreError::NodeNotFound { .. }

@@ -6,6 +6,7 @@
 mod common;
 mod convergence;
 mod keyword;
+mod pg_errors;
 mod relation;
 mod repair;
 mod vector_contract;

@@ -25,6 +25,7 @@
 //! [`StoreError::PgUnavailable`] (retryable) and the next call connects afresh. A stale pooled
 //! connection found dead at `BEGIN` is replaced once transparently (nothing was sent yet).
 
+mod failure;
 mod holds;
 mod outbox;
 mod owners;
@@ -42,6 +43,7 @@ use crate::error::{Result, StoreError};
 use crate::shared::{NODE_COLUMNS, decode_node};
 use crate::txn::{ReadTx, WriteTx};
 
+pub use failure::PgFailure;
 pub use schema::SCHEMA_VERSION;
 
 /// Advisory lock key (transaction scope) that serializes source writes: "ce-src" in ASCII.
