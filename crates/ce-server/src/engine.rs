@@ -854,7 +854,7 @@ impl Engine {
             &IndexProjector::new(self.config.projector),
             limit,
         )
-        .map_err(|e| ServerError::Internal(format!("dry run of {consumer}: {e}")))?;
+        .map_err(|e| ServerError::failed(format!("dry run of {consumer}"), &e))?;
         let path = self.dry_run_path(consumer);
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(path.parent().unwrap_or(&self.data_dir))?;
@@ -1163,9 +1163,10 @@ impl Engine {
                     errors += 1;
                     warn!(error = %e, errors, "claim failed");
                     if errors >= DRAIN_MAX_ERRORS {
-                        return Err(ServerError::Internal(format!(
-                            "the worker gave up after {errors} failed claims: {e}"
-                        )));
+                        return Err(ServerError::failed(
+                            format!("the worker gave up after {errors} failed claims"),
+                            &e,
+                        ));
                     }
                 }
             }

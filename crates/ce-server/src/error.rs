@@ -58,6 +58,20 @@ pub enum ServerError {
     /// A blocking task failed to complete (it panicked or was cancelled).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A classified failure of a lower layer (e.g. a worker's), reported with what was being
+    /// done; its code and retryability are kept, so a permanent error stays permanent up to
+    /// the HTTP status and the exit code.
+    #[error("{context}: {message}")]
+    Failed {
+        /// What was being done.
+        context: String,
+        /// The failure's code.
+        code: ErrorCode,
+        /// Whether retrying may succeed.
+        retryable: bool,
+        /// The failure's message.
+        message: String,
+    },
     /// A path lock is busy because an import's hold keeps it (docs/locks.md, "Holds").
     #[error(
         "{path} is busy: import {hold} locks {at} until its events are indexed (recorded \
@@ -111,6 +125,18 @@ pub enum ServerError {
     },
 }
 
+impl ServerError {
+    /// `e` reported with `context`, keeping its classification.
+    pub fn failed(context: impl Into<String>, e: &(impl Classify + std::fmt::Display)) -> Self {
+        ServerError::Failed {
+            context: context.into(),
+            code: e.code(),
+            retryable: e.is_retryable(),
+            message: e.to_string(),
+        }
+    }
+}
+
 impl Classify for ServerError {
     fn code(&self) -> ErrorCode {
         match self {
@@ -126,6 +152,7 @@ impl Classify for ServerError {
             ServerError::HeldByImport { .. } => ErrorCode::Busy,
             ServerError::Io { .. } => ErrorCode::Io,
             ServerError::Internal(_) => ErrorCode::Internal,
+            ServerError::Failed { code, .. } => *code,
             ServerError::LargeDelete { .. } => ErrorCode::LargeDelete,
         }
     }
@@ -139,6 +166,7 @@ impl Classify for ServerError {
             ServerError::Retrieval(e) => e.is_retryable(),
             ServerError::Lock(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
+            ServerError::Failed { retryable, .. } => *retryable,
             ServerError::UnsupportedConsumer { .. }
             | ServerError::ConsumerOwned { .. }
             | ServerError::LargeDelete { .. } => false,
@@ -146,5 +174,25 @@ impl Classify for ServerError {
             | ServerError::Internal(_)
             | ServerError::HeldByImport { .. } => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_reported_with_context_keeps_its_classification() {
+        let permanent = StoreError::RootNotWritable;
+        let e = ServerError::failed("the worker gave up", &permanent);
+        assert_eq!((e.code(), e.is_retryable()), (ErrorCode::InvalidUri, false));
+        assert_eq!(
+            e.to_string(),
+            format!("the worker gave up: {permanent}"),
+            "the context leads the message"
+        );
+        let transient = StoreError::PgUnavailable("connection refused".into());
+        let e = ServerError::failed("dry run of vector", &transient);
+        assert_eq!((e.code(), e.is_retryable()), (ErrorCode::Unavailable, true));
     }
 }
