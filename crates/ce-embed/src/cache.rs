@@ -81,10 +81,22 @@ impl EmbeddingCache {
     fn init(conn: Connection, path: PathBuf) -> Result<Self, EmbedError> {
         let err = |e: rusqlite::Error| cache_err(&path, "cannot initialise", e);
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
-        // In-memory databases answer "memory" here; both are fine.
-        let _mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(err)?;
+        // In-memory databases answer "memory" here; both are fine. Two processes creating
+        // the file at once: SQLite answers one SQLITE_BUSY at once, without the busy timeout
+        // (waiting for the exclusive lock would deadlock), so the switch is retried.
+        let mut attempt: u64 = 0;
+        let _mode: String = loop {
+            match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+                Err(e)
+                    if attempt < 100
+                        && e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(10 + attempt % 20));
+                }
+                r => break r.map_err(err)?,
+            }
+        };
         conn.execute_batch(
             "PRAGMA synchronous = NORMAL;
              CREATE TABLE IF NOT EXISTS embedding_cache (

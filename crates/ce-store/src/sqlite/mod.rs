@@ -66,6 +66,27 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// Switches the database of `conn` to WAL. Two processes creating the same new file at once
+/// can both hold a shared lock while asking for the exclusive one the switch needs; SQLite
+/// then answers one of them `SQLITE_BUSY` at once, without the busy timeout (waiting would
+/// deadlock). The switch is retried for up to about five seconds; once the file is in WAL
+/// mode it needs no lock at all.
+fn enable_wal(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let mut attempt: u64 = 0;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(e)
+                if attempt < 100
+                    && e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) =>
+            {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10 + attempt % 20));
+            }
+            r => return r,
+        }
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store in `data_dir` with the system clock.
     pub fn open(data_dir: &Path, config: Config) -> Result<Self> {
@@ -81,7 +102,7 @@ impl SqliteStore {
         })?;
         let path = data_dir.join(DB_FILE);
         let conn = open_conn(&path, &config)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        enable_wal(&conn)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         let mut writer = Writer {
             conn,
@@ -322,4 +343,37 @@ fn insert_node(tx: &Connection, n: &ContextNode) -> Result<()> {
     tx.prepare_cached("DELETE FROM tombstones WHERE uri = ?1")?
         .execute([n.uri.as_str()])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Barrier};
+
+    use ce_core::Config;
+
+    use super::SqliteStore;
+
+    /// Several openers of one new data directory at once (`ce worker` and `ce put` started
+    /// together): every open succeeds, none is answered "database is locked".
+    #[test]
+    fn concurrent_first_opens_of_a_new_store_all_succeed() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let openers = 6;
+            let barrier = Arc::new(Barrier::new(openers));
+            let handles: Vec<_> = (0..openers)
+                .map(|_| {
+                    let (path, barrier) = (dir.path().to_owned(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        SqliteStore::open(&path, Config::default()).map(|_| ())
+                    })
+                })
+                .collect();
+            for h in handles {
+                let opened = h.join().expect("opener");
+                assert!(opened.is_ok(), "round {round}: {opened:?}");
+            }
+        }
+    }
 }
