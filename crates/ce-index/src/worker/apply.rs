@@ -377,21 +377,9 @@ impl Applier<'_> {
             .collect();
         ce_core::failpoint::hit("worker.after_embed");
         let mut call = |writes: Vec<NodeWrite>| {
-            let (n, t0) = (writes.len(), Instant::now());
-            match self.target.write_nodes(writes) {
-                Ok(outcomes) => {
-                    metrics::histogram!("index_vector_upsert_latency_ms")
-                        .record(t0.elapsed().as_secs_f64() * 1e3);
-                    Ok(outcomes)
-                }
-                Err(e) => {
-                    warn!(error = %e, nodes = n, "batched vector write failed");
-                    Err(Refusal {
-                        splittable: !e.is_retryable(),
-                        error: WorkError::from(e),
-                    })
-                }
-            }
+            bisect::index_write(writes, "index_vector_upsert_latency_ms", |w| {
+                self.target.write_nodes(w)
+            })
         };
         let outcomes = bisect::call_split(writes, &mut call, &self.cfg.consumer, "write");
         ce_core::failpoint::hit("worker.after_index_write");

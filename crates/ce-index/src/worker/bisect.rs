@@ -22,6 +22,29 @@ pub(super) struct Refusal {
     pub splittable: bool,
 }
 
+/// Runs one batched index write, recording its latency in the histogram `latency_metric`; a
+/// failure is logged and becomes a [`Refusal`], splittable when it is permanent.
+pub(super) fn index_write<W, T>(
+    writes: Vec<W>,
+    latency_metric: &'static str,
+    write: impl FnOnce(Vec<W>) -> crate::Result<T>,
+) -> Result<T, Refusal> {
+    let (n, t0) = (writes.len(), std::time::Instant::now());
+    match write(writes) {
+        Ok(outcomes) => {
+            metrics::histogram!(latency_metric).record(t0.elapsed().as_secs_f64() * 1e3);
+            Ok(outcomes)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, items = n, latency_metric, "batched index write failed");
+            Err(Refusal {
+                splittable: !ce_core::Classify::is_retryable(&e),
+                error: WorkError::from(e),
+            })
+        }
+    }
+}
+
 /// Calls `call` on `items` and returns one outcome per item, in order, splitting a
 /// splittable refusal of several items (see the module documentation). `call` must return
 /// one result per item it is given. The extra calls are counted under `consumer` and

@@ -31,13 +31,12 @@
 //! refused for good is split until the refused owners are isolated ([`super::bisect`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
 
-use ce_core::{Classify as _, ContextNode, CtxUri, IndexProjector, RelationEdge};
+use ce_core::{ContextNode, CtxUri, IndexProjector, RelationEdge};
 use ce_store::{SourceStore, UriVersion};
 use tracing::{debug, info_span, warn};
 
-use super::bisect::{self, Refusal};
+use super::bisect;
 use super::compact::Op;
 use super::error::WorkError;
 use super::fanout::{Applied, OpFanout};
@@ -351,21 +350,9 @@ impl RelationApplier<'_> {
             .collect();
         let mut in_place = Vec::new();
         let mut call = |writes: Vec<RelationWrite>| {
-            let (n, t0) = (writes.len(), Instant::now());
-            match self.index.write_owners(writes) {
-                Ok(outcomes) => {
-                    metrics::histogram!("index_relation_write_latency_ms")
-                        .record(t0.elapsed().as_secs_f64() * 1e3);
-                    Ok(outcomes)
-                }
-                Err(e) => {
-                    warn!(error = %e, owners = n, "batched relation write failed");
-                    Err(Refusal {
-                        splittable: !e.is_retryable(),
-                        error: WorkError::from(e),
-                    })
-                }
-            }
+            bisect::index_write(writes, "index_relation_write_latency_ms", |w| {
+                self.index.write_owners(w)
+            })
         };
         let outcomes = bisect::call_split(writes, &mut call, self.consumer, "write");
         for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
