@@ -181,12 +181,23 @@ pub fn failure(args: &[&str], out: &Output) -> Failure {
 
 /// The rows of `outbox list --consumer vector` (one per event), in sequence order.
 pub fn events(ce: &Ce) -> Vec<Value> {
-    let rows = ce.json(&["outbox", "list", "--consumer", "vector", "--limit", "10000"]);
-    rows.as_array()
-        .expect("array")
-        .iter()
+    vector_rows(ce, None)
+        .into_iter()
         .map(|r| r["event"].clone())
         .collect()
+}
+
+/// The rows of `outbox list --consumer vector` (`{event, delivery}`), only those with
+/// `status` when given, in sequence order.
+pub fn vector_rows(ce: &Ce, status: Option<&str>) -> Vec<Value> {
+    let mut args = vec!["outbox", "list", "--consumer", "vector", "--limit", "10000"];
+    if let Some(s) = status {
+        args.extend(["--status", s]);
+    }
+    match ce.json(&args) {
+        Value::Array(rows) => rows,
+        other => panic!("outbox list: not an array: {other}"),
+    }
 }
 
 /// The configuration line that selects the hashing embedder (no model needed; tests only).

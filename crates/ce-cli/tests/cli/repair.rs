@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::fake_embeddings::{FakeEmbeddings, POISON};
-use super::harness::{Ce, eventually};
+use super::harness::{Ce, eventually, vector_rows};
 
 /// The fake provider's config with only the vector consumer.
 fn config(fake: &FakeEmbeddings) -> String {
@@ -132,18 +132,7 @@ fn dead_deliveries_are_counted_requeued_applied_and_forced() {
 
 /// The URIs of the vector consumer's dead deliveries, with their last errors.
 fn dead_vector(ce: &Ce) -> Vec<(String, String)> {
-    let rows = ce.json(&[
-        "outbox",
-        "list",
-        "--consumer",
-        "vector",
-        "--status",
-        "dead",
-        "--limit",
-        "1000",
-    ]);
-    rows.as_array()
-        .expect("rows")
+    vector_rows(ce, Some("dead"))
         .iter()
         .map(|r| {
             (

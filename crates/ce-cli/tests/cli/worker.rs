@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::fake_embeddings::FakeEmbeddings;
-use super::harness::{Ce, eventually};
+use super::harness::{Ce, eventually, vector_rows};
 
 /// Claimed deliveries of the vector consumer.
 fn vector(ce: &Ce) -> Value {
@@ -235,18 +235,7 @@ fn signal(pid: u32, sig: &str) {
 
 /// The vector deliveries with status `claimed`: (seq, claimed_by, claim_token, claimed_until).
 fn claimed(ce: &Ce) -> Vec<(i64, String, String, i64)> {
-    let rows = ce.json(&[
-        "outbox",
-        "list",
-        "--consumer",
-        "vector",
-        "--status",
-        "claimed",
-        "--limit",
-        "10000",
-    ]);
-    rows.as_array()
-        .expect("rows")
+    vector_rows(ce, Some("claimed"))
         .iter()
         .map(|r| {
             let d = &r["delivery"];
