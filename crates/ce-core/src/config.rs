@@ -139,7 +139,11 @@ impl Default for OutboxConfig {
             retry_max_seconds: 300,
             retry_jitter_ratio: 0.2,
             dead_letter_enabled: true,
-            consumers: vec!["vector".into(), "keyword".into(), "relation".into()],
+            consumers: vec![
+                VECTOR_CONSUMER.into(),
+                KEYWORD_CONSUMER.into(),
+                RELATION_CONSUMER.into(),
+            ],
         }
     }
 }
@@ -297,6 +301,13 @@ impl Default for RetrievalConfig {
         }
     }
 }
+
+/// The consumer (and index) name of the vector index.
+pub const VECTOR_CONSUMER: &str = "vector";
+/// The consumer (and index) name of the keyword index.
+pub const KEYWORD_CONSUMER: &str = "keyword";
+/// The consumer (and index) name of the relation index.
+pub const RELATION_CONSUMER: &str = "relation";
 
 /// The values of `retrieval.default_mode`.
 pub const RETRIEVAL_MODES: [&str; 4] = ["auto", "vector", "keyword", "hybrid"];

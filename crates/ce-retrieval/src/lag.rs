@@ -14,12 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
-/// The consumer (and index) name of the vector index.
-pub const VECTOR_INDEX: &str = "vector";
-/// The consumer (and index) name of the keyword index.
-pub const KEYWORD_INDEX: &str = "keyword";
-/// The consumer (and index) name of the relation index.
-pub const RELATION_INDEX: &str = "relation";
+pub use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
 
 /// How far behind the source of truth one index a request read is, within its scope.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

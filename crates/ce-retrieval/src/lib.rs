@@ -44,7 +44,7 @@ use serde_json::Value;
 use tracing::debug;
 
 pub use error::{Result, RetrievalError};
-pub use lag::{IndexLag, KEYWORD_INDEX, RELATION_INDEX, VECTOR_INDEX, lag_summary};
+pub use lag::{IndexLag, KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER, lag_summary};
 pub use related::{
     DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, RelatedEdge, RelatedRequest, RelatedResponse, related,
 };
@@ -107,9 +107,9 @@ impl SearchMode {
     /// The indexes this mode reads, named as their outbox consumers.
     pub fn indexes(self) -> &'static [&'static str] {
         match self {
-            SearchMode::Vector => &[VECTOR_INDEX],
-            SearchMode::Keyword => &[KEYWORD_INDEX],
-            SearchMode::Hybrid => &[VECTOR_INDEX, KEYWORD_INDEX],
+            SearchMode::Vector => &[VECTOR_CONSUMER],
+            SearchMode::Keyword => &[KEYWORD_CONSUMER],
+            SearchMode::Hybrid => &[VECTOR_CONSUMER, KEYWORD_CONSUMER],
         }
     }
 }
@@ -475,11 +475,11 @@ impl Retriever<'_> {
                     mode: used,
                     reason: why.to_owned(),
                 },
-                None => not_configured(used, VECTOR_INDEX),
+                None => not_configured(used, VECTOR_CONSUMER),
             });
         }
         if used.uses_keywords() && self.keyword.is_none() {
-            return Err(not_configured(used, KEYWORD_INDEX));
+            return Err(not_configured(used, KEYWORD_CONSUMER));
         }
         Ok(ModeChoice {
             requested: named.map_or(AUTO_MODE, SearchMode::as_str).to_owned(),

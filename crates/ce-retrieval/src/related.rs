@@ -17,7 +17,7 @@ use ce_store::{SourceStore, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RetrievalError};
-use crate::lag::{self, IndexLag, RELATION_INDEX};
+use crate::lag::{self, IndexLag, RELATION_CONSUMER};
 
 /// Edges returned when the request does not say.
 pub const DEFAULT_RELATED_LIMIT: usize = 50;
@@ -160,7 +160,7 @@ pub fn related(
     }
     let lag = lag::lag_of(
         source,
-        &[RELATION_INDEX],
+        &[RELATION_CONSUMER],
         lag::account_scope(&req.uri).as_ref(),
     )?;
     Ok(RelatedResponse {

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hydrate::Current;
 use crate::lag::{self, IndexLag};
-use crate::{Result, RetrievalError, SearchRequest, VECTOR_INDEX, embed_query, ms};
+use crate::{Result, RetrievalError, SearchRequest, VECTOR_CONSUMER, embed_query, ms};
 
 /// Parameters of [`hierarchical_search`] (defaults in [`HierarchicalParams::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -481,7 +481,7 @@ pub fn hierarchical_search(
     }
     let lag = lag::lag_of(
         source,
-        &[VECTOR_INDEX],
+        &[VECTOR_CONSUMER],
         lag::search_scope(&req.search.filter).as_ref(),
     )?;
     Ok(HierarchicalResponse {

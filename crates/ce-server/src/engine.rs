@@ -74,16 +74,12 @@ mod periodic;
 pub mod repair;
 pub mod upkeep;
 
-/// The consumer of the vector index.
-pub const VECTOR_CONSUMER: &str = "vector";
+pub use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
+
 /// The vector index's directory inside the data directory.
 pub const VECTOR_DIR: &str = "vector";
-/// The consumer of the keyword index.
-pub const KEYWORD_CONSUMER: &str = "keyword";
 /// The keyword index's directory inside the data directory.
 pub const KEYWORD_DIR: &str = "keyword";
-/// The consumer of the relation index.
-pub const RELATION_CONSUMER: &str = "relation";
 /// The relation index's directory inside the data directory.
 pub const RELATION_DIR: &str = "relation";
 /// The consumers this build has an index for.
