@@ -23,10 +23,11 @@ use crate::model::{
     Claim, ClaimedEvent, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
     FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
 };
+use crate::queue::{new_claim_token, stored_error};
 use crate::shared::outbox::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
     StoredDelivery, check_consumer, checked_payloads, consumer_error, count_status, decode_event,
-    fence, latest_error, lease_ms, new_claim_token, new_event_id, stored_error,
+    fence, latest_error, lease_ms, new_event_id,
 };
 
 /// Appends one event (`$1` id, `$2` type, `$3` uri, `$4` payload, `$5` time) with a pending

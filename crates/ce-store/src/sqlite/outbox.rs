@@ -16,10 +16,11 @@ use crate::model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter,
     DeliveryRow, FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
 };
+use crate::queue::{new_claim_token, stored_error};
 use crate::shared::outbox::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
     StoredDelivery, check_consumer, checked_payloads, consumer_error, count_status, decode_event,
-    fence, latest_error, lease_ms, new_claim_token, new_event_id, stored_error,
+    fence, latest_error, lease_ms, new_event_id,
 };
 
 /// Claims the first `?6` runnable deliveries of consumer `?1` at time `?2` for worker `?3`
