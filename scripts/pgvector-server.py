@@ -18,6 +18,7 @@ database, e.g. `postgresql://postgres@%2Ftmp%2Fce-pgvector/postgres`: the Rust `
 crate, libpq and psql all accept it.
 """
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -54,6 +55,10 @@ def main() -> None:
 
     parent = os.path.dirname(data)
     os.makedirs(parent, exist_ok=True)
+    # Test processes started at once (several test binaries, several checkouts) would race
+    # to initialise the same directory: one starts the server, the others wait and reuse it.
+    lock = open(data.rstrip("/") + ".lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         # cleanup_mode=None: the server outlives this interpreter (the default stops it at
         # exit). get_server reuses a running server of this directory, or starts it.
