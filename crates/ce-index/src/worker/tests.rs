@@ -703,6 +703,9 @@ fn rate_limits_and_timeouts_are_never_split() {
 struct RefusingTarget(VectorTarget);
 
 impl IndexTarget for RefusingTarget {
+    fn kind(&self) -> IndexKind {
+        self.0.kind()
+    }
     fn uses_vectors(&self) -> bool {
         true
     }
