@@ -41,6 +41,11 @@ pub(crate) fn postgres_error(e: &postgres::Error) -> IndexError {
     }
 }
 
+/// The error of an invalid input field (a [`CoreError::InvalidField`]): not retryable.
+pub(crate) fn invalid(field: &'static str, reason: String) -> IndexError {
+    IndexError::Core(CoreError::InvalidField { field, reason })
+}
+
 impl From<postgres::Error> for IndexError {
     fn from(e: postgres::Error) -> Self {
         postgres_error(&e)

@@ -4,6 +4,8 @@
 //! - [`vector`]: the `VectorIndex` contract (spec §6) and its implementations
 //! - [`keyword`]: the `KeywordIndex` contract (BM25, Chinese and English) and its
 //!   implementations
+//! - [`records`]: the version rule every versioned index obeys (invariant VX1) and the
+//!   record rules shared by the implementations
 //! - [`relation`]: the `RelationIndex` contract (spec §4.3, §6.2: typed edges by owner, with
 //!   versioned replaces) and its implementations
 //! - [`worker`]: `IndexWorker` (spec §5): claim → dispatch → read source → project → embed →
@@ -13,6 +15,7 @@
 
 pub mod error;
 pub mod keyword;
+pub mod records;
 pub mod relation;
 pub mod repair;
 mod sqlite;

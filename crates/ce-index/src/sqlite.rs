@@ -1,7 +1,8 @@
 //! SQLite plumbing shared by the embedded indexes (keyword, vector, relation): how a
 //! connection is opened, how the writer connection is prepared (WAL, `synchronous=FULL`,
 //! schema, layout version), read and write transactions and the savepoint that isolates one
-//! write of a batch, the `meta` key/value table, and the key range that finds every row
+//! write of a batch, the `meta` key/value table, the `uri_versions` table of the versioned
+//! indexes (VX1, [`crate::records`]), and the key range that finds every row
 //! within a URI's subtree.
 //!
 //! Every function takes the database's file name (`file`), which error messages name (see
@@ -15,6 +16,7 @@ use ce_core::CtxUri;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use crate::error::{IndexError, Result, sqlite_error};
+use crate::records::{SeenVersion, to_i64};
 
 /// How long a connection waits for a lock held by another connection before giving up with
 /// a (retryable) busy error.
@@ -108,6 +110,42 @@ pub(crate) fn count_rows(c: &Connection, file: &str, table: &str) -> Result<u64>
     })
     .map(|n| n as u64)
     .map_err(|e| sqlite_error(file, e))
+}
+
+/// The [`SeenVersion`] of `uri` in the `uri_versions (uri, version, deleted)` table.
+pub(crate) fn seen_version(
+    c: &Connection,
+    file: &str,
+    uri: &CtxUri,
+) -> Result<Option<SeenVersion>> {
+    c.prepare_cached("SELECT version, deleted FROM uri_versions WHERE uri = ?1")
+        .and_then(|mut s| {
+            s.query_row([uri.as_str()], |r| {
+                Ok(SeenVersion {
+                    // Written by `set_seen_version`, so never negative.
+                    version: r.get::<_, i64>(0)? as u64,
+                    deleted: r.get(1)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(|e| sqlite_error(file, e))
+}
+
+/// Records `v` as the [`SeenVersion`] of `uri` in the `uri_versions` table.
+pub(crate) fn set_seen_version(
+    c: &Connection,
+    file: &str,
+    uri: &CtxUri,
+    v: SeenVersion,
+) -> Result<()> {
+    let version = to_i64(v.version, "version")?;
+    c.prepare_cached(
+        "INSERT OR REPLACE INTO uri_versions (uri, version, deleted) VALUES (?1, ?2, ?3)",
+    )
+    .and_then(|mut s| s.execute(params![uri.as_str(), version, v.deleted]))
+    .map_err(|e| sqlite_error(file, e))?;
+    Ok(())
 }
 
 /// Locks a connection (connections hold no half-done state across a panic: transactions roll

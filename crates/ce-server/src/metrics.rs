@@ -105,7 +105,17 @@ fn describe() {
     describe_histogram!(
         "index_vector_upsert_latency_ms",
         Unit::Milliseconds,
-        "Latency of one vector index write"
+        "Latency of one batched vector index write"
+    );
+    describe_histogram!(
+        "index_keyword_upsert_latency_ms",
+        Unit::Milliseconds,
+        "Latency of one batched keyword index write"
+    );
+    describe_histogram!(
+        "index_relation_upsert_latency_ms",
+        Unit::Milliseconds,
+        "Latency of one batched relation index write"
     );
     describe_counter!(
         "index_worker_event_success_total",

@@ -107,6 +107,11 @@ fn writes_converge_in_search_and_survive_a_restart() {
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
+    // Every index's batched writes are timed under its own name, not the vector index's.
+    for index in ["vector", "keyword", "relation"] {
+        let name = format!("index_{index}_upsert_latency_ms_count");
+        assert!(server.metric(&name, &[]) > 0.0, "{name}:\n{text}");
+    }
     let status = server.get("/v1/status").1;
     let vector = status["consumers"]
         .as_array()

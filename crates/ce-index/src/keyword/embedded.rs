@@ -27,14 +27,14 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 
 use self::schema::{
-    decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta, set_uri_version,
-    sql, stats, uri_version,
+    decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta, sql, stats,
 };
 use super::{
     Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
-    UriVersion, check_records, query_terms,
+    query_terms,
 };
 use crate::error::{IndexError, Result};
+use crate::records::{SeenVersion, check_node_records};
 use crate::sqlite::{self, select_within, within_sql};
 
 pub use self::schema::DB_FILE;
@@ -85,7 +85,7 @@ impl Prepared {
                 version,
                 records,
             } => {
-                check_records(&uri, &records)?;
+                check_node_records(&uri, &records)?;
                 let records = records
                     .into_iter()
                     .map(|r| {
@@ -271,7 +271,10 @@ impl<'c> WriteTx<'c> {
                 version,
                 records,
             } => {
-                if !UriVersion::admits_write(uri_version(self.tx, &uri)?, version) {
+                if !SeenVersion::admits_write(
+                    sqlite::seen_version(self.tx, DB_FILE, &uri)?,
+                    version,
+                ) {
                     return Ok(SyncOutcome::Stale);
                 }
                 let keep: HashSet<&str> = records.iter().map(|(r, _)| r.id.as_str()).collect();
@@ -283,28 +286,17 @@ impl<'c> WriteTx<'c> {
                 for (r, terms) in &records {
                     self.put(r, version, terms)?;
                 }
-                set_uri_version(
-                    self.tx,
-                    &uri,
-                    UriVersion {
-                        version,
-                        deleted: false,
-                    },
-                )?;
+                sqlite::set_seen_version(self.tx, DB_FILE, &uri, SeenVersion::live(version))?;
             }
             Prepared::Remove { uri, version } => {
-                if !UriVersion::admits_removal(uri_version(self.tx, &uri)?, version) {
+                if !SeenVersion::admits_removal(
+                    sqlite::seen_version(self.tx, DB_FILE, &uri)?,
+                    version,
+                ) {
                     return Ok(SyncOutcome::Stale);
                 }
                 self.delete_node(&uri)?;
-                set_uri_version(
-                    self.tx,
-                    &uri,
-                    UriVersion {
-                        version,
-                        deleted: true,
-                    },
-                )?;
+                sqlite::set_seen_version(self.tx, DB_FILE, &uri, SeenVersion::removed(version))?;
             }
             Prepared::Purge { uri } => {
                 self.delete_node(&uri)?;

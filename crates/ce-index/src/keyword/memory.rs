@@ -10,9 +10,10 @@ use ce_core::{CtxUri, IndexRecord};
 
 use super::{
     Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
-    UriVersion, check_records, query_terms, rank,
+    query_terms, rank,
 };
 use crate::error::Result;
+use crate::records::{SeenVersion, check_node_records};
 
 /// Exact in-memory keyword index (the test oracle).
 #[derive(Debug, Default)]
@@ -26,7 +27,7 @@ struct State {
     records: BTreeMap<String, Entry>,
     /// The ids of each node's records (so that replacing a node does not scan every record).
     nodes: BTreeMap<CtxUri, BTreeSet<String>>,
-    versions: BTreeMap<CtxUri, UriVersion>,
+    versions: BTreeMap<CtxUri, SeenVersion>,
 }
 
 #[derive(Debug, Clone)]
@@ -77,8 +78,8 @@ impl State {
                 version,
                 records,
             } => {
-                check_records(&uri, &records)?;
-                if !UriVersion::admits_write(self.versions.get(&uri).copied(), version) {
+                check_node_records(&uri, &records)?;
+                if !SeenVersion::admits_write(self.versions.get(&uri).copied(), version) {
                     return Ok(SyncOutcome::Stale);
                 }
                 self.remove_node(&uri);
@@ -90,26 +91,14 @@ impl State {
                         terms,
                     });
                 }
-                self.versions.insert(
-                    uri,
-                    UriVersion {
-                        version,
-                        deleted: false,
-                    },
-                );
+                self.versions.insert(uri, SeenVersion::live(version));
             }
             KeywordWrite::Remove { uri, version } => {
-                if !UriVersion::admits_removal(self.versions.get(&uri).copied(), version) {
+                if !SeenVersion::admits_removal(self.versions.get(&uri).copied(), version) {
                     return Ok(SyncOutcome::Stale);
                 }
                 self.remove_node(&uri);
-                self.versions.insert(
-                    uri,
-                    UriVersion {
-                        version,
-                        deleted: true,
-                    },
-                );
+                self.versions.insert(uri, SeenVersion::removed(version));
             }
             KeywordWrite::Purge { uri } => {
                 self.remove_node(&uri);

@@ -12,10 +12,13 @@
 //!   [`SearchFilter`] (the vector index's, with its reference semantics
 //!   [`SearchFilter::matches`]), best first, ties by id ascending; when at least `top_k` such
 //!   records exist exactly `top_k` are returned.
-//! - Writes are the worker's versioned node writes with the vector index's rule (invariant
-//!   **VX1**, see [`crate::vector`]): [`KeywordWrite::Sync`] replaces all records of a node if
-//!   its version is admitted by [`UriVersion::admits_write`], [`KeywordWrite::Remove`] removes
-//!   them if [`UriVersion::admits_removal`], [`KeywordWrite::Purge`] removes an orphan's.
+//! - Writes are the worker's versioned node writes under the vector index's rule (invariant
+//!   **VX1**, [`crate::records`]): [`KeywordWrite::Sync`] replaces all records of a node if
+//!   [`SeenVersion::admits_write`] admits its version, [`KeywordWrite::Remove`] removes them
+//!   if [`SeenVersion::admits_removal`], [`KeywordWrite::Purge`] removes an orphan's.
+//!
+//! [`SeenVersion::admits_write`]: crate::records::SeenVersion::admits_write
+//! [`SeenVersion::admits_removal`]: crate::records::SeenVersion::admits_removal
 //!
 //! Implementations: [`memory::MemoryKeywordIndex`] (the exact reference, in memory) and
 //! [`embedded::EmbeddedKeywordIndex`] (SQLite postings, persistent).
@@ -25,11 +28,9 @@ use std::collections::BTreeMap;
 use ce_core::{CtxUri, IndexRecord};
 use serde::Serialize;
 
-pub use crate::vector::memory::UriVersion;
 pub use crate::vector::{SearchFilter, StoredRecord, SyncOutcome};
 
 use crate::error::Result;
-use crate::vector::memory::invalid;
 
 pub mod embedded;
 pub mod memory;
@@ -54,7 +55,8 @@ pub struct KeywordHit {
 #[derive(Debug, Clone, PartialEq)]
 pub enum KeywordWrite {
     /// Replaces all records of node `uri` with `records` (levels not given are removed) if
-    /// `version` is admitted ([`UriVersion::admits_write`]); records the version.
+    /// [`SeenVersion::admits_write`](crate::records::SeenVersion::admits_write) admits
+    /// `version`; records the version.
     Sync {
         /// The node.
         uri: CtxUri,
@@ -63,8 +65,9 @@ pub enum KeywordWrite {
         /// Its records; each must have `uri` as its URI.
         records: Vec<IndexRecord>,
     },
-    /// Removes all records of node `uri` if `version` is admitted
-    /// ([`UriVersion::admits_removal`]); records the version as deleted.
+    /// Removes all records of node `uri` if
+    /// [`SeenVersion::admits_removal`](crate::records::SeenVersion::admits_removal) admits
+    /// `version`; records the version as deleted.
     Remove {
         /// The node.
         uri: CtxUri,
@@ -183,20 +186,6 @@ pub(crate) fn rank(hits: &mut Vec<KeywordHit>, top_k: usize) {
             .then_with(|| a.record.id.cmp(&b.record.id))
     });
     hits.truncate(top_k);
-}
-
-/// Checks that every record of a sync of node `uri` belongs to it.
-pub(crate) fn check_records(uri: &CtxUri, records: &[IndexRecord]) -> Result<()> {
-    match records.iter().find(|r| r.uri != *uri) {
-        Some(r) => Err(invalid(
-            "uri",
-            format!(
-                "record {} has uri {} but the node being synced is {uri}",
-                r.id, r.uri
-            ),
-        )),
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -45,8 +45,7 @@ use ce_core::projector::relation_id;
 use ce_core::{CoreError, CtxUri, node::validate_relation_type};
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
-use crate::vector::memory::invalid;
+use crate::error::{Result, invalid};
 
 pub use ce_core::RelationIndexRecord;
 

@@ -37,15 +37,17 @@ use serde::Serialize;
 use self::ann::Ann;
 use self::schema::sql;
 use self::table::{KeyTable, Row};
-use super::memory::{
-    UriVersion, UriVersions, check_binding, check_move, check_node_records, check_query,
-    check_vector, cosine, metadata_version, missing_vector, move_versions, moved_record,
+use super::rules::{
+    check_binding, check_query, check_vector, cosine, metadata_version, missing_vector,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
     VectorRecord,
 };
 use crate::error::{IndexError, Result};
+use crate::records::{
+    SeenVersion, SeenVersions, check_move, check_node_records, move_versions, moved_record,
+};
 use crate::sqlite::lock;
 
 /// File name of the database inside the index directory.
@@ -313,7 +315,7 @@ impl<'c> WriteTx<'c> {
         version: u64,
         records: Vec<NodeRecord>,
     ) -> Result<SyncOutcome> {
-        if !UriVersion::admits_write(schema::uri_version(self.tx, uri)?, version) {
+        if !SeenVersion::admits_write(self.seen_version(uri)?, version) {
             return Ok(SyncOutcome::Stale);
         }
         let mut resolved = Vec::with_capacity(records.len());
@@ -336,31 +338,17 @@ impl<'c> WriteTx<'c> {
         for (record, vector) in resolved {
             self.put(&record, version, vector)?;
         }
-        schema::set_uri_version(
-            self.tx,
-            uri,
-            UriVersion {
-                version,
-                deleted: false,
-            },
-        )?;
+        self.set_seen_version(uri, SeenVersion::live(version))?;
         Ok(SyncOutcome::Applied)
     }
 
     /// [`VectorIndex::remove_node`] inside this transaction.
     fn remove_node(&mut self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
-        if !UriVersion::admits_removal(schema::uri_version(self.tx, uri)?, version) {
+        if !SeenVersion::admits_removal(self.seen_version(uri)?, version) {
             return Ok(SyncOutcome::Stale);
         }
         self.delete_node(uri)?;
-        schema::set_uri_version(
-            self.tx,
-            uri,
-            UriVersion {
-                version,
-                deleted: true,
-            },
-        )?;
+        self.set_seen_version(uri, SeenVersion::removed(version))?;
         Ok(SyncOutcome::Applied)
     }
 
@@ -413,13 +401,13 @@ impl<'c> WriteTx<'c> {
     }
 }
 
-impl UriVersions for WriteTx<'_> {
-    fn uri_version(&mut self, uri: &CtxUri) -> Result<Option<UriVersion>> {
-        schema::uri_version(self.tx, uri)
+impl SeenVersions for WriteTx<'_> {
+    fn seen_version(&mut self, uri: &CtxUri) -> Result<Option<SeenVersion>> {
+        crate::sqlite::seen_version(self.tx, DB_FILE, uri)
     }
 
-    fn set_uri_version(&mut self, uri: &CtxUri, v: UriVersion) -> Result<()> {
-        schema::set_uri_version(self.tx, uri, v)
+    fn set_seen_version(&mut self, uri: &CtxUri, v: SeenVersion) -> Result<()> {
+        crate::sqlite::set_seen_version(self.tx, DB_FILE, uri, v)
     }
 }
 
@@ -1114,7 +1102,7 @@ impl VectorIndex for EmbeddedVectorIndex {
         version: u64,
         records: Vec<NodeRecord>,
     ) -> Result<SyncOutcome> {
-        check_node_records(uri, &records)?;
+        check_node_records(uri, records.iter().map(|r| &r.record))?;
         self.write(|w| w.sync_node(uri, version, records))
     }
 
@@ -1137,7 +1125,7 @@ impl VectorIndex for EmbeddedVectorIndex {
                         version,
                         records,
                     } => {
-                        check_node_records(&uri, &records)?;
+                        check_node_records(&uri, records.iter().map(|r| &r.record))?;
                         w.sync_node(&uri, version, records)
                     }
                     NodeWrite::Remove { uri, version } => w.remove_node(&uri, version),

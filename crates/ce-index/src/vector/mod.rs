@@ -6,15 +6,12 @@
 //! - the worker's *versioned* writes — [`VectorIndex::sync_node`] and
 //!   [`VectorIndex::remove_node`] — which replace (or remove) all records of one node only if
 //!   the source state they were computed from is not older than the newest state the index
-//!   has seen for that URI. States are ordered `(v, live) < (v, deleted) < (v+1, live)`: a
-//!   removal at version v supersedes the live node at v (source versions never repeat for a
-//!   URI: a re-created node continues above its tombstone). So `sync_node(u, v)` applies iff
-//!   the known state is absent, older than v, or exactly `(v, live)`; `remove_node(u, v)`
-//!   applies iff the known version is ≤ v. Several workers applying events for the same URI in
-//!   any order therefore converge on the newest state (invariant **VX1**: a write computed
-//!   from an older state never overwrites one computed from a newer state).
+//!   has seen for that URI (invariant **VX1**, stated in [`crate::records`]);
 //! - `move_uri` records the old URIs as `(their version, deleted)` and drops a moved record
 //!   whose target URI already holds a newer state.
+//!
+//! The rules every implementation shares (scoring, result order, vector and model checks)
+//! live in one private module, `rules`.
 //!
 //! Implementations: [`memory::MemoryVectorIndex`] (exact search, in memory: the test oracle),
 //! [`embedded::EmbeddedVectorIndex`] (SQLite for records and vectors, usearch HNSW for
@@ -34,6 +31,7 @@ use crate::error::Result;
 pub mod embedded;
 pub mod memory;
 pub mod pgvector;
+mod rules;
 
 pub use pgvector::{PgVectorIndex, PgVectorOptions};
 

@@ -68,15 +68,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::embedded::{SearchPlan, SearchReport, SearchStrategy};
-use super::memory::{
-    UriVersion, UriVersions, check_binding, check_move, check_node_records, check_query,
-    check_vector, invalid, metadata_version, missing_vector, move_versions, moved_record, rank,
+use super::rules::{
+    check_binding, check_query, check_vector, metadata_version, missing_vector, rank,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
     VectorRecord, canonical_value, push_json_string,
 };
 use crate::error::{IndexError, Result};
+use crate::records::{
+    SeenVersion, SeenVersions, check_move, check_node_records, move_versions, moved_record, to_i64,
+};
 
 /// Version of the table layout this build writes; a database with a newer one is refused.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -164,10 +166,6 @@ impl PoolError for IndexError {
 fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
     row.try_get(i)
         .map_err(|e| IndexError::Corrupt(format!("ce_vector_records column {i}: {e}")))
-}
-
-fn to_i64(v: u64, what: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| invalid("version", format!("{what} {v} exceeds the stored range")))
 }
 
 /// A vector parameter in pgvector's binary format: the dimension (int16), an unused int16,
@@ -552,8 +550,8 @@ impl WriteTx<'_, '_> {
         version: u64,
         records: &[NodeRecord],
     ) -> Result<SyncOutcome> {
-        check_node_records(uri, records)?;
-        if !UriVersion::admits_write(self.uri_version(uri)?, version) {
+        check_node_records(uri, records.iter().map(|r| &r.record))?;
+        if !SeenVersion::admits_write(self.seen_version(uri)?, version) {
             return Ok(SyncOutcome::Stale);
         }
         // Checked in order before anything is written, as the reference does.
@@ -596,29 +594,17 @@ impl WriteTx<'_, '_> {
                 }
             }
         }
-        self.set_uri_version(
-            uri,
-            UriVersion {
-                version,
-                deleted: false,
-            },
-        )?;
+        self.set_seen_version(uri, SeenVersion::live(version))?;
         Ok(SyncOutcome::Applied)
     }
 
     /// [`VectorIndex::remove_node`] inside this transaction (the URI is locked).
     fn remove_node(&mut self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
-        if !UriVersion::admits_removal(self.uri_version(uri)?, version) {
+        if !SeenVersion::admits_removal(self.seen_version(uri)?, version) {
             return Ok(SyncOutcome::Stale);
         }
         self.delete_node(uri)?;
-        self.set_uri_version(
-            uri,
-            UriVersion {
-                version,
-                deleted: true,
-            },
-        )?;
+        self.set_seen_version(uri, SeenVersion::removed(version))?;
         Ok(SyncOutcome::Applied)
     }
 
@@ -658,14 +644,14 @@ impl WriteTx<'_, '_> {
     }
 }
 
-impl UriVersions for WriteTx<'_, '_> {
-    fn uri_version(&mut self, uri: &CtxUri) -> Result<Option<UriVersion>> {
+impl SeenVersions for WriteTx<'_, '_> {
+    fn seen_version(&mut self, uri: &CtxUri) -> Result<Option<SeenVersion>> {
         let row = self.tx.query_opt(
             "SELECT version, deleted FROM ce_vector_uri_versions WHERE uri = $1",
             &[&uri.as_str()],
         )?;
         row.map(|r| {
-            Ok(UriVersion {
+            Ok(SeenVersion {
                 version: col::<i64>(&r, 0)? as u64,
                 deleted: col(&r, 1)?,
             })
@@ -673,7 +659,7 @@ impl UriVersions for WriteTx<'_, '_> {
         .transpose()
     }
 
-    fn set_uri_version(&mut self, uri: &CtxUri, v: UriVersion) -> Result<()> {
+    fn set_seen_version(&mut self, uri: &CtxUri, v: SeenVersion) -> Result<()> {
         let version = to_i64(v.version, "version")?;
         self.tx.execute(
             "INSERT INTO ce_vector_uri_versions (uri, version, deleted) VALUES ($1, $2, $3)
@@ -1048,7 +1034,7 @@ impl VectorIndex for PgVectorIndex {
         version: u64,
         records: Vec<NodeRecord>,
     ) -> Result<SyncOutcome> {
-        check_node_records(uri, &records)?;
+        check_node_records(uri, records.iter().map(|r| &r.record))?;
         self.write(false, |w| {
             w.lock_uris([uri])?;
             w.sync_node(uri, version, &records)

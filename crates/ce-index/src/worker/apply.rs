@@ -49,7 +49,8 @@ pub struct ChangeCounts {
     pub superseded: u64,
 }
 
-pub(super) struct Applier<'a> {
+/// Applies a compacted batch of node operations to one record index (vector or keyword).
+pub(super) struct NodeApplier<'a> {
     pub source: &'a dyn SourceStore,
     /// Set iff the target uses vectors.
     pub embedder: Option<&'a dyn Embedder>,
@@ -66,7 +67,7 @@ struct PendingNode {
     text_slot: Vec<Option<usize>>,
 }
 
-impl Applier<'_> {
+impl NodeApplier<'_> {
     pub fn apply(&self, ops: &[Op]) -> Applied<ChangeCounts> {
         let mut counts = ChangeCounts::default();
 
@@ -367,7 +368,8 @@ impl Applier<'_> {
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut ChangeCounts,
     ) {
-        let _s = info_span!("index.vector_write", writes = writes.len()).entered();
+        let kind = self.target.kind();
+        let _s = kind.write_span(writes.len());
         let keys: Vec<(CtxUri, Option<u64>)> = writes
             .iter()
             .map(|w| match w {
@@ -377,9 +379,7 @@ impl Applier<'_> {
             .collect();
         ce_core::failpoint::hit("worker.after_embed");
         let mut call = |writes: Vec<NodeWrite>| {
-            bisect::index_write(writes, "index_vector_upsert_latency_ms", |w| {
-                self.target.write_nodes(w)
-            })
+            bisect::index_write(writes, kind, |w| self.target.write_nodes(w))
         };
         let outcomes = bisect::call_split(writes, &mut call, &self.cfg.consumer, "write");
         ce_core::failpoint::hit("worker.after_index_write");
@@ -389,7 +389,7 @@ impl Applier<'_> {
                 (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
                 (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
                 (Err(e), _) => {
-                    warn!(uri = %uri, error = %e, "vector write failed");
+                    warn!(uri = %uri, error = %e, "{} write failed", kind.name());
                     failed.insert(uri, e);
                 }
             }

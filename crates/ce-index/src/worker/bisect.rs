@@ -13,6 +13,7 @@
 //! `index_worker_split_calls_total{consumer, call}`.
 
 use super::error::WorkError;
+use super::target::IndexKind;
 
 /// Why a batched call failed as a whole.
 pub(super) struct Refusal {
@@ -22,21 +23,23 @@ pub(super) struct Refusal {
     pub splittable: bool,
 }
 
-/// Runs one batched index write, recording its latency in the histogram `latency_metric`; a
-/// failure is logged and becomes a [`Refusal`], splittable when it is permanent.
+/// Runs one batched write to the index `kind`, recording its latency in the index's
+/// histogram ([`IndexKind::write_latency_metric`]); a failure is logged and becomes a
+/// [`Refusal`], splittable when it is permanent.
 pub(super) fn index_write<W, T>(
     writes: Vec<W>,
-    latency_metric: &'static str,
+    kind: IndexKind,
     write: impl FnOnce(Vec<W>) -> crate::Result<T>,
 ) -> Result<T, Refusal> {
     let (n, t0) = (writes.len(), std::time::Instant::now());
     match write(writes) {
         Ok(outcomes) => {
-            metrics::histogram!(latency_metric).record(t0.elapsed().as_secs_f64() * 1e3);
+            metrics::histogram!(kind.write_latency_metric())
+                .record(t0.elapsed().as_secs_f64() * 1e3);
             Ok(outcomes)
         }
         Err(e) => {
-            tracing::warn!(error = %e, items = n, latency_metric, "batched index write failed");
+            tracing::warn!(error = %e, items = n, "batched {} write failed", kind.name());
             Err(Refusal {
                 splittable: !ce_core::Classify::is_retryable(&e),
                 error: WorkError::from(e),

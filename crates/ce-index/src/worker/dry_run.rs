@@ -17,8 +17,8 @@ use ce_embed::{EmbedError, Embedder, ModelIdentity};
 use ce_store::{ClaimedEvent, OutboxFilter, SourceStore};
 use serde::{Deserialize, Serialize};
 
-use super::apply::Applier;
-use super::target::IndexTarget;
+use super::apply::NodeApplier;
+use super::target::{IndexKind, IndexTarget};
 use super::{WorkError, WorkerConfig, compact};
 use crate::vector::{NodeWrite, StoredRecord, SyncOutcome};
 
@@ -65,7 +65,7 @@ pub fn dry_run(
         writes: Mutex::new(Vec::new()),
     };
     let counter = CountingEmbedder::default();
-    let applier = Applier {
+    let applier = NodeApplier {
         source,
         embedder: target.uses_vectors().then_some(&counter as &dyn Embedder),
         target: &recording,
@@ -166,6 +166,9 @@ struct RecordingTarget<'a> {
 }
 
 impl IndexTarget for RecordingTarget<'_> {
+    fn kind(&self) -> IndexKind {
+        self.inner.kind()
+    }
     fn uses_vectors(&self) -> bool {
         self.inner.uses_vectors()
     }

@@ -44,7 +44,7 @@ use tracing::{info_span, warn};
 pub use apply::ChangeCounts;
 pub use error::WorkError;
 pub use relation::RelationCounts;
-pub use target::{IndexTarget, KeywordTarget, VectorTarget};
+pub use target::{IndexKind, IndexTarget, KeywordTarget, VectorTarget};
 
 use crate::relation::RelationIndex;
 use crate::vector::VectorIndex;
@@ -330,7 +330,7 @@ impl IndexWorker {
         let source = self.source.as_ref();
         match &self.sink {
             Sink::Records { embedder, target } => {
-                let applier = apply::Applier {
+                let applier = apply::NodeApplier {
                     source,
                     embedder: embedder.as_deref(),
                     target: target.as_ref(),

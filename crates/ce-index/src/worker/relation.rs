@@ -40,6 +40,7 @@ use super::bisect;
 use super::compact::Op;
 use super::error::WorkError;
 use super::fanout::{Applied, OpFanout};
+use super::target::IndexKind;
 use crate::relation::{Direction, RelationIndex, RelationOutcome, RelationVersion, RelationWrite};
 
 /// Owners per index write transaction.
@@ -77,6 +78,7 @@ impl RelationCounts {
     }
 }
 
+/// Applies a compacted batch of node operations to the relation index (the owners' edges).
 pub(super) struct RelationApplier<'a> {
     /// The consumer served (metric label).
     pub consumer: &'a str,
@@ -337,7 +339,7 @@ impl RelationApplier<'_> {
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut RelationCounts,
     ) -> Vec<(CtxUri, u64)> {
-        let _s = info_span!("index.relation_write", owners = writes.len()).entered();
+        let _s = IndexKind::Relation.write_span(writes.len());
         let keys: Vec<(CtxUri, Option<u64>)> = writes
             .iter()
             .map(|w| {
@@ -350,9 +352,7 @@ impl RelationApplier<'_> {
             .collect();
         let mut in_place = Vec::new();
         let mut call = |writes: Vec<RelationWrite>| {
-            bisect::index_write(writes, "index_relation_write_latency_ms", |w| {
-                self.index.write_owners(w)
-            })
+            bisect::index_write(writes, IndexKind::Relation, |w| self.index.write_owners(w))
         };
         let outcomes = bisect::call_split(writes, &mut call, self.consumer, "write");
         for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
@@ -368,7 +368,7 @@ impl RelationApplier<'_> {
                 Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
                 Ok(RelationOutcome::Stale) => counts.stale += 1,
                 Err(e) => {
-                    warn!(uri = %owner, error = %e, "relation write failed");
+                    warn!(uri = %owner, error = %e, "{} write failed", IndexKind::Relation.name());
                     failed.insert(owner, e);
                 }
             }

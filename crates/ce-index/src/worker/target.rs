@@ -12,8 +12,53 @@ use crate::Result;
 use crate::keyword::{KeywordIndex, KeywordWrite};
 use crate::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex};
 
+/// Which index a worker writes: it names the span, the latency histogram and the log
+/// messages of the worker's batched writes, so each index is observed under its own name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexKind {
+    /// The vector index.
+    Vector,
+    /// The keyword index.
+    Keyword,
+    /// The relation index.
+    Relation,
+}
+
+impl IndexKind {
+    /// The index's name in log messages (`vector`, `keyword`, `relation`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexKind::Vector => "vector",
+            IndexKind::Keyword => "keyword",
+            IndexKind::Relation => "relation",
+        }
+    }
+
+    /// The histogram of the latency of one batched write, in milliseconds.
+    pub fn write_latency_metric(self) -> &'static str {
+        match self {
+            IndexKind::Vector => "index_vector_upsert_latency_ms",
+            IndexKind::Keyword => "index_keyword_upsert_latency_ms",
+            IndexKind::Relation => "index_relation_upsert_latency_ms",
+        }
+    }
+
+    /// Enters the span of one batched write of `writes` nodes or owners (span names are
+    /// static, hence one literal per index).
+    pub(super) fn write_span(self, writes: usize) -> tracing::span::EnteredSpan {
+        match self {
+            IndexKind::Vector => tracing::info_span!("index.vector_write", writes),
+            IndexKind::Keyword => tracing::info_span!("index.keyword_write", writes),
+            IndexKind::Relation => tracing::info_span!("index.relation_write", writes),
+        }
+        .entered()
+    }
+}
+
 /// An index kept in step with the source by an [`super::IndexWorker`].
 pub trait IndexTarget: Send + Sync {
+    /// Which index this is (names its writes in spans, metrics and logs).
+    fn kind(&self) -> IndexKind;
     /// Whether records carry vectors: the worker then embeds changed text (and reuses the
     /// vectors of moved records); otherwise every [`crate::vector::NodeRecord::vector`] it
     /// writes is `None` and is ignored.
@@ -34,6 +79,9 @@ pub trait IndexTarget: Send + Sync {
 pub struct VectorTarget(pub Arc<dyn VectorIndex>);
 
 impl IndexTarget for VectorTarget {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Vector
+    }
     fn uses_vectors(&self) -> bool {
         true
     }
@@ -58,6 +106,9 @@ impl IndexTarget for VectorTarget {
 pub struct KeywordTarget(pub Arc<dyn KeywordIndex>);
 
 impl IndexTarget for KeywordTarget {
+    fn kind(&self) -> IndexKind {
+        IndexKind::Keyword
+    }
     fn uses_vectors(&self) -> bool {
         false
     }

@@ -31,7 +31,8 @@ type FaultScript = Box<dyn FnMut(&[&str]) -> u8 + Send>;
 const REFUSAL: &str = "input refused by the provider";
 
 /// A deterministic embedder with call counting and scripted faults. Like a real provider, a
-/// rate limit pauses it for the wait it asks for (every worker sharing it then holds back).
+/// rate limit pauses it for the wait it asks for (every worker sharing it then holds back),
+/// unless it is built without a pause of its own ([`TestEmbedder::asking`]).
 struct TestEmbedder {
     id: ModelIdentity,
     calls: AtomicU64,
@@ -39,7 +40,8 @@ struct TestEmbedder {
     max_batch: AtomicU64,
     faults: Mutex<FaultScript>,
     rate_limit_wait: Duration,
-    pause: ce_embed::RateLimitPause,
+    /// The provider's shared pause; `None` for a provider that keeps none.
+    pause: Option<ce_embed::RateLimitPause>,
 }
 
 impl TestEmbedder {
@@ -52,17 +54,24 @@ impl TestEmbedder {
     }
 
     fn named(model: &str, f: impl FnMut(&[&str]) -> u8 + Send + 'static) -> Arc<Self> {
-        Self::build(model, Duration::from_millis(1), f)
+        Self::build(model, Duration::from_millis(1), true, f)
     }
 
-    /// An embedder whose rate limits ask for `wait`.
+    /// An embedder whose rate limits ask for `wait` and pause it for that long.
     fn pausing(wait: Duration, f: impl FnMut(&[&str]) -> u8 + Send + 'static) -> Arc<Self> {
-        Self::build("bytes-8", wait, f)
+        Self::build("bytes-8", wait, true, f)
+    }
+
+    /// An embedder whose rate limits ask for `wait` but that keeps no pause of its own
+    /// ([`Embedder::paused_for`] stays `None`): only the worker's own pause holds it back.
+    fn asking(wait: Duration, f: impl FnMut(&[&str]) -> u8 + Send + 'static) -> Arc<Self> {
+        Self::build("bytes-8", wait, false, f)
     }
 
     fn build(
         model: &str,
         rate_limit_wait: Duration,
+        shared_pause: bool,
         f: impl FnMut(&[&str]) -> u8 + Send + 'static,
     ) -> Arc<Self> {
         Arc::new(TestEmbedder {
@@ -76,7 +85,7 @@ impl TestEmbedder {
             max_batch: AtomicU64::new(0),
             faults: Mutex::new(Box::new(f)),
             rate_limit_wait,
-            pause: ce_embed::RateLimitPause::default(),
+            pause: shared_pause.then(ce_embed::RateLimitPause::default),
         })
     }
 
@@ -96,7 +105,7 @@ impl Embedder for TestEmbedder {
     }
 
     fn paused_for(&self) -> Option<Duration> {
-        self.pause.remaining()
+        self.pause.as_ref()?.remaining()
     }
 
     fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
@@ -107,7 +116,9 @@ impl Embedder for TestEmbedder {
         match fault {
             1 => return Err(EmbedError::Timeout { after: timeout }),
             2 => {
-                self.pause.extend(self.rate_limit_wait);
+                if let Some(p) = &self.pause {
+                    p.extend(self.rate_limit_wait);
+                }
                 return Err(EmbedError::RateLimited {
                     retry_after: Some(self.rate_limit_wait),
                     message: "slow down".into(),
@@ -447,8 +458,9 @@ fn error_matrix() {
         (4, DeliveryStatus::Dead, false),
     ] {
         let env = env();
-        // A rate limit asks for an hour: long enough to observe the pause.
-        let emb = TestEmbedder::pausing(Duration::from_secs(3600), move |_| fault);
+        // A rate limit asks for an hour: long enough to observe the pause. The provider keeps
+        // no pause of its own, so any pause seen is the one the worker recorded.
+        let emb = TestEmbedder::asking(Duration::from_secs(3600), move |_| fault);
         let index = Arc::new(MemoryVectorIndex::new());
         let w = worker(&env, emb.clone(), index, "w1");
         put(&env, "ctx://acc/x", "text", "");
@@ -474,8 +486,12 @@ fn error_matrix() {
         assert!(rows[0].delivery.error_code.is_some());
         if fault == 2 {
             assert_eq!(rows[0].delivery.error_code.as_deref(), Some("rate_limited"));
+            assert_eq!(emb.paused_for(), None, "the provider keeps no pause");
             let pause = w.paused_for().expect("a rate limit pauses the worker");
-            assert!(pause > Duration::from_secs(3500), "{pause:?}");
+            assert!(
+                pause > Duration::from_secs(3500),
+                "the worker pauses for the provider's Retry-After: {pause:?}"
+            );
             // While paused the worker claims nothing, even with new work ready.
             put(&env, "ctx://acc/y", "more text", "");
             let calls = emb.calls.load(Ordering::SeqCst);
@@ -703,6 +719,9 @@ fn rate_limits_and_timeouts_are_never_split() {
 struct RefusingTarget(VectorTarget);
 
 impl IndexTarget for RefusingTarget {
+    fn kind(&self) -> IndexKind {
+        self.0.kind()
+    }
     fn uses_vectors(&self) -> bool {
         true
     }

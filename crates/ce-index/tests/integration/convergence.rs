@@ -67,7 +67,7 @@ use ce_index::relation::RelationIndex;
 use ce_index::relation::memory::MemoryRelationIndex;
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex as _};
-use ce_index::worker::target::{IndexTarget, KeywordTarget, VectorTarget};
+use ce_index::worker::target::{IndexKind, IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkError, WorkerCallbacks, WorkerConfig};
 use ce_store::{LinkRequest, PutMode, PutRequest, WriteOutcome};
 use rand::rngs::StdRng;
@@ -486,6 +486,9 @@ struct FaultyTarget {
 }
 
 impl IndexTarget for FaultyTarget {
+    fn kind(&self) -> IndexKind {
+        self.inner.kind()
+    }
     fn uses_vectors(&self) -> bool {
         self.inner.uses_vectors()
     }

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ce_core::{CtxUri, IndexRecord};
-use rusqlite::{Connection, OptionalExtension, params};
+use ce_core::IndexRecord;
+use rusqlite::Connection;
 
-use super::super::{Terms, UriVersion};
+use super::super::Terms;
 use crate::error::{IndexError, Result};
 
 /// File name of the database inside the index directory.
@@ -98,30 +98,6 @@ pub(super) fn stats(c: &Connection) -> Result<(u64, u64)> {
         meta_u64(c, "docs")?.unwrap_or(0),
         meta_u64(c, "total_len")?.unwrap_or(0),
     ))
-}
-
-pub(super) fn uri_version(c: &Connection, uri: &CtxUri) -> Result<Option<UriVersion>> {
-    c.prepare_cached("SELECT version, deleted FROM uri_versions WHERE uri = ?1")
-        .and_then(|mut s| {
-            s.query_row([uri.as_str()], |r| {
-                Ok(UriVersion {
-                    // Stored as the i64 with the same bits: lossless for every u64.
-                    version: r.get::<_, i64>(0)? as u64,
-                    deleted: r.get(1)?,
-                })
-            })
-            .optional()
-        })
-        .map_err(sql)
-}
-
-pub(super) fn set_uri_version(c: &Connection, uri: &CtxUri, v: UriVersion) -> Result<()> {
-    c.prepare_cached(
-        "INSERT OR REPLACE INTO uri_versions (uri, version, deleted) VALUES (?1, ?2, ?3)",
-    )
-    .and_then(|mut s| s.execute(params![uri.as_str(), v.version as i64, v.deleted]))
-    .map_err(sql)?;
-    Ok(())
 }
 
 /// A record from its stored head and text.

@@ -21,8 +21,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::super::StoredRecord;
-use super::super::memory::UriVersion;
 use crate::error::{IndexError, Result};
+use crate::records::to_i64;
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
 /// Version of this layout; a file with another version is refused.
@@ -140,15 +140,6 @@ pub(super) fn decode_vector(b: &[u8]) -> Result<Vec<f32>> {
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
-}
-
-fn to_i64(v: u64, what: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| {
-        IndexError::Core(ce_core::CoreError::InvalidField {
-            field: "version",
-            reason: format!("{what} {v} exceeds the stored range"),
-        })
-    })
 }
 
 /// The JSON columns and the checked version of a row, shared by inserts and rewrites.
@@ -354,30 +345,6 @@ pub(super) fn count(c: &Connection) -> Result<u64> {
         .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
         .map(|n| n as u64)
         .map_err(sql)
-}
-
-pub(super) fn uri_version(c: &Connection, uri: &CtxUri) -> Result<Option<UriVersion>> {
-    c.prepare_cached("SELECT version, deleted FROM uri_versions WHERE uri = ?1")
-        .and_then(|mut s| {
-            s.query_row([uri.as_str()], |r| {
-                Ok(UriVersion {
-                    version: r.get::<_, i64>(0)? as u64,
-                    deleted: r.get(1)?,
-                })
-            })
-            .optional()
-        })
-        .map_err(sql)
-}
-
-pub(super) fn set_uri_version(c: &Connection, uri: &CtxUri, v: UriVersion) -> Result<()> {
-    let version = to_i64(v.version, "version")?;
-    c.prepare_cached(
-        "INSERT OR REPLACE INTO uri_versions (uri, version, deleted) VALUES (?1, ?2, ?3)",
-    )
-    .and_then(|mut s| s.execute(params![uri.as_str(), version, v.deleted]))
-    .map_err(sql)?;
-    Ok(())
 }
 
 /// What the in-memory filter table needs of a row.

@@ -1,0 +1,218 @@
+//! Index records and the version rule every versioned index obeys.
+//!
+//! The worker writes each node's records as one versioned write computed from a source state;
+//! every index (vector, keyword) keeps, per URI, the newest state it has seen
+//! ([`SeenVersion`]) and applies a write only if that state admits it:
+//!
+//! - **VX1**: a write computed from an older state of a URI never overwrites one computed from
+//!   a newer state. States are ordered `(v, live) < (v, deleted) < (v + 1, live)`: a removal at
+//!   version `v` supersedes the live node at `v`, since source versions never repeat at a URI
+//!   (a re-created node continues above its tombstone). A write applies iff the seen state is
+//!   absent, older than `v`, or exactly `(v, live)` ([`SeenVersion::admits_write`]); a removal
+//!   iff the seen version is at most `v` ([`SeenVersion::admits_removal`]). Writers applying
+//!   the events of one URI in any order therefore converge on its newest state.
+//!
+//! Also here, shared by every implementation: the versions a move records
+//! ([`move_versions`]), how a move rewrites a record ([`moved_record`], spec §6.3) and the
+//! checks of a move and of a node's records.
+
+use std::collections::BTreeMap;
+
+use ce_core::{CoreError, CtxUri, IndexRecord, PathDefaults, stable_hash};
+use serde_json::Value;
+
+use crate::error::{Result, invalid};
+
+/// The newest version an index has seen for one URI (the state behind invariant VX1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenVersion {
+    /// The source version.
+    pub version: u64,
+    /// Whether that version was a removal (a tombstone).
+    pub deleted: bool,
+}
+
+impl SeenVersion {
+    /// The node live at `version`.
+    pub fn live(version: u64) -> Self {
+        Self {
+            version,
+            deleted: false,
+        }
+    }
+
+    /// The node removed at `version`.
+    pub fn removed(version: u64) -> Self {
+        Self {
+            version,
+            deleted: true,
+        }
+    }
+
+    /// Whether a write of the node's records computed from `version` may apply (VX1).
+    ///
+    /// Versions at least as new as a live version apply (replays are idempotent); after a
+    /// removal at `v`, version `v` itself is stale — the source deleted it, and the next
+    /// version a recreated node gets is `v + 1`.
+    pub fn admits_write(stored: Option<Self>, version: u64) -> bool {
+        match stored {
+            None => true,
+            Some(s) if s.deleted => version > s.version,
+            Some(s) => version >= s.version,
+        }
+    }
+
+    /// Whether a removal computed from `version` may apply (VX1).
+    pub fn admits_removal(stored: Option<Self>, version: u64) -> bool {
+        stored.is_none_or(|s| version >= s.version)
+    }
+}
+
+/// Where an index keeps the [`SeenVersion`] of each URI.
+pub(crate) trait SeenVersions {
+    /// The newest state seen for `uri`.
+    fn seen_version(&mut self, uri: &CtxUri) -> Result<Option<SeenVersion>>;
+    /// Records `v` as the newest state of `uri`.
+    fn set_seen_version(&mut self, uri: &CtxUri, v: SeenVersion) -> Result<()>;
+}
+
+impl SeenVersions for BTreeMap<CtxUri, SeenVersion> {
+    fn seen_version(&mut self, uri: &CtxUri) -> Result<Option<SeenVersion>> {
+        Ok(self.get(uri).copied())
+    }
+
+    fn set_seen_version(&mut self, uri: &CtxUri, v: SeenVersion) -> Result<()> {
+        self.insert(uri.clone(), v);
+        Ok(())
+    }
+}
+
+/// The versions of one record that `move_uri` moves from URI `from` to `to`, computed from
+/// node version `version`: `from` becomes `(its version, deleted)` (at least `version`);
+/// then, if the state of `to` admits a write at `version`, `to` becomes live at least at
+/// `version` and the answer is `true`; otherwise the record is dropped, not moved (`false`).
+pub(crate) fn move_versions(
+    versions: &mut impl SeenVersions,
+    from: &CtxUri,
+    to: &CtxUri,
+    version: u64,
+) -> Result<bool> {
+    let src = versions.seen_version(from)?;
+    versions.set_seen_version(
+        from,
+        SeenVersion::removed(src.map_or(0, |s| s.version).max(version)),
+    )?;
+    let target = versions.seen_version(to)?;
+    if !SeenVersion::admits_write(target, version) {
+        return Ok(false);
+    }
+    versions.set_seen_version(
+        to,
+        SeenVersion::live(target.map_or(0, |t| t.version).max(version)),
+    )?;
+    Ok(true)
+}
+
+/// Checks a move's arguments; `Ok(false)` when the move is a no-op (`from == to`).
+pub(crate) fn check_move(from: &CtxUri, to: &CtxUri) -> Result<bool> {
+    if from == to {
+        return Ok(false);
+    }
+    if from.is_root() || to.is_root() {
+        return Err(invalid(
+            "uri",
+            "the root ctx:// cannot be moved or replaced".into(),
+        ));
+    }
+    if to.is_within(from) {
+        return Err(invalid(
+            "uri",
+            format!("cannot move {from} into its own subtree {to}"),
+        ));
+    }
+    // The source store refuses this too (the target, an ancestor, exists); allowing it would
+    // let a moved record land on a source record that has not moved yet.
+    if from.is_within(to) {
+        return Err(invalid(
+            "uri",
+            format!("cannot move {from} onto its own ancestor {to}"),
+        ));
+    }
+    Ok(true)
+}
+
+/// The record `r` (within `from`) rewritten for a move to `to` (spec §6.3): uri and parent_uri
+/// rebased (the moved root's parent becomes `parent(to)`), id re-keyed with
+/// `stable_hash(new_uri, level)`, and the filter fields that follow the path (`uri`,
+/// `parent_uri`, `account_id`, and `context_type` / `category` / `owner_space` where they were
+/// the old path's defaults, as the source store does) rewritten. Text, metadata and the vector
+/// are kept.
+pub(crate) fn moved_record(r: &IndexRecord, from: &CtxUri, to: &CtxUri) -> Result<IndexRecord> {
+    let uri = r.uri.rebase(from, to).map_err(CoreError::from)?;
+    let parent_uri = if r.uri == *from {
+        to.parent().unwrap_or_else(CtxUri::root)
+    } else if r.parent_uri.is_within(from) {
+        r.parent_uri.rebase(from, to).map_err(CoreError::from)?
+    } else {
+        r.parent_uri.clone()
+    };
+    let (old_d, new_d) = (PathDefaults::of(&r.uri), PathDefaults::of(&uri));
+    let mut out = r.clone();
+    out.id = stable_hash(uri.as_str(), r.level.as_u8());
+    if out.context_type == old_d.context_type.as_str() {
+        out.context_type = new_d.context_type.as_str().to_owned();
+    }
+    if out.category == old_d.category {
+        out.category.clone_from(&new_d.category);
+    }
+    let rewrite = |filters: &mut BTreeMap<String, Value>, key: &str, old: &str, new: &str| {
+        if let Some(v) = filters.get_mut(key)
+            && v.as_str() == Some(old)
+        {
+            *v = Value::String(new.to_owned());
+        }
+    };
+    let f = &mut out.filters;
+    rewrite(f, "uri", r.uri.as_str(), uri.as_str());
+    rewrite(f, "parent_uri", r.parent_uri.as_str(), parent_uri.as_str());
+    rewrite(f, "account_id", r.uri.account_id(), uri.account_id());
+    rewrite(
+        f,
+        "context_type",
+        old_d.context_type.as_str(),
+        new_d.context_type.as_str(),
+    );
+    rewrite(f, "category", &old_d.category, &new_d.category);
+    rewrite(
+        f,
+        "owner_space",
+        &old_d.owner_space.to_string(),
+        &new_d.owner_space.to_string(),
+    );
+    out.uri = uri;
+    out.parent_uri = parent_uri;
+    Ok(out)
+}
+
+/// Checks that every record of a versioned write of node `uri` belongs to it.
+pub(crate) fn check_node_records<'r>(
+    uri: &CtxUri,
+    records: impl IntoIterator<Item = &'r IndexRecord>,
+) -> Result<()> {
+    match records.into_iter().find(|r| r.uri != *uri) {
+        Some(r) => Err(invalid(
+            "uri",
+            format!(
+                "record {} has uri {} but the node being synced is {uri}",
+                r.id, r.uri
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A version for a signed 64-bit column (SQLite, PostgreSQL); above `i64::MAX` it is an
+/// invalid `what`.
+pub(crate) fn to_i64(v: u64, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| invalid("version", format!("{what} {v} exceeds the stored range")))
+}
