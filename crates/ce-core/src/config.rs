@@ -23,6 +23,147 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[lock]`: path locks around multi-step writes (docs/locks.md).
     pub lock: LockConfig,
+    /// `[jobs]`: durable workflow jobs (docs/jobs.md).
+    pub jobs: JobsConfig,
+}
+
+/// `[jobs]`: the durable job queue and its runner (docs/jobs.md). Every job type runs with
+/// these values unless `[jobs.types.<type>]` overrides them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobsConfig {
+    /// Whether the engine runs due jobs (`ce serve`, `ce worker`).
+    pub enabled: bool,
+    /// Fallback polling interval when no wake-up hint arrives (10..=60000).
+    pub poll_interval_ms: u64,
+    /// A running job's lease: a runner that stops renewing it for this long is presumed
+    /// dead and the job becomes runnable again (15..=3600).
+    pub lease_seconds: u32,
+    /// Lease renewal (and cancellation check) period while a job runs (1..=lease/2).
+    pub heartbeat_seconds: u32,
+    /// Running jobs of one type at once, across every runner (1..=64).
+    pub concurrency: u32,
+    /// Failures after which a job goes dead (0..=20; 0: the first failure is final).
+    pub max_retries: u32,
+    /// First backoff (1..=600).
+    pub retry_base_seconds: u32,
+    /// Backoff cap (1..=86400, at least the base).
+    pub retry_max_seconds: u32,
+    /// Jitter as a fraction of the backoff (0..=1).
+    pub retry_jitter_ratio: f64,
+    /// Per-type overrides, by job type.
+    pub types: std::collections::BTreeMap<String, JobTypeConfig>,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            enabled: true,
+            poll_interval_ms: 500,
+            lease_seconds: 60,
+            heartbeat_seconds: 10,
+            concurrency: 2,
+            max_retries: 5,
+            retry_base_seconds: 2,
+            retry_max_seconds: 600,
+            retry_jitter_ratio: 0.2,
+            types: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// `[jobs.types.<type>]`: one job type's overrides of `[jobs]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobTypeConfig {
+    /// Running jobs of this type at once (1..=64).
+    pub concurrency: Option<u32>,
+    /// Failures after which a job of this type goes dead (0..=20).
+    pub max_retries: Option<u32>,
+    /// First backoff (1..=600).
+    pub retry_base_seconds: Option<u32>,
+    /// Backoff cap (1..=86400).
+    pub retry_max_seconds: Option<u32>,
+}
+
+/// The effective settings of one job type: `[jobs]` with its `[jobs.types.<type>]` applied.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobTypeSettings {
+    /// Running jobs of this type at once.
+    pub concurrency: u32,
+    /// Failures after which a job goes dead.
+    pub max_retries: u32,
+    /// First backoff.
+    pub retry_base_seconds: u32,
+    /// Backoff cap.
+    pub retry_max_seconds: u32,
+    /// Jitter as a fraction of the backoff.
+    pub retry_jitter_ratio: f64,
+}
+
+impl JobsConfig {
+    /// The settings of `job_type`.
+    pub fn settings(&self, job_type: &str) -> JobTypeSettings {
+        let t = self.types.get(job_type).cloned().unwrap_or_default();
+        JobTypeSettings {
+            concurrency: t.concurrency.unwrap_or(self.concurrency),
+            max_retries: t.max_retries.unwrap_or(self.max_retries),
+            retry_base_seconds: t.retry_base_seconds.unwrap_or(self.retry_base_seconds),
+            retry_max_seconds: t.retry_max_seconds.unwrap_or(self.retry_max_seconds),
+            retry_jitter_ratio: self.retry_jitter_ratio,
+        }
+    }
+
+    /// Checks every value's range and every type name.
+    fn validate(&self) -> Result<(), CoreError> {
+        range("jobs.poll_interval_ms", self.poll_interval_ms, 10, 60_000)?;
+        range("jobs.lease_seconds", self.lease_seconds, 15, 3600)?;
+        range(
+            "jobs.heartbeat_seconds",
+            self.heartbeat_seconds,
+            1,
+            self.lease_seconds / 2,
+        )?;
+        range("jobs.retry_jitter_ratio", self.retry_jitter_ratio, 0.0, 1.0)?;
+        let mut checked = vec![(String::from("jobs"), self.settings(""))];
+        for name in self.types.keys() {
+            if !valid_job_type(name) {
+                return Err(CoreError::InvalidConfig {
+                    key: format!("jobs.types.{name}"),
+                    reason: format!(
+                        "{name:?} is not a job type name (1 to 64 of [a-z0-9_-], starting with a letter)"
+                    ),
+                });
+            }
+            checked.push((format!("jobs.types.{name}"), self.settings(name)));
+        }
+        for (at, s) in checked {
+            range(&format!("{at}.concurrency"), s.concurrency, 1, 64)?;
+            range(&format!("{at}.max_retries"), s.max_retries, 0, 20)?;
+            range(
+                &format!("{at}.retry_base_seconds"),
+                s.retry_base_seconds,
+                1,
+                600,
+            )?;
+            range(
+                &format!("{at}.retry_max_seconds"),
+                s.retry_max_seconds,
+                s.retry_base_seconds,
+                86_400,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` is a valid job type: 1 to 64 of `[a-z0-9_-]`, starting with a letter.
+pub fn valid_job_type(name: &str) -> bool {
+    name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 /// The path-lock providers.
@@ -828,6 +969,7 @@ impl Config {
             1_000_000,
         )?;
         self.server.validate()?;
+        self.jobs.validate()?;
         Ok(())
     }
 }
@@ -858,6 +1000,40 @@ mod tests {
             err.to_string().contains("index.outbox.retry_jitter_ratio"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn job_settings_apply_type_overrides_and_are_checked() {
+        let c = Config::from_toml(
+            "[jobs]\nconcurrency = 3\n[jobs.types.reindex]\nconcurrency = 1\nmax_retries = 0\n",
+        )
+        .expect("valid");
+        let r = c.jobs.settings("reindex");
+        assert_eq!((r.concurrency, r.max_retries), (1, 0));
+        let other = c.jobs.settings("import");
+        assert_eq!((other.concurrency, other.max_retries), (3, 5));
+        for (toml, key) in [
+            ("[jobs]\nlease_seconds = 5\n", "jobs.lease_seconds"),
+            ("[jobs]\nheartbeat_seconds = 40\n", "jobs.heartbeat_seconds"),
+            ("[jobs]\nconcurrency = 0\n", "jobs.concurrency"),
+            (
+                "[jobs.types.reindex]\nconcurrency = 65\n",
+                "jobs.types.reindex.concurrency",
+            ),
+            (
+                "[jobs.types.reindex]\nretry_base_seconds = 60\nretry_max_seconds = 30\n",
+                "jobs.types.reindex.retry_max_seconds",
+            ),
+            (
+                "[jobs.types.Re-Index]\nconcurrency = 1\n",
+                "jobs.types.Re-Index",
+            ),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        assert!(valid_job_type("session-commit") && valid_job_type("kb_index2"));
+        assert!(!valid_job_type("") && !valid_job_type("2x") && !valid_job_type("a b"));
     }
 
     #[test]

@@ -6,22 +6,29 @@
 //! commit. Indexes read from here; nothing here calls an index.
 //!
 //! - [`model`]: requests, answers and the backend traits
+//! - [`jobs`]: durable workflow jobs (the same queue rules as the outbox, `queue.rs`)
 //! - [`plan`]: pure write planning shared by backends (merge rules, versions, moves)
 //! - [`sqlite`]: the embedded backend (SQLite, WAL)
 //! - [`postgres`]: the scale backend (PostgreSQL), same schema semantics
 //! - [`layout`]: import / export in the on-disk node layout (spec §2.2)
 
 pub mod error;
+pub mod jobs;
 pub mod layout;
 pub mod model;
 mod outbox;
 pub mod plan;
 pub mod postgres;
+mod queue;
 mod shared;
 pub mod sqlite;
 mod txn;
 
 pub use error::{Result, StoreError};
+pub use jobs::{
+    ClaimedJob, Enqueued, Heartbeat, Job, JobClaim, JobCount, JobFailure, JobFilter, JobSpec,
+    JobState, JobStore, TypeSlots,
+};
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow,

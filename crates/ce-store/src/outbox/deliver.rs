@@ -9,12 +9,11 @@
 
 use ce_core::{Clock, DeliveryStatus, Millis, OutboxEvent, OutboxEventCreate, failpoint};
 
-use super::rows::{
-    self, CLAIMED, DONE, checked_payloads, fence, lease_ms, new_claim_token, stored_error,
-};
+use super::rows::{CLAIMED, DONE, checked_payloads, fence, lease_ms};
 use super::{ClaimRows, Commit, DeliveryUpdate, OutboxBackend, OutboxTx};
 use crate::error::{Result, StoreError};
 use crate::model::{Claim, ClaimedEvent, Failure};
+use crate::queue::{AfterFailure, RetryPolicy, new_claim_token, stored_error};
 
 /// [`crate::model::OutboxStore::append_batch_for`].
 pub(crate) fn append_batch_for(
@@ -112,7 +111,8 @@ fn lock_and_fence(
     Ok((fence(row, claim, now, done_is_ok)?, now))
 }
 
-/// The retry count of the live claim; a done delivery is a conflict here as well.
+/// The retry count of the live claim (a fence that refuses done deliveries never answers
+/// `None`: that would be a broken invariant).
 fn live(fenced: Option<u32>, what: &str) -> Result<u32> {
     fenced.ok_or_else(|| StoreError::Corrupt(format!("{what} of a done delivery")))
 }
@@ -191,20 +191,27 @@ pub(crate) fn mark_failed(
     claim: &Claim,
     failure: &Failure<'_>,
 ) -> Result<DeliveryStatus> {
-    let o = &s.outbox_config().index.outbox;
+    let policy = RetryPolicy::from(&s.outbox_config().index.outbox);
     let message = stored_error(failure.message);
     s.write_outbox(Commit::Bookkeeping, |tx, _| {
         let (fenced, now) = lock_and_fence(tx, s.outbox_clock(), claim, false)?;
         let retry_count = live(fenced, "mark_failed")?;
-        let next = rows::Failure::after(o, retry_count, failure.retryable, now);
+        let (status, attempts, visible_at) =
+            match policy.after_failure(retry_count, failure.retryable, now) {
+                AfterFailure::Retry {
+                    attempts,
+                    visible_at,
+                } => (DeliveryStatus::RetryWait, attempts, Some(visible_at)),
+                AfterFailure::Dead { attempts } => (DeliveryStatus::Dead, attempts, None),
+            };
         let failed = DeliveryUpdate {
-            status: next.status,
-            retry_count: i64::from(next.retry_count),
-            visible_at: next.visible_at,
+            status: status.as_i64(),
+            retry_count: i64::from(attempts),
+            visible_at,
             claimed_until: None,
             error: Some((failure.code.as_str(), &message)),
         };
         tx.update_delivery(&claim.consumer, claim.seq, &failed, now)?;
-        Ok(next.delivery_status())
+        Ok(status)
     })
 }

@@ -6,10 +6,10 @@ use ce_core::{
     Config, CoreError, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
     OutboxEventCreate,
 };
-use rand::Rng as _;
 
 use crate::error::{Result, StoreError};
 use crate::model::{Claim, ConsumerError, ConsumerStats, DeadFilter};
+use crate::queue::{self, LeaseRow, Lost, Phase};
 
 /// Stored delivery status `pending` ([`DeliveryStatus::as_i64`]).
 pub(crate) const PENDING: i64 = 0;
@@ -40,11 +40,6 @@ pub(crate) const FORCED_DONE_LAST_ERROR_SQL: &str =
 /// A new event id: unique and ordered by time.
 pub(crate) fn new_event_id() -> String {
     format!("evt-{}", uuid::Uuid::now_v7().simple())
-}
-
-/// A new claim token: the fence that only the live claim passes.
-pub(crate) fn new_claim_token() -> String {
-    format!("{:032x}", rand::rng().random::<u128>())
 }
 
 /// A claim's lease in milliseconds.
@@ -168,118 +163,46 @@ pub(crate) struct FenceRow {
     pub(crate) retry_count: i64,
 }
 
-/// Whether a fenced transition on `claim` may run at `now`: `Some(retry_count)` when it
-/// is the live claim (claimed, same token, lease not over), `None` when the delivery is
-/// already done and `done_is_ok`; otherwise `EventNotFound` or a `ClaimConflict` that says
-/// what the delivery's state is.
+impl FenceRow {
+    /// The row as the queue state machine sees it.
+    fn lease(&self) -> LeaseRow {
+        let status = DeliveryStatus::from_i64(self.status);
+        LeaseRow {
+            phase: match status {
+                Some(DeliveryStatus::Claimed) => Phase::Claimed,
+                Some(DeliveryStatus::Done) => Phase::Done,
+                Some(DeliveryStatus::Dead) => Phase::Dead,
+                _ => Phase::Waiting,
+            },
+            status: status.map_or("unknown", DeliveryStatus::as_str),
+            token: self.token.clone(),
+            until: self.until,
+            attempts: u32::try_from(self.retry_count).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Whether a fenced transition on `claim` may run at `now` ([`queue::fence`]):
+/// `Some(retry_count)` when it is the live claim, `None` when the delivery is already done
+/// and `done_is_ok`; otherwise `EventNotFound` or a `ClaimConflict` that says what the
+/// delivery's state is.
 pub(crate) fn fence(
     row: Option<FenceRow>,
     claim: &Claim,
     now: Millis,
     done_is_ok: bool,
 ) -> Result<Option<u32>> {
-    let Some(row) = row else {
-        return Err(StoreError::EventNotFound {
+    let lease = row.as_ref().map(FenceRow::lease);
+    queue::fence(lease.as_ref(), &claim.token, now, done_is_ok).map_err(|lost| match lost {
+        Lost::Missing => StoreError::EventNotFound {
             event_id: claim.event_id.clone(),
-        });
-    };
-    let same_token = row.token.as_deref() == Some(claim.token.as_str());
-    let live = row.status == CLAIMED && same_token && row.until.is_some_and(|u| now < u);
-    if live {
-        return Ok(Some(row.retry_count as u32));
-    }
-    if row.status == DONE && done_is_ok {
-        return Ok(None);
-    }
-    let state = match (row.status, same_token) {
-        (CLAIMED, true) => "the lease expired".to_owned(),
-        (CLAIMED, false) => "claimed by a newer claim".to_owned(),
-        (s, _) => format!(
-            "status is {}",
-            DeliveryStatus::from_i64(s).map_or("unknown", DeliveryStatus::as_str)
-        ),
-    };
-    Err(StoreError::ClaimConflict {
-        event_id: claim.event_id.clone(),
-        consumer: claim.consumer.clone(),
-        state,
+        },
+        Lost::Conflict(state) => StoreError::ClaimConflict {
+            event_id: claim.event_id.clone(),
+            consumer: claim.consumer.clone(),
+            state,
+        },
     })
-}
-
-/// The error text a failure records: at most 4096 characters.
-pub(crate) fn stored_error(error: &str) -> String {
-    error.chars().take(4096).collect()
-}
-
-/// Where a failed delivery goes (spec §3.3): `dead` when not retryable or out of retries
-/// (with dead-lettering on), else `retry_wait` after a jittered backoff.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Failure {
-    /// The stored status (`RETRY_WAIT` or `DEAD`).
-    pub(crate) status: i64,
-    /// The failures counted so far.
-    pub(crate) retry_count: u32,
-    /// When it can be claimed again (`None` when dead).
-    pub(crate) visible_at: Option<Millis>,
-}
-
-impl Failure {
-    /// The transition of a delivery that failed with `retry_count` failures before.
-    pub(crate) fn after(
-        o: &OutboxConfig,
-        retry_count: u32,
-        retryable: bool,
-        now: Millis,
-    ) -> Failure {
-        let exhausted = retry_count >= o.max_retries;
-        if !retryable || (exhausted && o.dead_letter_enabled) {
-            return Failure {
-                status: DEAD,
-                retry_count,
-                visible_at: None,
-            };
-        }
-        let n = (retry_count + 1).min(o.max_retries);
-        let unit: f64 = rand::rng().random();
-        let wait = backoff_ms(
-            n,
-            o.retry_base_seconds,
-            o.retry_max_seconds,
-            o.retry_jitter_ratio,
-            unit,
-        );
-        Failure {
-            status: RETRY_WAIT,
-            retry_count: n,
-            visible_at: Some(now + wait),
-        }
-    }
-
-    /// The status reported to the caller.
-    pub(crate) fn delivery_status(&self) -> DeliveryStatus {
-        if self.status == DEAD {
-            DeliveryStatus::Dead
-        } else {
-            DeliveryStatus::RetryWait
-        }
-    }
-}
-
-/// The backoff before retry number `retry_count` (1-based): `min(base·2^(n-1), max)`
-/// plus up to `jitter_ratio` of it (spec §3.3, §8.2).
-pub(crate) fn backoff_ms(
-    retry_count: u32,
-    base_s: u32,
-    max_s: u32,
-    jitter_ratio: f64,
-    unit: f64,
-) -> Millis {
-    let exp = retry_count.saturating_sub(1).min(30);
-    let delay = (u64::from(base_s) * 1000)
-        .saturating_mul(1 << exp)
-        .min(u64::from(max_s) * 1000);
-    let jitter = (delay as f64 * jitter_ratio * unit.clamp(0.0, 1.0)) as u64;
-    (delay + jitter) as Millis
 }
 
 /// The parameters 1 to 9 of a dead-delivery condition from a [`DeadParams`] `p`, with
@@ -397,7 +320,7 @@ pub(crate) fn latest_error(
 mod tests {
     use ce_core::DeliveryStatus;
 
-    use super::{CLAIMED, DEAD, DONE, PENDING, RETRY_WAIT, backoff_ms};
+    use super::{CLAIMED, DEAD, DONE, PENDING, RETRY_WAIT};
 
     #[test]
     fn status_codes_are_the_core_ones() {
@@ -410,15 +333,5 @@ mod tests {
         ] {
             assert_eq!(status.as_i64(), code, "{status:?}");
         }
-    }
-
-    #[test]
-    fn backoff_doubles_caps_and_jitters() {
-        assert_eq!(backoff_ms(1, 2, 300, 0.2, 0.0), 2_000);
-        assert_eq!(backoff_ms(2, 2, 300, 0.2, 0.0), 4_000);
-        assert_eq!(backoff_ms(8, 2, 300, 0.2, 0.0), 256_000);
-        assert_eq!(backoff_ms(9, 2, 300, 0.2, 0.0), 300_000);
-        assert_eq!(backoff_ms(40, 2, 300, 0.2, 0.0), 300_000);
-        assert_eq!(backoff_ms(1, 2, 300, 0.2, 1.0), 2_400);
     }
 }
