@@ -9,11 +9,11 @@
 
 use ce_core::{Clock, DeliveryStatus, Millis, OutboxEvent, OutboxEventCreate, failpoint};
 
-use super::rows::{CLAIMED, DONE, checked_payloads, fence, lease_ms};
+use super::rows::{CLAIMED, DONE, FenceRow, checked_payloads, lease_ms};
 use super::{ClaimRows, Commit, DeliveryUpdate, OutboxBackend, OutboxTx};
 use crate::error::{Result, StoreError};
 use crate::model::{Claim, ClaimedEvent, Failure};
-use crate::queue::{AfterFailure, RetryPolicy, new_claim_token, stored_error};
+use crate::queue::{self, AfterFailure, Lost, RetryPolicy, new_claim_token, stored_error};
 
 /// [`crate::model::OutboxStore::append_batch_for`].
 pub(crate) fn append_batch_for(
@@ -97,9 +97,10 @@ pub(crate) fn claim_batch(
     Ok(claimed)
 }
 
-/// Locks the delivery `claim` names and judges the claim at the time read once the lock is
-/// held: `Some(retry_count)` of the live claim, `None` for a delivery already done when
-/// `done_is_ok`, else the conflict; and that time.
+/// Locks the delivery `claim` names and judges the claim ([`queue::fence`]) at the time
+/// read once the lock is held: `Some(retry_count)` for the live claim, `None` for a delivery
+/// already done when `done_is_ok`, else `EventNotFound` or a `ClaimConflict` that says what
+/// the delivery's state is; and that time.
 fn lock_and_fence(
     tx: &mut dyn OutboxTx,
     clock: &dyn Clock,
@@ -108,7 +109,19 @@ fn lock_and_fence(
 ) -> Result<(Option<u32>, Millis)> {
     let row = tx.lock_delivery(&claim.consumer, claim.seq)?;
     let now = clock.now_ms();
-    Ok((fence(row, claim, now, done_is_ok)?, now))
+    let lease = row.as_ref().map(FenceRow::lease);
+    let fenced =
+        queue::fence(lease.as_ref(), &claim.token, now, done_is_ok).map_err(|lost| match lost {
+            Lost::Missing => StoreError::EventNotFound {
+                event_id: claim.event_id.clone(),
+            },
+            Lost::Conflict(state) => StoreError::ClaimConflict {
+                event_id: claim.event_id.clone(),
+                consumer: claim.consumer.clone(),
+                state,
+            },
+        })?;
+    Ok((fenced, now))
 }
 
 /// The retry count of the live claim (a fence that refuses done deliveries never answers

@@ -8,8 +8,8 @@ use ce_core::{
 };
 
 use crate::error::{Result, StoreError};
-use crate::model::{Claim, ConsumerError, ConsumerStats, DeadFilter};
-use crate::queue::{self, LeaseRow, Lost, Phase};
+use crate::model::{ConsumerError, ConsumerStats, DeadFilter};
+use crate::queue::{LeaseRow, Phase};
 
 /// Stored delivery status `pending` ([`DeliveryStatus::as_i64`]).
 pub(crate) const PENDING: i64 = 0;
@@ -165,7 +165,7 @@ pub(crate) struct FenceRow {
 
 impl FenceRow {
     /// The row as the queue state machine sees it.
-    fn lease(&self) -> LeaseRow {
+    pub(crate) fn lease(&self) -> LeaseRow {
         let status = DeliveryStatus::from_i64(self.status);
         LeaseRow {
             phase: match status {
@@ -180,29 +180,6 @@ impl FenceRow {
             attempts: u32::try_from(self.retry_count).unwrap_or(u32::MAX),
         }
     }
-}
-
-/// Whether a fenced transition on `claim` may run at `now` ([`queue::fence`]):
-/// `Some(retry_count)` when it is the live claim, `None` when the delivery is already done
-/// and `done_is_ok`; otherwise `EventNotFound` or a `ClaimConflict` that says what the
-/// delivery's state is.
-pub(crate) fn fence(
-    row: Option<FenceRow>,
-    claim: &Claim,
-    now: Millis,
-    done_is_ok: bool,
-) -> Result<Option<u32>> {
-    let lease = row.as_ref().map(FenceRow::lease);
-    queue::fence(lease.as_ref(), &claim.token, now, done_is_ok).map_err(|lost| match lost {
-        Lost::Missing => StoreError::EventNotFound {
-            event_id: claim.event_id.clone(),
-        },
-        Lost::Conflict(state) => StoreError::ClaimConflict {
-            event_id: claim.event_id.clone(),
-            consumer: claim.consumer.clone(),
-            state,
-        },
-    })
 }
 
 /// The parameters 1 to 9 of a dead-delivery condition from a [`DeadParams`] `p`, with
