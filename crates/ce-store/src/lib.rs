@@ -16,6 +16,7 @@ pub mod error;
 pub mod jobs;
 pub mod layout;
 pub mod model;
+mod outbox;
 pub mod plan;
 pub mod postgres;
 mod queue;
@@ -30,10 +31,10 @@ pub use jobs::{
 };
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow, Hold,
-    HoldStore, IndexOwner, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter, OutboxStore,
-    OwnerStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteFence, WriteOp,
-    WriteOutcome, check_list_limit,
+    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow,
+    Failure, Hold, HoldStore, IndexOwner, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter,
+    OutboxStore, OwnerStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteFence,
+    WriteOp, WriteOutcome, check_list_limit,
 };
 pub use sqlite::SqliteStore;
 

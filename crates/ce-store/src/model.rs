@@ -3,8 +3,8 @@
 use std::str::FromStr;
 
 use ce_core::{
-    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, EventType, Level, Meta,
-    Millis, NodeKind, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
+    ContextNode, ContextType, CoreError, CtxUri, Delivery, DeliveryStatus, ErrorCode, EventType,
+    Level, Meta, Millis, NodeKind, OutboxEvent, OutboxEventCreate, OwnerSpace, RelationEdge,
 };
 use serde::{Deserialize, Serialize};
 
@@ -239,6 +239,19 @@ pub struct Claim {
     pub token: String,
     /// Lease end.
     pub claimed_until_ms: Millis,
+}
+
+/// Why a claimed delivery failed ([`OutboxStore::mark_failed`]): the consumer's classified
+/// error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure<'a> {
+    /// The error's stable code, recorded as the delivery's `error_code`.
+    pub code: ErrorCode,
+    /// Whether a later attempt can succeed (spec §8.4): `retry_wait` with backoff, else
+    /// `dead`.
+    pub retryable: bool,
+    /// What went wrong, recorded as its `last_error` (the first 4096 characters).
+    pub message: &'a str,
 }
 
 /// An event handed to a worker.
@@ -491,13 +504,7 @@ pub trait OutboxStore: Send + Sync {
     fn mark_done_batch(&self, claims: &[Claim]) -> Result<Vec<Result<()>>>;
     /// Records a failure: `retry_wait` with backoff, or `dead` when not retryable or out of
     /// retries. Returns the new status.
-    fn mark_failed(
-        &self,
-        claim: &Claim,
-        error: &str,
-        error_code: &str,
-        retryable: bool,
-    ) -> Result<DeliveryStatus>;
+    fn mark_failed(&self, claim: &Claim, failure: &Failure<'_>) -> Result<DeliveryStatus>;
     /// Puts dead deliveries back to pending with a fresh retry budget; returns how many.
     fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64>;
     /// Counts the dead deliveries `filter` selects, per consumer (changes nothing).

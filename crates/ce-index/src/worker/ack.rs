@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use ce_core::Classify;
-use ce_store::ClaimedEvent;
+use ce_store::{ClaimedEvent, Failure};
 use tracing::{info, info_span, warn};
 
 use super::compact::Plan;
@@ -68,12 +68,12 @@ pub(super) fn acknowledge(
                 .extend(err.retry_after.unwrap_or(w.cfg.default_rate_limit_pause));
         }
         metrics::counter!("index_worker_event_failed_total", "event_type" => e.event_type.as_str(), "error_code" => err.code().as_str()).increment(1);
-        match w.source.mark_failed(
-            &c.claim,
-            &err.message,
-            err.code().as_str(),
-            err.is_retryable(),
-        ) {
+        let failure = Failure {
+            code: err.code(),
+            retryable: err.is_retryable(),
+            message: &err.message,
+        };
+        match w.source.mark_failed(&c.claim, &failure) {
             Ok(status) => {
                 if status == ce_core::DeliveryStatus::Dead {
                     result.failed += 1;

@@ -502,9 +502,12 @@ mod tests {
         let claimed = store.claim_batch("keyword", "w", 10).expect("claim");
         assert_eq!(claimed.len(), 2);
         store.mark_done(&claimed[0].claim).expect("done");
-        store
-            .mark_failed(&claimed[1].claim, "bad", "invalid_payload", false)
-            .expect("dead");
+        let bad = ce_store::Failure {
+            code: ce_core::ErrorCode::InvalidPayload,
+            retryable: false,
+            message: "bad",
+        };
+        store.mark_failed(&claimed[1].claim, &bad).expect("dead");
         let r = e.repairer();
         let keyword = ["keyword".to_owned()];
         r.scheduled_dead_scan(&keyword).expect("scan");

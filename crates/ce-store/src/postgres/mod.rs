@@ -171,7 +171,7 @@ impl PgStore {
             config,
             migrated,
         };
-        store.register_consumers()?;
+        crate::outbox::deliver::register_consumers(&store)?;
         Ok(store)
     }
 

@@ -1,8 +1,10 @@
-//! The outbox on PostgreSQL: the SQLite backend's tables and rules (`sqlite/outbox.rs`,
-//! `crate::shared::outbox`), with row locks where SQLite has its single writer.
+//! The outbox's row primitives on PostgreSQL ([`OutboxReadTx`], [`OutboxTx`]): the SQLite
+//! backend's tables (`sqlite/outbox.rs`), with row locks where SQLite has its single writer.
+//! What the transitions mean is written once in `crate::outbox`.
 //!
 //! - Appends run inside source writes, whose advisory lock makes sequence numbers commit in
-//!   order; a transaction that appended wakes consumers with `NOTIFY` at commit.
+//!   order; a transaction that appended (or back-filled a consumer) wakes consumers with
+//!   `NOTIFY` at commit.
 //! - A claim picks runnable deliveries `FOR UPDATE SKIP LOCKED` (spec §3.4): concurrent
 //!   claimers take disjoint rows without waiting for each other, and a row that another claim
 //!   took meanwhile fails the re-check of `visible_at` once that claim has committed. No two
@@ -10,24 +12,21 @@
 //! - A fenced transition (renew, done, failed) locks its delivery row `FOR UPDATE` before it
 //!   checks token and lease, so it serializes with any claim of that row.
 
-use ce_core::{
-    CtxUri, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
-    OutboxEventCreate, failpoint,
-};
+use ce_core::{Delivery, EventPayload, Millis, OutboxEvent};
 use postgres::Row;
 use postgres::types::ToSql;
 
+use super::rows::PgTx;
 use super::{PgStore, Tx, WriteKind};
-use crate::error::{Result, StoreError};
-use crate::model::{
-    Claim, ClaimedEvent, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter, DeliveryRow,
-    FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
+use crate::error::Result;
+use crate::model::{ConsumerError, DeliveryRow};
+use crate::outbox::rows::{
+    DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FenceRow, StoredDelivery, consumer_error,
+    dead_params, decode_event, new_event_id,
 };
-use crate::queue::{new_claim_token, stored_error};
-use crate::shared::outbox::{
-    DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
-    StoredDelivery, check_consumer, checked_payloads, consumer_error, count_status, decode_event,
-    fence, latest_error, lease_ms, new_event_id,
+use crate::outbox::{
+    ClaimRows, Commit, DeadChange, DeliveryUpdate, LagScan, ListQuery, OutboxBackend, OutboxReadTx,
+    OutboxTx,
 };
 
 /// Appends one event (`$1` id, `$2` type, `$3` uri, `$4` payload, `$5` time) with a pending
@@ -85,7 +84,7 @@ const LAST_ERROR_DEAD_SQL: &str = "SELECT d.seq, e.event_id, d.error_code, d.las
      WHERE d.consumer = $1 AND d.status = 5
      ORDER BY d.updated_at DESC, d.seq DESC LIMIT 1";
 
-/// The dead deliveries a [`DeadFilter`] selects, as `WHERE` conditions on `deliveries`
+/// The dead deliveries a [`DeadParams`] selects, as `WHERE` conditions on `deliveries`
 /// (parameters in [`DeadParams`] order: `$1` consumer, `$2` error code, `$3`/`$4` sequence
 /// bounds, `$5` exhausted only, `$6` max retries, `$7` event type, `$8` subtree, `$9`
 /// configured consumers). Parameters tested only with `IS NULL` carry their type.
@@ -168,356 +167,85 @@ fn delivery_from_row(row: &Row, off: usize) -> Result<Delivery> {
     .decode()
 }
 
-/// Commits the current bookkeeping transaction synchronously: repairs a human confirmed
-/// (requeue, force done) are durable at commit, as SQLite commits them with `FULL`.
-fn durable_commit(tx: &mut Tx<'_>) -> Result<()> {
-    tx.batch("SET LOCAL synchronous_commit = on")
+fn error_from_row(r: &Row) -> Result<ConsumerError> {
+    Ok(consumer_error(
+        r.try_get(0)?,
+        r.try_get(1)?,
+        r.try_get(2)?,
+        r.try_get(3)?,
+        r.try_get(4)?,
+        r.try_get(5)?,
+    ))
 }
 
-impl PgStore {
-    /// Records the configured consumers and back-fills each: a consumer seen for the first
-    /// time, or switched back on after a gap, gets a pending delivery for every journal event
-    /// after its newest delivery (an index seek when there is nothing to add).
-    pub(super) fn register_consumers(&self) -> Result<()> {
-        let consumers = self.config.index.outbox.consumers.clone();
-        self.write(WriteKind::Source, |tx, now| {
-            let mut added = 0;
-            for c in &consumers {
-                tx.execute(
-                    "INSERT INTO consumers (name, added_at) VALUES ($1, $2)
-                     ON CONFLICT (name) DO NOTHING",
-                    &[c, &now],
-                )?;
-                added += tx.execute(
-                    "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
-                     SELECT $1::text, seq, 0, 0, $2, $2 FROM events
-                     WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = $1)",
-                    &[c, &now],
-                )?;
-            }
-            if added > 0 {
-                // New work for a consumer: wake its workers as an append does.
-                tx.appended();
-            }
-            Ok(())
-        })
-    }
-
-    pub(super) fn check_consumer(&self, consumer: &str) -> Result<()> {
-        check_consumer(&self.config.index.outbox.consumers, consumer)
-    }
-
-    /// Applies a fenced transition: `f` runs only when `claim` is the live claim; otherwise
-    /// the delivery's current state decides between `Ok(None)` (already done) and a conflict.
-    fn fenced<T>(
-        &self,
-        claim: &Claim,
-        done_is_ok: bool,
-        f: impl FnOnce(&mut Tx<'_>, Millis, u32) -> Result<T>,
-    ) -> Result<Option<T>> {
-        self.write(WriteKind::Bookkeeping, |tx, _| {
-            self.fenced_tx(tx, claim, done_is_ok, f)
-        })
-    }
-
-    /// The body of [`PgStore::fenced`] inside an open transaction. The delivery row is locked
-    /// first, so a concurrent claim of it either committed before (its token is seen) or waits
-    /// for this transaction; the lease is judged by the clock read once the lock is held.
-    fn fenced_tx<T>(
-        &self,
-        tx: &mut Tx<'_>,
-        claim: &Claim,
-        done_is_ok: bool,
-        f: impl FnOnce(&mut Tx<'_>, Millis, u32) -> Result<T>,
-    ) -> Result<Option<T>> {
-        let row = tx
-            .query_opt(
-                "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
-                 WHERE consumer = $1 AND seq = $2 FOR UPDATE",
-                &[&claim.consumer, &claim.seq],
-            )?
-            .map(|r| -> Result<FenceRow> {
-                Ok(FenceRow {
-                    status: r.try_get(0)?,
-                    token: r.try_get(1)?,
-                    until: r.try_get(2)?,
-                    retry_count: r.try_get(3)?,
-                })
-            })
-            .transpose()?;
-        let now = self.now();
-        match fence(row, claim, now, done_is_ok)? {
-            Some(retry_count) => f(tx, now, retry_count).map(Some),
-            None => Ok(None),
-        }
-    }
-
+impl PgTx<'_, '_> {
     /// Runs `sql` (whose `WHERE` ends with [`DEAD_WHERE`] and which returns the consumer of
-    /// each row it selects or changes) with `filter`'s parameters after `extra`, in one
-    /// transaction; counts the rows per consumer.
+    /// each row it selects or changes) with `p`'s parameters followed by `extra`.
     fn dead_rows(
-        &self,
-        filter: &DeadFilter,
+        &mut self,
+        p: &DeadParams,
         sql: &str,
         extra: &[&(dyn ToSql + Sync)],
-    ) -> Result<DeadCounts> {
-        let p = DeadParams::new(filter, &self.config.index.outbox)?;
-        let base: [&(dyn ToSql + Sync); 9] = [
-            &p.consumer,
-            &p.error_code,
-            &p.min_seq,
-            &p.max_seq,
-            &p.exhausted_only,
-            &p.max_retries,
-            &p.event_type,
-            &p.subtree,
-            &p.configured,
-        ];
+    ) -> Result<Vec<String>> {
+        let base: [&(dyn ToSql + Sync); 9] = dead_params!(p, &p.configured);
         let params: Vec<&(dyn ToSql + Sync)> = base.iter().chain(extra).copied().collect();
-        let run = |tx: &mut Tx<'_>| -> Result<DeadCounts> {
-            let mut counts = DeadCounts::new();
-            for r in tx.query(sql, &params)? {
-                *counts.entry(r.try_get(0)?).or_default() += 1;
-            }
-            Ok(counts)
-        };
-        if extra.is_empty() {
-            // A count: a read snapshot is enough.
-            self.read(run)
-        } else {
-            self.write(WriteKind::Bookkeeping, |tx, _| {
-                durable_commit(tx)?;
-                run(tx)
-            })
-        }
+        self.tx
+            .query(sql, &params)?
+            .iter()
+            .map(|r| Ok(r.try_get(0)?))
+            .collect()
     }
 }
 
-fn done_tx(tx: &mut Tx<'_>, now: Millis, claim: &Claim) -> Result<()> {
-    tx.execute(
-        "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = $3
-         WHERE consumer = $1 AND seq = $2",
-        &[&claim.consumer, &claim.seq, &now],
-    )?;
-    Ok(())
-}
-
-/// The events `seqs` (sorted, distinct) in that order.
-fn read_events(tx: &mut Tx<'_>, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
-    if seqs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rows = tx.query(
-        &format!("SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ANY($1) ORDER BY e.seq"),
-        &[&seqs],
-    )?;
-    if rows.len() != seqs.len() {
-        return Err(StoreError::Corrupt(format!(
-            "{} of the claimed deliveries have no event",
-            seqs.len() - rows.len()
-        )));
-    }
-    rows.iter().map(event_from_row).collect()
-}
-
-impl OutboxStore for PgStore {
-    fn append_batch_for(
-        &self,
-        consumers: &[String],
-        events: Vec<OutboxEventCreate>,
-    ) -> Result<Vec<OutboxEvent>> {
-        let payloads = checked_payloads(&self.config.index.outbox.consumers, consumers, events)?;
-        self.write(WriteKind::Source, |tx, now| {
-            append_events_tx(tx, consumers, payloads, now)
-        })
-    }
-
-    fn claim_batch(
-        &self,
-        consumer: &str,
-        worker_id: &str,
-        limit: usize,
-    ) -> Result<Vec<ClaimedEvent>> {
-        self.check_consumer(consumer)?;
-        if limit == 0 {
+impl OutboxReadTx for PgTx<'_, '_> {
+    fn events(&mut self, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
+        if seqs.is_empty() {
             return Ok(Vec::new());
         }
-        let lease_ms = lease_ms(&self.config);
-        let token = new_claim_token();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.write(WriteKind::Bookkeeping, |tx, now| {
-            let until = now + lease_ms;
-            let mut claimed = tx
-                .query(
-                    CLAIM_SQL,
-                    &[&consumer, &now, &worker_id, &token, &until, &limit],
-                )?
-                .iter()
-                .map(|r| Ok((r.try_get::<_, i64>(0)?, r.try_get::<_, i64>(1)? as u32)))
-                .collect::<Result<Vec<_>>>()?;
-            claimed.sort_unstable();
-            let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
-            let events = read_events(tx, &seqs)?;
-            Ok(events
-                .into_iter()
-                .zip(claimed)
-                .map(|(event, (seq, retry_count))| ClaimedEvent {
-                    claim: Claim {
-                        consumer: consumer.to_owned(),
-                        seq,
-                        event_id: event.event_id.clone(),
-                        worker_id: worker_id.to_owned(),
-                        token: token.clone(),
-                        claimed_until_ms: until,
-                    },
-                    event,
-                    retry_count,
-                })
-                .collect::<Vec<_>>())
-        })
-        .inspect(|c| {
-            if !c.is_empty() {
-                failpoint::hit("outbox.after_claim");
-            }
-        })
+        self.tx
+            .query(
+                &format!(
+                    "SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ANY($1) ORDER BY e.seq"
+                ),
+                &[&seqs],
+            )?
+            .iter()
+            .map(event_from_row)
+            .collect()
     }
 
-    fn renew(&self, claim: &Claim) -> Result<Millis> {
-        let lease = lease_ms(&self.config);
-        let renewed = self.fenced(claim, false, |tx, now, _| {
-            let until = now + lease;
-            tx.execute(
-                "UPDATE deliveries SET claimed_until = $3, visible_at = $3, updated_at = $4
-                 WHERE consumer = $1 AND seq = $2",
-                &[&claim.consumer, &claim.seq, &until, &now],
-            )?;
-            Ok(until)
-        })?;
-        renewed.ok_or_else(|| StoreError::Corrupt("renew of a done delivery".into()))
+    fn event(&mut self, event_id: &str, seq: Option<i64>) -> Result<Option<OutboxEvent>> {
+        self.tx
+            .query_opt(
+                &format!(
+                    "SELECT {EVENT_COLUMNS} FROM events e
+                     WHERE e.event_id = $1 OR e.seq = $2 ORDER BY e.seq LIMIT 1"
+                ),
+                &[&event_id, &seq],
+            )?
+            .map(|r| event_from_row(&r))
+            .transpose()
     }
 
-    fn mark_done(&self, claim: &Claim) -> Result<()> {
-        self.fenced(claim, true, |tx, now, _| done_tx(tx, now, claim))?;
-        Ok(())
+    fn deliveries(&mut self, seq: i64) -> Result<Vec<Delivery>> {
+        self.tx
+            .query(
+                &format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = $1
+                     ORDER BY d.consumer COLLATE \"C\""
+                ),
+                &[&seq],
+            )?
+            .iter()
+            .map(|r| delivery_from_row(r, 0))
+            .collect()
     }
 
-    fn mark_done_batch(&self, claims: &[Claim]) -> Result<Vec<Result<()>>> {
-        // Rows are locked in key order, so batches that share rows cannot deadlock.
-        let mut order: Vec<usize> = (0..claims.len()).collect();
-        order.sort_by(|&a, &b| {
-            (&claims[a].consumer, claims[a].seq).cmp(&(&claims[b].consumer, claims[b].seq))
-        });
-        self.write(WriteKind::Bookkeeping, |tx, _| {
-            let mut out = Vec::with_capacity(claims.len());
-            for i in order {
-                let claim = &claims[i];
-                match self.fenced_tx(tx, claim, true, |tx, now, _| done_tx(tx, now, claim)) {
-                    Ok(_) => out.push((i, Ok(()))),
-                    Err(
-                        e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. }),
-                    ) => out.push((i, Err(e))),
-                    Err(e) => return Err(e),
-                }
-            }
-            out.sort_by_key(|(i, _)| *i);
-            Ok(out.into_iter().map(|(_, r)| r).collect())
-        })
-    }
-
-    fn mark_failed(
-        &self,
-        claim: &Claim,
-        error: &str,
-        error_code: &str,
-        retryable: bool,
-    ) -> Result<DeliveryStatus> {
-        let o = &self.config.index.outbox;
-        let error = stored_error(error);
-        let status = self.fenced(claim, false, |tx, now, retry_count| {
-            let to = Failure::after(o, retry_count, retryable, now);
-            tx.execute(
-                "UPDATE deliveries SET status = $3, retry_count = $4, visible_at = $5,
-                    last_error = $6, error_code = $7, updated_at = $8
-                 WHERE consumer = $1 AND seq = $2",
-                &[
-                    &claim.consumer,
-                    &claim.seq,
-                    &to.status,
-                    &i64::from(to.retry_count),
-                    &to.visible_at,
-                    &error,
-                    &error_code,
-                    &now,
-                ],
-            )?;
-            Ok(to.delivery_status())
-        })?;
-        status.ok_or_else(|| StoreError::Corrupt("mark_failed of a done delivery".into()))
-    }
-
-    fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64> {
-        if let Some(c) = consumer {
-            self.check_consumer(c)?;
-        }
-        self.write(WriteKind::Bookkeeping, |tx, now| {
-            durable_commit(tx)?;
-            tx.execute(
-                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = $1,
-                    updated_at = $1
-                 WHERE status = 5 AND ($2::text IS NULL OR consumer = $2)
-                   AND ($3::bigint[] IS NULL OR seq = ANY($3))",
-                &[&now, &consumer, &seqs],
-            )
-        })
-    }
-
-    fn count_dead(&self, filter: &DeadFilter) -> Result<DeadCounts> {
-        self.dead_rows(
-            filter,
-            &format!("SELECT consumer FROM deliveries WHERE {DEAD_WHERE}"),
-            &[],
-        )
-    }
-
-    fn requeue_dead_matching(&self, filter: &DeadFilter) -> Result<DeadCounts> {
-        let now = self.clock().now_ms();
-        self.dead_rows(
-            filter,
-            &format!(
-                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = $10,
-                    updated_at = $10
-                 WHERE {DEAD_WHERE} RETURNING consumer"
-            ),
-            &[&now],
-        )
-    }
-
-    fn force_done(&self, filter: &DeadFilter) -> Result<DeadCounts> {
-        let now = self.clock().now_ms();
-        self.dead_rows(
-            filter,
-            &format!(
-                "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = $10,
-                    error_code = $11, last_error = {FORCED_DONE_LAST_ERROR_SQL}
-                 WHERE {DEAD_WHERE} RETURNING consumer"
-            ),
-            &[&now, &FORCED_DONE_CODE],
-        )
-    }
-
-    fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>> {
-        if let Some(c) = &filter.consumer {
-            self.check_consumer(c)?;
-        }
-        let status = filter.status.map(DeliveryStatus::as_i64);
-        let event_type = filter.event_type.map(EventType::as_str);
-        let after_seq = filter.after_seq.unwrap_or(0);
-        let limit = i64::from(filter.limit.unwrap_or(100));
-        let configured = &self.config.index.outbox.consumers;
-        self.read(|tx| {
-            // Consumers compare bytewise (`COLLATE "C"`), as SQLite's BINARY does, so pages
-            // follow the same order on both backends whatever the database's collation.
-            tx.query(
+    fn list_rows(&mut self, q: &ListQuery<'_>) -> Result<Vec<DeliveryRow>> {
+        // Consumers compare bytewise (`COLLATE "C"`), as SQLite's BINARY does, so pages
+        // follow the same order on both backends whatever the database's collation.
+        self.tx
+            .query(
                 &format!(
                     "SELECT {EVENT_COLUMNS}, {DELIVERY_COLUMNS}
                      FROM deliveries d JOIN events e ON e.seq = d.seq
@@ -530,13 +258,13 @@ impl OutboxStore for PgStore {
                      ORDER BY d.seq, d.consumer COLLATE \"C\" LIMIT $5"
                 ),
                 &[
-                    &status,
-                    &filter.consumer,
-                    &event_type,
-                    &after_seq,
-                    &limit,
-                    &filter.after_consumer,
-                    configured,
+                    &q.status,
+                    &q.consumer,
+                    &q.event_type,
+                    &q.after_seq,
+                    &q.limit,
+                    &q.after_consumer,
+                    &q.configured,
                 ],
             )?
             .iter()
@@ -547,105 +275,206 @@ impl OutboxStore for PgStore {
                 })
             })
             .collect()
+    }
+
+    fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
+        self.tx
+            .query(
+                "SELECT status, count(*) FROM deliveries WHERE consumer = $1 GROUP BY status",
+                &[&consumer],
+            )?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    fn low_watermark(&mut self, consumer: &str) -> Result<Option<(i64, Millis)>> {
+        self.tx
+            .query_opt(LOW_WATERMARK_SQL, &[&consumer])?
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .transpose()
+    }
+
+    fn last_error(&mut self, consumer: &str, dead: bool) -> Result<Option<ConsumerError>> {
+        let sql = if dead {
+            LAST_ERROR_DEAD_SQL
+        } else {
+            LAST_ERROR_RUNNABLE_SQL
+        };
+        self.tx
+            .query_opt(sql, &[&consumer])?
+            .map(|r| error_from_row(&r))
+            .transpose()
+    }
+
+    fn lag_scan(&mut self, consumer: &str, within: Option<&str>, limit: i64) -> Result<LagScan> {
+        let r = self.tx.query_one(LAG_SQL, &[&consumer, &within, &limit])?;
+        Ok(LagScan {
+            examined: r.try_get(0)?,
+            in_scope: r.try_get(1)?,
+            oldest: r.try_get(2)?,
         })
     }
 
-    fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)> {
-        let by_seq = event_id.parse::<i64>().ok();
-        self.read(|tx| {
-            let event = tx
-                .query_opt(
-                    &format!(
-                        "SELECT {EVENT_COLUMNS} FROM events e
-                         WHERE e.event_id = $1 OR e.seq = $2 ORDER BY e.seq LIMIT 1"
-                    ),
-                    &[&event_id, &by_seq],
-                )?
-                .ok_or_else(|| StoreError::EventNotFound {
-                    event_id: event_id.to_owned(),
-                })?;
-            let event = event_from_row(&event)?;
-            let deliveries = tx
-                .query(
-                    &format!(
-                        "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = $1
-                         ORDER BY d.consumer COLLATE \"C\""
-                    ),
-                    &[&event.seq],
-                )?
-                .iter()
-                .map(|r| delivery_from_row(r, 0))
-                .collect::<Result<Vec<_>>>()?;
-            Ok((event, deliveries))
-        })
-    }
-
-    fn stats(&self) -> Result<Vec<ConsumerStats>> {
-        self.read(|tx| {
-            let mut out = Vec::new();
-            for c in &self.config.index.outbox.consumers {
-                let mut s = ConsumerStats {
-                    consumer: c.clone(),
-                    ..ConsumerStats::default()
-                };
-                for r in tx.query(
-                    "SELECT status, count(*) FROM deliveries WHERE consumer = $1 GROUP BY status",
-                    &[c],
-                )? {
-                    count_status(&mut s, r.try_get(0)?, r.try_get(1)?);
-                }
-                if let Some(r) = tx.query_opt(LOW_WATERMARK_SQL, &[c])? {
-                    s.low_watermark_seq = Some(r.try_get(0)?);
-                    s.oldest_pending_created_at_ms = Some(r.try_get(1)?);
-                }
-                // Each query stays inside one partial index (runnable, dead).
-                let mut last = None;
-                for sql in [LAST_ERROR_RUNNABLE_SQL, LAST_ERROR_DEAD_SQL] {
-                    let e = tx
-                        .query_opt(sql, &[c])?
-                        .map(|r| -> Result<_> {
-                            Ok(consumer_error(
-                                r.try_get(0)?,
-                                r.try_get(1)?,
-                                r.try_get(2)?,
-                                r.try_get(3)?,
-                                r.try_get(4)?,
-                                r.try_get(5)?,
-                            ))
-                        })
-                        .transpose()?;
-                    last = latest_error(last, e);
-                }
-                s.last_error = last;
-                out.push(s);
-            }
-            Ok(out)
-        })
-    }
-
-    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag> {
-        check_consumer(&self.config.index.outbox.consumers, consumer)?;
-        let within = within.map(CtxUri::as_str);
-        let now = self.clock.now_ms();
-        self.read(|tx| {
-            let limit = i64::try_from(LAG_SCAN_LIMIT + 1).unwrap_or(i64::MAX);
-            let r = tx.query_one(LAG_SQL, &[&consumer, &within, &limit])?;
-            let examined: i64 = r.try_get(0)?;
-            let events: i64 = r.try_get(1)?;
-            Ok(ConsumerLag {
-                events: u64::try_from(events).unwrap_or(0),
-                capped: u64::try_from(examined).unwrap_or(0) > LAG_SCAN_LIMIT,
-                oldest_age_ms: r
-                    .try_get::<_, Option<i64>>(2)?
-                    .map(|t| u64::try_from(now - t).unwrap_or(0)),
-            })
-        })
-    }
-
-    fn consumers(&self) -> Vec<String> {
-        self.config.index.outbox.consumers.clone()
+    fn dead_consumers(&mut self, p: &DeadParams) -> Result<Vec<String>> {
+        self.dead_rows(
+            p,
+            &format!("SELECT consumer FROM deliveries WHERE {DEAD_WHERE}"),
+            &[],
+        )
     }
 }
+
+impl OutboxTx for PgTx<'_, '_> {
+    fn append_events(
+        &mut self,
+        consumers: &[String],
+        payloads: Vec<EventPayload>,
+        now: Millis,
+    ) -> Result<Vec<OutboxEvent>> {
+        append_events_tx(self.tx, consumers, payloads, now)
+    }
+
+    fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
+        self.tx.execute(
+            "INSERT INTO consumers (name, added_at) VALUES ($1, $2)
+             ON CONFLICT (name) DO NOTHING",
+            &[&consumer, &now],
+        )?;
+        let added = self.tx.execute(
+            "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
+             SELECT $1::text, seq, 0, 0, $2, $2 FROM events
+             WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = $1)",
+            &[&consumer, &now],
+        )?;
+        if added > 0 {
+            // New work for a consumer: wake its workers as an append does.
+            self.tx.appended();
+        }
+        Ok(added)
+    }
+
+    fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
+        self.tx
+            .query(
+                CLAIM_SQL,
+                &[
+                    &c.consumer,
+                    &c.now,
+                    &c.worker_id,
+                    &c.token,
+                    &c.until,
+                    &c.limit,
+                ],
+            )?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    fn lock_delivery(&mut self, consumer: &str, seq: i64) -> Result<Option<FenceRow>> {
+        self.tx
+            .query_opt(
+                "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
+                 WHERE consumer = $1 AND seq = $2 FOR UPDATE",
+                &[&consumer, &seq],
+            )?
+            .map(|r| {
+                Ok(FenceRow {
+                    status: r.try_get(0)?,
+                    token: r.try_get(1)?,
+                    until: r.try_get(2)?,
+                    retry_count: r.try_get(3)?,
+                })
+            })
+            .transpose()
+    }
+
+    fn update_delivery(
+        &mut self,
+        consumer: &str,
+        seq: i64,
+        u: &DeliveryUpdate<'_>,
+        now: Millis,
+    ) -> Result<()> {
+        let (code, message) = u.error.unzip();
+        self.tx.execute(
+            "UPDATE deliveries SET status = $3, retry_count = $4, visible_at = $5,
+                claimed_until = coalesce($6, claimed_until),
+                error_code = coalesce($7, error_code), last_error = coalesce($8, last_error),
+                updated_at = $9
+             WHERE consumer = $1 AND seq = $2",
+            &[
+                &consumer,
+                &seq,
+                &u.status,
+                &u.retry_count,
+                &u.visible_at,
+                &u.claimed_until,
+                &code,
+                &message,
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn requeue_dead(
+        &mut self,
+        consumer: Option<&str>,
+        seqs: Option<&[i64]>,
+        now: Millis,
+    ) -> Result<u64> {
+        self.tx.execute(
+            &format!(
+                "UPDATE deliveries SET {}
+                 WHERE status = 5 AND ($2::text IS NULL OR consumer = $2)
+                   AND ($3::bigint[] IS NULL OR seq = ANY($3))",
+                DeadChange::Requeue.set_sql("$1")
+            ),
+            &[&now, &consumer, &seqs],
+        )
+    }
+
+    fn change_dead(
+        &mut self,
+        p: &DeadParams,
+        change: DeadChange,
+        now: Millis,
+    ) -> Result<Vec<String>> {
+        let set = change.set_sql("$10");
+        let sql = format!("UPDATE deliveries SET {set} WHERE {DEAD_WHERE} RETURNING consumer");
+        self.dead_rows(p, &sql, &[&now])
+    }
+}
+
+impl OutboxBackend for PgStore {
+    fn write_outbox<T>(
+        &self,
+        commit: Commit,
+        f: impl FnOnce(&mut dyn OutboxTx, Millis) -> Result<T>,
+    ) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        let kind = match commit {
+            Commit::Journal => WriteKind::Source,
+            Commit::Bookkeeping | Commit::Repair => WriteKind::Bookkeeping,
+        };
+        self.write(kind, |tx, now| {
+            if commit == Commit::Repair {
+                // Durable at commit, as SQLite commits a repair with `FULL`.
+                tx.batch("SET LOCAL synchronous_commit = on")?;
+            }
+            f(&mut PgTx { tx, consumers }, now)
+        })
+    }
+
+    fn read_outbox<T>(&self, f: impl FnOnce(&mut dyn OutboxReadTx) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.read(|tx| f(&mut PgTx { tx, consumers }))
+    }
+}
+
+crate::outbox::impl_outbox_store!(PgStore);
 
 #[cfg(test)]
 mod tests {

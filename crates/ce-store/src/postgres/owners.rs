@@ -5,6 +5,7 @@
 use super::{PgStore, WriteKind};
 use crate::error::Result;
 use crate::model::{IndexOwner, OwnerStore};
+use crate::outbox::OutboxBackend as _;
 
 impl OwnerStore for PgStore {
     fn claim_owner(&self, consumer: &str, me: &IndexOwner, take_over: bool) -> Result<IndexOwner> {

@@ -117,7 +117,7 @@ impl SqliteStore {
             clock,
             config,
         };
-        store.register_consumers()?;
+        crate::outbox::deliver::register_consumers(&store)?;
         Ok(store)
     }
 

@@ -1,26 +1,26 @@
-//! The outbox on SQLite: journal rows in `events`, one `deliveries` row per (consumer, event).
+//! The outbox's row primitives on SQLite ([`OutboxReadTx`], [`OutboxTx`]): journal rows in
+//! `events`, one `deliveries` row per (consumer, event). What the transitions mean is written
+//! once in `crate::outbox`.
 //!
 //! Claiming is one short `BEGIN IMMEDIATE` transaction: an `UPDATE … WHERE seq IN (SELECT …
 //! ORDER BY seq LIMIT n) RETURNING` over the partial index of runnable deliveries, so no two
-//! live claims can ever hold one delivery. Acks are fenced by the claim token and the lease.
+//! live claims can ever hold one delivery. The single writer serializes every transition, so
+//! reading a delivery's fencing columns is locking it.
 
-use ce_core::{
-    CtxUri, Delivery, DeliveryStatus, EventPayload, EventType, Millis, OutboxEvent,
-    OutboxEventCreate,
-};
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
+use ce_core::{Delivery, EventPayload, Millis, OutboxEvent};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::rows::SqlTx;
 use super::{Durability, SqliteStore};
-use crate::error::{Result, StoreError};
-use crate::model::{
-    Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, DeadCounts, DeadFilter,
-    DeliveryRow, FORCED_DONE_CODE, LAG_SCAN_LIMIT, OutboxFilter, OutboxStore,
+use crate::error::Result;
+use crate::model::{ConsumerError, DeliveryRow};
+use crate::outbox::rows::{
+    DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FenceRow, StoredDelivery, consumer_error,
+    dead_params, decode_event, new_event_id,
 };
-use crate::queue::{new_claim_token, stored_error};
-use crate::shared::outbox::{
-    DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FORCED_DONE_LAST_ERROR_SQL, Failure, FenceRow,
-    StoredDelivery, check_consumer, checked_payloads, consumer_error, count_status, decode_event,
-    fence, latest_error, lease_ms, new_event_id,
+use crate::outbox::{
+    ClaimRows, Commit, DeadChange, DeliveryUpdate, LagScan, ListQuery, OutboxBackend, OutboxReadTx,
+    OutboxTx,
 };
 
 /// Claims the first `?6` runnable deliveries of consumer `?1` at time `?2` for worker `?3`
@@ -64,7 +64,7 @@ const LAST_ERROR_DEAD_SQL: &str = "SELECT d.seq, e.event_id, d.error_code, d.las
      WHERE d.consumer = ?1 AND d.status = 5
      ORDER BY d.updated_at DESC, d.seq DESC LIMIT 1";
 
-/// The dead deliveries a [`DeadFilter`] selects, as `WHERE` conditions on `deliveries`
+/// The dead deliveries a [`DeadParams`] selects, as `WHERE` conditions on `deliveries`
 /// (parameters `?1` consumer, `?2` error code, `?3`/`?4` sequence bounds, `?5` exhausted only,
 /// `?6` max retries, `?7` event type, `?8` subtree, `?9` configured consumers as JSON).
 const DEAD_WHERE: &str = "status = 5
@@ -150,455 +150,301 @@ fn delivery_from_row(row: &Row<'_>, off: usize) -> rusqlite::Result<Result<Deliv
     Ok(stored.decode())
 }
 
-impl SqliteStore {
-    /// Records the configured consumers and back-fills each: a consumer seen for the first
-    /// time, or switched back on after a gap, gets a pending delivery for every journal event
-    /// after its newest delivery (an index seek when there is nothing to add).
-    pub(super) fn register_consumers(&self) -> Result<()> {
-        let consumers = self.config.index.outbox.consumers.clone();
-        self.write(Durability::Full, |tx, now| {
-            for c in &consumers {
-                tx.execute(
-                    "INSERT INTO consumers (name, added_at) VALUES (?1, ?2)
-                     ON CONFLICT(name) DO NOTHING",
-                    params![c, now],
-                )?;
-                tx.execute(
-                    "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
-                     SELECT ?1, seq, 0, 0, ?2, ?2 FROM events
-                     WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)",
-                    params![c, now],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    pub(super) fn check_consumer(&self, consumer: &str) -> Result<()> {
-        check_consumer(&self.config.index.outbox.consumers, consumer)
-    }
-
-    /// Applies a fenced transition: `f` runs only when `claim` is the live claim; otherwise
-    /// the delivery's current state decides between `Ok(None)` (already done) and a conflict.
-    fn fenced<T>(
-        &self,
-        claim: &Claim,
-        done_is_ok: bool,
-        f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
-    ) -> Result<Option<T>> {
-        self.write(Durability::Normal, |tx, now| {
-            fenced_tx(tx, now, claim, done_is_ok, f)
-        })
-    }
+fn error_from_row(r: &Row<'_>) -> rusqlite::Result<ConsumerError> {
+    Ok(consumer_error(
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+    ))
 }
 
-/// The body of [`SqliteStore::fenced`] inside an open transaction.
-fn fenced_tx<T>(
-    tx: &Transaction<'_>,
-    now: Millis,
-    claim: &Claim,
-    done_is_ok: bool,
-    f: impl FnOnce(&Transaction<'_>, Millis, u32) -> Result<T>,
-) -> Result<Option<T>> {
-    let row = tx
-        .prepare_cached(
-            "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
-                     WHERE consumer = ?1 AND seq = ?2",
-        )?
-        .query_row(params![claim.consumer, claim.seq], |r| {
-            Ok(FenceRow {
-                status: r.get(0)?,
-                token: r.get(1)?,
-                until: r.get(2)?,
-                retry_count: r.get(3)?,
-            })
-        })
-        .optional()?;
-    match fence(row, claim, now, done_is_ok)? {
-        Some(retry_count) => f(tx, now, retry_count).map(Some),
-        None => Ok(None),
-    }
-}
-
-fn done_tx(tx: &Transaction<'_>, now: Millis, claim: &Claim) -> Result<()> {
-    tx.prepare_cached(
-        "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?3
-         WHERE consumer = ?1 AND seq = ?2",
-    )?
-    .execute(params![claim.consumer, claim.seq, now])?;
-    Ok(())
-}
-
-fn read_events(conn: &Connection, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ?1"
-    ))?;
-    let mut out = Vec::with_capacity(seqs.len());
-    for s in seqs {
-        out.push(stmt.query_row([s], event_from_row)??);
-    }
-    Ok(out)
-}
-
-impl SqliteStore {
+impl SqlTx<'_> {
     /// Runs `sql` (whose `WHERE` ends with [`DEAD_WHERE`] and which returns the consumer of
-    /// each row it selects or changes) with `filter`'s parameters after `extra`, in one write
-    /// transaction; counts the rows per consumer.
+    /// each row it selects or changes) with `p`'s parameters followed by `extra`.
     fn dead_rows(
         &self,
-        filter: &DeadFilter,
+        p: &DeadParams,
         sql: &str,
         extra: &[&dyn rusqlite::ToSql],
-    ) -> Result<DeadCounts> {
-        let p = DeadParams::new(filter, &self.config.index.outbox)?;
+    ) -> Result<Vec<String>> {
         let configured = serde_json::to_string(&p.configured)?;
-        let base: [&dyn rusqlite::ToSql; 9] = [
-            &p.consumer,
-            &p.error_code,
-            &p.min_seq,
-            &p.max_seq,
-            &p.exhausted_only,
-            &p.max_retries,
-            &p.event_type,
-            &p.subtree,
-            &configured,
-        ];
+        let base: [&dyn rusqlite::ToSql; 9] = dead_params!(p, &configured);
         let params: Vec<&dyn rusqlite::ToSql> = base.iter().chain(extra).copied().collect();
-        let run = |conn: &Connection| -> Result<DeadCounts> {
-            let mut stmt = conn.prepare(sql)?;
-            let rows = stmt.query_map(params.as_slice(), |r| r.get::<_, String>(0))?;
-            let mut counts = DeadCounts::new();
-            for c in rows {
-                *counts.entry(c?).or_default() += 1;
-            }
-            Ok(counts)
-        };
-        if extra.is_empty() {
-            // A count: a read snapshot is enough.
-            self.read(run)
-        } else {
-            self.write(Durability::Full, |tx, _| run(tx))
-        }
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let rows = stmt.query_map(params.as_slice(), |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }
 
-impl OutboxStore for SqliteStore {
-    fn append_batch_for(
-        &self,
-        consumers: &[String],
-        events: Vec<OutboxEventCreate>,
-    ) -> Result<Vec<OutboxEvent>> {
-        let payloads = checked_payloads(&self.config.index.outbox.consumers, consumers, events)?;
-        self.write(Durability::Full, |tx, now| {
-            append_events_tx(tx, consumers, payloads, now)
-        })
+impl OutboxReadTx for SqlTx<'_> {
+    fn events(&mut self, seqs: &[i64]) -> Result<Vec<OutboxEvent>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events e WHERE e.seq = ?1"
+        ))?;
+        let mut out = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            if let Some(e) = stmt.query_row([s], event_from_row).optional()? {
+                out.push(e?);
+            }
+        }
+        Ok(out)
     }
 
-    fn claim_batch(
-        &self,
-        consumer: &str,
-        worker_id: &str,
-        limit: usize,
-    ) -> Result<Vec<ClaimedEvent>> {
-        self.check_consumer(consumer)?;
-        if limit == 0 {
-            return Ok(Vec::new());
+    fn event(&mut self, event_id: &str, seq: Option<i64>) -> Result<Option<OutboxEvent>> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events e WHERE e.event_id = ?1 OR e.seq = ?2
+                 ORDER BY e.seq LIMIT 1"
+            ))?
+            .query_row(params![event_id, seq], event_from_row)
+            .optional()?
+            .transpose()
+    }
+
+    fn deliveries(&mut self, seq: i64) -> Result<Vec<Delivery>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = ?1 ORDER BY d.consumer"
+        ))?;
+        let rows = stmt.query_map([seq], |r| delivery_from_row(r, 0))?;
+        rows.map(|r| r?).collect()
+    }
+
+    fn list_rows(&mut self, q: &ListQuery<'_>) -> Result<Vec<DeliveryRow>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS}, {DELIVERY_COLUMNS}
+             FROM deliveries d JOIN events e ON e.seq = d.seq
+             WHERE (?1 IS NULL OR d.status = ?1) AND (?2 IS NULL OR d.consumer = ?2)
+               AND (?3 IS NULL OR e.event_type = ?3)
+               AND (d.seq > ?4 OR (d.seq = ?4 AND ?6 IS NOT NULL AND d.consumer > ?6))
+               AND d.consumer IN (SELECT value FROM json_each(?7))
+             ORDER BY d.seq, d.consumer LIMIT ?5"
+        ))?;
+        let rows = stmt.query_map(
+            params![
+                q.status,
+                q.consumer,
+                q.event_type,
+                q.after_seq,
+                q.limit,
+                q.after_consumer,
+                serde_json::to_string(q.configured)?,
+            ],
+            |r| Ok((event_from_row(r)?, delivery_from_row(r, 6)?)),
+        )?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (e, d) = row?;
+            out.push(DeliveryRow {
+                event: e?,
+                delivery: d?,
+            });
         }
-        let lease_ms = lease_ms(&self.config);
-        let token = new_claim_token();
-        self.write(Durability::Normal, |tx, now| {
-            let until = now + lease_ms;
-            let mut claimed: Vec<(i64, u32)> = tx
-                .prepare_cached(CLAIM_SQL)?
-                .query_map(
-                    params![consumer, now, worker_id, token, until, limit as i64],
-                    |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u32)),
-                )?
-                .collect::<rusqlite::Result<_>>()?;
-            claimed.sort_unstable();
-            let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
-            let events = read_events(tx, &seqs)?;
-            Ok(events
-                .into_iter()
-                .zip(claimed)
-                .map(|(event, (seq, retry_count))| ClaimedEvent {
-                    claim: Claim {
-                        consumer: consumer.to_owned(),
-                        seq,
-                        event_id: event.event_id.clone(),
-                        worker_id: worker_id.to_owned(),
-                        token: token.clone(),
-                        claimed_until_ms: until,
-                    },
-                    event,
-                    retry_count,
+        Ok(out)
+    }
+
+    fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
+        )?;
+        let rows = stmt.query_map([consumer], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn low_watermark(&mut self, consumer: &str) -> Result<Option<(i64, Millis)>> {
+        Ok(self
+            .conn
+            .prepare_cached(LOW_WATERMARK_SQL)?
+            .query_row([consumer], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?)
+    }
+
+    fn last_error(&mut self, consumer: &str, dead: bool) -> Result<Option<ConsumerError>> {
+        let sql = if dead {
+            LAST_ERROR_DEAD_SQL
+        } else {
+            LAST_ERROR_RUNNABLE_SQL
+        };
+        Ok(self
+            .conn
+            .prepare_cached(sql)?
+            .query_row([consumer], error_from_row)
+            .optional()?)
+    }
+
+    fn lag_scan(&mut self, consumer: &str, within: Option<&str>, limit: i64) -> Result<LagScan> {
+        Ok(self
+            .conn
+            .prepare_cached(LAG_SQL)?
+            .query_row(params![consumer, within, limit], |r| {
+                Ok(LagScan {
+                    examined: r.get(0)?,
+                    in_scope: r.get(1)?,
+                    oldest: r.get(2)?,
                 })
-                .collect::<Vec<_>>())
-        })
-        .inspect(|c| {
-            if !c.is_empty() {
-                ce_core::failpoint::hit("outbox.after_claim");
-            }
-        })
+            })?)
     }
 
-    fn renew(&self, claim: &Claim) -> Result<Millis> {
-        let lease = lease_ms(&self.config);
-        let renewed = self.fenced(claim, false, |tx, now, _| {
-            let until = now + lease;
-            tx.prepare_cached(
-                "UPDATE deliveries SET claimed_until = ?3, visible_at = ?3, updated_at = ?4
-                 WHERE consumer = ?1 AND seq = ?2",
-            )?
-            .execute(params![claim.consumer, claim.seq, until, now])?;
-            Ok(until)
-        })?;
-        renewed.ok_or_else(|| StoreError::Corrupt("renew of a done delivery".into()))
-    }
-
-    fn mark_done(&self, claim: &Claim) -> Result<()> {
-        self.fenced(claim, true, |tx, now, _| done_tx(tx, now, claim))?;
-        Ok(())
-    }
-
-    fn mark_done_batch(&self, claims: &[Claim]) -> Result<Vec<Result<()>>> {
-        self.write(Durability::Normal, |tx, now| {
-            let mut out = Vec::with_capacity(claims.len());
-            for claim in claims {
-                match fenced_tx(tx, now, claim, true, |tx, now, _| done_tx(tx, now, claim)) {
-                    Ok(_) => out.push(Ok(())),
-                    Err(
-                        e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. }),
-                    ) => {
-                        out.push(Err(e));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(out)
-        })
-    }
-
-    fn mark_failed(
-        &self,
-        claim: &Claim,
-        error: &str,
-        error_code: &str,
-        retryable: bool,
-    ) -> Result<DeliveryStatus> {
-        let o = &self.config.index.outbox;
-        let error = stored_error(error);
-        let status = self.fenced(claim, false, |tx, now, retry_count| {
-            let to = Failure::after(o, retry_count, retryable, now);
-            tx.prepare_cached(
-                "UPDATE deliveries SET status = ?3, retry_count = ?4, visible_at = ?5,
-                    last_error = ?6, error_code = ?7, updated_at = ?8
-                 WHERE consumer = ?1 AND seq = ?2",
-            )?
-            .execute(params![
-                claim.consumer,
-                claim.seq,
-                to.status,
-                to.retry_count,
-                to.visible_at,
-                error,
-                error_code,
-                now
-            ])?;
-            Ok(to.delivery_status())
-        })?;
-        status.ok_or_else(|| StoreError::Corrupt("mark_failed of a done delivery".into()))
-    }
-
-    fn requeue_dead(&self, consumer: Option<&str>, seqs: Option<&[i64]>) -> Result<u64> {
-        if let Some(c) = consumer {
-            self.check_consumer(c)?;
-        }
-        self.write(Durability::Full, |tx, now| {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = ?1, updated_at = ?1
-                 WHERE status = 5 AND (?2 IS NULL OR consumer = ?2) AND (?3 IS NULL OR seq = ?3)",
-            )?;
-            let mut n = 0;
-            match seqs {
-                None => n += stmt.execute(params![now, consumer, None::<i64>])?,
-                Some(seqs) => {
-                    for s in seqs {
-                        n += stmt.execute(params![now, consumer, s])?;
-                    }
-                }
-            }
-            Ok(n as u64)
-        })
-    }
-
-    fn count_dead(&self, filter: &DeadFilter) -> Result<DeadCounts> {
+    fn dead_consumers(&mut self, p: &DeadParams) -> Result<Vec<String>> {
         self.dead_rows(
-            filter,
+            p,
             &format!("SELECT consumer FROM deliveries WHERE {DEAD_WHERE}"),
             &[],
         )
     }
+}
 
-    fn requeue_dead_matching(&self, filter: &DeadFilter) -> Result<DeadCounts> {
-        let now = self.clock().now_ms();
-        self.dead_rows(
-            filter,
-            &format!(
-                "UPDATE deliveries SET status = 0, retry_count = 0, visible_at = ?10,
-                    updated_at = ?10
-                 WHERE {DEAD_WHERE} RETURNING consumer"
-            ),
-            &[&now],
-        )
+impl OutboxTx for SqlTx<'_> {
+    fn append_events(
+        &mut self,
+        consumers: &[String],
+        payloads: Vec<EventPayload>,
+        now: Millis,
+    ) -> Result<Vec<OutboxEvent>> {
+        append_events_tx(self.conn, consumers, payloads, now)
     }
 
-    fn force_done(&self, filter: &DeadFilter) -> Result<DeadCounts> {
-        let now = self.clock().now_ms();
-        self.dead_rows(
-            filter,
-            &format!(
-                "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?10,
-                    error_code = ?11, last_error = {FORCED_DONE_LAST_ERROR_SQL}
-                 WHERE {DEAD_WHERE} RETURNING consumer"
-            ),
-            &[&now, &FORCED_DONE_CODE],
-        )
+    fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO consumers (name, added_at) VALUES (?1, ?2)
+                 ON CONFLICT(name) DO NOTHING",
+            )?
+            .execute(params![consumer, now])?;
+        let added = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
+                 SELECT ?1, seq, 0, 0, ?2, ?2 FROM events
+                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)",
+            )?
+            .execute(params![consumer, now])?;
+        Ok(added as u64)
     }
 
-    fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>> {
-        if let Some(c) = &filter.consumer {
-            self.check_consumer(c)?;
-        }
-        self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {EVENT_COLUMNS}, {DELIVERY_COLUMNS}
-                 FROM deliveries d JOIN events e ON e.seq = d.seq
-                 WHERE (?1 IS NULL OR d.status = ?1) AND (?2 IS NULL OR d.consumer = ?2)
-                   AND (?3 IS NULL OR e.event_type = ?3)
-                   AND (d.seq > ?4 OR (d.seq = ?4 AND ?6 IS NOT NULL AND d.consumer > ?6))
-                   AND d.consumer IN (SELECT value FROM json_each(?7))
-                 ORDER BY d.seq, d.consumer LIMIT ?5"
-            ))?;
-            let rows = stmt.query_map(
-                params![
-                    filter.status.map(DeliveryStatus::as_i64),
-                    filter.consumer,
-                    filter.event_type.map(EventType::as_str),
-                    filter.after_seq.unwrap_or(0),
-                    i64::from(filter.limit.unwrap_or(100)),
-                    filter.after_consumer,
-                    serde_json::to_string(&self.config.index.outbox.consumers)?,
-                ],
-                |r| Ok((event_from_row(r)?, delivery_from_row(r, 6)?)),
-            )?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (e, d) = row?;
-                out.push(DeliveryRow {
-                    event: e?,
-                    delivery: d?,
-                });
-            }
-            Ok(out)
-        })
+    fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
+        let mut stmt = self.conn.prepare_cached(CLAIM_SQL)?;
+        let rows = stmt.query_map(
+            params![c.consumer, c.now, c.worker_id, c.token, c.until, c.limit],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)> {
-        self.read(|conn| {
-            let by_seq = event_id.parse::<i64>().ok();
-            let event = conn
-                .prepare_cached(&format!(
-                    "SELECT {EVENT_COLUMNS} FROM events e WHERE e.event_id = ?1 OR e.seq = ?2"
-                ))?
-                .query_row(params![event_id, by_seq], event_from_row)
-                .optional()?
-                .ok_or_else(|| StoreError::EventNotFound {
-                    event_id: event_id.to_owned(),
-                })??;
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {DELIVERY_COLUMNS} FROM deliveries d WHERE d.seq = ?1 ORDER BY d.consumer"
-            ))?;
-            let deliveries = stmt
-                .query_map([event.seq], |r| delivery_from_row(r, 0))?
-                .collect::<rusqlite::Result<Vec<_>>>()?
-                .into_iter()
-                .collect::<Result<Vec<_>>>()?;
-            Ok((event, deliveries))
-        })
-    }
-
-    fn stats(&self) -> Result<Vec<ConsumerStats>> {
-        self.read(|conn| {
-            let mut out = Vec::new();
-            for c in &self.config.index.outbox.consumers {
-                let mut s = ConsumerStats {
-                    consumer: c.clone(),
-                    ..ConsumerStats::default()
-                };
-                let mut stmt = conn.prepare_cached(
-                    "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
-                )?;
-                let rows =
-                    stmt.query_map([c], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
-                for row in rows {
-                    let (status, n) = row?;
-                    count_status(&mut s, status, n);
-                }
-                let low: Option<(i64, i64)> = conn
-                    .prepare_cached(LOW_WATERMARK_SQL)?
-                    .query_row([c], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                s.low_watermark_seq = low.map(|l| l.0);
-                s.oldest_pending_created_at_ms = low.map(|l| l.1);
-                // Each query stays inside one partial index (runnable, dead).
-                let mut last: Option<ConsumerError> = None;
-                for sql in [LAST_ERROR_RUNNABLE_SQL, LAST_ERROR_DEAD_SQL] {
-                    let e = conn
-                        .prepare_cached(sql)?
-                        .query_row([c], |r| {
-                            Ok(consumer_error(
-                                r.get(0)?,
-                                r.get(1)?,
-                                r.get(2)?,
-                                r.get(3)?,
-                                r.get(4)?,
-                                r.get(5)?,
-                            ))
-                        })
-                        .optional()?;
-                    last = latest_error(last, e);
-                }
-                s.last_error = last;
-                out.push(s);
-            }
-            Ok(out)
-        })
-    }
-
-    fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag> {
-        check_consumer(&self.config.index.outbox.consumers, consumer)?;
-        let within = within.map(CtxUri::as_str);
-        let now = self.clock.now_ms();
-        self.read(|conn| {
-            let limit = i64::try_from(LAG_SCAN_LIMIT + 1).unwrap_or(i64::MAX);
-            let (examined, events, oldest): (i64, i64, Option<i64>) = conn
-                .prepare_cached(LAG_SQL)?
-                .query_row(params![consumer, within, limit], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-            Ok(ConsumerLag {
-                events: u64::try_from(events).unwrap_or(0),
-                capped: u64::try_from(examined).unwrap_or(0) > LAG_SCAN_LIMIT,
-                oldest_age_ms: oldest.map(|t| u64::try_from(now - t).unwrap_or(0)),
+    fn lock_delivery(&mut self, consumer: &str, seq: i64) -> Result<Option<FenceRow>> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT status, claim_token, claimed_until, retry_count FROM deliveries
+                 WHERE consumer = ?1 AND seq = ?2",
+            )?
+            .query_row(params![consumer, seq], |r| {
+                Ok(FenceRow {
+                    status: r.get(0)?,
+                    token: r.get(1)?,
+                    until: r.get(2)?,
+                    retry_count: r.get(3)?,
+                })
             })
-        })
+            .optional()?)
     }
 
-    fn consumers(&self) -> Vec<String> {
-        self.config.index.outbox.consumers.clone()
+    fn update_delivery(
+        &mut self,
+        consumer: &str,
+        seq: i64,
+        u: &DeliveryUpdate<'_>,
+        now: Millis,
+    ) -> Result<()> {
+        let (code, message) = u.error.unzip();
+        self.conn
+            .prepare_cached(
+                "UPDATE deliveries SET status = ?3, retry_count = ?4, visible_at = ?5,
+                    claimed_until = coalesce(?6, claimed_until),
+                    error_code = coalesce(?7, error_code), last_error = coalesce(?8, last_error),
+                    updated_at = ?9
+                 WHERE consumer = ?1 AND seq = ?2",
+            )?
+            .execute(params![
+                consumer,
+                seq,
+                u.status,
+                u.retry_count,
+                u.visible_at,
+                u.claimed_until,
+                code,
+                message,
+                now
+            ])?;
+        Ok(())
+    }
+
+    fn requeue_dead(
+        &mut self,
+        consumer: Option<&str>,
+        seqs: Option<&[i64]>,
+        now: Millis,
+    ) -> Result<u64> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "UPDATE deliveries SET {}
+             WHERE status = 5 AND (?2 IS NULL OR consumer = ?2) AND (?3 IS NULL OR seq = ?3)",
+            DeadChange::Requeue.set_sql("?1")
+        ))?;
+        let mut n = 0;
+        match seqs {
+            None => n += stmt.execute(params![now, consumer, None::<i64>])?,
+            Some(seqs) => {
+                for s in seqs {
+                    n += stmt.execute(params![now, consumer, s])?;
+                }
+            }
+        }
+        Ok(n as u64)
+    }
+
+    fn change_dead(
+        &mut self,
+        p: &DeadParams,
+        change: DeadChange,
+        now: Millis,
+    ) -> Result<Vec<String>> {
+        let set = change.set_sql("?10");
+        let sql = format!("UPDATE deliveries SET {set} WHERE {DEAD_WHERE} RETURNING consumer");
+        self.dead_rows(p, &sql, &[&now])
     }
 }
+
+impl OutboxBackend for SqliteStore {
+    fn write_outbox<T>(
+        &self,
+        commit: Commit,
+        f: impl FnOnce(&mut dyn OutboxTx, Millis) -> Result<T>,
+    ) -> Result<T> {
+        let durability = match commit {
+            Commit::Journal | Commit::Repair => Durability::Full,
+            Commit::Bookkeeping => Durability::Normal,
+        };
+        let consumers = &self.config.index.outbox.consumers;
+        self.write(durability, |tx, now| {
+            f(
+                &mut SqlTx {
+                    conn: tx,
+                    consumers,
+                },
+                now,
+            )
+        })
+    }
+
+    fn read_outbox<T>(&self, f: impl FnOnce(&mut dyn OutboxReadTx) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.read(|conn| f(&mut SqlTx { conn, consumers }))
+    }
+}
+
+crate::outbox::impl_outbox_store!(SqliteStore);
 
 #[cfg(test)]
 mod tests {

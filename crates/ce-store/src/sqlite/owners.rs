@@ -6,6 +6,7 @@ use rusqlite::params;
 use super::{Durability, SqliteStore};
 use crate::error::Result;
 use crate::model::{IndexOwner, OwnerStore};
+use crate::outbox::OutboxBackend as _;
 
 impl OwnerStore for SqliteStore {
     fn claim_owner(&self, consumer: &str, me: &IndexOwner, take_over: bool) -> Result<IndexOwner> {

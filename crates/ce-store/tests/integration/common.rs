@@ -15,7 +15,7 @@ use ce_core::{
     OutboxEvent, RelationEdge,
 };
 use ce_store::postgres::PgStore;
-use ce_store::{DeliveryRow, OutboxFilter, SourceStore, SqliteStore, StoreError};
+use ce_store::{DeliveryRow, Failure, OutboxFilter, SourceStore, SqliteStore, StoreError};
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
 pub const T0: i64 = 1_773_482_400_000;
@@ -64,6 +64,15 @@ pub fn two_consumers() -> Config {
     let mut c = Config::default();
     c.index.outbox.consumers = vec!["vector".into(), "keyword".into()];
     c
+}
+
+/// The failure of a claimed delivery with `code`, classified `retryable`.
+pub fn failure(message: &str, code: ErrorCode, retryable: bool) -> Failure<'_> {
+    Failure {
+        code,
+        retryable,
+        message,
+    }
 }
 
 /// Parses a URI literal.

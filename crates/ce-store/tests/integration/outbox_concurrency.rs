@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ce_core::{
-    Clock, DeliveryStatus, EVENT_VERSION, EventPayload, ManualClock, Millis, OutboxEventCreate,
-    UpsertContextPayload, UpsertReason,
+    Clock, DeliveryStatus, EVENT_VERSION, ErrorCode, EventPayload, ManualClock, Millis,
+    OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_store::{ClaimedEvent, SourceStore, StoreError};
 use rand::rngs::StdRng;
@@ -171,12 +171,12 @@ impl Tracker {
             Action::Retry | Action::Kill => {
                 let retryable = action == Action::Retry;
                 let code = if retryable {
-                    "timeout"
+                    ErrorCode::EmbedTimeout
                 } else {
-                    "invalid_payload"
+                    ErrorCode::InvalidPayload
                 };
                 store
-                    .mark_failed(claim, "injected", code, retryable)
+                    .mark_failed(claim, &common::failure("injected", code, retryable))
                     .map(|s| match s {
                         DeliveryStatus::RetryWait => Verdict::Finished(Outcome::Retry),
                         DeliveryStatus::Dead => Verdict::Finished(Outcome::Dead),
@@ -489,7 +489,7 @@ fn eight_workers_never_share_a_delivery_and_lose_nothing(backend: Backend) {
                     Some(if slot.injected_dead {
                         "invalid_payload"
                     } else {
-                        "timeout"
+                        "embed_timeout"
                     })
                 );
             }

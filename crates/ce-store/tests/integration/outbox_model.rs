@@ -1,10 +1,11 @@
 //! The outbox delivery state machine (spec §3.2–§3.4) against a `BTreeMap` model.
 //!
-//! A proptest strategy generates op sequences (append, claim, renew, done, retryable and
-//! non-retryable failure, clock moves onto and just before every deadline, requeue); after
-//! every step each delivery of the store must equal the model: status, retry count,
-//! visibility, the live claim, the last error and `updated_at` (so a refused ack provably
-//! changed nothing), plus the per-consumer stats.
+//! A proptest strategy generates op sequences (append, claim, renew, done alone and in
+//! batches, retryable and non-retryable failure, clock moves onto and just before every
+//! deadline, requeue, and the filtered dead repairs: count, requeue, force done); after every
+//! step each delivery of the store must equal the model: status, retry count, visibility, the
+//! live claim, the last error and `updated_at` (so a refused ack provably changed nothing),
+//! plus the per-consumer stats.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -14,6 +15,7 @@ use ce_core::{
     Classify, DeliveryStatus, EVENT_VERSION, ErrorCode, EventPayload, Millis, OutboxEventCreate,
     UpsertContextPayload, UpsertReason, test_cases,
 };
+use ce_store::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
 use ce_store::{Claim, SourceStore, StoreError};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
@@ -60,6 +62,8 @@ enum Op {
     /// claims are exercised too).
     Renew(usize),
     Done(usize),
+    /// `mark_done_batch` of several picked claims (stale, repeated and live ones mixed).
+    DoneBatch(Vec<usize>),
     FailRetryable(usize),
     FailNonRetryable(usize),
     Advance(Advance),
@@ -74,6 +78,25 @@ enum Op {
         worker: usize,
         times: usize,
     },
+    /// `count_dead` of a filter: changes nothing.
+    CountDead(DeadPick),
+    /// `requeue_dead_matching` of a filter.
+    RequeueMatching(DeadPick),
+    /// `force_done` of a filter.
+    ForceDone(DeadPick),
+}
+
+/// A [`DeadFilter`] in terms of the case: event indexes are taken modulo the journal.
+#[derive(Debug, Clone)]
+struct DeadPick {
+    consumer: Option<usize>,
+    /// `Some(retryable)`: the code of a retryable or of a non-retryable failure.
+    code: Option<bool>,
+    /// From the sequence of this event on.
+    min_event: Option<usize>,
+    /// Only the events appended by the op of this event (their common parent URI).
+    subtree_of: Option<usize>,
+    exhausted_only: bool,
 }
 
 fn knobs() -> impl Strategy<Value = Knobs> {
@@ -87,6 +110,34 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             retry_max_seconds,
             dead_letter_enabled: d != 0,
         })
+}
+
+fn dead_pick() -> impl Strategy<Value = DeadPick> {
+    (
+        prop::option::of(0..2usize),
+        prop::option::of(any::<bool>()),
+        prop::option::of(0..64usize),
+        prop::option::of(0..64usize),
+        prop_oneof![3 => Just(false), 1 => Just(true)],
+    )
+        .prop_map(
+            |(consumer, code, min_event, subtree_of, exhausted_only)| DeadPick {
+                consumer,
+                code,
+                min_event,
+                subtree_of,
+                exhausted_only,
+            },
+        )
+}
+
+/// The error code of a retryable (else a non-retryable) failure.
+fn failure_code(retryable: bool) -> ErrorCode {
+    if retryable {
+        ErrorCode::EmbedTimeout
+    } else {
+        ErrorCode::InvalidPayload
+    }
 }
 
 fn claim_index() -> impl Strategy<Value = usize> {
@@ -108,6 +159,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(consumer, worker, limit)| Op::Claim { consumer, worker, limit }),
         1 => claim_index().prop_map(Op::Renew),
         3 => claim_index().prop_map(Op::Done),
+        2 => prop::collection::vec(claim_index(), 1..=4).prop_map(Op::DoneBatch),
         4 => claim_index().prop_map(Op::FailRetryable),
         1 => claim_index().prop_map(Op::FailNonRetryable),
         4 => advance.prop_map(Op::Advance),
@@ -115,6 +167,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..64usize).prop_map(Op::RequeueSeq),
         2 => (0..2usize, 0..3usize, 1..=24usize)
             .prop_map(|(consumer, worker, times)| Op::FailLoop { consumer, worker, times }),
+        1 => dead_pick().prop_map(Op::CountDead),
+        1 => dead_pick().prop_map(Op::RequeueMatching),
+        1 => dead_pick().prop_map(Op::ForceDone),
     ]
 }
 
@@ -138,6 +193,8 @@ struct Model {
     now: Millis,
     /// seq → (event id, created_at).
     events: BTreeMap<i64, (String, Millis)>,
+    /// seq → the URI of its event.
+    uris: BTreeMap<i64, String>,
     deliveries: BTreeMap<(String, i64), Expected>,
     claims: Vec<Claim>,
 }
@@ -199,6 +256,77 @@ impl Model {
             .min()
     }
 
+    /// The `mark_done` of `claim` at `now`: what the store must answer (`Ok` when the claim
+    /// is live or the delivery already done, else a conflict), applied to the model.
+    fn done(&mut self, claim: &Claim, got: ce_store::Result<()>, what: &str) -> Step {
+        let live = self.is_live(claim);
+        let now = self.now;
+        let d = self
+            .deliveries
+            .get_mut(&Self::key(claim))
+            .ok_or("unknown delivery")?;
+        if live {
+            got.map_err(|e| format!("{what} of a live claim: {e}"))?;
+            d.status = DeliveryStatus::Done;
+            d.claim = None;
+            d.updated_at = now;
+        } else if d.status == DeliveryStatus::Done {
+            got.map_err(|e| format!("{what} repeated on a done delivery: {e}"))?;
+        } else {
+            conflict(&format!("{what} of a dead claim"), got)?;
+        }
+        Ok(())
+    }
+
+    /// The filter `p` stands for in this case.
+    fn dead_filter(&self, p: &DeadPick) -> DeadFilter {
+        let seq_of = |i: usize| {
+            self.events
+                .keys()
+                .nth(i % self.events.len().max(1))
+                .copied()
+        };
+        DeadFilter {
+            consumer: p.consumer.map(|c| CONSUMERS[c].to_owned()),
+            error_code: p.code.map(|r| failure_code(r).as_str().to_owned()),
+            min_seq: p.min_event.and_then(seq_of),
+            subtree: p
+                .subtree_of
+                .and_then(seq_of)
+                .and_then(|s| common::uri(&self.uris[&s]).parent()),
+            exhausted_only: p.exhausted_only,
+            ..DeadFilter::default()
+        }
+    }
+
+    /// The dead deliveries `f` selects, by the model.
+    fn dead_matching(&self, f: &DeadFilter) -> Result<Vec<(String, i64)>, String> {
+        let mut out = Vec::new();
+        for ((c, seq), d) in &self.deliveries {
+            if d.status != DeliveryStatus::Dead {
+                continue;
+            }
+            let (_, code) = d
+                .error
+                .as_ref()
+                .ok_or("a dead delivery without its error")?;
+            let uri = &self.uris[seq];
+            let within = f
+                .subtree
+                .as_ref()
+                .is_none_or(|s| uri == s.as_str() || uri.starts_with(&format!("{}/", s.as_str())));
+            if f.consumer.as_ref().is_none_or(|fc| fc == c)
+                && f.error_code.as_ref().is_none_or(|fc| fc == code)
+                && f.min_seq.is_none_or(|m| *seq >= m)
+                && (!f.exhausted_only || d.retry_count >= self.knobs.max_retries)
+                && within
+            {
+                out.push((c.clone(), *seq));
+            }
+        }
+        Ok(out)
+    }
+
     /// The backoff bounds of retry `n` (1-based): `[min(base·2^(n-1), max), +jitter]`.
     fn backoff_bounds(&self, n: u32) -> (Millis, Millis) {
         let base = 2_000i64;
@@ -255,6 +383,7 @@ fn apply(
                 ensure!(e.seq > last, "append: seq {} not above {last}", e.seq);
                 last = e.seq;
                 m.events.insert(e.seq, (e.event_id.clone(), m.now));
+                m.uris.insert(e.seq, e.uri.as_str().to_owned());
                 for c in CONSUMERS {
                     m.deliveries.insert(
                         (c.to_owned(), e.seq),
@@ -359,22 +488,26 @@ fn apply(
             let Some(claim) = m.pick(i) else {
                 return Ok(());
             };
-            let live = m.is_live(&claim);
             let got = store.mark_done(&claim);
-            let now = m.now;
-            let d = m
-                .deliveries
-                .get_mut(&Model::key(&claim))
-                .ok_or("unknown delivery")?;
-            if live {
-                got.map_err(|e| format!("mark_done of a live claim: {e}"))?;
-                d.status = DeliveryStatus::Done;
-                d.claim = None;
-                d.updated_at = now;
-            } else if d.status == DeliveryStatus::Done {
-                got.map_err(|e| format!("mark_done repeated on a done delivery: {e}"))?;
-            } else {
-                conflict("mark_done of a dead claim", got)?;
+            m.done(&claim, got, "mark_done")?;
+        }
+        Op::DoneBatch(ref picks) => {
+            let claims: Vec<Claim> = picks.iter().filter_map(|&i| m.pick(i)).collect();
+            if claims.is_empty() {
+                return Ok(());
+            }
+            let got = store
+                .mark_done_batch(&claims)
+                .map_err(|e| format!("mark_done_batch: {e}"))?;
+            ensure!(
+                got.len() == claims.len(),
+                "mark_done_batch answered {} of {} claims",
+                got.len(),
+                claims.len()
+            );
+            // One answer per claim, as if each were acknowledged alone in the given order.
+            for (claim, answer) in claims.iter().zip(got) {
+                m.done(claim, answer, "mark_done_batch")?;
             }
         }
         Op::FailRetryable(i) | Op::FailNonRetryable(i) => {
@@ -383,15 +516,8 @@ fn apply(
                 return Ok(());
             };
             let live = m.is_live(&claim);
-            let (msg, code) = (
-                format!("boom {step}"),
-                if retryable {
-                    "timeout"
-                } else {
-                    "invalid_payload"
-                },
-            );
-            let got = store.mark_failed(&claim, &msg, code, retryable);
+            let (msg, code) = (format!("boom {step}"), failure_code(retryable));
+            let got = store.mark_failed(&claim, &common::failure(&msg, code, retryable));
             if !live {
                 return conflict("mark_failed of a dead claim", got);
             }
@@ -440,7 +566,7 @@ fn apply(
             d.retry_count = new_count;
             d.visible = visible;
             d.claim = None;
-            d.error = Some((msg, code.to_owned()));
+            d.error = Some((msg, code.as_str().to_owned()));
             d.updated_at = now;
         }
         Op::Advance(a) => {
@@ -513,8 +639,69 @@ fn apply(
                 apply_checked(store, clock, m, &Op::FailRetryable(0), step)?;
             }
         }
+        Op::CountDead(ref p) => {
+            let f = m.dead_filter(p);
+            let got = store
+                .count_dead(&f)
+                .map_err(|e| format!("count_dead: {e}"))?;
+            let want = counts(&m.dead_matching(&f)?);
+            ensure!(got == want, "count_dead({f:?}): {got:?}, model {want:?}");
+        }
+        Op::RequeueMatching(ref p) => {
+            let f = m.dead_filter(p);
+            let got = store
+                .requeue_dead_matching(&f)
+                .map_err(|e| format!("requeue_dead_matching: {e}"))?;
+            let matching = m.dead_matching(&f)?;
+            let want = counts(&matching);
+            ensure!(
+                got == want,
+                "requeue_dead_matching({f:?}): {got:?}, model {want:?}"
+            );
+            let now = m.now;
+            for key in matching {
+                let d = m.deliveries.get_mut(&key).ok_or("unknown delivery")?;
+                let error = d.error.clone();
+                requeued(d, now);
+                // This repair keeps the last error for inspection.
+                d.error = error;
+            }
+        }
+        Op::ForceDone(ref p) => {
+            let f = m.dead_filter(p);
+            let got = store
+                .force_done(&f)
+                .map_err(|e| format!("force_done: {e}"))?;
+            let matching = m.dead_matching(&f)?;
+            let want = counts(&matching);
+            ensure!(got == want, "force_done({f:?}): {got:?}, model {want:?}");
+            let now = m.now;
+            for key in matching {
+                let d = m.deliveries.get_mut(&key).ok_or("unknown delivery")?;
+                let (msg, code) = d.error.take().ok_or("a dead delivery without its error")?;
+                let said: String =
+                    format!("forced done without applying (dead with {code}: {msg})")
+                        .chars()
+                        .take(4096)
+                        .collect();
+                d.status = DeliveryStatus::Done;
+                d.visible = None;
+                d.claim = None;
+                d.error = Some((said, FORCED_DONE_CODE.to_owned()));
+                d.updated_at = now;
+            }
+        }
     }
     Ok(())
+}
+
+/// Deliveries per consumer, as a repair reports them.
+fn counts(keys: &[(String, i64)]) -> DeadCounts {
+    let mut out = DeadCounts::new();
+    for (c, _) in keys {
+        *out.entry(c.clone()).or_default() += 1;
+    }
+    out
 }
 
 fn apply_checked(
@@ -689,6 +876,7 @@ fn run_case(place: &mut Place, knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseE
         lease_ms,
         now: T0,
         events: BTreeMap::new(),
+        uris: BTreeMap::new(),
         deliveries: BTreeMap::new(),
         claims: Vec::new(),
     };

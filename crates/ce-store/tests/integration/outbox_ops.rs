@@ -7,13 +7,13 @@
 //! backend in `src/{sqlite,postgres}/outbox.rs`.
 
 use ce_core::{
-    Config, CtxUri, DeleteContextPayload, DeliveryStatus, EVENT_VERSION, EventPayload, EventType,
-    OutboxEventCreate, UpsertContextPayload, UpsertReason,
+    Config, CtxUri, DeleteContextPayload, DeliveryStatus, EVENT_VERSION, ErrorCode, EventPayload,
+    EventType, OutboxEventCreate, UpsertContextPayload, UpsertReason,
 };
 use ce_store::model::{DeadCounts, DeadFilter, FORCED_DONE_CODE};
 use ce_store::{IndexOwner, LAG_SCAN_LIMIT, OutboxFilter, StoreError};
 
-use crate::common::{self, Backend, T0, backend_tests, uri};
+use crate::common::{self, Backend, T0, backend_tests, failure, uri};
 
 backend_tests!(
     append_for_one_consumer_leaves_the_others_alone,
@@ -99,9 +99,7 @@ fn stats_report_the_latest_failure(backend: Backend) {
     store
         .mark_failed(
             &claimed[0].claim,
-            "provider timed out",
-            "embed_timeout",
-            true,
+            &failure("provider timed out", ErrorCode::EmbedTimeout, true),
         )
         .expect("fail a");
     let e = last().expect("a failure");
@@ -116,7 +114,10 @@ fn stats_report_the_latest_failure(backend: Backend) {
     );
     assert_eq!(e.event_id, claimed[0].event.event_id);
     store
-        .mark_failed(&claimed[1].claim, "bad payload", "invalid_payload", false)
+        .mark_failed(
+            &claimed[1].claim,
+            &failure("bad payload", ErrorCode::InvalidPayload, false),
+        )
         .expect("fail b");
     let e = last().expect("b failure");
     assert_eq!((e.seq, e.dead), (claimed[1].event.seq, true));
@@ -139,12 +140,12 @@ fn dead_repair_follows_its_filter_and_touches_only_dead_deliveries(backend: Back
     for c in store.claim_batch("vector", "w", 10).expect("claim") {
         let retryable = c.event.seq == 2;
         let code = if retryable {
-            "embed_timeout"
+            ErrorCode::EmbedTimeout
         } else {
-            "invalid_payload"
+            ErrorCode::InvalidPayload
         };
         store
-            .mark_failed(&c.claim, "boom", code, retryable)
+            .mark_failed(&c.claim, &failure("boom", code, retryable))
             .expect("fail");
     }
     for _ in 0..3 {
@@ -152,7 +153,10 @@ fn dead_repair_follows_its_filter_and_touches_only_dead_deliveries(backend: Back
         let again = store.claim_batch("vector", "w", 10).expect("claim");
         assert_eq!(again.len(), 1);
         store
-            .mark_failed(&again[0].claim, "boom", "embed_timeout", true)
+            .mark_failed(
+                &again[0].claim,
+                &failure("boom", ErrorCode::EmbedTimeout, true),
+            )
             .expect("fail");
     }
     // keyword: seq 3 dead, seq 4 left claimed, the others done.
@@ -160,7 +164,7 @@ fn dead_repair_follows_its_filter_and_touches_only_dead_deliveries(backend: Back
         match c.event.seq {
             3 => {
                 store
-                    .mark_failed(&c.claim, "bad", "invalid_payload", false)
+                    .mark_failed(&c.claim, &failure("bad", ErrorCode::InvalidPayload, false))
                     .expect("fail");
             }
             4 => {}
@@ -328,7 +332,7 @@ fn fenced_transitions_follow_token_and_lease(backend: Backend) {
     store.mark_done(&taken[0].claim).expect("done");
     store.mark_done(&taken[0].claim).expect("done twice");
     let failed = store
-        .mark_failed(&taken[0].claim, "late", "x", true)
+        .mark_failed(&taken[0].claim, &failure("late", ErrorCode::Internal, true))
         .expect_err("done");
     assert_eq!(state(failed), "status is done");
     let mut ghost = taken[1].claim.clone();
@@ -449,7 +453,10 @@ fn lag_counts_what_is_not_applied_within_a_subtree(backend: Backend) {
     let claimed = store.claim_batch("vector", "w", 3).expect("claim");
     store.mark_done(&claimed[0].claim).expect("done");
     store
-        .mark_failed(&claimed[1].claim, "bad", "invalid_payload", false)
+        .mark_failed(
+            &claimed[1].claim,
+            &failure("bad", ErrorCode::InvalidPayload, false),
+        )
         .expect("dead");
     clock.advance(1000);
     let all = store.lag("vector", None).expect("lag");
