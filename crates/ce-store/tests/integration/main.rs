@@ -9,6 +9,8 @@
 mod common;
 mod crash;
 mod fs;
+mod jobs_model;
+mod jobs_ops;
 mod outbox_concurrency;
 mod outbox_model;
 mod outbox_ops;
