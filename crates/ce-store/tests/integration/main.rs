@@ -9,6 +9,7 @@
 mod common;
 mod crash;
 mod fs;
+mod jobs_concurrency;
 mod jobs_model;
 mod jobs_ops;
 mod outbox_concurrency;
