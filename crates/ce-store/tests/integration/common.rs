@@ -15,7 +15,9 @@ use ce_core::{
     OutboxEvent, RelationEdge,
 };
 use ce_store::postgres::PgStore;
-use ce_store::{DeliveryRow, OutboxFilter, SourceStore, SqliteStore, StoreError};
+use ce_store::{
+    DeliveryRow, Job, JobFilter, MAX_LIST_LIMIT, OutboxFilter, SourceStore, SqliteStore, StoreError,
+};
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
 pub const T0: i64 = 1_773_482_400_000;
@@ -90,7 +92,7 @@ pub fn all_events(s: &dyn SourceStore) -> BTreeMap<i64, OutboxEvent> {
         .collect()
 }
 
-/// The whole state of a store: nodes, edges, events and deliveries.
+/// The whole state of a store: nodes, edges, events, deliveries and jobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// Every node, in URI order.
@@ -99,6 +101,17 @@ pub struct Snapshot {
     pub edges: Vec<RelationEdge>,
     /// Every delivery with its event.
     pub outbox: Vec<DeliveryRow>,
+    /// Every job, newest first.
+    pub jobs: Vec<Job>,
+}
+
+/// Every job, newest first.
+pub fn all_jobs(s: &dyn SourceStore) -> Vec<Job> {
+    s.list_jobs(&JobFilter {
+        limit: MAX_LIST_LIMIT as usize,
+        ..JobFilter::default()
+    })
+    .expect("list jobs")
 }
 
 /// Reads the whole state.
@@ -112,6 +125,7 @@ pub fn snapshot(s: &dyn SourceStore) -> Snapshot {
         nodes,
         edges,
         outbox: all_deliveries(s),
+        jobs: all_jobs(s),
     }
 }
 
