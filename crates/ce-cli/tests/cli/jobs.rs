@@ -265,7 +265,7 @@ fn a_job_that_failed_for_good_is_dead_until_retried() {
     let id = job["id"].as_str().expect("id").to_owned();
     assert_eq!(
         (job["attempts"].as_u64(), job["error_code"].as_str()),
-        (Some(1), Some("invalid_field")),
+        (Some(0), Some("invalid_field")),
         "{job}"
     );
     assert_eq!(

@@ -58,15 +58,38 @@ pub async fn show(State(s): State<AppState>, id: P) -> Answer {
     blocking(&s, move |e| Ok(e.job(&id)?)).await
 }
 
-/// `POST /v1/jobs/{id}/cancel` (no body).
-pub async fn cancel(State(s): State<AppState>, id: P) -> Answer {
+/// The body of cancel and retry: none, or `{}`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoFields {}
+
+/// A body that must be empty or `{}` (a request without `Content-Type` has none).
+fn no_fields(b: Result<Json<NoFields>, JsonRejection>) -> Result<(), ApiError> {
+    match b {
+        Ok(_) | Err(JsonRejection::MissingJsonContentType(_)) => Ok(()),
+        Err(r) => Err(ApiError::from_json(&r)),
+    }
+}
+
+/// `POST /v1/jobs/{id}/cancel` (body: none or `{}`).
+pub async fn cancel(
+    State(s): State<AppState>,
+    id: P,
+    b: Result<Json<NoFields>, JsonRejection>,
+) -> Answer {
     let id = job_id(id)?;
+    no_fields(b)?;
     blocking(&s, move |e| Ok(e.cancel_job(&id)?)).await
 }
 
-/// `POST /v1/jobs/{id}/retry` (no body).
-pub async fn retry(State(s): State<AppState>, id: P) -> Answer {
+/// `POST /v1/jobs/{id}/retry` (body: none or `{}`).
+pub async fn retry(
+    State(s): State<AppState>,
+    id: P,
+    b: Result<Json<NoFields>, JsonRejection>,
+) -> Answer {
     let id = job_id(id)?;
+    no_fields(b)?;
     blocking(&s, move |e| Ok(e.retry_job(&id)?)).await
 }
 

@@ -269,9 +269,9 @@ fn the_runner_acknowledges_each_outcome_as_the_model_says() {
                                     m.state = JobState::Completed;
                                     expected.completed += 1;
                                 }
+                                // Attempts count retries: a permanent failure adds none.
                                 Does::FailPermanently => {
                                     m.state = JobState::Dead;
-                                    m.attempts += 1;
                                     expected.dead += 1;
                                 }
                                 // 3 retries allowed: the backoff (600 s) keeps it waiting.
