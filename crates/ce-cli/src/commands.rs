@@ -3,7 +3,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ce_core::{
@@ -233,6 +233,24 @@ fn open_engine_for(
         consumers,
     };
     Ok(Engine::open_with(&data_dir, config, options)?)
+}
+
+/// An engine running continuously (`ce serve`, `ce worker`): `workers` per consumer of
+/// `consumers` (empty: all with an index), and the job runner.
+fn start_engine(
+    data_dir: &Path,
+    config: Config,
+    workers: usize,
+    role: &str,
+    consumers: Vec<String>,
+) -> Result<Arc<Engine>> {
+    let options = EngineOptions {
+        workers,
+        run_workers: true,
+        role: role.to_owned(),
+        consumers,
+    };
+    Ok(Engine::open_shared(data_dir, config, options)?)
 }
 
 fn check_workers(n: usize, min: usize) -> Result<()> {
@@ -655,16 +673,7 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
         options.max_body_bytes = m;
     }
     let metrics = Metrics::install()?;
-    let engine = Engine::open_shared(
-        &data_dir,
-        config,
-        EngineOptions {
-            workers: a.workers,
-            run_workers: true,
-            role: "serve".into(),
-            consumers: Vec::new(),
-        },
-    )?;
+    let engine = start_engine(&data_dir, config, a.workers, "serve", Vec::new())?;
     let json = cli.json;
     ce_server::serve(engine, Some(metrics), &options, |addr| {
         // The first line on stdout names the bound address (port 0 picks one).
@@ -752,16 +761,7 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         );
     }
     let (data_dir, config) = resolve(cli)?;
-    let engine = Engine::open_shared(
-        &data_dir,
-        config,
-        EngineOptions {
-            workers: a.workers,
-            run_workers: true,
-            role: "worker".into(),
-            consumers,
-        },
-    )?;
+    let engine = start_engine(&data_dir, config, a.workers, "worker", consumers)?;
     if engine.running_workers() == 0 {
         let r = engine.readiness();
         let reason = if r.ready {

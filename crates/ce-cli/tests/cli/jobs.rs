@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ce_testkit::pg::TestDb;
 use serde_json::{Value, json};
 
-use super::harness::{Ce, eventually, failure, success};
+use super::harness::{Ce, Server, eventually, failure, success};
 
 /// Failpoint of the runner: every claimed job waits this long before its handler.
 const PARK: &str = "CE_FAILPOINT_JOB_PARK_MS";
@@ -436,17 +436,20 @@ fn several_runner_processes_on_postgres_never_run_a_job_twice() {
     drop(runners);
 }
 
+/// `ce --server URL --json ARGS`; asserts success.
+fn remote_json(ce: &Ce, server: &Server, args: &[&str]) -> Value {
+    let mut all = vec!["--server", server.url.as_str(), "--json"];
+    all.extend_from_slice(args);
+    let out = ce.run(&all);
+    serde_json::from_str(&success(&all, out)).expect("JSON")
+}
+
 #[test]
 fn jobs_over_the_server_and_admin_scope() {
     let ce = Ce::hash(FAST_JOBS);
     put_nodes(&ce);
     let server = ce.serve(&[]);
-    let remote = |args: &[&str]| {
-        let mut all = vec!["--server", server.url.as_str(), "--json"];
-        all.extend_from_slice(args);
-        let out = ce.run(&all);
-        serde_json::from_str::<Value>(&success(&all, out)).expect("JSON")
-    };
+    let remote = |args: &[&str]| remote_json(&ce, &server, args);
     // Waiting: the server's runner runs the job; the answer is its report.
     let r = remote(&["reindex", "--consumer", "keyword"]);
     let id = r["job_id"].as_str().expect("job_id").to_owned();
@@ -530,12 +533,7 @@ fn jobs_over_the_server_and_admin_scope() {
         super::harness::HASH_EMBEDDER
     ));
     let server = ce.serve(&[]);
-    let remote = |args: &[&str]| {
-        let mut all = vec!["--server", server.url.as_str(), "--json"];
-        all.extend_from_slice(args);
-        let out = ce.run(&all);
-        serde_json::from_str::<Value>(&success(&all, out)).expect("JSON")
-    };
+    let remote = |args: &[&str]| remote_json(&ce, &server, args);
     let s = remote(&["status"]);
     assert_eq!(
         (

@@ -7,14 +7,14 @@ use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use ce_core::ErrorCode;
-use ce_store::JobFilter;
+use ce_store::{Job, JobFilter};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
 use super::handlers::{Answer, Q, blocking, params};
-use crate::engine::VECTOR_CONSUMER;
+use crate::engine::{Engine, VECTOR_CONSUMER};
 use crate::jobs::reindex::{ReindexPayload, report_of};
 use crate::jobs::{job_error, parse_state};
 use crate::wire::{JobQueued, ReindexAnswer, ReindexBody};
@@ -71,26 +71,28 @@ fn no_fields(b: Result<Json<NoFields>, JsonRejection>) -> Result<(), ApiError> {
     }
 }
 
-/// `POST /v1/jobs/{id}/cancel` (body: none or `{}`).
-pub async fn cancel(
-    State(s): State<AppState>,
+type B = Result<Json<NoFields>, JsonRejection>;
+
+/// Runs `change` on job `id` of a cancel or retry request.
+async fn change(
+    s: &AppState,
     id: P,
-    b: Result<Json<NoFields>, JsonRejection>,
+    b: B,
+    change: fn(&Engine, &str) -> crate::Result<Job>,
 ) -> Answer {
     let id = job_id(id)?;
     no_fields(b)?;
-    blocking(&s, move |e| Ok(e.cancel_job(&id)?)).await
+    blocking(s, move |e| Ok(change(e, &id)?)).await
+}
+
+/// `POST /v1/jobs/{id}/cancel` (body: none or `{}`).
+pub async fn cancel(State(s): State<AppState>, id: P, b: B) -> Answer {
+    change(&s, id, b, Engine::cancel_job).await
 }
 
 /// `POST /v1/jobs/{id}/retry` (body: none or `{}`).
-pub async fn retry(
-    State(s): State<AppState>,
-    id: P,
-    b: Result<Json<NoFields>, JsonRejection>,
-) -> Answer {
-    let id = job_id(id)?;
-    no_fields(b)?;
-    blocking(&s, move |e| Ok(e.retry_job(&id)?)).await
+pub async fn retry(State(s): State<AppState>, id: P, b: B) -> Answer {
+    change(&s, id, b, Engine::retry_job).await
 }
 
 /// `POST /v1/reindex` (body optional: `{"consumer": "vector", "no_wait": false}`): enqueues
