@@ -776,15 +776,21 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         .into());
     }
     let served = engine.status()?.worker_consumers.join(", ");
+    let jobs = engine.job_runner_running();
     let line = if cli.json {
         format!(
             "{}\n",
-            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers})
+            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers, "job_runner": jobs})
         )
     } else {
         format!(
-            "{} workers running for {served} (stop with Ctrl-C)\n",
+            "{} workers running for {served}, {} (stop with Ctrl-C)\n",
             engine.running_workers(),
+            if jobs {
+                "and the job runner"
+            } else {
+                "no job runner (jobs.enabled is false)"
+            }
         )
     };
     output::print_stdout(&line)?;

@@ -106,6 +106,7 @@ impl JobHandler for ReindexJob {
             engine.take_over(&p.consumer)?;
         }
         ctx.checkpoint()?;
+        ctx.report(serde_json::json!({"stage": "requeue_and_clear", "consumer": p.consumer}));
         let report = engine.reindex(&p.consumer)?;
         let result = serde_json::to_value(&report)
             .map_err(|e| ServerError::Internal(format!("encoding the reindex report: {e}")))?;
