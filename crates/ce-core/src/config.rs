@@ -130,7 +130,9 @@ impl JobsConfig {
             if !valid_job_type(name) {
                 return Err(CoreError::InvalidConfig {
                     key: format!("jobs.types.{name}"),
-                    reason: format!("{name:?} is not a job type name of [a-z0-9_-]{{1,64}}"),
+                    reason: format!(
+                        "{name:?} is not a job type name (1 to 64 of [a-z0-9_-], starting with a letter)"
+                    ),
                 });
             }
             checked.push((format!("jobs.types.{name}"), self.settings(name)));
@@ -998,6 +1000,40 @@ mod tests {
             err.to_string().contains("index.outbox.retry_jitter_ratio"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn job_settings_apply_type_overrides_and_are_checked() {
+        let c = Config::from_toml(
+            "[jobs]\nconcurrency = 3\n[jobs.types.reindex]\nconcurrency = 1\nmax_retries = 0\n",
+        )
+        .expect("valid");
+        let r = c.jobs.settings("reindex");
+        assert_eq!((r.concurrency, r.max_retries), (1, 0));
+        let other = c.jobs.settings("import");
+        assert_eq!((other.concurrency, other.max_retries), (3, 5));
+        for (toml, key) in [
+            ("[jobs]\nlease_seconds = 5\n", "jobs.lease_seconds"),
+            ("[jobs]\nheartbeat_seconds = 40\n", "jobs.heartbeat_seconds"),
+            ("[jobs]\nconcurrency = 0\n", "jobs.concurrency"),
+            (
+                "[jobs.types.reindex]\nconcurrency = 65\n",
+                "jobs.types.reindex.concurrency",
+            ),
+            (
+                "[jobs.types.reindex]\nretry_base_seconds = 60\nretry_max_seconds = 30\n",
+                "jobs.types.reindex.retry_max_seconds",
+            ),
+            (
+                "[jobs.types.Re-Index]\nconcurrency = 1\n",
+                "jobs.types.Re-Index",
+            ),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        assert!(valid_job_type("session-commit") && valid_job_type("kb_index2"));
+        assert!(!valid_job_type("") && !valid_job_type("2x") && !valid_job_type("a b"));
     }
 
     #[test]
