@@ -136,7 +136,8 @@ pub struct Job {
     pub state: JobState,
     /// Failures counted so far.
     pub attempts: u32,
-    /// When it becomes runnable (`delayed`, `failed`), or its lease end (`running`).
+    /// When it is (or was) runnable from (`pending`, `delayed`, `failed`), or its lease end
+    /// (`running`); `None` once terminal.
     pub run_at_ms: Option<Millis>,
     /// The runner holding it (`running`), or that last held it.
     pub claimed_by: Option<String>,

@@ -101,7 +101,104 @@ pub(crate) struct JobColumns {
     pub(crate) finished_at: Option<i64>,
 }
 
+/// Typed reads of one result row, whatever the dialect's row type.
+pub(crate) trait ColumnReader {
+    /// A `TEXT NOT NULL` column.
+    fn text(&self, i: usize) -> Result<String>;
+    /// A nullable `TEXT` column.
+    fn text_opt(&self, i: usize) -> Result<Option<String>>;
+    /// An integer column.
+    fn int(&self, i: usize) -> Result<i64>;
+    /// A nullable integer column.
+    fn int_opt(&self, i: usize) -> Result<Option<i64>>;
+    /// A boolean column.
+    fn flag(&self, i: usize) -> Result<bool>;
+}
+
+/// Implements [`ColumnReader`] for a dialect's row type `$row` whose generic getter
+/// `$get(i)` fails with an error the store converts.
+macro_rules! impl_column_reader {
+    ($row:ty, $get:ident) => {
+        impl $crate::jobs::rows::ColumnReader for $row {
+            fn text(&self, i: usize) -> $crate::Result<String> {
+                Ok(self.$get(i)?)
+            }
+
+            fn text_opt(&self, i: usize) -> $crate::Result<Option<String>> {
+                Ok(self.$get(i)?)
+            }
+
+            fn int(&self, i: usize) -> $crate::Result<i64> {
+                Ok(self.$get(i)?)
+            }
+
+            fn int_opt(&self, i: usize) -> $crate::Result<Option<i64>> {
+                Ok(self.$get(i)?)
+            }
+
+            fn flag(&self, i: usize) -> $crate::Result<bool> {
+                Ok(self.$get(i)?)
+            }
+        }
+    };
+}
+pub(crate) use impl_column_reader;
+
+/// The parameters of a statement over [`JOB_COLUMNS`] (insert, update), from a
+/// [`JobColumns`] value, as an array the caller types with its dialect's `ToSql`.
+macro_rules! job_params {
+    ($c:ident) => {
+        [
+            &$c.id,
+            &$c.job_type,
+            &$c.payload,
+            &$c.idempotency_key,
+            &$c.state,
+            &$c.attempts,
+            &$c.run_at,
+            &$c.claimed_by,
+            &$c.claim_token,
+            &$c.claimed_until,
+            &$c.parent_job_id,
+            &$c.progress,
+            &$c.cancel_requested,
+            &$c.error_code,
+            &$c.last_error,
+            &$c.created_at,
+            &$c.updated_at,
+            &$c.started_at,
+            &$c.finished_at,
+        ]
+    };
+}
+pub(crate) use job_params;
+
 impl JobColumns {
+    /// The columns of a `SELECT {JOB_COLUMNS}` row.
+    pub(crate) fn read(r: &impl ColumnReader) -> Result<JobColumns> {
+        Ok(JobColumns {
+            id: r.text(0)?,
+            job_type: r.text(1)?,
+            payload: r.text(2)?,
+            idempotency_key: r.text_opt(3)?,
+            state: r.text(4)?,
+            attempts: r.int(5)?,
+            run_at: r.int_opt(6)?,
+            claimed_by: r.text_opt(7)?,
+            claim_token: r.text_opt(8)?,
+            claimed_until: r.int_opt(9)?,
+            parent_job_id: r.text_opt(10)?,
+            progress: r.text_opt(11)?,
+            cancel_requested: r.flag(12)?,
+            error_code: r.text_opt(13)?,
+            last_error: r.text_opt(14)?,
+            created_at: r.int(15)?,
+            updated_at: r.int(16)?,
+            started_at: r.int_opt(17)?,
+            finished_at: r.int_opt(18)?,
+        })
+    }
+
     /// The columns of `j`.
     pub(crate) fn of(j: &StoredJob) -> Result<JobColumns> {
         let job = &j.job;

@@ -25,7 +25,8 @@ use super::rows::PgTx;
 use super::{PgStore, Tx, WriteKind};
 use crate::error::Result;
 use crate::jobs::rows::{
-    JOB_COLUMNS, JobColumns, JobTx, LIVE_STATES_SQL, StoredJob, job_count, list_query, update_sql,
+    JOB_COLUMNS, JobColumns, JobTx, LIVE_STATES_SQL, StoredJob, job_count, job_params, list_query,
+    update_sql,
 };
 use crate::jobs::{JobCount, JobFilter};
 
@@ -61,58 +62,24 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+crate::jobs::rows::impl_column_reader!(Row, try_get);
+
 fn job_from_row(r: &Row) -> Result<StoredJob> {
-    JobColumns {
-        id: r.try_get(0)?,
-        job_type: r.try_get(1)?,
-        payload: r.try_get(2)?,
-        idempotency_key: r.try_get(3)?,
-        state: r.try_get(4)?,
-        attempts: r.try_get(5)?,
-        run_at: r.try_get(6)?,
-        claimed_by: r.try_get(7)?,
-        claim_token: r.try_get(8)?,
-        claimed_until: r.try_get(9)?,
-        parent_job_id: r.try_get(10)?,
-        progress: r.try_get(11)?,
-        cancel_requested: r.try_get(12)?,
-        error_code: r.try_get(13)?,
-        last_error: r.try_get(14)?,
-        created_at: r.try_get(15)?,
-        updated_at: r.try_get(16)?,
-        started_at: r.try_get(17)?,
-        finished_at: r.try_get(18)?,
-    }
-    .decode()
+    JobColumns::read(r)?.decode()
+}
+
+/// The job `sql` selects by its one parameter `arg`.
+fn one(tx: &mut Tx<'_>, sql: &str, arg: &str) -> Result<Option<StoredJob>> {
+    tx.query_opt(sql, &[&arg])?
+        .map(|r| job_from_row(&r))
+        .transpose()
 }
 
 /// Runs `sql` with the columns of `job` as parameters 1 to 19.
 fn execute_with(tx: &mut Tx<'_>, sql: &str, job: &StoredJob) -> Result<u64> {
     let c = JobColumns::of(job)?;
-    tx.execute(
-        sql,
-        &[
-            &c.id,
-            &c.job_type,
-            &c.payload,
-            &c.idempotency_key,
-            &c.state,
-            &c.attempts,
-            &c.run_at,
-            &c.claimed_by,
-            &c.claim_token,
-            &c.claimed_until,
-            &c.parent_job_id,
-            &c.progress,
-            &c.cancel_requested,
-            &c.error_code,
-            &c.last_error,
-            &c.created_at,
-            &c.updated_at,
-            &c.started_at,
-            &c.finished_at,
-        ],
-    )
+    let params: [&(dyn postgres::types::ToSql + Sync); 19] = job_params!(c);
+    tx.execute(sql, &params)
 }
 
 impl JobTx for PgTx<'_, '_> {
@@ -121,36 +88,26 @@ impl JobTx for PgTx<'_, '_> {
     }
 
     fn job_by_key(&mut self, key: &str) -> Result<Option<StoredJob>> {
-        self.tx
-            .query_opt(
-                &format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs
-                     WHERE idempotency_key = $1 AND {LIVE_STATES_SQL}"
-                ),
-                &[&key],
-            )?
-            .map(|r| job_from_row(&r))
-            .transpose()
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = $1 AND {LIVE_STATES_SQL}"
+        );
+        one(self.tx, &sql, key)
     }
 
     fn job(&mut self, id: &str) -> Result<Option<StoredJob>> {
-        self.tx
-            .query_opt(
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"),
-                &[&id],
-            )?
-            .map(|r| job_from_row(&r))
-            .transpose()
+        one(
+            self.tx,
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"),
+            id,
+        )
     }
 
     fn lock_job(&mut self, id: &str) -> Result<Option<StoredJob>> {
-        self.tx
-            .query_opt(
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"),
-                &[&id],
-            )?
-            .map(|r| job_from_row(&r))
-            .transpose()
+        one(
+            self.tx,
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"),
+            id,
+        )
     }
 
     fn update_job(&mut self, job: &StoredJob) -> Result<()> {

@@ -6,13 +6,14 @@
 use std::sync::LazyLock;
 
 use ce_core::Millis;
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Row, params};
 
 use super::rows::SqlTx;
 use super::{Durability, SqliteStore};
 use crate::error::Result;
 use crate::jobs::rows::{
-    JOB_COLUMNS, JobColumns, JobTx, LIVE_STATES_SQL, StoredJob, job_count, list_query, update_sql,
+    JOB_COLUMNS, JobColumns, JobTx, LIVE_STATES_SQL, StoredJob, job_count, job_params, list_query,
+    update_sql,
 };
 use crate::jobs::{JobCount, JobFilter};
 
@@ -23,70 +24,28 @@ fn placeholder(n: usize) -> String {
 
 static UPDATE_SQL: LazyLock<String> = LazyLock::new(|| update_sql(placeholder));
 
-fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobColumns> {
-    Ok(JobColumns {
-        id: r.get(0)?,
-        job_type: r.get(1)?,
-        payload: r.get(2)?,
-        idempotency_key: r.get(3)?,
-        state: r.get(4)?,
-        attempts: r.get(5)?,
-        run_at: r.get(6)?,
-        claimed_by: r.get(7)?,
-        claim_token: r.get(8)?,
-        claimed_until: r.get(9)?,
-        parent_job_id: r.get(10)?,
-        progress: r.get(11)?,
-        cancel_requested: r.get(12)?,
-        error_code: r.get(13)?,
-        last_error: r.get(14)?,
-        created_at: r.get(15)?,
-        updated_at: r.get(16)?,
-        started_at: r.get(17)?,
-        finished_at: r.get(18)?,
-    })
-}
+crate::jobs::rows::impl_column_reader!(Row<'_>, get);
 
 /// Runs `sql` with `p` and decodes every row it returns as a job.
 fn jobs(tx: &SqlTx<'_>, sql: &str, p: impl rusqlite::Params) -> Result<Vec<StoredJob>> {
     let mut stmt = tx.conn.prepare_cached(sql)?;
-    let rows = stmt.query_map(p, job_from_row)?;
-    rows.map(|r| r?.decode()).collect()
+    let mut rows = stmt.query(p)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(JobColumns::read(r)?.decode()?);
+    }
+    Ok(out)
 }
 
 fn one(tx: &SqlTx<'_>, sql: &str, p: impl rusqlite::Params) -> Result<Option<StoredJob>> {
-    tx.conn
-        .prepare_cached(sql)?
-        .query_row(p, job_from_row)
-        .optional()?
-        .map(JobColumns::decode)
-        .transpose()
+    Ok(jobs(tx, sql, p)?.into_iter().next())
 }
 
 /// Runs `sql` with the columns of `job` as parameters 1 to 19.
 fn execute_with(tx: &SqlTx<'_>, sql: &str, job: &StoredJob) -> Result<usize> {
     let c = JobColumns::of(job)?;
-    Ok(tx.conn.prepare_cached(sql)?.execute(params![
-        c.id,
-        c.job_type,
-        c.payload,
-        c.idempotency_key,
-        c.state,
-        c.attempts,
-        c.run_at,
-        c.claimed_by,
-        c.claim_token,
-        c.claimed_until,
-        c.parent_job_id,
-        c.progress,
-        c.cancel_requested,
-        c.error_code,
-        c.last_error,
-        c.created_at,
-        c.updated_at,
-        c.started_at,
-        c.finished_at,
-    ])?)
+    let params: [&dyn rusqlite::ToSql; 19] = job_params!(c);
+    Ok(tx.conn.prepare_cached(sql)?.execute(params.as_slice())?)
 }
 
 impl JobTx for SqlTx<'_> {

@@ -13,17 +13,18 @@
 //! - JB2: no type has more running jobs with a live lease than its concurrency;
 //! - JB3: a job's lease end is set exactly when it is running, and equals its `run_at`.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ce_core::{Classify, Config, ErrorCode, ManualClock, Millis, test_cases};
+use ce_core::{Classify, Config, ErrorCode, ManualClock, Millis};
 use ce_store::{Job, JobClaim, JobFailure, JobSpec, JobState, SourceStore, StoreError, TypeSlots};
 use proptest::prelude::*;
-use proptest::test_runner::{TestCaseError, TestError};
+use proptest::test_runner::TestCaseError;
 use serde_json::json;
 
-use crate::common::{self, Backend, OpenStore as _, Place, T0, backend_tests};
+use crate::common::{
+    self, Advance, Backend, OpenStore as _, Place, Step, T0, backend_tests, ensure,
+};
 
 backend_tests!(jobs_match_model);
 
@@ -41,13 +42,6 @@ struct Knobs {
     max_retries: u32,
     /// Concurrency of each of [`TYPES`].
     concurrency: [u32; 3],
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Advance {
-    By(Millis),
-    ToNextDeadline,
-    JustBeforeNextDeadline,
 }
 
 #[derive(Debug, Clone)]
@@ -162,16 +156,6 @@ struct Model {
 enum Refusal {
     Lost,
     Transition,
-}
-
-type Step = Result<(), String>;
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
 }
 
 impl Model {
@@ -487,12 +471,7 @@ fn apply(s: &dyn SourceStore, clock: &ManualClock, m: &mut Model, op: &Op, step:
             e.updated_at = now;
         }
         Op::Advance(a) => {
-            let to = match a {
-                Advance::By(ms) => Some(now + ms),
-                Advance::ToNextDeadline => m.next_deadline(),
-                Advance::JustBeforeNextDeadline => m.next_deadline().map(|t| t - 1),
-            };
-            if let Some(t) = to.filter(|t| *t > now) {
+            if let Some(t) = a.target(now, m.next_deadline()) {
                 clock.advance(t - now);
                 m.now = t;
             }
@@ -628,26 +607,18 @@ fn run_case(place: &mut Place, knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseE
         jobs: BTreeMap::new(),
         claims: Vec::new(),
     };
-    for (step, op) in ops.iter().enumerate() {
-        apply(store.as_ref(), &clock, &mut m, op, step)
-            .and_then(|()| compare(store.as_ref(), &m))
-            .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
-    }
-    Ok(())
+    common::check_steps(ops, |step, op| {
+        apply(store.as_ref(), &clock, &mut m, op, step).and_then(|()| compare(store.as_ref(), &m))
+    })
 }
 
 fn jobs_match_model(backend: Backend) {
-    let seed = common::seed("jobs_match_model");
-    let mut runner = ce_testkit::seeded_runner(seed, test_cases(32), 4096);
     let strategy = (knobs(), prop::collection::vec(op(), 1..=48));
-    let place = RefCell::new(backend.place());
-    match runner.run(&strategy, |(k, ops)| {
-        run_case(&mut place.borrow_mut(), k, &ops)
-    }) {
-        Ok(()) => {}
-        Err(TestError::Fail(why, (k, ops))) => panic!(
-            "jobs model test failed (replay with CE_SEED={seed}): {why}\nknobs {k:?}\nminimal ops:\n{ops:#?}"
-        ),
-        Err(e) => panic!("jobs model test aborted (CE_SEED={seed}): {e}"),
-    }
+    common::run_model(
+        "jobs_match_model",
+        backend,
+        32,
+        strategy,
+        |place, (k, ops)| run_case(place, k, &ops),
+    );
 }
