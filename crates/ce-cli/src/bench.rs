@@ -9,7 +9,11 @@
 //!    events, which also builds the backlog for step 3;
 //! 3. `claim_batch("vector", …, --batch)` against that backlog, `--claims` samples, each
 //!    followed by `mark_done` of every claimed delivery (timed separately), so the backlog
-//!    only shrinks by `--batch` per sample.
+//!    only shrinks by `--batch` per sample;
+//! 4. jobs: `--jobs-pending` pending jobs of [`JOB_TYPES`] enqueued 1000 per source batch
+//!    (`WriteOp::Enqueue`), then `--claims` samples of `claim_jobs(…, 10)` over every type,
+//!    each followed by `complete` of every claimed job (claim alone and claim + completes
+//!    are timed).
 //!
 //! The answer is one JSON object; progress goes to stderr. The directory is removed at the end
 //! (also on error) unless `--keep`.
@@ -22,13 +26,17 @@ use ce_core::{
     Config, CtxUri, EVENT_VERSION, EventPayload, OutboxEventCreate, UpsertContextPayload,
     UpsertReason,
 };
-use ce_store::{PutRequest, SourceStore, SqliteStore};
+use ce_store::{JobSpec, JobState, PutRequest, SourceStore, SqliteStore, TypeSlots, WriteOp};
 use serde_json::{Value, json};
 
 /// Events per `append_batch` call.
 const APPEND_BATCH: usize = 1000;
 /// The consumer whose deliveries are claimed.
 const CONSUMER: &str = "vector";
+/// The job types the jobs backlog is spread over.
+const JOB_TYPES: [&str; 4] = ["bench-a", "bench-b", "bench-c", "bench-d"];
+/// Jobs per `claim_jobs` call (also each type's concurrency in the run).
+const JOB_CLAIM_LIMIT: usize = 10;
 /// Targets from the issue: claim p95 (ms), append (events/s), durable put (ops/s).
 const TARGET_CLAIM_P95_MS: f64 = 5.0;
 const TARGET_APPEND_EVENTS_PER_S: f64 = 50_000.0;
@@ -53,6 +61,9 @@ pub struct BenchOutboxArgs {
     /// Deliveries per claim_batch call
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub batch: usize,
+    /// Pending jobs in the queue before job claims start (0 skips the jobs figures)
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    pub jobs_pending: u64,
     /// Keep the store directory (and PostgreSQL databases) instead of removing them
     #[arg(long)]
     pub keep: bool,
@@ -108,7 +119,7 @@ fn measure(dir: &Path, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
     Ok(report)
 }
 
-/// Steps 1–3 on `store` (any backend), one thread.
+/// Steps 1–4 on `store` (any backend), one thread.
 pub(crate) fn measure_store(
     store: &dyn SourceStore,
     args: &BenchOutboxArgs,
@@ -203,6 +214,7 @@ pub(crate) fn measure_store(
     let mark_done_per_s = rate(done_lat.len() as u64, done_total);
     let claim = latency_summary(&mut claim_lat);
     let claim_p95 = claim["p95_ms"].as_f64();
+    let jobs = measure_jobs(store, args)?;
     Ok(json!({
         "benchmark": "outbox",
         "parameters": {
@@ -237,6 +249,7 @@ pub(crate) fn measure_store(
         },
         "mark_done_per_s": round(mark_done_per_s, 1),
         "mark_done_latency": latency_summary(&mut done_lat),
+        "jobs": jobs,
         "total_seconds": round(started.elapsed().as_secs_f64(), 3),
         "targets": {
             "claim_batch_p95_ms_max": TARGET_CLAIM_P95_MS,
@@ -247,6 +260,80 @@ pub(crate) fn measure_store(
             "put_met": put_ops_per_s >= TARGET_PUT_OPS_PER_S,
             "note": "targets are stated for the default parameters (1M pending, batch 100) on a release build",
         },
+    }))
+}
+
+/// Step 4: the job queue at `--jobs-pending` pending jobs (`null` when 0).
+fn measure_jobs(store: &dyn SourceStore, args: &BenchOutboxArgs) -> anyhow::Result<Value> {
+    if args.jobs_pending == 0 {
+        return Ok(Value::Null);
+    }
+    eprintln!(
+        "bench: enqueueing {} jobs in batches of {APPEND_BATCH}",
+        args.jobs_pending
+    );
+    let mut enqueue_time = Duration::ZERO;
+    let mut enqueued: u64 = 0;
+    while enqueued < args.jobs_pending {
+        let n = (args.jobs_pending - enqueued).min(APPEND_BATCH as u64);
+        let ops = (enqueued..enqueued + n)
+            .map(|i| {
+                WriteOp::Enqueue(JobSpec {
+                    job_type: JOB_TYPES[i as usize % JOB_TYPES.len()].to_owned(),
+                    payload: json!({"i": i}),
+                    idempotency_key: Some(format!("bench:{i}")),
+                    run_at_ms: None,
+                    parent_job_id: None,
+                })
+            })
+            .collect();
+        let t = Instant::now();
+        store.apply_batch(ops)?;
+        enqueue_time += t.elapsed();
+        enqueued += n;
+    }
+    let pending = |store: &dyn SourceStore| -> anyhow::Result<u64> {
+        Ok(store
+            .job_counts()?
+            .iter()
+            .filter(|c| c.state == JobState::Pending)
+            .map(|c| c.count)
+            .sum())
+    };
+    let pending_start = pending(store)?;
+    let slots: Vec<TypeSlots> = JOB_TYPES
+        .iter()
+        .map(|t| TypeSlots {
+            job_type: (*t).to_owned(),
+            concurrency: JOB_CLAIM_LIMIT as u32,
+        })
+        .collect();
+    eprintln!(
+        "bench: {} claim_jobs({JOB_CLAIM_LIMIT}) + complete samples at {pending_start} pending jobs",
+        args.claims
+    );
+    let mut claim_lat = Vec::with_capacity(args.claims as usize);
+    let mut cycle_lat = Vec::with_capacity(args.claims as usize);
+    let mut claimed_total: u64 = 0;
+    for _ in 0..args.claims {
+        let t = Instant::now();
+        let claimed = store.claim_jobs("bench-runner", &slots, JOB_CLAIM_LIMIT)?;
+        claim_lat.push(t.elapsed());
+        for c in &claimed {
+            store.complete(&c.claim, None)?;
+        }
+        cycle_lat.push(t.elapsed());
+        claimed_total += claimed.len() as u64;
+    }
+    Ok(json!({
+        "pending": args.jobs_pending,
+        "types": JOB_TYPES.len(),
+        "enqueue_jobs_per_s": round(rate(enqueued, enqueue_time), 1),
+        format!("claim_jobs_{JOB_CLAIM_LIMIT}"): latency_summary(&mut claim_lat),
+        format!("claim_jobs_{JOB_CLAIM_LIMIT}_and_complete"): latency_summary(&mut cycle_lat),
+        "claimed": claimed_total,
+        "pending_at_start": pending_start,
+        "pending_at_end": pending(store)?,
     }))
 }
 
@@ -432,6 +519,7 @@ mod tests {
             puts: 20,
             claims: 5,
             batch: 10,
+            jobs_pending: 500,
             keep: false,
             e2e_events: 0,
             processes: vec![1],
@@ -450,6 +538,13 @@ mod tests {
         assert_eq!(r["claim_run"]["pending_at_end"], 3000 - 5 * 10);
         assert_eq!(r["claim_batch_10"]["count"], 5);
         assert_eq!(r["mark_done_latency"]["count"], 50);
+        let jobs = &r["jobs"];
+        assert_eq!(jobs["pending_at_start"], 500);
+        assert_eq!(jobs["claimed"], 5 * 10);
+        assert_eq!(jobs["pending_at_end"], 500 - 5 * 10);
+        assert_eq!(jobs["claim_jobs_10"]["count"], 5);
+        assert_eq!(jobs["claim_jobs_10_and_complete"]["count"], 5);
+        assert!(jobs["enqueue_jobs_per_s"].as_f64().expect("enqueue rate") > 0.0);
         assert!(r["machine"]["cores"].as_u64().is_some());
         let left = std::fs::read_dir(&work).expect("read work dir").count();
         std::fs::remove_dir_all(&work).expect("remove work dir");

@@ -10,6 +10,7 @@ use crate::bench::BenchOutboxArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
 use crate::eval::EvalArgs;
+use crate::jobs::JobsCommand;
 use crate::repair::RepairCommand;
 
 /// ContextEngine: a context database for AI agents.
@@ -165,15 +166,20 @@ pub enum Command {
     /// latency per search mode (the corpus is indexed in --data-dir, kept, else in a temporary
     /// data directory).
     Eval(EvalArgs),
-    /// Rebuild an index from the source of truth (embedding cache makes it cheap).
+    /// Rebuild an index from the source of truth (embedding cache makes it cheap), as a
+    /// `reindex` job.
     Reindex(ReindexArgs),
+    /// Durable jobs: list, show, cancel, retry (docs/jobs.md).
+    #[command(subcommand)]
+    Jobs(JobsCommand),
     /// Repair jobs: requeue or force-done dead deliveries; reconcile the indexes with the
     /// source of truth (docs/repair.md).
     #[command(subcommand)]
     Repair(RepairCommand),
     /// Run the HTTP server (API, health, readiness, metrics) with the index workers.
     Serve(ServeArgs),
-    /// Run index workers against the data directory (without the HTTP server).
+    /// Run index workers and the job runner against the data directory (without the HTTP
+    /// server).
     Worker(WorkerArgs),
     /// Import a directory in the node layout into a subtree.
     Import(ImportArgs),
@@ -441,7 +447,9 @@ pub struct ReindexArgs {
     /// The consumer whose index to rebuild.
     #[arg(long, value_name = "C", default_value = "vector")]
     pub consumer: String,
-    /// Only queue the rebuild (locally: do not run the workers until it is done).
+    /// Only enqueue the `reindex` job and print its id (a running `ce serve` or `ce worker`,
+    /// or `ce worker --once`, runs it); without it the command follows the job, then (locally)
+    /// runs the workers until the index is rebuilt.
     #[arg(long)]
     pub no_wait: bool,
     /// Make this data directory the owner of the consumer's embedded index first, in place
@@ -474,7 +482,8 @@ pub struct WorkerArgs {
     /// Worker threads.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub workers: usize,
-    /// Drain the outbox (waiting for claims of crashed workers to expire) and exit.
+    /// Run the due jobs and drain the outbox, until neither has work (waiting for the claims
+    /// of crashed processes to expire), and exit.
     #[arg(long)]
     pub once: bool,
     /// Report the delta the open events would apply (counts by action, sample URIs) without

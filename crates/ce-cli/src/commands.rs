@@ -13,8 +13,10 @@ use ce_core::{
 use ce_lock::LockManager;
 use ce_retrieval::{HierarchicalParams, HierarchicalRequest, RelatedRequest, SearchRequest};
 use ce_server::guarded::Guarded;
+use ce_server::jobs::JobsRun;
+use ce_server::jobs::reindex::{ReindexPayload, report_of};
 use ce_server::status::{DrainProgress, DrainReport, ReindexReport};
-use ce_server::wire::{CatAnswer, PutBody};
+use ce_server::wire::{CatAnswer, JobQueued, PutBody};
 use ce_server::{Engine, EngineOptions, Metrics, ServeOptions, ServerError, Source};
 use ce_store::{ContextFs, LinkRequest, OutboxFilter, StoreError, layout};
 use serde::Serialize;
@@ -27,7 +29,9 @@ use crate::cli::{
 };
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
-use crate::{bench, bench_locks, bench_pipeline, bench_retrieval, demo, eval, remote, repair};
+use crate::{
+    bench, bench_locks, bench_pipeline, bench_retrieval, demo, eval, jobs, remote, repair,
+};
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
 pub const DEFAULT_DATA_DIR: &str = "ce-data";
@@ -120,6 +124,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             Rendered::new(&report, output::migrate(&report))
         }
         Command::Reindex(a) => reindex(cli, a),
+        Command::Jobs(c) => jobs::run(cli, c),
         Command::Repair(c) => repair::run(cli, c),
         Command::Serve(a) => serve(cli, a),
         Command::Worker(a) => worker(cli, a),
@@ -228,6 +233,24 @@ fn open_engine_for(
         consumers,
     };
     Ok(Engine::open_with(&data_dir, config, options)?)
+}
+
+/// An engine running continuously (`ce serve`, `ce worker`): `workers` per consumer of
+/// `consumers` (empty: all with an index), and the job runner.
+fn start_engine(
+    data_dir: &Path,
+    config: Config,
+    workers: usize,
+    role: &str,
+    consumers: Vec<String>,
+) -> Result<Arc<Engine>> {
+    let options = EngineOptions {
+        workers,
+        run_workers: true,
+        role: role.to_owned(),
+        consumers,
+    };
+    Ok(Engine::open_shared(data_dir, config, options)?)
 }
 
 fn check_workers(n: usize, min: usize) -> Result<()> {
@@ -577,17 +600,29 @@ pub fn drain_with_progress(
 struct ReindexOutput<'a> {
     #[serde(flatten)]
     report: &'a ReindexReport,
-    /// The workers' run that rebuilt the index (absent with `--no-wait`).
-    drain: Option<&'a DrainReport>,
+    /// The `reindex` job that ran it.
+    job_id: &'a str,
+    /// The workers' run that rebuilt the index.
+    drain: &'a DrainReport,
 }
 
+/// `ce reindex`: enqueues the `reindex` job; unless `--no-wait`, runs it here (or waits for
+/// the runner that has it), then the workers until the index is rebuilt.
 fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
-    check_consumer(&a.consumer)?;
+    let payload = ReindexPayload::new(&a.consumer, a.take_over)?;
     let engine = open_engine(cli, ce_server::engine::DEFAULT_WORKERS, false, "reindex")?;
-    if a.take_over {
-        engine.take_over(&a.consumer)?;
+    let queued = JobQueued::from(engine.enqueue_job(payload.spec())?);
+    if a.no_wait {
+        engine.shutdown();
+        return jobs::queued(&queued);
     }
-    let report = engine.reindex(&a.consumer)?;
+    let job = engine.follow_job(&queued.job_id, true, &|j| {
+        jobs::print_progress(j, cli.json, "reindex");
+    })?;
+    if let Some(e) = ce_server::jobs::job_error(&job) {
+        return Err(e.into());
+    }
+    let report = report_of(&job)?;
     // Rebuilding the vector index may embed the whole corpus: say so before it starts.
     if !cli.json
         && let Some(model) = &report.model
@@ -604,17 +639,23 @@ fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
             model.model
         ));
     }
-    let drain = if a.no_wait {
-        None
-    } else {
-        Some(drain_with_progress(&engine, cli.json, "reindex")?)
-    };
+    let drain = drain_with_progress(&engine, cli.json, "reindex")?;
     engine.shutdown();
     let out = ReindexOutput {
         report: &report,
-        drain: drain.as_ref(),
+        job_id: &job.id,
+        drain: &drain,
     };
-    Rendered::new(&out, output::reindex(&report, drain.as_ref()))
+    Rendered::new(&out, output::reindex(&report, Some(&drain), &job.id))
+}
+
+/// The `--json` answer of `ce worker --once`.
+#[derive(Debug, Serialize)]
+struct OnceOutput<'a> {
+    #[serde(flatten)]
+    report: &'a DrainReport,
+    /// The jobs it ran.
+    jobs: &'a JobsRun,
 }
 
 fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
@@ -632,16 +673,7 @@ fn serve(cli: &Cli, a: &ServeArgs) -> Result<Rendered> {
         options.max_body_bytes = m;
     }
     let metrics = Metrics::install()?;
-    let engine = Arc::new(Engine::open_with(
-        &data_dir,
-        config,
-        EngineOptions {
-            workers: a.workers,
-            run_workers: true,
-            role: "serve".into(),
-            consumers: Vec::new(),
-        },
-    )?);
+    let engine = start_engine(&data_dir, config, a.workers, "serve", Vec::new())?;
     let json = cli.json;
     ce_server::serve(engine, Some(metrics), &options, |addr| {
         // The first line on stdout names the bound address (port 0 picks one).
@@ -686,7 +718,10 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     }
     if a.once {
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers)?;
-        let report = drain_with_progress(&engine, cli.json, "worker")?;
+        let progress = Progress::new(cli.json, "worker");
+        let (report, jobs_run) =
+            engine.drain_jobs_and_deliveries(&|p: &DrainProgress| progress.update(p))?;
+        progress.finish(&report.progress);
         engine.shutdown();
         // The ready consumers were drained; one that could not run fails the command.
         let blocked: Vec<String> = report
@@ -712,9 +747,21 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
             }
             .into());
         }
-        return Rendered::new(&report, output::drain(&report));
+        let text = format!(
+            "{}{}",
+            output::drain(&report),
+            output::kv(&[("jobs", jobs::run_text(&jobs_run))])
+        );
+        return Rendered::new(
+            &OnceOutput {
+                report: &report,
+                jobs: &jobs_run,
+            },
+            text,
+        );
     }
-    let engine = open_engine_for(cli, a.workers, true, "worker", consumers)?;
+    let (data_dir, config) = resolve(cli)?;
+    let engine = start_engine(&data_dir, config, a.workers, "worker", consumers)?;
     if engine.running_workers() == 0 {
         let r = engine.readiness();
         let reason = if r.ready {
@@ -729,15 +776,21 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         .into());
     }
     let served = engine.status()?.worker_consumers.join(", ");
+    let jobs = engine.job_runner_running();
     let line = if cli.json {
         format!(
             "{}\n",
-            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers})
+            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers, "job_runner": jobs})
         )
     } else {
         format!(
-            "{} workers running for {served} (stop with Ctrl-C)\n",
+            "{} workers running for {served}, {} (stop with Ctrl-C)\n",
             engine.running_workers(),
+            if jobs {
+                "and the job runner"
+            } else {
+                "no job runner (jobs.enabled is false)"
+            }
         )
     };
     output::print_stdout(&line)?;

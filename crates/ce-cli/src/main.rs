@@ -17,6 +17,7 @@ mod commands;
 mod demo;
 mod error;
 mod eval;
+mod jobs;
 mod output;
 mod remote;
 mod repair;

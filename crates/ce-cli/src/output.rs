@@ -461,6 +461,7 @@ pub fn status(s: &Status) -> String {
             },
         ),
         ("embed_cache", cache),
+        ("jobs", crate::jobs::status_line(&s.jobs)),
         (
             "holds",
             if s.holds.is_empty() {
@@ -626,8 +627,9 @@ pub fn dry_runs(reports: &[DryRunReport]) -> String {
 }
 
 /// `ce reindex`.
-pub fn reindex(r: &ReindexReport, d: Option<&DrainReport>) -> String {
+pub fn reindex(r: &ReindexReport, d: Option<&DrainReport>, job_id: &str) -> String {
     let mut out = kv(&[
+        ("job", job_id.to_owned()),
         ("consumer", r.consumer.clone()),
         (
             "model",

@@ -1,4 +1,4 @@
-//! `--server URL`: every node, relation, search, outbox, status, reindex and repair command goes over
+//! `--server URL`: every node, relation, search, outbox, status, reindex, jobs and repair command goes over
 //! HTTP to a running `ce serve` (routes in `docs/http-api.md`) instead of opening the data
 //! directory. Arguments are validated here first, exactly as in local mode; the answer's JSON
 //! is printed as is with `--json`, or decoded and rendered like a local answer. An error body
@@ -9,10 +9,11 @@
 use std::time::Duration;
 
 use ce_core::{DeliveryStatus, ErrorCode, EventType, OutboxEvent};
-use ce_server::status::{ReindexReport, Status};
+use ce_server::jobs::reindex::{ReindexPayload, report_of};
+use ce_server::status::Status;
 use ce_server::wire::{
-    AppendBody, CatAnswer, ErrorBody, LinkBody, MvBody, OutboxShowAnswer, ReindexBody, RmBody,
-    SearchBody, UnlinkBody,
+    AppendBody, CatAnswer, ErrorBody, JobQueued, LinkBody, MvBody, OutboxShowAnswer, ReindexAnswer,
+    ReindexBody, RmBody, SearchBody, UnlinkBody,
 };
 use ce_store::{ConsumerStats, DeliveryRow, NodeStat, Relations, WriteOutcome};
 use serde::Serialize;
@@ -21,7 +22,7 @@ use serde_json::Value;
 
 use crate::cli::{
     CatArgs, Cli, Command, LinkArgs, LsArgs, MvArgs, OutboxAppendArgs, OutboxCommand,
-    OutboxListArgs, RmArgs, TreeArgs, UnlinkArgs,
+    OutboxListArgs, ReindexArgs, RmArgs, TreeArgs, UnlinkArgs,
 };
 use crate::commands::{self, parse_uri};
 use crate::error::{CliError, Result};
@@ -158,7 +159,7 @@ fn code_for_status(status: u16) -> ErrorCode {
     }
 }
 
-fn decode<T: DeserializeOwned>(v: &Value) -> Result<T> {
+pub(crate) fn decode<T: DeserializeOwned>(v: &Value) -> Result<T> {
     T::deserialize(v).map_err(|e| CliError::Transport {
         url: "answer".into(),
         message: format!("unexpected answer shape: {e}"),
@@ -166,7 +167,7 @@ fn decode<T: DeserializeOwned>(v: &Value) -> Result<T> {
 }
 
 /// Pairs the server's JSON with the human text of its decoded form.
-fn rendered<W: DeserializeOwned>(
+pub(crate) fn rendered<W: DeserializeOwned>(
     json: Value,
     human: impl FnOnce(W) -> Result<String>,
 ) -> Result<Rendered> {
@@ -312,13 +313,8 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
              over (a running server already owns what it consumes)"
                 .into(),
         )),
-        Command::Reindex(a) => {
-            let body = ReindexBody {
-                consumer: Some(a.consumer.clone()),
-            };
-            let json = c.post("/v1/reindex", &body)?;
-            rendered(json, |r: ReindexReport| Ok(output::reindex(&r, None)))
-        }
+        Command::Reindex(a) => reindex(&c, a, cli.json),
+        Command::Jobs(j) => crate::jobs::remote(&c, j),
         Command::Repair(r) => crate::repair::remote(&c, r),
         Command::Import(_)
         | Command::Export(_)
@@ -329,6 +325,30 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         | Command::Worker(_)
         | Command::Migrate => Err(CliError::Usage("not a server command".into())),
     }
+}
+
+/// `ce reindex --server`: enqueues the job; unless `--no-wait`, follows it (progress on
+/// stderr) and answers its report (the server's workers then rebuild the index).
+fn reindex(c: &Client, a: &ReindexArgs, json: bool) -> Result<Rendered> {
+    ReindexPayload::new(&a.consumer, false)?;
+    let body = ReindexBody {
+        consumer: Some(a.consumer.clone()),
+        no_wait: true,
+    };
+    let queued: JobQueued = decode(&c.post("/v1/reindex", &body)?)?;
+    if a.no_wait {
+        return crate::jobs::queued(&queued);
+    }
+    let job = crate::jobs::follow_remote(c, &queued.job_id, json, "reindex")?;
+    if let Some(e) = ce_server::jobs::job_error(&job) {
+        return Err(e.into());
+    }
+    let answer = ReindexAnswer {
+        report: report_of(&job)?,
+        job_id: job.id,
+    };
+    let text = output::reindex(&answer.report, None, &answer.job_id);
+    Rendered::new(&answer, text)
 }
 
 fn outcome(json: Value, verbose: bool) -> Result<Rendered> {

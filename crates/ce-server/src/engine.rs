@@ -171,6 +171,8 @@ pub struct Engine {
     /// The worker locks of the consumers this engine has run workers for ([`owner`]).
     worker_locks: Mutex<Vec<(String, owner::WorkerLock)>>,
     next_worker: AtomicU64,
+    /// The job registry, and the job runner while it runs ([`crate::jobs`]).
+    pub(crate) jobs: crate::jobs::Jobs,
 }
 
 impl std::fmt::Debug for Engine {
@@ -261,6 +263,7 @@ impl Engine {
             maintenance: Mutex::new(()),
             worker_locks: Mutex::new(Vec::new()),
             next_worker: AtomicU64::new(0),
+            jobs: crate::jobs::Jobs::default(),
         };
         engine.bind()?;
         if engine.options.run_workers {
@@ -303,6 +306,11 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// How this engine runs its workers.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
     }
 
     /// The source of truth (reads; writes should go through the engine so workers wake up).
@@ -611,6 +619,7 @@ impl Engine {
     /// Stops the workers and writes the embedded vector index's snapshot (also done on
     /// drop).
     pub fn shutdown(&self) {
+        self.stop_jobs();
         self.stop_pool();
         if let Some(embedded) = &self.embedded_vector
             && let Err(e) = embedded.flush()
@@ -920,6 +929,7 @@ impl Engine {
                     through_seq: h.through_seq,
                 })
                 .collect(),
+            jobs: self.jobs_status()?,
         })
     }
 
@@ -1229,6 +1239,7 @@ fn not_listed(consumer: &str) -> ServerError {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        self.stop_jobs();
         self.stop_pool();
     }
 }

@@ -116,6 +116,15 @@ pub enum ServerError {
         /// How long the owner has owned it.
         age_seconds: u64,
     },
+    /// A job's handler stopped at a checkpoint (docs/jobs.md, "Runner"): a cancel was asked
+    /// for, or its lease was lost to another runner.
+    #[error("job {job_id} stopped: {stop}")]
+    JobStopped {
+        /// The job.
+        job_id: String,
+        /// Why.
+        stop: crate::jobs::JobStop,
+    },
     /// A derived deletion refused by the delete-safety policy (DESIGN.md decision 11); the
     /// reason names the counts and the override.
     #[error("large delete refused: {reason}")]
@@ -154,6 +163,7 @@ impl Classify for ServerError {
             ServerError::Internal(_) => ErrorCode::Internal,
             ServerError::Failed { code, .. } => *code,
             ServerError::LargeDelete { .. } => ErrorCode::LargeDelete,
+            ServerError::JobStopped { stop, .. } => stop.code(),
         }
     }
 
@@ -167,6 +177,7 @@ impl Classify for ServerError {
             ServerError::Lock(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
             ServerError::Failed { retryable, .. } => *retryable,
+            ServerError::JobStopped { stop, .. } => stop.is_retryable(),
             ServerError::UnsupportedConsumer { .. }
             | ServerError::ConsumerOwned { .. }
             | ServerError::LargeDelete { .. } => false,

@@ -5,6 +5,7 @@
 //! - [`engine`]: one data directory wired up — source of truth, embedder, vector index
 //!   (embedded or pgvector), `IndexWorker`s with wake-up hints — plus search, status,
 //!   reindex, drain
+//! - [`jobs`]: durable jobs in the engine: the job types' handlers and the job runner
 //! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
@@ -15,6 +16,7 @@ pub mod engine;
 pub mod error;
 pub mod guarded;
 pub mod http;
+pub mod jobs;
 pub mod logging;
 pub mod metrics;
 pub mod source;

@@ -1,7 +1,7 @@
 //! Prometheus metrics (spec §12.2): the worker records its histograms and counters through
 //! the `metrics` facade; this module installs the recorder and, on every scrape, refreshes
 //! the gauges that come from stored state (outbox counts and lag per consumer, index size,
-//! readiness, embedding-cache counters).
+//! readiness, embedding-cache counters, jobs per type and state).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -11,6 +11,9 @@ use tracing::warn;
 
 use crate::engine::Engine;
 use crate::error::{Result, ServerError};
+
+/// The gauge of jobs per type and state.
+pub const JOBS_METRIC: &str = "ce_jobs_total";
 
 /// Histogram buckets for every latency, in milliseconds.
 const LATENCY_BUCKETS_MS: [f64; 14] = [
@@ -170,6 +173,15 @@ fn describe() {
         "index_worker_split_calls_total",
         "Extra calls made splitting a permanently refused batch to isolate the refused items, per consumer and call (embed, write)"
     );
+    describe_gauge!(
+        JOBS_METRIC,
+        "Jobs in the store (every process's) per job type and state, read at each scrape"
+    );
+    describe_histogram!(
+        crate::jobs::RUN_LATENCY_METRIC,
+        Unit::Milliseconds,
+        "Time from claim to acknowledgement of one job run in this process, per job type"
+    );
     describe_counter!(
         crate::engine::listen::NOTIFICATIONS_METRIC,
         "Commit notifications (LISTEN ce_outbox) received from PostgreSQL; each wakes the workers"
@@ -204,6 +216,24 @@ fn refresh(engine: &Engine) {
         metrics::gauge!("index_keyword_records").set(n as f64);
     }
     metrics::gauge!("index_workers_running").set(status.workers as f64);
+    // Every registered type in every state, zeros included: a state that empties reads 0.
+    let types = status
+        .jobs
+        .types
+        .iter()
+        .chain(status.jobs.counts.iter().map(|c| &c.job_type));
+    for t in types {
+        for state in ce_store::JobState::ALL {
+            let n = status
+                .jobs
+                .counts
+                .iter()
+                .find(|c| &c.job_type == t && c.state == state)
+                .map_or(0, |c| c.count);
+            metrics::gauge!(JOBS_METRIC, "type" => t.clone(), "state" => state.as_str())
+                .set(n as f64);
+        }
+    }
     metrics::gauge!("ce_ready").set(if status.ready { 1.0 } else { 0.0 });
     if let Some(c) = status.embed_cache.and_then(|c| c.counters) {
         metrics::counter!("index_embed_cache_hits_total").absolute(c.hits);

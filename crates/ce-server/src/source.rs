@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ce_core::{Clock, Config, CoreError};
 use ce_store::postgres::{PgStore, redact_url};
-use ce_store::{SourceStore, SqliteStore, StoreError};
+use ce_store::{JobStore, SourceStore, SqliteStore, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -107,6 +107,14 @@ impl Source {
         match self {
             Source::Sqlite(s) => s.clone(),
             Source::Postgres(p) => p.clone(),
+        }
+    }
+
+    /// The durable job queue of the store (docs/jobs.md).
+    pub fn jobs(&self) -> &dyn JobStore {
+        match self {
+            Source::Sqlite(s) => s.as_ref(),
+            Source::Postgres(p) => p.as_ref(),
         }
     }
 

@@ -4,7 +4,7 @@
 use ce_core::Millis;
 use ce_embed::{CacheStats, ModelIdentity};
 use ce_index::worker::dry_run::DryRunReport;
-use ce_store::{ConsumerError, ConsumerStats};
+use ce_store::{ConsumerError, ConsumerStats, JobCount, JobState};
 use serde::{Deserialize, Serialize};
 
 /// Whether a consumer's index can apply its events here and now.
@@ -248,6 +248,25 @@ pub struct Status {
     pub embed_cache: Option<EmbedCacheStatus>,
     /// Subtrees locked until their import is indexed (docs/store.md, "Holds"), oldest first.
     pub holds: Vec<HoldStatus>,
+    /// The durable jobs (docs/jobs.md).
+    #[serde(default)]
+    pub jobs: JobsStatus,
+}
+
+/// The jobs of `Status::jobs`: counts from the store (every process's jobs), and whether a
+/// runner runs in the answering process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobsStatus {
+    /// `[jobs].enabled`: whether `ce serve` and `ce worker` run due jobs.
+    pub enabled: bool,
+    /// Whether a job runner runs in this process.
+    pub runner: bool,
+    /// The job types this build runs.
+    pub types: Vec<String>,
+    /// Jobs per state, every state listed.
+    pub by_state: std::collections::BTreeMap<JobState, u64>,
+    /// Jobs per type and state (states with no job of the type omitted).
+    pub counts: Vec<JobCount>,
 }
 
 /// One open hold of `Status::holds`.

@@ -184,6 +184,42 @@ pub struct ReindexBody {
     /// The consumer to rebuild (default `vector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer: Option<String>,
+    /// Answer as soon as the `reindex` job is queued ([`JobQueued`]) instead of once it has
+    /// run ([`ReindexAnswer`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_wait: bool,
+}
+
+/// A reindex whose job has run: the job's report, and the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReindexAnswer {
+    /// The report of the run.
+    #[serde(flatten)]
+    pub report: crate::status::ReindexReport,
+    /// The `reindex` job that ran it.
+    pub job_id: String,
+}
+
+/// An enqueued job (`POST /v1/reindex` with `no_wait`, `ce reindex --no-wait`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobQueued {
+    /// The job's id.
+    pub job_id: String,
+    /// Whether this request created it (false: a job with the same idempotency key was
+    /// not finished yet, and is the answer).
+    pub created: bool,
+    /// The job.
+    pub job: ce_store::Job,
+}
+
+impl From<ce_store::Enqueued> for JobQueued {
+    fn from(e: ce_store::Enqueued) -> Self {
+        JobQueued {
+            job_id: e.job.id.clone(),
+            created: e.created,
+            job: e.job,
+        }
+    }
 }
 
 /// `POST /v1/search`.

@@ -104,6 +104,31 @@ pub enum StoreError {
         /// What was refused.
         reason: &'static str,
     },
+    /// The addressed job does not exist.
+    #[error("job {job_id} not found")]
+    JobNotFound {
+        /// The job id asked for.
+        job_id: String,
+    },
+    /// A job's claim is no longer held: its lease ended, a newer claim took the job, or the
+    /// job left `running`.
+    #[error("claim on job {job_id} is no longer held ({state})")]
+    JobClaimConflict {
+        /// The job.
+        job_id: String,
+        /// What the job looks like now.
+        state: String,
+    },
+    /// A transition the job state machine does not allow.
+    #[error("job {job_id} is {}: {reason}", state.as_str())]
+    JobTransition {
+        /// The job.
+        job_id: String,
+        /// Its state.
+        state: crate::jobs::JobState,
+        /// What was refused.
+        reason: &'static str,
+    },
     /// A derived deletion (an import's prune) over the delete-safety limits.
     #[error(
         "large delete refused: {0}; check that the source is complete, then pass --allow-large-delete"
@@ -233,15 +258,20 @@ impl Classify for StoreError {
             StoreError::Core(e) => e.code(),
             StoreError::NodeNotFound { .. }
             | StoreError::RelationNotFound { .. }
-            | StoreError::EventNotFound { .. } => ErrorCode::NotFound,
+            | StoreError::EventNotFound { .. }
+            | StoreError::JobNotFound { .. } => ErrorCode::NotFound,
             StoreError::AlreadyExists { .. } => ErrorCode::AlreadyExists,
             StoreError::VersionConflict { .. } => ErrorCode::VersionConflict,
             StoreError::NotEmpty { .. } => ErrorCode::NotEmpty,
             StoreError::InvalidMove { .. } => ErrorCode::InvalidMove,
             StoreError::RootNotWritable => ErrorCode::InvalidUri,
             StoreError::UnknownConsumer { .. } => ErrorCode::InvalidField,
-            StoreError::ClaimConflict { .. } => ErrorCode::ClaimConflict,
-            StoreError::StateTransition { .. } => ErrorCode::StateTransition,
+            StoreError::ClaimConflict { .. } | StoreError::JobClaimConflict { .. } => {
+                ErrorCode::ClaimConflict
+            }
+            StoreError::StateTransition { .. } | StoreError::JobTransition { .. } => {
+                ErrorCode::StateTransition
+            }
             StoreError::Busy(_) => ErrorCode::Unavailable,
             StoreError::LeaseLost { .. } => ErrorCode::LeaseLost,
             StoreError::LargeDelete(_) => ErrorCode::LargeDelete,
@@ -263,8 +293,9 @@ impl Classify for StoreError {
     fn is_retryable(&self) -> bool {
         match self {
             StoreError::Core(e) => e.is_retryable(),
-            // Spec §8.1: a lost lease is retryable (the event is simply processed again).
+            // Spec §8.1: a lost lease is retryable (the event or job is simply run again).
             StoreError::ClaimConflict { .. }
+            | StoreError::JobClaimConflict { .. }
             | StoreError::Busy(_)
             | StoreError::PgUnavailable(_) => true,
             // The operation as a whole can be retried under a new lease.
@@ -288,6 +319,8 @@ impl Classify for StoreError {
             StoreError::NodeNotFound { .. }
             | StoreError::RelationNotFound { .. }
             | StoreError::EventNotFound { .. }
+            | StoreError::JobNotFound { .. }
+            | StoreError::JobTransition { .. }
             | StoreError::AlreadyExists { .. }
             | StoreError::VersionConflict { .. }
             | StoreError::NotEmpty { .. }

@@ -27,7 +27,7 @@ mod txn;
 pub use error::{Result, StoreError};
 pub use jobs::{
     ClaimedJob, Enqueued, Heartbeat, Job, JobClaim, JobCount, JobFailure, JobFilter, JobSpec,
-    JobState, JobStore, TypeSlots,
+    JobState, JobStore, MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES, TypeSlots,
 };
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
@@ -38,7 +38,14 @@ pub use model::{
 };
 pub use sqlite::SqliteStore;
 
-/// Everything a backend provides: one transactional store for nodes, relations and outbox.
-pub trait SourceStore: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore {}
+/// Everything a backend provides: one transactional store for nodes, relations, outbox and
+/// jobs.
+pub trait SourceStore:
+    ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore
+{
+}
 
-impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore> SourceStore for T {}
+impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore> SourceStore
+    for T
+{
+}

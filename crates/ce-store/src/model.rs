@@ -83,6 +83,10 @@ pub struct WriteOutcome {
     /// from JSON when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers_removed: Vec<Level>,
+    /// The job a [`WriteOp::Enqueue`] or [`WriteOp::CompleteJob`] acted on (absent from JSON
+    /// for node writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
 }
 
 /// What the source knows about a URI's version.
@@ -209,6 +213,20 @@ pub enum WriteOp {
         to: CtxUri,
         /// Trace id (generated when absent).
         trace_id: Option<String>,
+    },
+    /// [`crate::JobStore::enqueue`] in the batch's transaction: the job exists if and only if
+    /// the batch commits. Its outcome's `job_id` is the new job, or the non-terminal one
+    /// holding the idempotency key (then `changed` is false); `uri` is the root.
+    Enqueue(crate::jobs::JobSpec),
+    /// [`crate::JobStore::complete`] in the batch's transaction, so a handler's source writes
+    /// and the end of its job commit together: a claim that is no longer live fails the whole
+    /// batch with its claim conflict, writing nothing. Its outcome's `job_id` is the job,
+    /// `changed` false when it was completed already; `uri` is the root.
+    CompleteJob {
+        /// The handler's claim.
+        claim: crate::jobs::JobClaim,
+        /// The job's result, stored as its progress.
+        result: Option<serde_json::Value>,
     },
 }
 
@@ -556,6 +574,17 @@ mod tests {
             nodes_affected: 1,
             trace_id: "t".into(),
             layers_removed: vec![Level::L0, Level::L2],
+            job_id: None,
+        });
+        round_trips(&WriteOutcome {
+            uri: CtxUri::root(),
+            version: 0,
+            changed: true,
+            event_ids: Vec::new(),
+            nodes_affected: 0,
+            trace_id: String::new(),
+            layers_removed: Vec::new(),
+            job_id: Some("job-1".into()),
         });
         round_trips(&NodeStat {
             uri: uri("ctx://a/users/u/memories/x"),

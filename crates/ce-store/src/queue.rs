@@ -26,10 +26,6 @@ pub(crate) enum Phase {
     /// Failed for good (dead-lettered).
     Dead,
     /// Stopped on request before it finished (jobs only).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "jobs are the first queue with a cancelled phase")
-    )]
     Cancelled,
 }
 

@@ -14,6 +14,8 @@ use ce_core::{
 };
 
 use crate::error::{Result, StoreError};
+use crate::jobs::machine;
+use crate::jobs::rows::JobTx;
 use crate::model::{
     LinkRequest, NodeStat, PutRequest, Relations, UriVersion, WriteFence, WriteOp, WriteOutcome,
 };
@@ -70,8 +72,9 @@ pub(crate) trait ReadTx {
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
 }
 
-/// Row writes inside one source write transaction.
-pub(crate) trait WriteTx: ReadTx {
+/// Row writes inside one source write transaction, which may enqueue and complete jobs too
+/// ([`WriteOp::Enqueue`], [`WriteOp::CompleteJob`]).
+pub(crate) trait WriteTx: ReadTx + JobTx {
     /// Inserts or overwrites a node row and clears its tombstone.
     fn insert_node(&mut self, n: &ContextNode) -> Result<()>;
     /// Tombstones and deletes `uri` and its descendants; returns how many were deleted.
@@ -141,6 +144,7 @@ fn unchanged(uri: &CtxUri, version: u64, trace_id: String) -> WriteOutcome {
         nodes_affected: 0,
         trace_id,
         layers_removed: Vec::new(),
+        job_id: None,
     }
 }
 
@@ -219,6 +223,7 @@ pub(crate) fn put(
         nodes_affected,
         trace_id,
         layers_removed: planned.layers_removed,
+        job_id: None,
     })
 }
 
@@ -269,6 +274,7 @@ pub(crate) fn rm(
         nodes_affected: removed,
         trace_id,
         layers_removed: Vec::new(),
+        job_id: None,
     })
 }
 
@@ -328,6 +334,7 @@ pub(crate) fn mv(
         nodes_affected: moved.len() as u64,
         trace_id,
         layers_removed: Vec::new(),
+        job_id: None,
     })
 }
 
@@ -426,8 +433,31 @@ fn apply_op(
                 nodes_affected: 0,
                 trace_id: id,
                 layers_removed: Vec::new(),
+                job_id: None,
             })
         }
+        WriteOp::Enqueue(spec) => {
+            let e = machine::enqueue(tx, spec, now)?;
+            Ok(job_outcome(e.job.id, e.created))
+        }
+        WriteOp::CompleteJob { claim, result } => {
+            let (job, changed) = machine::complete(tx, &claim, result, now)?;
+            Ok(job_outcome(job.id, changed))
+        }
+    }
+}
+
+/// The outcome of a job op of a batch: no node, no event.
+fn job_outcome(job_id: String, changed: bool) -> WriteOutcome {
+    WriteOutcome {
+        uri: CtxUri::root(),
+        version: 0,
+        changed,
+        event_ids: Vec::new(),
+        nodes_affected: 0,
+        trace_id: String::new(),
+        layers_removed: Vec::new(),
+        job_id: Some(job_id),
     }
 }
 
@@ -485,6 +515,7 @@ fn relation_write(
         nodes_affected: 1,
         trace_id,
         layers_removed: Vec::new(),
+        job_id: None,
     })
 }
 

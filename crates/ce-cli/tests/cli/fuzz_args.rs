@@ -169,6 +169,7 @@ fn value(rng: &mut StdRng, flag: &str) -> String {
         )
         .into(),
         "--status" => pick(rng, &["pending", "claimed", "done", "dead", "stuck", ""]).into(),
+        "--state" => pick(rng, &["pending", "running", "dead", "finished", ""]).into(),
         "--consumer" | "--after-consumer" => {
             pick(rng, &["vector", "keyword", "relation", "nope", "", "VECTOR"]).into()
         }
@@ -243,6 +244,7 @@ fn flags(command: &str) -> &'static [&'static str] {
         ],
         "outbox append" => &["--type", "--payload"],
         "reindex" => &["--consumer", "--no-wait"],
+        "jobs list" => &["--state", "--type", "--limit"],
         "worker" => &["--consumer", "--workers", "--limit"],
         "import" => &["--into"],
         "eval" => &["--corpus", "--queries", "--qrels", "--modes", "--k"],
@@ -256,7 +258,7 @@ fn positionals(command: &str) -> &'static [&'static str] {
         "put" | "cat" | "stat" | "ls" | "tree" | "rm" | "relations" | "related" => &["uri"],
         "mv" | "link" | "unlink" => &["uri", "uri"],
         "search" => &["query"],
-        "outbox show" => &["id"],
+        "outbox show" | "jobs show" | "jobs cancel" | "jobs retry" => &["id"],
         "import" => &["dir"],
         "export" => &["uri", "dir"],
         _ => &[],
@@ -291,6 +293,10 @@ const COMMANDS: &[&str] = &[
     "outbox append",
     "status",
     "reindex",
+    "jobs list",
+    "jobs show",
+    "jobs cancel",
+    "jobs retry",
     "worker",
     "import",
     "export",

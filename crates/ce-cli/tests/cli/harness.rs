@@ -55,6 +55,7 @@ impl Ce {
             .env_remove("CE_STORE")
             .env_remove("CE_API_KEY")
             .env_remove("CE_FAILPOINT_WORKER_EMBED_DELAY_MS")
+            .env_remove("CE_FAILPOINT_JOB_PARK_MS")
             .arg("--data-dir")
             .arg(self.data_dir());
         if let Some(cfg) = &self.config {

@@ -8,6 +8,7 @@ mod fake_embeddings;
 mod first_use;
 mod fuzz_args;
 mod harness;
+mod jobs;
 mod kill_server;
 mod layout;
 mod nodes;

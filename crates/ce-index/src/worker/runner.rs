@@ -30,12 +30,13 @@ impl Wakeup {
         self.cv.notify_all();
     }
 
-    fn current(&self) -> u64 {
+    /// The number of notifies so far (pass it to [`Wakeup::wait`]).
+    pub fn current(&self) -> u64 {
         *crate::lock(&self.generation)
     }
 
     /// Waits until a notify after `seen` or `timeout`.
-    fn wait(&self, seen: u64, timeout: Duration) {
+    pub fn wait(&self, seen: u64, timeout: Duration) {
         let g = crate::lock(&self.generation);
         let _unused = self.cv.wait_timeout_while(g, timeout, |g| *g == seen);
     }

@@ -17,22 +17,22 @@ use super::auth::Principal;
 use super::error::ApiError;
 use super::params::Params;
 use super::scope::Scope;
-use crate::engine::{Engine, VECTOR_CONSUMER};
+use crate::engine::Engine;
 use crate::error::ServerError;
 use crate::wire::{
-    self, AppendBody, CatAnswer, LinkBody, MvBody, OutboxShowAnswer, PutBody, ReindexBody, RmBody,
-    SearchBody, UnlinkBody,
+    self, AppendBody, CatAnswer, LinkBody, MvBody, OutboxShowAnswer, PutBody, RmBody, SearchBody,
+    UnlinkBody,
 };
 
 pub(super) type Answer = Result<Response, ApiError>;
-type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
+pub(super) type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
 pub(super) type J<T> = Result<Json<T>, JsonRejection>;
 
 pub(super) fn body<T>(b: J<T>) -> Result<T, ApiError> {
     b.map(|Json(t)| t).map_err(|r| ApiError::from_json(&r))
 }
 
-fn params(q: Q, allowed: &[&'static str]) -> Result<Params, ApiError> {
+pub(super) fn params(q: Q, allowed: &[&'static str]) -> Result<Params, ApiError> {
     let Query(pairs) = q.map_err(|r| ApiError::from_query(&r))?;
     Ok(Params::new(pairs, allowed)?)
 }
@@ -291,21 +291,6 @@ pub async fn outbox_append(State(s): State<AppState>, b: J<AppendBody>) -> Answe
 pub async fn status(State(s): State<AppState>, q: Q) -> Answer {
     params(q, &[])?;
     blocking(&s, move |e| Ok(e.status()?)).await
-}
-
-/// `POST /v1/reindex` (body optional: `{"consumer": "vector"}`).
-pub async fn reindex(
-    State(s): State<AppState>,
-    b: Result<Json<ReindexBody>, JsonRejection>,
-) -> Answer {
-    let consumer = match b {
-        Ok(Json(b)) => b.consumer,
-        // An empty body means the defaults.
-        Err(JsonRejection::MissingJsonContentType(_)) => None,
-        Err(r) => return Err(ApiError::from_json(&r)),
-    }
-    .unwrap_or_else(|| VECTOR_CONSUMER.to_owned());
-    blocking(&s, move |e| Ok(e.reindex(&consumer)?)).await
 }
 
 /// `GET /healthz`: 200 while the process serves.

@@ -18,6 +18,7 @@
 pub mod auth;
 mod error;
 mod handlers;
+mod jobs;
 mod params;
 mod repair;
 pub mod scope;
@@ -132,7 +133,11 @@ pub const ROUTES: &[Route] = {
         GET "/v1/outbox/stats" Admin => h::outbox_stats,
         POST "/v1/outbox/append" Admin => h::outbox_append,
         GET "/v1/status" Admin => h::status,
-        POST "/v1/reindex" Admin => h::reindex,
+        POST "/v1/reindex" Admin => jobs::reindex,
+        GET "/v1/jobs" Admin => jobs::list,
+        GET "/v1/jobs/{id}" Admin => jobs::show,
+        POST "/v1/jobs/{id}/cancel" Admin => jobs::cancel,
+        POST "/v1/jobs/{id}/retry" Admin => jobs::retry,
         POST "/v1/repair/dead" Admin => repair::dead,
         POST "/v1/repair/reconcile" Admin => repair::reconcile,
         GET "/healthz" Open => h::healthz,

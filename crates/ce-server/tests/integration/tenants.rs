@@ -424,6 +424,44 @@ fn isolation(h: &H, r: &Route) {
         }
         ("POST", "/v1/reindex") => {
             h.expect(h.post(a, r.path, &json!({})), 403, Some("forbidden"), &what);
+            let queued = json!({"consumer": "keyword", "no_wait": true});
+            h.expect(h.post(a, r.path, &queued), 403, Some("forbidden"), &what);
+        }
+        ("GET", "/v1/jobs") => {
+            h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);
+            let jobs = h.expect(h.get(admin, r.path), 200, None, &what);
+            assert!(jobs.is_array(), "{jobs}");
+        }
+        ("GET" | "POST", "/v1/jobs/{id}" | "/v1/jobs/{id}/cancel" | "/v1/jobs/{id}/retry") => {
+            // A queued job of the admin's: a tenant key can neither see nor change it.
+            let queued = json!({"consumer": "keyword", "no_wait": true});
+            let q = h.expect(h.post(admin, "/v1/reindex", &queued), 200, None, &what);
+            assert_eq!(q["job"]["state"], "pending", "{q}");
+            let id = q["job_id"].as_str().expect("job_id").to_owned();
+            let cancel = format!("/v1/jobs/{id}/cancel");
+            let (path, expected) = match r.path.rsplit('/').next() {
+                Some("cancel") => (cancel.clone(), "cancelled"),
+                Some("retry") => {
+                    h.expect(h.post(admin, &cancel, &json!({})), 200, None, &what);
+                    (format!("/v1/jobs/{id}/retry"), "pending")
+                }
+                _ => (format!("/v1/jobs/{id}"), "pending"),
+            };
+            let send = |key: Option<&str>| match r.method.as_str() {
+                "GET" => h.get(key, &path),
+                _ => h.post(key, &path, &json!({})),
+            };
+            h.expect(send(a), 403, Some("forbidden"), &what);
+            let answer = h.expect(send(admin), 200, None, &what);
+            assert_eq!(
+                (answer["id"].as_str(), answer["state"].as_str()),
+                (Some(id.as_str()), Some(expected)),
+                "{what}: {answer}"
+            );
+            if expected == "pending" {
+                // No queued job is left for the next case.
+                h.expect(h.post(admin, &cancel, &json!({})), 200, None, &what);
+            }
         }
         ("POST", "/v1/repair/dead") => {
             let count = json!({"action": "count", "filter": {"subtree": "ctx://b"}});

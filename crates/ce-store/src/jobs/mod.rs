@@ -7,24 +7,34 @@
 //! States (stored as text, [`JobState::as_str`]):
 //!
 //! ```text
-//!  enqueue ──► pending ◄──────── (run_at reached) ── delayed ◄── enqueue with run_at
-//!                │  ▲  ▲
-//!        claim   │  │  └─ lease expired (crash) / retry of a dead job
-//!                ▼  │
-//!             running ──complete──► completed
-//!                │  └──fail (retryable, retries left)──► failed (retry waiting) ──► pending
+//!  enqueue ──► pending                delayed ◄── enqueue with a future run_at
+//!                │  ▲                    │ claim once run_at is reached
+//!        claim   │  └─ retry of a dead   │
+//!                ▼     or cancelled job  ▼
+//!             running ◄── claim again once the lease ended (crash; attempts unchanged)
+//!                ├──complete──► completed
+//!                ├──fail (retryable, retries left)──► failed ──claim once run_at is reached──► running
 //!                ├──fail (permanent or out of retries)──► dead ──retry──► pending
-//!                └──cancel requested, handler stops──► cancelled
-//!  cancel of pending / delayed / failed ──► cancelled
+//!                └──cancel requested, handler acknowledges──► cancelled
+//!  cancel of pending / delayed / failed, or of running with an ended lease ──► cancelled
 //! ```
 //!
-//! Terminal: `completed`, `cancelled`, `dead` (a dead job can be retried by hand). An
-//! idempotency key is unique among non-terminal jobs, by key alone across job types.
+//! Due `delayed` and `failed` jobs keep that state until a claim takes them (listings show
+//! them so). Terminal: `completed`, `cancelled`, `dead` (dead and cancelled jobs can be
+//! retried by hand). An idempotency key is unique among non-terminal jobs, by key alone
+//! across job types; the store's unique index guarantees it, also between concurrent
+//! enqueues. The transitions are written once in `machine.rs` over the row primitives
+//! (`rows.rs`, `JobTx`) that each backend implements.
 
 use ce_core::{ErrorCode, Millis};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+
+pub(crate) mod machine;
+pub(crate) mod rows;
+
+pub use machine::{MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES};
 
 /// The lifecycle state of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -126,7 +136,8 @@ pub struct Job {
     pub state: JobState,
     /// Failures counted so far.
     pub attempts: u32,
-    /// When it becomes runnable (`delayed`, `failed`), or its lease end (`running`).
+    /// When it is (or was) runnable from (`pending`, `delayed`, `failed`), or its lease end
+    /// (`running`); `None` once terminal.
     pub run_at_ms: Option<Millis>,
     /// The runner holding it (`running`), or that last held it.
     pub claimed_by: Option<String>,

@@ -27,6 +27,7 @@
 
 mod failure;
 mod holds;
+mod jobs;
 mod outbox;
 mod owners;
 pub mod pool;

@@ -108,6 +108,38 @@ const MIGRATIONS: &[&str] = &[
         since    BIGINT NOT NULL
     );
     "#,
+    // 3: durable workflow jobs (SQLite migration 4; docs/jobs.md).
+    r#"
+    CREATE TABLE jobs (
+        id               TEXT COLLATE "C" PRIMARY KEY,
+        job_type         TEXT COLLATE "C" NOT NULL,
+        payload          TEXT NOT NULL,
+        idempotency_key  TEXT COLLATE "C",
+        state            TEXT COLLATE "C" NOT NULL,
+        attempts         BIGINT NOT NULL,
+        run_at           BIGINT,
+        claimed_by       TEXT,
+        claim_token      TEXT,
+        claimed_until    BIGINT,
+        parent_job_id    TEXT COLLATE "C",
+        progress         TEXT,
+        cancel_requested BOOLEAN NOT NULL,
+        error_code       TEXT,
+        last_error       TEXT,
+        created_at       BIGINT NOT NULL,
+        updated_at       BIGINT NOT NULL,
+        started_at       BIGINT,
+        finished_at      BIGINT
+    );
+    CREATE UNIQUE INDEX jobs_live_key ON jobs (idempotency_key)
+        WHERE state IN ('pending', 'delayed', 'failed', 'running');
+    CREATE INDEX jobs_runnable ON jobs (job_type, run_at, id)
+        WHERE state IN ('pending', 'delayed', 'failed', 'running');
+    CREATE INDEX jobs_running ON jobs (job_type, run_at) WHERE state = 'running';
+    CREATE INDEX jobs_by_type ON jobs (job_type, state, id);
+    CREATE INDEX jobs_by_state ON jobs (state, id);
+    CREATE INDEX jobs_by_parent ON jobs (parent_job_id, id) WHERE parent_job_id IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this build writes.

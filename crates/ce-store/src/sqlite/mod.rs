@@ -13,6 +13,7 @@
 //! connections and see a consistent snapshot per call.
 
 mod holds;
+mod jobs;
 mod outbox;
 mod owners;
 mod rows;

@@ -112,6 +112,42 @@ const MIGRATIONS: &[&str] = &[
         since    INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 4: durable workflow jobs (docs/jobs.md). run_at: when a waiting job becomes claimable,
+    // or a running job's lease end (claimable again after it); NULL once terminal.
+    r#"
+    CREATE TABLE jobs (
+        id               TEXT PRIMARY KEY,
+        job_type         TEXT NOT NULL,
+        payload          TEXT NOT NULL,
+        idempotency_key  TEXT,
+        state            TEXT NOT NULL,
+        attempts         INTEGER NOT NULL,
+        run_at           INTEGER,
+        claimed_by       TEXT,
+        claim_token      TEXT,
+        claimed_until    INTEGER,
+        parent_job_id    TEXT,
+        progress         TEXT,
+        cancel_requested INTEGER NOT NULL,
+        error_code       TEXT,
+        last_error       TEXT,
+        created_at       INTEGER NOT NULL,
+        updated_at       INTEGER NOT NULL,
+        started_at       INTEGER,
+        finished_at      INTEGER
+    );
+    -- The idempotency guarantee: one non-terminal job per key, whatever its type.
+    CREATE UNIQUE INDEX jobs_live_key ON jobs (idempotency_key)
+        WHERE state IN ('pending', 'delayed', 'failed', 'running');
+    -- Claims: a range scan of one type's runnable jobs by run_at (state is a key column so
+    -- that the planner proves the partial index usable, as for deliveries_runnable).
+    CREATE INDEX jobs_runnable ON jobs (job_type, run_at, id, state)
+        WHERE state IN ('pending', 'delayed', 'failed', 'running');
+    CREATE INDEX jobs_running ON jobs (job_type, run_at) WHERE state = 'running';
+    CREATE INDEX jobs_by_type ON jobs (job_type, state, id);
+    CREATE INDEX jobs_by_state ON jobs (state, id);
+    CREATE INDEX jobs_by_parent ON jobs (parent_job_id, id) WHERE parent_job_id IS NOT NULL;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

@@ -11,11 +11,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ce_core::{
-    Classify, Clock, Config, ContextNode, CtxUri, ErrorCode, EventPayload, ManualClock,
+    Classify, Clock, Config, ContextNode, CtxUri, ErrorCode, EventPayload, ManualClock, Millis,
     OutboxEvent, RelationEdge,
 };
 use ce_store::postgres::PgStore;
-use ce_store::{DeliveryRow, Failure, OutboxFilter, SourceStore, SqliteStore, StoreError};
+use ce_store::{
+    DeliveryRow, Failure, Job, JobFilter, MAX_LIST_LIMIT, OutboxFilter, SourceStore, SqliteStore,
+    StoreError,
+};
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
 pub const T0: i64 = 1_773_482_400_000;
@@ -82,6 +85,84 @@ pub fn uri(s: &str) -> CtxUri {
 
 pub use ce_testkit::seed;
 
+/// A model test's move of the manual clock.
+#[derive(Debug, Clone, Copy)]
+pub enum Advance {
+    /// A fixed step.
+    By(Millis),
+    /// Exactly onto the nearest future deadline (a run-at or a lease end).
+    ToNextDeadline,
+    /// One millisecond before the nearest future deadline.
+    JustBeforeNextDeadline,
+}
+
+impl Advance {
+    /// The time to move to from `now`, given the nearest future deadline; `None` when the
+    /// clock stays.
+    pub fn target(self, now: Millis, next_deadline: Option<Millis>) -> Option<Millis> {
+        let to = match self {
+            Advance::By(ms) => Some(now + ms),
+            Advance::ToNextDeadline => next_deadline,
+            Advance::JustBeforeNextDeadline => next_deadline.map(|t| t - 1),
+        };
+        to.filter(|t| *t > now)
+    }
+}
+
+/// The answer of one model-test step: what differs from the model, if anything.
+pub type Step = Result<(), String>;
+
+/// Returns a [`Step`] failure with the formatted message unless `$cond` holds.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+pub(crate) use ensure;
+
+/// Runs the steps of one model-test case in order, `step` applying one op and comparing the
+/// store with the model; the first failure names its step and op.
+pub fn check_steps<O: std::fmt::Debug>(
+    ops: &[O],
+    mut step: impl FnMut(usize, &O) -> Step,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    for (i, op) in ops.iter().enumerate() {
+        step(i, op).map_err(|e| {
+            proptest::test_runner::TestCaseError::fail(format!("step {i} {op:?}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs the model-based property test `name`: `cases` cases of `strategy` (scaled by
+/// `CE_PROPTEST_CASES`), seeded by [`seed`], each run by `case` on one place of `backend`
+/// that the case resets (a database per case would cost more than the case on PostgreSQL).
+/// Panics with the seed to replay and the minimal failing case.
+pub fn run_model<S>(
+    name: &str,
+    backend: Backend,
+    cases: u32,
+    strategy: S,
+    case: impl Fn(&mut Place, S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) where
+    S: proptest::strategy::Strategy,
+    S::Value: std::fmt::Debug,
+{
+    use proptest::test_runner::TestError;
+    let seed = seed(name);
+    let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(cases), 4096);
+    let place = std::cell::RefCell::new(backend.place());
+    match runner.run(&strategy, |v| case(&mut place.borrow_mut(), v)) {
+        Ok(()) => {}
+        Err(TestError::Fail(why, v)) => {
+            panic!("{name} failed (replay with CE_SEED={seed}): {why}\nminimal case:\n{v:#?}")
+        }
+        Err(e) => panic!("{name} aborted (CE_SEED={seed}): {e}"),
+    }
+}
+
 /// Every delivery row, in (seq, consumer) order.
 pub fn all_deliveries(s: &dyn SourceStore) -> Vec<DeliveryRow> {
     s.list(&OutboxFilter {
@@ -99,7 +180,7 @@ pub fn all_events(s: &dyn SourceStore) -> BTreeMap<i64, OutboxEvent> {
         .collect()
 }
 
-/// The whole state of a store: nodes, edges, events and deliveries.
+/// The whole state of a store: nodes, edges, events, deliveries and jobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// Every node, in URI order.
@@ -108,6 +189,17 @@ pub struct Snapshot {
     pub edges: Vec<RelationEdge>,
     /// Every delivery with its event.
     pub outbox: Vec<DeliveryRow>,
+    /// Every job, newest first.
+    pub jobs: Vec<Job>,
+}
+
+/// Every job, newest first.
+pub fn all_jobs(s: &dyn SourceStore) -> Vec<Job> {
+    s.list_jobs(&JobFilter {
+        limit: MAX_LIST_LIMIT as usize,
+        ..JobFilter::default()
+    })
+    .expect("list jobs")
 }
 
 /// Reads the whole state.
@@ -121,6 +213,7 @@ pub fn snapshot(s: &dyn SourceStore) -> Snapshot {
         nodes,
         edges,
         outbox: all_deliveries(s),
+        jobs: all_jobs(s),
     }
 }
 

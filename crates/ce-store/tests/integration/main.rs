@@ -9,6 +9,9 @@
 mod common;
 mod crash;
 mod fs;
+mod jobs_concurrency;
+mod jobs_model;
+mod jobs_ops;
 mod outbox_concurrency;
 mod outbox_model;
 mod outbox_ops;
