@@ -1,12 +1,15 @@
 //! The engine on a real data directory with the hashing embedder.
 
-use ce_core::{Classify as _, Config, ErrorCode};
-use ce_retrieval::{SearchMode, SearchRequest};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use crate::status::Validation;
+use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
+use ce_core::{Classify as _, Config, CtxUri, ErrorCode};
+use ce_retrieval::{SearchMode, SearchRequest};
 use ce_store::{PutRequest, UriVersion};
 
 use super::*;
+use crate::status::{DrainProgress, Validation};
 
 fn config(extra: &str) -> Config {
     Config::from_toml(&format!("[index.embedding]\nprovider = \"hash\"\n{extra}")).expect("config")
@@ -136,7 +139,7 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     assert_eq!(e.running_workers(), 6);
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        INDEXED_CONSUMERS
+        consumers::names()
     );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     let wait = |q: &str, want: &str| {

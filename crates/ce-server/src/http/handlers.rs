@@ -17,7 +17,8 @@ use super::auth::Principal;
 use super::error::ApiError;
 use super::params::Params;
 use super::scope::Scope;
-use crate::engine::{Engine, VECTOR_CONSUMER};
+use crate::engine::Engine;
+use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
 use crate::error::ServerError;
 use crate::wire::{
     self, AppendBody, CatAnswer, LinkBody, MvBody, OutboxShowAnswer, PutBody, ReindexBody, RmBody,
@@ -293,7 +294,7 @@ pub async fn status(State(s): State<AppState>, q: Q) -> Answer {
     blocking(&s, move |e| Ok(e.status()?)).await
 }
 
-/// `POST /v1/reindex` (body optional: `{"consumer": "vector"}`).
+/// `POST /v1/reindex` (body optional: `{"consumer": C}`; default: the vector index).
 pub async fn reindex(
     State(s): State<AppState>,
     b: Result<Json<ReindexBody>, JsonRejection>,
@@ -304,7 +305,7 @@ pub async fn reindex(
         Err(JsonRejection::MissingJsonContentType(_)) => None,
         Err(r) => return Err(ApiError::from_json(&r)),
     }
-    .unwrap_or_else(|| VECTOR_CONSUMER.to_owned());
+    .unwrap_or_else(|| DEFAULT_REINDEX_CONSUMER.to_owned());
     blocking(&s, move |e| Ok(e.reindex(&consumer)?)).await
 }
 
