@@ -29,7 +29,7 @@ impl Engine {
     pub fn drain(&self, progress: &(dyn Fn(&DrainProgress) + Sync)) -> Result<DrainReport> {
         let _maintenance = lock(&self.maintenance);
         if lock(&self.pool).is_some() {
-            return Err(ServerError::Internal(
+            return Err(ServerError::Usage(
                 "drain needs the workers: this engine runs them continuously".into(),
             ));
         }

@@ -47,10 +47,11 @@ fn instance_id(data_dir: &Path) -> Result<String> {
         let text = std::fs::read_to_string(p).map_err(io(format!("reading {}", p.display())))?;
         let id = text.trim();
         if id.is_empty() {
-            return Err(ServerError::Internal(format!(
-                "{} is empty: delete it (this data directory becomes a new index instance)",
-                p.display()
-            )));
+            return Err(ServerError::CorruptFile {
+                path: p.display().to_string(),
+                reason: "it is empty: delete it (this data directory becomes a new index instance)"
+                    .into(),
+            });
         }
         Ok(id.to_owned())
     };

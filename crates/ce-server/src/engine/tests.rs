@@ -137,6 +137,13 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     .expect("engine");
     // Two per consumer with an index.
     assert_eq!(e.running_workers(), 6);
+    // Its workers run continuously: a drain is a caller's mistake, not a failure to retry.
+    let err = e.drain(&quiet).expect_err("drain while workers run");
+    assert_eq!(
+        (err.code(), err.is_retryable()),
+        (ErrorCode::InvalidField, false),
+        "{err}"
+    );
     assert_eq!(
         e.status().expect("status").worker_consumers,
         consumers::names()
