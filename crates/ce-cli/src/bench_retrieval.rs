@@ -20,9 +20,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use ce_core::config::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_core::{Config, CtxUri};
 use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
-use ce_server::engine::{Engine, EngineOptions, KEYWORD_CONSUMER, VECTOR_CONSUMER};
+use ce_server::engine::{Engine, EngineOptions};
 use ce_store::{PutRequest, WriteOp};
 use serde_json::{Value, json};
 

@@ -265,7 +265,7 @@ fn check_workers(n: usize, min: usize) -> Result<()> {
 }
 
 pub(crate) fn check_consumer(consumer: &str) -> Result<()> {
-    let known = ce_server::engine::INDEXED_CONSUMERS;
+    let known = ce_server::engine::consumers::names();
     if !known.contains(&consumer) {
         return Err(ServerError::UnsupportedConsumer {
             name: consumer.to_owned(),
@@ -700,11 +700,10 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers.clone())?;
         let names: Vec<String> = if consumers.is_empty() {
             // Every configured consumer that has a dry run.
-            let configured = engine.store().consumers();
-            ce_server::engine::DRY_RUN_CONSUMERS
-                .iter()
-                .map(|c| (*c).to_owned())
-                .filter(|c| configured.contains(c))
+            engine
+                .dry_run_consumers()
+                .into_iter()
+                .map(str::to_owned)
                 .collect()
         } else {
             consumers

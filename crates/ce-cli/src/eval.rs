@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use ce_core::config::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_core::uri::RESERVED_SEGMENTS;
 use ce_core::{Config, CoreError, CtxUri, Level};
 use ce_embed::Embedder as _;
 use ce_index::vector::SearchFilter;
 use ce_retrieval::{SearchMode, SearchRequest};
-use ce_server::engine::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_server::status::DrainProgress;
 use ce_server::{Engine, EngineOptions, ServerError, Source};
 use ce_store::{PutRequest, WriteOp};

@@ -14,8 +14,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 
-pub use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
-
 /// How far behind the source of truth one index a request read is, within its scope.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IndexLag {

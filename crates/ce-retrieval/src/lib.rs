@@ -44,7 +44,7 @@ use serde_json::Value;
 use tracing::debug;
 
 pub use error::{Result, RetrievalError};
-pub use lag::{IndexLag, KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER, lag_summary};
+pub use lag::{IndexLag, lag_summary};
 pub use related::{
     DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, RelatedEdge, RelatedRequest, RelatedResponse, related,
 };
@@ -102,15 +102,6 @@ impl SearchMode {
 
     fn uses_keywords(self) -> bool {
         self != SearchMode::Vector
-    }
-
-    /// The indexes this mode reads, named as their outbox consumers.
-    pub fn indexes(self) -> &'static [&'static str] {
-        match self {
-            SearchMode::Vector => &[VECTOR_CONSUMER],
-            SearchMode::Keyword => &[KEYWORD_CONSUMER],
-            SearchMode::Hybrid => &[VECTOR_CONSUMER, KEYWORD_CONSUMER],
-        }
     }
 }
 
@@ -420,6 +411,17 @@ pub struct VectorSide<'a> {
     pub embedder: &'a dyn Embedder,
     /// The vector index (bound to the embedder's model).
     pub index: &'a dyn VectorIndex,
+    /// The outbox consumer that feeds the index (its lag is reported).
+    pub consumer: &'a str,
+}
+
+/// The keyword side of retrieval: the keyword index.
+#[derive(Clone, Copy)]
+pub struct KeywordSide<'a> {
+    /// The keyword index.
+    pub index: &'a dyn KeywordIndex,
+    /// The outbox consumer that feeds the index (its lag is reported).
+    pub consumer: &'a str,
 }
 
 /// What a search reads: the source of truth and the indexes that are available.
@@ -430,7 +432,7 @@ pub struct Retriever<'a> {
     /// The vector index, if available.
     pub vector: Option<VectorSide<'a>>,
     /// The keyword index, if available.
-    pub keyword: Option<&'a dyn KeywordIndex>,
+    pub keyword: Option<KeywordSide<'a>>,
     /// Fusion and the default mode.
     pub fusion: Fusion,
     /// Why the vector index is configured but cannot serve (`vector` is then `None`): `auto`
@@ -475,11 +477,11 @@ impl Retriever<'_> {
                     mode: used,
                     reason: why.to_owned(),
                 },
-                None => not_configured(used, VECTOR_CONSUMER),
+                None => not_configured(used, SearchMode::Vector),
             });
         }
         if used.uses_keywords() && self.keyword.is_none() {
-            return Err(not_configured(used, KEYWORD_CONSUMER));
+            return Err(not_configured(used, SearchMode::Keyword));
         }
         Ok(ModeChoice {
             requested: named.map_or(AUTO_MODE, SearchMode::as_str).to_owned(),
@@ -527,7 +529,7 @@ impl Retriever<'_> {
         let keyword_hits = match self.keyword.filter(|_| mode.uses_keywords()) {
             Some(k) => {
                 let t = Instant::now();
-                let hits = k.search(&req.query, &req.filter, req.candidates())?;
+                let hits = k.index.search(&req.query, &req.filter, req.candidates())?;
                 timings.keyword_ms = ms(t.elapsed());
                 hits
             }
@@ -578,11 +580,19 @@ impl Retriever<'_> {
         }
         timings.hydrate_ms = ms(t.elapsed());
         let t = Instant::now();
-        let lag = lag::lag_of(
-            self.source,
-            mode.indexes(),
-            lag::search_scope(&req.filter).as_ref(),
-        )?;
+        // The mode check above guarantees the sides this mode reads.
+        let read: Vec<&str> = [
+            self.vector
+                .filter(|_| mode.uses_vectors())
+                .map(|v| v.consumer),
+            self.keyword
+                .filter(|_| mode.uses_keywords())
+                .map(|k| k.consumer),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let lag = lag::lag_of(self.source, &read, lag::search_scope(&req.filter).as_ref())?;
         timings.lag_ms = ms(t.elapsed());
 
         let total = started.elapsed();
@@ -610,16 +620,15 @@ impl Retriever<'_> {
     }
 }
 
-/// Runs `req` in vector mode over `index` (a [`Retriever`] without a keyword index).
+/// Runs `req` in vector mode over `vector` (a [`Retriever`] without a keyword index).
 pub fn search(
     source: &dyn SourceStore,
-    embedder: &dyn Embedder,
-    index: &dyn VectorIndex,
+    vector: VectorSide<'_>,
     req: &SearchRequest,
 ) -> Result<SearchResponse> {
     Retriever {
         source,
-        vector: Some(VectorSide { embedder, index }),
+        vector: Some(vector),
         keyword: None,
         fusion: Fusion::default(),
         vector_unavailable: None,
@@ -627,8 +636,9 @@ pub fn search(
     .search(req)
 }
 
-/// The error of a mode whose index is not configured.
-fn not_configured(mode: SearchMode, index: &str) -> RetrievalError {
+/// The error of a mode whose index (named by the mode that reads it alone) is not
+/// configured.
+fn not_configured(mode: SearchMode, index: SearchMode) -> RetrievalError {
     RetrievalError::InvalidRequest(CoreError::InvalidField {
         field: "mode",
         reason: format!("{mode} search needs the {index} index, which is not available"),

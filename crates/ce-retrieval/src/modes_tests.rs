@@ -159,7 +159,7 @@ fn modes_without_their_index_and_bad_modes_are_refused() {
         r.mode(&SearchRequest::new("lag")).expect("auto").used,
         SearchMode::Vector
     );
-    r.keyword = Some(f.keyword.as_ref());
+    r.keyword = Some(f.keyword_side());
     assert_eq!(
         r.mode(&SearchRequest::new("lag")).expect("auto").used,
         SearchMode::Hybrid

@@ -17,7 +17,7 @@ use ce_store::{SourceStore, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RetrievalError};
-use crate::lag::{self, IndexLag, RELATION_CONSUMER};
+use crate::lag::{self, IndexLag};
 
 /// Edges returned when the request does not say.
 pub const DEFAULT_RELATED_LIMIT: usize = 50;
@@ -87,10 +87,11 @@ pub struct RelatedResponse {
     pub took_ms: f64,
 }
 
-/// Runs `req` (see the module docs).
+/// Runs `req` over `index`, fed by the outbox consumer `consumer` (see the module docs).
 pub fn related(
     source: &dyn SourceStore,
     index: &dyn RelationIndex,
+    consumer: &str,
     req: &RelatedRequest,
 ) -> Result<RelatedResponse> {
     let started = Instant::now();
@@ -158,11 +159,7 @@ pub fn related(
         metrics::counter!("retrieval_dropped_by_hydration_total", "mode" => "related")
             .increment(dropped as u64);
     }
-    let lag = lag::lag_of(
-        source,
-        &[RELATION_CONSUMER],
-        lag::account_scope(&req.uri).as_ref(),
-    )?;
+    let lag = lag::lag_of(source, &[consumer], lag::account_scope(&req.uri).as_ref())?;
     Ok(RelatedResponse {
         uri: req.uri.clone(),
         edges,
@@ -245,7 +242,7 @@ mod tests {
                 direction: dir,
                 ..RelatedRequest::new(u(uri))
             };
-            related(self.store.as_ref(), self.index.as_ref(), &req).expect("related")
+            related(self.store.as_ref(), self.index.as_ref(), "relation", &req).expect("related")
         }
     }
 
@@ -331,6 +328,7 @@ mod tests {
         let err = related(
             f.store.as_ref(),
             f.index.as_ref(),
+            "relation",
             &RelatedRequest::new(u("ctx://acc/docs/none")),
         )
         .expect_err("missing");
@@ -339,7 +337,7 @@ mod tests {
             limit: 0,
             ..RelatedRequest::new(u("ctx://acc/docs/a"))
         };
-        let err = related(f.store.as_ref(), f.index.as_ref(), &req).expect_err("limit");
+        let err = related(f.store.as_ref(), f.index.as_ref(), "relation", &req).expect_err("limit");
         assert_eq!(err.code(), ErrorCode::InvalidField);
     }
 }

@@ -80,27 +80,36 @@ impl Fixture {
         while self.keyword_worker.run_once(100).expect("run_once").claimed > 0 {}
     }
 
+    /// The vector side over the fixture's vector index.
+    pub(crate) fn vector_side(&self) -> VectorSide<'_> {
+        VectorSide {
+            embedder: self.embedder.as_ref(),
+            index: self.index.as_ref(),
+            consumer: "vector",
+        }
+    }
+
+    /// The keyword side over the fixture's keyword index.
+    pub(crate) fn keyword_side(&self) -> KeywordSide<'_> {
+        KeywordSide {
+            index: self.keyword.as_ref(),
+            consumer: "keyword",
+        }
+    }
+
     /// A retriever over both indexes.
     pub(crate) fn retriever(&self) -> Retriever<'_> {
         Retriever {
             source: self.store.as_ref(),
-            vector: Some(VectorSide {
-                embedder: self.embedder.as_ref(),
-                index: self.index.as_ref(),
-            }),
-            keyword: Some(self.keyword.as_ref()),
+            vector: Some(self.vector_side()),
+            keyword: Some(self.keyword_side()),
             fusion: Fusion::default(),
             vector_unavailable: None,
         }
     }
 
     fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
-        search(
-            self.store.as_ref(),
-            self.embedder.as_ref(),
-            self.index.as_ref(),
-            req,
-        )
+        search(self.store.as_ref(), self.vector_side(), req)
     }
 
     /// Searches with a similarity floor, so unrelated nodes do not show up.
@@ -305,13 +314,11 @@ fn an_index_of_another_model_is_refused_with_the_fix() {
             dimension: 384,
         })
         .expect("bind");
-    let err = search(
-        f.store.as_ref(),
-        f.embedder.as_ref(),
-        &other,
-        &SearchRequest::new("x"),
-    )
-    .expect_err("mismatch");
+    let side = VectorSide {
+        index: &other,
+        ..f.vector_side()
+    };
+    let err = search(f.store.as_ref(), side, &SearchRequest::new("x")).expect_err("mismatch");
     assert_eq!(err.code(), ErrorCode::SchemaMismatch);
     assert!(!err.is_retryable());
     assert!(

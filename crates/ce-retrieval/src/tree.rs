@@ -25,14 +25,13 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Instant;
 
 use ce_core::{Classify as _, CoreError, CtxUri, ErrorCode, IndexRecord, Level};
-use ce_embed::Embedder;
-use ce_index::vector::{SearchFilter, VectorHit, VectorIndex};
+use ce_index::vector::{SearchFilter, VectorHit};
 use ce_store::SourceStore;
 use serde::{Deserialize, Serialize};
 
 use crate::hydrate::Current;
 use crate::lag::{self, IndexLag};
-use crate::{Result, RetrievalError, SearchRequest, VECTOR_CONSUMER, embed_query, ms};
+use crate::{Result, RetrievalError, SearchRequest, VectorSide, embed_query, ms};
 
 /// Parameters of [`hierarchical_search`] (defaults in [`HierarchicalParams::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -261,10 +260,14 @@ fn within(uri: &CtxUri, scope: &SearchFilter) -> bool {
 /// Runs `req` (see the module docs).
 pub fn hierarchical_search(
     source: &dyn SourceStore,
-    embedder: &dyn Embedder,
-    index: &dyn VectorIndex,
+    vector: VectorSide<'_>,
     req: &HierarchicalRequest,
 ) -> Result<HierarchicalResponse> {
+    let VectorSide {
+        embedder,
+        index,
+        consumer,
+    } = vector;
     let started = Instant::now();
     req.search.validate()?;
     req.params.validate()?;
@@ -481,7 +484,7 @@ pub fn hierarchical_search(
     }
     let lag = lag::lag_of(
         source,
-        &[VECTOR_CONSUMER],
+        &[consumer],
         lag::search_scope(&req.search.filter).as_ref(),
     )?;
     Ok(HierarchicalResponse {
@@ -573,8 +576,7 @@ mod tests {
     }
 
     fn run(f: &Fixture, r: &HierarchicalRequest) -> HierarchicalResponse {
-        hierarchical_search(f.store.as_ref(), f.embedder.as_ref(), f.index.as_ref(), r)
-            .expect("hierarchical search")
+        hierarchical_search(f.store.as_ref(), f.vector_side(), r).expect("hierarchical search")
     }
 
     fn score_of(r: &HierarchicalResponse, uri: &str) -> Option<f32> {
@@ -732,8 +734,8 @@ mod tests {
         );
         let mut r = req("x");
         r.search.min_score = Some(0.1);
-        let err = hierarchical_search(f.store.as_ref(), f.embedder.as_ref(), f.index.as_ref(), &r)
-            .expect_err("min_score");
+        let err =
+            hierarchical_search(f.store.as_ref(), f.vector_side(), &r).expect_err("min_score");
         assert!(err.to_string().contains("min_score"), "{err}");
     }
 
@@ -758,8 +760,7 @@ mod tests {
         ] {
             let r = HierarchicalRequest { params, ..req("x") };
             let err =
-                hierarchical_search(f.store.as_ref(), f.embedder.as_ref(), f.index.as_ref(), &r)
-                    .expect_err("invalid");
+                hierarchical_search(f.store.as_ref(), f.vector_side(), &r).expect_err("invalid");
             assert_eq!(err.code(), ErrorCode::InvalidField);
             assert!(err.to_string().contains(field), "{err}");
         }

@@ -55,9 +55,23 @@ pub enum ServerError {
         /// The failure.
         source: std::io::Error,
     },
-    /// A blocking task failed to complete (it panicked or was cancelled).
+    /// A defect of this build (a worker panicked, a value did not serialise, the metrics
+    /// recorder could not be installed): retrying the same operation meets it again.
     #[error("internal error: {0}")]
     Internal(String),
+    /// An operation this engine cannot do in the way it runs (e.g. a drain while its
+    /// workers run continuously): a caller's mistake, not a failure.
+    #[error("{0}")]
+    Usage(String),
+    /// A file of the data directory holds what no process writes (e.g. an empty instance
+    /// id); the reason says how to recover.
+    #[error("{path} is corrupt: {reason}")]
+    CorruptFile {
+        /// The file.
+        path: String,
+        /// What is wrong, and the fix.
+        reason: String,
+    },
     /// A classified failure of a lower layer (e.g. a worker's), reported with what was being
     /// done; its code and retryability are kept, so a permanent error stays permanent up to
     /// the HTTP status and the exit code.
@@ -161,6 +175,8 @@ impl Classify for ServerError {
             ServerError::HeldByImport { .. } => ErrorCode::Busy,
             ServerError::Io { .. } => ErrorCode::Io,
             ServerError::Internal(_) => ErrorCode::Internal,
+            ServerError::Usage(_) => ErrorCode::InvalidField,
+            ServerError::CorruptFile { .. } => ErrorCode::Corrupt,
             ServerError::Failed { code, .. } => *code,
             ServerError::LargeDelete { .. } => ErrorCode::LargeDelete,
             ServerError::JobStopped { stop, .. } => stop.code(),
@@ -180,17 +196,150 @@ impl Classify for ServerError {
             ServerError::JobStopped { stop, .. } => stop.is_retryable(),
             ServerError::UnsupportedConsumer { .. }
             | ServerError::ConsumerOwned { .. }
-            | ServerError::LargeDelete { .. } => false,
-            ServerError::Io { .. }
+            | ServerError::LargeDelete { .. }
             | ServerError::Internal(_)
-            | ServerError::HeldByImport { .. } => true,
+            | ServerError::Usage(_)
+            | ServerError::CorruptFile { .. } => false,
+            ServerError::Io { .. } | ServerError::HeldByImport { .. } => true,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use ce_index::repair::RepairError;
+
     use super::*;
+    use crate::http::ApiError;
+
+    /// `e`'s code and retryability, after every way it can reach a caller: converted into a
+    /// [`ServerError`], reported with context ([`ServerError::failed`]), and as an HTTP
+    /// answer.
+    fn kept<E>(e: E) -> (ErrorCode, bool)
+    where
+        E: Classify + std::fmt::Display + Into<ServerError>,
+    {
+        let want = (e.code(), e.is_retryable());
+        let failed = ServerError::failed("doing it", &e);
+        assert_eq!((failed.code(), failed.is_retryable()), want, "failed: {e}");
+        let converted: ServerError = e.into();
+        assert_eq!(
+            (converted.code(), converted.is_retryable()),
+            want,
+            "converted: {converted}"
+        );
+        let answer = ApiError::from(converted);
+        assert_eq!(
+            (answer.code, answer.retryable),
+            want,
+            "answered: {}",
+            answer.message
+        );
+        want
+    }
+
+    /// Every layer's errors, a permanent and a transient one each, keep their
+    /// classification up to the HTTP answer: none becomes retryable on the way.
+    #[test]
+    fn every_conversion_keeps_retryability() {
+        let u = |s: &str| ce_core::CtxUri::parse(s).expect("uri");
+        let permanent = [
+            kept(StoreError::RootNotWritable),
+            kept(IndexError::SchemaMismatch("dimension".into())),
+            kept(IndexError::Postgres("syntax error".into())),
+            kept(EmbedError::InvalidResponse("two vectors".into())),
+            kept(EmbedError::Provider {
+                status: Some(400),
+                message: "bad request".into(),
+                retryable: false,
+            }),
+            kept(RetrievalError::Index(IndexError::Corrupt(
+                "bad page".into(),
+            ))),
+            kept(LockError::Invalid("empty batch".into())),
+            kept(CoreError::InvalidField {
+                field: "x",
+                reason: "bad".into(),
+            }),
+            kept(RepairError::Index(IndexError::Corrupt("bad page".into()))),
+        ];
+        for (code, retryable) in permanent {
+            assert!(!retryable, "{code} stays permanent");
+        }
+        let transient = [
+            kept(StoreError::PgUnavailable("connection refused".into())),
+            kept(IndexError::Unavailable("locked".into())),
+            kept(EmbedError::Timeout {
+                after: std::time::Duration::from_secs(1),
+            }),
+            kept(LockError::Lost {
+                path: u("ctx://a"),
+                reason: "expired".into(),
+            }),
+            kept(RepairError::Store(StoreError::PgUnavailable("down".into()))),
+        ];
+        for (code, retryable) in transient {
+            assert!(retryable, "{code} stays retryable");
+        }
+    }
+
+    /// The engine's own errors: a defect, a usage mistake or a corrupt file is permanent
+    /// (exit status 1, 2 and 1); only I/O and a busy hold are worth a retry.
+    #[test]
+    fn the_engines_own_errors_are_classified() {
+        let cases = [
+            (
+                ServerError::Internal("a worker panicked".into()),
+                ErrorCode::Internal,
+                false,
+            ),
+            (
+                ServerError::Usage("drain needs the workers".into()),
+                ErrorCode::InvalidField,
+                false,
+            ),
+            (
+                ServerError::CorruptFile {
+                    path: "index-instance".into(),
+                    reason: "it is empty".into(),
+                },
+                ErrorCode::Corrupt,
+                false,
+            ),
+            (
+                ServerError::NotReady {
+                    reason: "no model".into(),
+                    code: ErrorCode::SchemaMismatch,
+                },
+                ErrorCode::SchemaMismatch,
+                false,
+            ),
+            (
+                ServerError::NotReady {
+                    reason: "no model".into(),
+                    code: ErrorCode::Unavailable,
+                },
+                ErrorCode::Unavailable,
+                true,
+            ),
+            (
+                ServerError::Io {
+                    context: "binding".into(),
+                    source: std::io::Error::other("in use"),
+                },
+                ErrorCode::Io,
+                true,
+            ),
+        ];
+        for (e, code, retryable) in cases {
+            assert_eq!((e.code(), e.is_retryable()), (code, retryable), "{e}");
+        }
+        assert_eq!(
+            ServerError::Usage("x".into()).code().exit_code(),
+            2,
+            "a usage mistake exits 2"
+        );
+    }
 
     #[test]
     fn a_failure_reported_with_context_keeps_its_classification() {

@@ -4,8 +4,8 @@
 //! directory: two data directories consuming `keyword` from one PostgreSQL store would each
 //! take part of the queue into their own embedded index, and both indexes would miss records
 //! while the outbox shows everything done. So the consumers whose index lives in the data
-//! directory (keyword, relation, and vector with `index.vector.destination = "embedded"`)
-//! are owned by one index instance: the data directory's id ([`INSTANCE_FILE`]), recorded in
+//! directory (keyword, relation, and vector with `index.vector.destination = "embedded"`;
+//! each registration says, [`super::consumers::Registration::embedded`]) are owned by one index instance: the data directory's id ([`INSTANCE_FILE`]), recorded in
 //! the store by the first instance to consume the consumer ([`ce_store::OwnerStore`]). Any
 //! other instance is refused before it claims anything ([`ServerError::ConsumerOwned`]);
 //! `ce reindex --consumer C --take-over` makes it the owner and rebuilds its index. A shared
@@ -27,7 +27,7 @@ use ce_core::Config;
 use ce_store::IndexOwner;
 use tracing::{info, warn};
 
-use super::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
+use super::consumers::is_embedded;
 use crate::error::{Result, ServerError};
 use crate::source::Source;
 
@@ -35,15 +35,6 @@ use crate::source::Source;
 pub const INSTANCE_FILE: &str = "index-instance";
 /// The per-consumer worker locks, inside the data directory.
 pub const WORKERS_DIR: &str = "workers";
-
-/// Whether `consumer`'s index lives in the data directory (and so needs an owner).
-pub fn is_embedded(config: &Config, consumer: &str) -> bool {
-    match consumer {
-        VECTOR_CONSUMER => config.pgvector_url().is_none(),
-        KEYWORD_CONSUMER | RELATION_CONSUMER => true,
-        _ => false,
-    }
-}
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Io { context, source }
@@ -56,10 +47,11 @@ fn instance_id(data_dir: &Path) -> Result<String> {
         let text = std::fs::read_to_string(p).map_err(io(format!("reading {}", p.display())))?;
         let id = text.trim();
         if id.is_empty() {
-            return Err(ServerError::Internal(format!(
-                "{} is empty: delete it (this data directory becomes a new index instance)",
-                p.display()
-            )));
+            return Err(ServerError::CorruptFile {
+                path: p.display().to_string(),
+                reason: "it is empty: delete it (this data directory becomes a new index instance)"
+                    .into(),
+            });
         }
         Ok(id.to_owned())
     };

@@ -23,20 +23,15 @@ use std::time::{Duration, Instant};
 
 use ce_core::{CtxUri, IndexProjector};
 use ce_embed::{Embedder as _, ModelIdentity};
-use ce_index::keyword::embedded::EmbeddedKeywordIndex;
-use ce_index::relation::embedded::EmbeddedRelationIndex;
-use ce_index::repair::{Findings, IndexView, LargeDelete, Reconciler, RepairError};
-use ce_index::vector::VectorIndex;
+use ce_index::repair::{Findings, LargeDelete, Reconciler, RepairError};
 use ce_index::worker::runner::Wakeup;
 use ce_store::model::{DeadCounts, DeadFilter};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::consumers::{self, Consumer};
 use super::periodic::Periodic;
-use super::{
-    Engine, INDEXED_CONSUMERS, KEYWORD_CONSUMER, RELATION_CONSUMER, REQUEUE_CHUNK, VECTOR_CONSUMER,
-    lock, ms,
-};
+use super::{Engine, REQUEUE_CHUNK, lock, ms};
 use crate::error::{Result, ServerError};
 use crate::source::Source;
 
@@ -158,9 +153,8 @@ impl From<RepairError> for ServerError {
 #[derive(Clone)]
 struct Repairer {
     store: Source,
-    vector: Option<Arc<dyn VectorIndex>>,
-    keyword: Option<Arc<EmbeddedKeywordIndex>>,
-    relations: Option<Arc<EmbeddedRelationIndex>>,
+    /// The open consumers.
+    consumers: Vec<Arc<dyn Consumer>>,
     /// The configured embedding model, when loaded.
     model: Option<ModelIdentity>,
     projector: IndexProjector,
@@ -168,18 +162,6 @@ struct Repairer {
 }
 
 impl Repairer {
-    fn view(&self, consumer: &str) -> Option<IndexView<'_>> {
-        match consumer {
-            VECTOR_CONSUMER => Some(IndexView::Vector {
-                index: self.vector.as_deref()?,
-                model: self.model.as_ref(),
-            }),
-            KEYWORD_CONSUMER => Some(IndexView::Keyword(self.keyword.as_deref()?)),
-            RELATION_CONSUMER => Some(IndexView::Relations(self.relations.as_deref()?)),
-            _ => None,
-        }
-    }
-
     fn dead(
         &self,
         action: DeadAction,
@@ -235,8 +217,10 @@ impl Repairer {
             Reconciler::new(self.store.as_ref(), &self.projector, &scope, &trace_id)?;
         let mut parts = Vec::new();
         for c in consumers {
-            let Some(view) = self.view(c) else { continue };
-            let r = reconciler.reconcile(c, view)?;
+            let Some(slot) = self.consumers.iter().find(|s| s.registration().name == *c) else {
+                continue;
+            };
+            let r = reconciler.reconcile(c, slot.view(self.model.as_ref()))?;
             let large_delete = r.findings.delete_safety().err();
             parts.push((r, large_delete));
         }
@@ -353,9 +337,7 @@ impl Engine {
     fn repairer(&self) -> Repairer {
         Repairer {
             store: self.store.clone(),
-            vector: self.index.clone(),
-            keyword: self.keyword.clone(),
-            relations: self.relations.clone(),
+            consumers: self.consumers.iter().cloned().collect(),
             model: self.embedder.as_ref().ok().map(|e| e.identity().clone()),
             projector: IndexProjector::new(self.config.projector),
             wake: self.wake.clone(),
@@ -365,20 +347,24 @@ impl Engine {
     /// The consumers reconcile covers: `only` (which must be configured and have an index
     /// here), else every configured consumer with an index.
     fn reconcile_consumers(&self, only: Option<&str>) -> Result<Vec<&'static str>> {
-        let all: Vec<&'static str> = INDEXED_CONSUMERS
+        let all: Vec<&'static str> = self
+            .served_consumers()
             .into_iter()
-            .filter(|c| self.configured(c) && self.has_index(c))
+            .filter(|c| self.configured(c))
             .collect();
         match only {
             None => Ok(all),
-            Some(c) => all.into_iter().find(|x| *x == c).map(|c| vec![c]).ok_or_else(|| {
-                ServerError::UnsupportedConsumer {
+            Some(c) => all
+                .into_iter()
+                .find(|x| *x == c)
+                .map(|c| vec![c])
+                .ok_or_else(|| ServerError::UnsupportedConsumer {
                     name: c.to_owned(),
                     reason: format!(
-                        "it must be listed in index.outbox.consumers and be one of {INDEXED_CONSUMERS:?}"
+                        "it must be listed in index.outbox.consumers and be one of {:?}",
+                        consumers::names()
                     ),
-                }
-            }),
+                }),
         }
     }
 

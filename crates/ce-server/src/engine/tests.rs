@@ -1,12 +1,15 @@
 //! The engine on a real data directory with the hashing embedder.
 
-use ce_core::{Classify as _, Config, ErrorCode};
-use ce_retrieval::{SearchMode, SearchRequest};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use crate::status::Validation;
+use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
+use ce_core::{Classify as _, Config, CtxUri, ErrorCode};
+use ce_retrieval::{SearchMode, SearchRequest};
 use ce_store::{PutRequest, UriVersion};
 
 use super::*;
+use crate::status::{DrainProgress, Validation};
 
 fn config(extra: &str) -> Config {
     Config::from_toml(&format!("[index.embedding]\nprovider = \"hash\"\n{extra}")).expect("config")
@@ -134,9 +137,16 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     .expect("engine");
     // Two per consumer with an index.
     assert_eq!(e.running_workers(), 6);
+    // Its workers run continuously: a drain is a caller's mistake, not a failure to retry.
+    let err = e.drain(&quiet).expect_err("drain while workers run");
+    assert_eq!(
+        (err.code(), err.is_retryable()),
+        (ErrorCode::InvalidField, false),
+        "{err}"
+    );
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        INDEXED_CONSUMERS
+        consumers::names()
     );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     let wait = |q: &str, want: &str| {

@@ -42,9 +42,14 @@ impl ApiError {
         ApiError::new(e.code(), e.to_string(), e.is_retryable())
     }
 
-    /// An internal failure (a blocking task that panicked).
-    pub fn internal(message: impl Into<String>) -> Self {
-        ApiError::new(ErrorCode::Internal, message, true)
+    /// A blocking task `what` that did not complete: a panic is a defect (not retryable), a
+    /// cancellation (the runtime shutting down) is retryable.
+    pub fn task_failed(what: &str, e: &tokio::task::JoinError) -> Self {
+        ApiError::new(
+            ErrorCode::Internal,
+            format!("{what} task failed: {e}"),
+            e.is_cancelled(),
+        )
     }
 
     /// A request body that is not the expected JSON: 400 `invalid_field`, or 413

@@ -49,7 +49,7 @@ where
             ce_core::failpoint::hit("http.before_reply");
             r.map(|v| Json(v).into_response())
         }
-        Err(e) => Err(ApiError::internal(format!("request task failed: {e}"))),
+        Err(e) => Err(ApiError::task_failed("request", &e)),
     }
 }
 
@@ -324,7 +324,7 @@ pub async fn metrics(State(s): State<AppState>) -> Answer {
     let engine = s.engine.clone();
     let text = tokio::task::spawn_blocking(move || m.render(&engine))
         .await
-        .map_err(|e| ApiError::internal(format!("metrics task failed: {e}")))?;
+        .map_err(|e| ApiError::task_failed("metrics", &e))?;
     Ok((
         [(
             header::CONTENT_TYPE,

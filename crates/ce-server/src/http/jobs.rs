@@ -14,7 +14,8 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::handlers::{Answer, Q, blocking, params};
-use crate::engine::{Engine, VECTOR_CONSUMER};
+use crate::engine::Engine;
+use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
 use crate::jobs::reindex::{ReindexPayload, report_of};
 use crate::jobs::{job_error, parse_state};
 use crate::wire::{JobQueued, ReindexAnswer, ReindexBody};
@@ -35,7 +36,7 @@ fn job_id(p: P) -> Result<String, ApiError> {
 }
 
 fn json(v: &impl Serialize) -> Result<Value, ApiError> {
-    serde_json::to_value(v).map_err(|e| ApiError::internal(format!("encoding the answer: {e}")))
+    serde_json::to_value(v).map_err(|e| ApiError::new(ErrorCode::Internal, format!("encoding the answer: {e}"), false))
 }
 
 /// `GET /v1/jobs?state=&type=&limit=` (newest first).
@@ -110,7 +111,7 @@ pub async fn reindex(
         Err(JsonRejection::MissingJsonContentType(_)) => ReindexBody::default(),
         Err(r) => return Err(ApiError::from_json(&r)),
     };
-    let consumer = body.consumer.unwrap_or_else(|| VECTOR_CONSUMER.to_owned());
+    let consumer = body.consumer.unwrap_or_else(|| DEFAULT_REINDEX_CONSUMER.to_owned());
     let payload = ReindexPayload::new(&consumer, false)?;
     blocking(&s, move |e| {
         let queued = JobQueued::from(e.enqueue_job(payload.spec())?);

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{JobContext, JobHandler};
-use crate::engine::{Engine, INDEXED_CONSUMERS};
+use crate::engine::Engine;
+use crate::engine::consumers;
 use crate::error::{Result, ServerError};
 use crate::status::ReindexReport;
 
@@ -43,11 +44,8 @@ impl ReindexPayload {
     }
 
     fn check(&self) -> Result<()> {
-        if !INDEXED_CONSUMERS.contains(&self.consumer.as_str()) {
-            return Err(ServerError::UnsupportedConsumer {
-                name: self.consumer.clone(),
-                reason: format!("this build has indexes for {INDEXED_CONSUMERS:?} only"),
-            });
+        if consumers::registration(&self.consumer).is_none() {
+            return Err(consumers::unknown(&self.consumer));
         }
         Ok(())
     }

@@ -1,0 +1,89 @@
+//! The search policy: which indexes a search reads (see `ce-retrieval` for how), with the
+//! not-ready answers when the vector side cannot serve.
+
+use ce_embed::Embedder;
+use ce_retrieval::{
+    Fusion, HierarchicalRequest, HierarchicalResponse, KeywordSide, RelatedRequest,
+    RelatedResponse, RetrievalError, Retriever, SearchRequest, SearchResponse, VectorSide,
+};
+
+use super::Engine;
+use super::consumers::{Consumer as _, KeywordConsumer, RelationConsumer, VectorConsumer};
+use crate::error::Result;
+
+impl Engine {
+    /// Searches the indexes and hydrates the hits (see `ce-retrieval`). Without a mode the
+    /// configured default runs (`retrieval.default_mode`; `auto`: hybrid when both the vector
+    /// and keyword indexes serve, else the one that does). When the vector side is not ready,
+    /// `auto` falls back to keyword search with a notice in the answer; a named mode that
+    /// needs vectors gets the not-ready error. Keyword search works without the model.
+    pub fn search(&self, req: &SearchRequest) -> Result<SearchResponse> {
+        let readiness = self.readiness();
+        let embedder = self.ready_embedder().ok().filter(|_| readiness.ready);
+        let vector = embedder
+            .as_deref()
+            .zip(self.consumers.get::<VectorConsumer>())
+            .map(|(e, v)| VectorSide {
+                embedder: e as &dyn Embedder,
+                index: v.index().as_ref(),
+                consumer: v.registration().name,
+            });
+        let keyword = self
+            .consumers
+            .get::<KeywordConsumer>()
+            .map(|k| KeywordSide {
+                index: k.index().as_ref(),
+                consumer: k.registration().name,
+            });
+        let why = readiness.reasons.join("; ");
+        let retriever = Retriever {
+            source: self.store.as_ref(),
+            vector,
+            keyword,
+            fusion: Fusion::from_config(&self.config.retrieval),
+            vector_unavailable: (vector.is_none() && self.configured(VectorConsumer::NAME))
+                .then_some(why.as_str()),
+        };
+        match retriever.search(req) {
+            Err(RetrievalError::VectorUnavailable { .. }) => Err(self.not_ready()),
+            r => Ok(r?),
+        }
+    }
+
+    /// Hierarchical search (see `ce_retrieval::hierarchical_search`); needs the vector side.
+    pub fn hierarchical(&self, req: &HierarchicalRequest) -> Result<HierarchicalResponse> {
+        if !self.readiness().ready {
+            return Err(self.not_ready());
+        }
+        let embedder = self.ready_embedder()?;
+        let vector = self
+            .consumers
+            .get::<VectorConsumer>()
+            .ok_or_else(|| self.no_index(VectorConsumer::NAME))?;
+        let side = VectorSide {
+            embedder: embedder.as_ref(),
+            index: vector.index().as_ref(),
+            consumer: vector.registration().name,
+        };
+        Ok(ce_retrieval::hierarchical_search(
+            self.store.as_ref(),
+            side,
+            req,
+        )?)
+    }
+
+    /// The edges of a node from the relation index, each checked against the source of
+    /// truth (see `ce_retrieval::related`).
+    pub fn related(&self, req: &RelatedRequest) -> Result<RelatedResponse> {
+        let relations = self
+            .consumers
+            .get::<RelationConsumer>()
+            .ok_or_else(|| self.no_index(RelationConsumer::NAME))?;
+        Ok(ce_retrieval::related(
+            self.store.as_ref(),
+            relations.index().as_ref(),
+            relations.registration().name,
+            req,
+        )?)
+    }
+}

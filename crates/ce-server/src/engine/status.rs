@@ -1,0 +1,124 @@
+//! What each consumer can do here ([`Applier`]) and the engine's status report.
+
+use ce_core::Millis;
+use ce_embed::Embedder as _;
+use tracing::warn;
+
+use super::Engine;
+use crate::error::Result;
+use crate::status::{Applier, ConsumerStatus, EmbedCacheStatus, HoldStatus, Status};
+
+impl Engine {
+    /// The consumers this engine runs workers for: the open ones (configured, and in
+    /// `options.consumers` when set).
+    pub(super) fn served_consumers(&self) -> Vec<&'static str> {
+        self.consumers.names()
+    }
+
+    /// The served consumers whose events this engine can apply now.
+    pub(super) fn ready_consumers(&self) -> Vec<&'static str> {
+        self.served_consumers()
+            .into_iter()
+            .filter(|c| self.applier(c) == Applier::Ready)
+            .collect()
+    }
+
+    /// Whether `consumer`'s events can be applied by this build and configuration.
+    pub(super) fn applier(&self, consumer: &str) -> Applier {
+        let slot = self.consumers.find(consumer);
+        if slot.is_some() && self.in_dry_run_mode(consumer) {
+            return Applier::DryRun(self.last_dry_run(consumer));
+        }
+        let blockers = match slot {
+            Some(s) => self.blockers(s.as_ref()),
+            None if super::consumers::registration(consumer).is_some()
+                && self.configured(consumer) =>
+            {
+                vec![self.no_index(consumer).to_string()]
+            }
+            None => vec![format!(
+                "no index for consumer {consumer:?} in this build yet: its events wait in the journal"
+            )],
+        };
+        if !blockers.is_empty() {
+            return Applier::Blocked(blockers.join("; "));
+        }
+        if !self.config.index.worker.enabled {
+            return Applier::NotRequested("index.worker.enabled is false".into());
+        }
+        Applier::Ready
+    }
+
+    /// The status of every consumer the store has stats for, as of `now`, restricted to
+    /// `keep`.
+    pub(super) fn consumer_statuses(
+        &self,
+        now: Millis,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<ConsumerStatus>> {
+        Ok(self
+            .store
+            .stats()?
+            .into_iter()
+            .filter(|s| keep(&s.consumer))
+            .map(|s| {
+                let applier = self.applier(&s.consumer);
+                ConsumerStatus::new(s, now, &applier)
+            })
+            .collect())
+    }
+
+    /// Outbox progress and lag per consumer, index sizes, model and readiness.
+    pub fn status(&self) -> Result<Status> {
+        let now = self.store.clock().now_ms();
+        let readiness = self.readiness();
+        let mut status = Status {
+            ready: readiness.ready,
+            not_ready: readiness.reasons,
+            data_dir: self.data_dir.display().to_string(),
+            store_backend: self.store.backend().to_owned(),
+            store_location: self.store.location(),
+            vector_destination: self.config.index.vector.destination.clone(),
+            model: self.embedder.as_ref().ok().map(|e| e.identity().clone()),
+            index_model: None,
+            index_records: 0,
+            keyword_records: None,
+            relation_records: None,
+            consumers: self.consumer_statuses(now, |_| true)?,
+            workers: self.running_workers(),
+            worker_consumers: self.pool_consumers(),
+            embed_cache: self.embed_cache_status(),
+            holds: self
+                .store
+                .holds()?
+                .into_iter()
+                .map(|h| HoldStatus {
+                    age_seconds: u64::try_from((now - h.created_at_ms) / 1000).unwrap_or(0),
+                    id: h.id,
+                    at: h.at.to_string(),
+                    through_seq: h.through_seq,
+                })
+                .collect(),
+            jobs: self.jobs_status()?,
+        };
+        for c in self.consumers.iter() {
+            c.report(&mut status)?;
+        }
+        Ok(status)
+    }
+
+    /// The embedding cache's totals, and this process's counters when it runs workers.
+    fn embed_cache_status(&self) -> Option<EmbedCacheStatus> {
+        let embedder = self.embedder.as_ref().ok()?;
+        let totals = embedder.totals().unwrap_or_else(|e| {
+            warn!(error = %e, "embedding cache totals not read");
+            ce_embed::CacheTotals::default()
+        });
+        Some(EmbedCacheStatus {
+            entries: totals.model_entries,
+            all_entries: totals.entries,
+            bytes: totals.file_bytes,
+            counters: self.options.run_workers.then(|| embedder.stats().into()),
+        })
+    }
+}
