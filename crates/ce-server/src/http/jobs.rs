@@ -36,7 +36,13 @@ fn job_id(p: P) -> Result<String, ApiError> {
 }
 
 fn json(v: &impl Serialize) -> Result<Value, ApiError> {
-    serde_json::to_value(v).map_err(|e| ApiError::new(ErrorCode::Internal, format!("encoding the answer: {e}"), false))
+    serde_json::to_value(v).map_err(|e| {
+        ApiError::new(
+            ErrorCode::Internal,
+            format!("encoding the answer: {e}"),
+            false,
+        )
+    })
 }
 
 /// `GET /v1/jobs?state=&type=&limit=` (newest first).
@@ -111,7 +117,9 @@ pub async fn reindex(
         Err(JsonRejection::MissingJsonContentType(_)) => ReindexBody::default(),
         Err(r) => return Err(ApiError::from_json(&r)),
     };
-    let consumer = body.consumer.unwrap_or_else(|| DEFAULT_REINDEX_CONSUMER.to_owned());
+    let consumer = body
+        .consumer
+        .unwrap_or_else(|| DEFAULT_REINDEX_CONSUMER.to_owned());
     let payload = ReindexPayload::new(&consumer, false)?;
     blocking(&s, move |e| {
         let queued = JobQueued::from(e.enqueue_job(payload.spec())?);
