@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ce_core::Classify as _;
+use ce_core::{Classify as _, ErrorCode};
 use ce_index::worker::runner::Wakeup;
 use ce_store::{ClaimedJob, Job, JobClaim, JobFailure, JobState, JobStore, TypeSlots};
 use serde::{Deserialize, Serialize};
@@ -138,10 +138,14 @@ fn dispatch(engine: &Engine, job: &Job, ctx: &JobContext<'_>) -> Result<Option<V
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            Err(ServerError::Internal(format!(
-                "the {} handler panicked: {what}",
-                job.job_type
-            )))
+            // Unlike an internal error returned by the code, a panic may come from a state
+            // that passes (a poisoned lock, a race): the job's retry budget bounds it.
+            Err(ServerError::Failed {
+                context: format!("the {} handler", job.job_type),
+                code: ErrorCode::Internal,
+                retryable: true,
+                message: format!("panicked: {what}"),
+            })
         },
     )
 }

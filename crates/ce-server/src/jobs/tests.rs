@@ -70,7 +70,12 @@ impl JobHandler for Arc<TestHandler> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         match job.payload["do"].as_str().unwrap_or_default() {
             "succeed" => Ok(Some(json!({"ok": job.id}))),
-            "fail_retryable" => Err(ServerError::Internal("flaky".into())),
+            "fail_retryable" => Err(ServerError::Failed {
+                context: "the test handler".into(),
+                code: ErrorCode::Upstream,
+                retryable: true,
+                message: "flaky".into(),
+            }),
             "fail_permanently" => Err(CoreError::InvalidField {
                 field: "payload",
                 reason: "refused for good".into(),
@@ -185,7 +190,8 @@ fn check(e: &Engine, model: &BTreeMap<String, Modeled>) -> Result<(), TestCaseEr
         if matches!(j.state, JobState::Failed | JobState::Dead) {
             let code = match m.does {
                 Does::FailPermanently => "invalid_field",
-                _ => "internal",
+                Does::Panic => "internal",
+                Does::FailRetryable | Does::Succeed => "upstream",
             };
             prop_assert_eq!(j.error_code.as_deref(), Some(code));
         }
