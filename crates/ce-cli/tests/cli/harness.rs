@@ -434,3 +434,30 @@ pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
         std::thread::sleep(Duration::from_millis(25));
     }
 }
+
+/// The Python interpreter of the external-client tests (`CE_TEST_PYTHON`, else `python3`);
+/// `.ci/run` installs `tests/requirements.txt` into it.
+pub fn python() -> String {
+    std::env::var("CE_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Runs an external client program (a Python or Node.js script of `tests/` or `clients/`)
+/// from the repository root with `env`, asserts that it exits 0 and returns its stdout. Its
+/// output is shown when it fails; a missing interpreter or package is a failure, not a skip.
+pub fn external(program: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{program} {args:?} does not start: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed ({:?})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status.code()
+    );
+    stdout
+}
