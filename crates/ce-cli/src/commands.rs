@@ -649,6 +649,30 @@ fn reindex(cli: &Cli, a: &ReindexArgs) -> Result<Rendered> {
     Rendered::new(&out, output::reindex(&report, Some(&drain), &job.id))
 }
 
+/// Draining the vector consumer may embed a whole corpus: says how many deliveries are open
+/// and with which model, before the first one runs.
+fn warn_before_embedding(engine: &Engine) -> Result<()> {
+    let Ok(embedder) = engine.embedder() else {
+        return Ok(());
+    };
+    let open: u64 = engine
+        .store()
+        .stats()?
+        .iter()
+        .filter(|s| s.consumer == "vector")
+        .map(|s| s.pending + s.claimed + s.retry_wait)
+        .sum();
+    if open > 0 {
+        output::print_stderr(&format!(
+            "worker: {open} vector {} to apply; their texts are embedded with {} unless the \
+             embedding cache has them\n",
+            if open == 1 { "event" } else { "events" },
+            ce_embed::Embedder::identity(embedder.as_ref()).model
+        ));
+    }
+    Ok(())
+}
+
 /// The `--json` answer of `ce worker --once`.
 #[derive(Debug, Serialize)]
 struct OnceOutput<'a> {
@@ -716,7 +740,11 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         return Rendered::new(&reports, output::dry_runs(&reports));
     }
     if a.once {
+        let drains_vector = consumers.is_empty() || consumers.iter().any(|c| c == "vector");
         let engine = open_engine_for(cli, a.workers, false, "worker", consumers)?;
+        if !cli.json && drains_vector {
+            warn_before_embedding(&engine)?;
+        }
         let progress = Progress::new(cli.json, "worker");
         let (report, jobs_run) =
             engine.drain_jobs_and_deliveries(&|p: &DrainProgress| progress.update(p))?;

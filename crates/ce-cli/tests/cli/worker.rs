@@ -161,6 +161,34 @@ fn a_retry_after_pauses_every_worker_of_the_provider() {
     assert_eq!(fake.rate_limited(), 1);
 }
 
+/// `ce worker --once` says how many vector events it will embed, and with which model,
+/// before it starts; with nothing open it says nothing.
+#[test]
+fn a_drain_that_embeds_says_so_first() {
+    let ce = Ce::hash("");
+    ce.put("ctx://acc/docs/a", "alpha beta gamma");
+    ce.put("ctx://acc/docs/b", "delta epsilon");
+    let stderr = |out: std::process::Output| {
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).expect("utf-8")
+    };
+    let open = vector(&ce)["pending"].as_u64().expect("pending");
+    assert!(open >= 2, "two puts and their parents: {open}");
+    let first = stderr(ce.run(&["worker", "--once"]));
+    assert!(
+        first.contains(&format!(
+            "worker: {open} vector events to apply; their texts are embedded with feature-hash-v1"
+        )),
+        "{first}"
+    );
+    let again = stderr(ce.run(&["worker", "--once"]));
+    assert!(!again.contains("vector events to apply"), "{again}");
+    // Draining another consumer only embeds nothing.
+    ce.put("ctx://acc/docs/c", "zeta");
+    let keyword = stderr(ce.run(&["worker", "--once", "--consumer", "keyword"]));
+    assert!(!keyword.contains("to apply"), "{keyword}");
+}
+
 /// A consumer in dry-run mode is never applied; `ce worker --dry-run` reports its delta,
 /// changes nothing, and status then calls the consumer `dry_run_valid`.
 #[test]
