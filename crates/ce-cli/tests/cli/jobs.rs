@@ -91,6 +91,16 @@ fn reindex_runs_as_a_job_and_no_wait_only_enqueues_it() {
     assert_eq!(keyword_repairs(&ce, &[]), 3);
     let k = ce.json(&["search", "delta epsilon", "--mode", "keyword"]);
     assert_eq!(uris(&k), ["ctx://acc/docs/b"], "{k}");
+    // The other indexes are left alone, also once the store is opened again (a back-fill
+    // never hands them the keyword index's repair events).
+    let status = ce.json(&["status"]);
+    for c in array(&status["consumers"]) {
+        assert_eq!(
+            (c["lag_events"].as_u64(), c["validation"].as_str()),
+            (Some(0), Some("applied_valid")),
+            "{c}"
+        );
+    }
 
     let listed = ce.json(&["jobs", "list"]);
     let jobs = array(&listed);

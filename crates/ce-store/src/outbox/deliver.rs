@@ -23,14 +23,16 @@ pub(crate) fn append_batch_for(
 ) -> Result<Vec<OutboxEvent>> {
     let configured = &s.outbox_config().index.outbox.consumers;
     let payloads = checked_payloads(configured, consumers, events)?;
+    let targeted = !configured.iter().all(|c| consumers.contains(c));
     s.write_outbox(Commit::Journal, |tx, now| {
-        tx.append_events(consumers, payloads, now)
+        tx.append_events(consumers, targeted, payloads, now)
     })
 }
 
 /// Records the configured consumers and back-fills each: a consumer seen for the first
 /// time, or switched back on after a gap, gets a pending delivery for every journal event
-/// after its newest delivery (an index seek when there is nothing to add).
+/// after its newest delivery that was not targeted at other consumers (a rebuild's repair
+/// events) (an index seek when there is nothing to add).
 pub(crate) fn register_consumers(s: &impl OutboxBackend) -> Result<()> {
     let configured = &s.outbox_config().index.outbox.consumers;
     s.write_outbox(Commit::Journal, |tx, now| {

@@ -185,15 +185,17 @@ pub(crate) trait OutboxReadTx {
 /// The outbox's row writes inside one write transaction.
 pub(crate) trait OutboxTx: OutboxReadTx {
     /// Appends `payloads` to the journal with a pending delivery per consumer of
-    /// `consumers`.
+    /// `consumers`; `targeted` marks events meant for those consumers only (not for every
+    /// configured one), which a back-fill never hands to another consumer.
     fn append_events(
         &mut self,
         consumers: &[String],
+        targeted: bool,
         payloads: Vec<EventPayload>,
         now: Millis,
     ) -> Result<Vec<OutboxEvent>>;
-    /// Records `consumer` and gives it a pending delivery for every journal event after its
-    /// newest delivery; returns how many it got.
+    /// Records `consumer` and gives it a pending delivery for every untargeted journal event
+    /// after its newest delivery; returns how many it got.
     fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64>;
     /// Claims the first runnable deliveries `c` names; `(seq, retry_count)` of each.
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>>;

@@ -32,8 +32,8 @@ use crate::outbox::{
 /// Appends one event (`$1` id, `$2` type, `$3` uri, `$4` payload, `$5` time) with a pending
 /// delivery for each consumer in `$6`, in one round trip; returns its sequence number.
 const APPEND_SQL: &str = "WITH e AS (
-        INSERT INTO events (event_id, event_type, uri, payload, created_at)
-        VALUES ($1, $2, $3, $4, $5) RETURNING seq),
+        INSERT INTO events (event_id, event_type, uri, payload, created_at, targeted)
+        VALUES ($1, $2, $3, $4, $5, $7) RETURNING seq),
      d AS (
         INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
         SELECT c, e.seq, 0, 0, $5, $5 FROM e, unnest($6::text[]) AS c)
@@ -98,11 +98,13 @@ const DEAD_WHERE: &str = "status = 5
               AND ($8::text IS NULL OR uri = $8 OR left(uri, length($8) + 1) = $8 || '/')))
        AND consumer = ANY($9)";
 
-/// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer; the
-/// transaction notifies [`super::NOTIFY_CHANNEL`] at commit.
+/// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer
+/// (`targeted`: for those consumers only); the transaction notifies
+/// [`super::NOTIFY_CHANNEL`] at commit.
 pub(super) fn append_events_tx(
     tx: &mut Tx<'_>,
     consumers: &[String],
+    targeted: bool,
     payloads: Vec<EventPayload>,
     now: Millis,
 ) -> Result<Vec<OutboxEvent>> {
@@ -122,6 +124,7 @@ pub(super) fn append_events_tx(
                     &json,
                     &now,
                     &consumers,
+                    &targeted,
                 ],
             )?
             .try_get(0)?;
@@ -329,10 +332,11 @@ impl OutboxTx for PgTx<'_, '_> {
     fn append_events(
         &mut self,
         consumers: &[String],
+        targeted: bool,
         payloads: Vec<EventPayload>,
         now: Millis,
     ) -> Result<Vec<OutboxEvent>> {
-        append_events_tx(self.tx, consumers, payloads, now)
+        append_events_tx(self.tx, consumers, targeted, payloads, now)
     }
 
     fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
@@ -344,7 +348,8 @@ impl OutboxTx for PgTx<'_, '_> {
         let added = self.tx.execute(
             "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
              SELECT $1::text, seq, 0, 0, $2, $2 FROM events
-             WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = $1)",
+             WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = $1)
+               AND NOT targeted",
             &[&consumer, &now],
         )?;
         if added > 0 {

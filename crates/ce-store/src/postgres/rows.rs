@@ -224,10 +224,12 @@ impl WriteTx for PgTx<'_, '_> {
     }
 
     fn append_events(&mut self, payloads: Vec<EventPayload>, now: Millis) -> Result<Vec<String>> {
-        Ok(append_events_tx(self.tx, self.consumers, payloads, now)?
-            .into_iter()
-            .map(|e| e.event_id)
-            .collect())
+        Ok(
+            append_events_tx(self.tx, self.consumers, false, payloads, now)?
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect(),
+        )
     }
 
     fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>> {

@@ -140,6 +140,10 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_by_state ON jobs (state, id);
     CREATE INDEX jobs_by_parent ON jobs (parent_job_id, id) WHERE parent_job_id IS NOT NULL;
     "#,
+    // 4: events appended for some consumers only (SQLite migration 5).
+    r#"
+    ALTER TABLE events ADD COLUMN targeted BOOLEAN NOT NULL DEFAULT false;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -77,16 +77,18 @@ const DEAD_WHERE: &str = "status = 5
               AND (?8 IS NULL OR uri = ?8 OR substr(uri, 1, length(?8) + 1) = ?8 || '/')))
        AND consumer IN (SELECT value FROM json_each(?9))";
 
-/// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer.
+/// Appends `payloads` to the journal inside `tx`, with a pending delivery per consumer
+/// (`targeted`: for those consumers only).
 pub(super) fn append_events_tx(
     tx: &Connection,
     consumers: &[String],
+    targeted: bool,
     payloads: Vec<EventPayload>,
     now: Millis,
 ) -> Result<Vec<OutboxEvent>> {
     let mut ins_event = tx.prepare_cached(
-        "INSERT INTO events (event_id, event_type, uri, payload, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO events (event_id, event_type, uri, payload, created_at, targeted)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     let mut ins_delivery = tx.prepare_cached(
         "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
@@ -103,7 +105,8 @@ pub(super) fn append_events_tx(
             event_type.as_str(),
             uri.as_str(),
             json,
-            now
+            now,
+            targeted
         ])?;
         let seq = tx.last_insert_rowid();
         for c in consumers {
@@ -300,10 +303,11 @@ impl OutboxTx for SqlTx<'_> {
     fn append_events(
         &mut self,
         consumers: &[String],
+        targeted: bool,
         payloads: Vec<EventPayload>,
         now: Millis,
     ) -> Result<Vec<OutboxEvent>> {
-        append_events_tx(self.conn, consumers, payloads, now)
+        append_events_tx(self.conn, consumers, targeted, payloads, now)
     }
 
     fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
@@ -318,7 +322,8 @@ impl OutboxTx for SqlTx<'_> {
             .prepare_cached(
                 "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
                  SELECT ?1, seq, 0, 0, ?2, ?2 FROM events
-                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)",
+                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)
+                   AND NOT targeted",
             )?
             .execute(params![consumer, now])?;
         Ok(added as u64)

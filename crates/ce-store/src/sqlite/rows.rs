@@ -226,10 +226,12 @@ impl WriteTx for SqlTx<'_> {
     }
 
     fn append_events(&mut self, payloads: Vec<EventPayload>, now: Millis) -> Result<Vec<String>> {
-        Ok(append_events_tx(self.conn, self.consumers, payloads, now)?
-            .into_iter()
-            .map(|e| e.event_id)
-            .collect())
+        Ok(
+            append_events_tx(self.conn, self.consumers, false, payloads, now)?
+                .into_iter()
+                .map(|e| e.event_id)
+                .collect(),
+        )
     }
 
     fn newer_fence(&mut self, fence: &WriteFence) -> Result<Option<(String, u64)>> {

@@ -148,6 +148,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_by_state ON jobs (state, id);
     CREATE INDEX jobs_by_parent ON jobs (parent_job_id, id) WHERE parent_job_id IS NOT NULL;
     "#,
+    // 5: events appended for some consumers only (a rebuild's repair events): a consumer's
+    // back-fill skips them, so rebuilding one index never re-applies it in another.
+    r#"
+    ALTER TABLE events ADD COLUMN targeted INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

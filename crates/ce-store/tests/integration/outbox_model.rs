@@ -1008,7 +1008,8 @@ fn list_paging_returns_every_row_once(backend: Backend) {
 }
 
 /// A consumer added to the configuration gets a delivery for every event already in the
-/// journal; one that was removed and is added back gets the events appended meanwhile.
+/// journal; one that was removed and is added back gets the events appended meanwhile;
+/// events appended for other consumers only (a rebuild's) it never gets.
 fn consumers_added_later_get_every_event(backend: Backend) {
     let place = backend.place();
     let clock: std::sync::Arc<dyn ce_core::Clock> =
@@ -1049,5 +1050,27 @@ fn consumers_added_later_get_every_event(backend: Backend) {
         count(s.as_ref(), "keyword"),
         2,
         "a re-enabled consumer never gets the events appended while it was off"
+    );
+
+    // A rebuild's repair events for one consumer are never handed to another by a later
+    // back-fill, even with no event of the other consumer after them.
+    s.append_batch_for(&["keyword".to_owned()], vec![upsert_event("ctx://acc/e1")])
+        .expect("targeted append");
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(
+        (count(s.as_ref(), "vector"), count(s.as_ref(), "keyword")),
+        (2, 3),
+        "a targeted event was back-filled into another consumer"
+    );
+    // Switched off and on again, the other consumer still gets the untargeted events only.
+    drop(s);
+    let s = with(&["keyword"]);
+    s.append(upsert_event("ctx://acc/e3")).expect("append");
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(
+        (count(s.as_ref(), "vector"), count(s.as_ref(), "keyword")),
+        (3, 4)
     );
 }
