@@ -17,6 +17,7 @@ pub mod hash;
 pub mod node;
 pub mod projector;
 pub mod safety;
+pub mod text;
 pub mod uri;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock, rfc3339};

@@ -34,7 +34,7 @@ use crate::error::Result;
 
 pub mod embedded;
 pub mod memory;
-pub mod tokenize;
+pub use ce_core::text::tokenize;
 
 /// BM25 term-frequency saturation.
 pub const K1: f64 = 1.2;

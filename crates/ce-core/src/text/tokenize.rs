@@ -1,5 +1,6 @@
-//! The one tokenizer of the keyword index: records are indexed and queries are parsed with it,
-//! so a query term matches exactly the terms a text was indexed under.
+//! The one tokenizer of CE's text: the keyword index indexes records and parses queries with
+//! it (so a query term matches exactly the terms a text was indexed under), and the extractive
+//! generator of derived layers weighs sentences by its terms.
 //!
 //! Text is split into runs of one script class; everything else (punctuation, whitespace,
 //! symbols, `_`) only separates runs and never becomes a token:

@@ -1,0 +1,433 @@
+//! The extractive generator: offline, deterministic, no model. Every word it writes is a word
+//! of its input.
+//!
+//! - **Leaf L0**: the most central sentence of the content ([`rank::centrality`] over the
+//!   sentences of its paragraphs and list items, from [`ce_core::text::blocks`]), and a second
+//!   one — the next in the diverse order, which prefers what the first does not say — when the
+//!   first leaves more than half of the budget; in text order.
+//! - **Leaf L1**: an outline — each heading with the best sentences of its section, added
+//!   round by round (every section's best, then every section's second best, …) while the
+//!   outline fits; without headings, the best sentences in text order.
+//! - **Container L0 / L1**: the container's own content summarised as a leaf, then its
+//!   children's abstracts, named (`name: abstract`), in the diverse order of the children's
+//!   abstracts (the most central first, then those unlike the ones already chosen, so that ten
+//!   similar notes do not crowd out the rest); the L1 lists them one per line and names those
+//!   left out.
+//!
+//! A sentence longer than the whole budget is cut at a word boundary and ends with `…`.
+//! Content without any sentence (only code, tables or punctuation) derives nothing.
+
+pub mod rank;
+
+use std::time::Duration;
+
+use ce_core::text::{Block, BlockKind, blocks};
+
+use crate::generator::{
+    Budget, Child, DeriveError, DeriveInput, Derived, Generator, GeneratorIdentity,
+};
+use rank::centrality;
+
+/// The version of the algorithm; bump it when its output changes, so that stored layers
+/// derived by an older version are derived again.
+pub const VERSION: u32 = 1;
+
+/// The weight of a sentence's centrality against its overlap with the sentences already
+/// chosen (a summary repeats itself only when the text does).
+const SENTENCE_RELEVANCE: f64 = 0.7;
+
+/// The same for a container's children: coverage counts more (ten similar notes are one
+/// topic of the folder, not ten).
+const CHILD_RELEVANCE: f64 = 0.3;
+
+/// The extractive generator.
+#[derive(Debug, Clone)]
+pub struct Extractive {
+    identity: GeneratorIdentity,
+}
+
+impl Default for Extractive {
+    fn default() -> Self {
+        Extractive {
+            identity: GeneratorIdentity {
+                generator: "extractive".into(),
+                version: VERSION,
+                model: None,
+            },
+        }
+    }
+}
+
+impl Generator for Extractive {
+    fn identity(&self) -> &GeneratorIdentity {
+        &self.identity
+    }
+
+    fn derive(
+        &self,
+        inputs: &[DeriveInput],
+        budget: Budget,
+        _timeout: Duration,
+    ) -> Vec<Result<Derived, DeriveError>> {
+        inputs.iter().map(|i| Ok(derive_one(i, budget))).collect()
+    }
+}
+
+/// Derives one input (the generator's whole work; pure).
+pub fn derive_one(input: &DeriveInput, budget: Budget) -> Derived {
+    let (abstract_text, overview) = match input {
+        DeriveInput::Leaf { content } => leaf(content, budget),
+        DeriveInput::Container { content, children } => container(content, children, budget),
+    };
+    Derived {
+        abstract_text,
+        overview,
+        tokens_in: 0,
+        tokens_out: 0,
+    }
+}
+
+/// A sentence of the body with its section.
+struct Candidate<'a> {
+    text: &'a str,
+    ordinal: usize,
+    /// Index into the outline's sections.
+    section: usize,
+}
+
+/// One heading's part of a text (the part before the first heading has none).
+struct Section<'a> {
+    heading: Option<(u8, &'a str)>,
+    /// Index of the section of its parent heading.
+    parent: Option<usize>,
+}
+
+fn leaf(content: &str, budget: Budget) -> (Option<String>, Option<String>) {
+    let blocks = blocks(content);
+    let (sections, candidates, order) = sections_and_candidates(&blocks);
+    if candidates.is_empty() {
+        // Headings only: the title is the abstract, the headings the outline.
+        let titles: Vec<&str> = sections
+            .iter()
+            .filter_map(|s| s.heading.map(|h| h.1))
+            .collect();
+        let Some(first) = titles.first() else {
+            return (None, None);
+        };
+        let outline = outline(&sections, &candidates, &[], budget.l1_chars)
+            .unwrap_or_else(|| truncate(first, budget.l1_chars));
+        return (Some(truncate(first, budget.l0_chars)), Some(outline));
+    }
+    let l0 = abstract_of(&candidates, &order, budget.l0_chars);
+    let l1 = overview_of(&sections, &candidates, &order, budget.l1_chars);
+    (Some(l0), l1)
+}
+
+/// The sections of `blocks`, the sentences of their paragraphs and list items, and those in
+/// [`rank::Ranking::diverse_order`].
+fn sections_and_candidates(blocks: &[Block]) -> (Vec<Section<'_>>, Vec<Candidate<'_>>, Vec<usize>) {
+    let mut sections = vec![Section {
+        heading: None,
+        parent: None,
+    }];
+    // Block index of a heading → its section.
+    let mut section_of_block = std::collections::BTreeMap::new();
+    let mut body = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match b.kind {
+            BlockKind::Heading(level) => {
+                let parent = b.section.and_then(|p| section_of_block.get(&p).copied());
+                section_of_block.insert(i, sections.len());
+                sections.push(Section {
+                    heading: Some((level, b.text.as_str())),
+                    parent: parent.or(Some(0)),
+                });
+            }
+            BlockKind::Paragraph | BlockKind::ListItem => {
+                let section = b
+                    .section
+                    .and_then(|h| section_of_block.get(&h).copied())
+                    .unwrap_or(0);
+                body.extend(b.sentences.iter().map(|s| (s, section)));
+            }
+            BlockKind::Code | BlockKind::Table => {}
+        }
+    }
+    let texts: Vec<&str> = body.iter().map(|(s, _)| s.text.as_str()).collect();
+    let order = centrality(&texts).diverse_order(SENTENCE_RELEVANCE);
+    let candidates = body
+        .into_iter()
+        .map(|(s, section)| Candidate {
+            text: s.text.as_str(),
+            ordinal: s.ordinal,
+            section,
+        })
+        .collect();
+    (sections, candidates, order)
+}
+
+/// The best sentence, and the next best that fits when the first leaves more than half of
+/// `max` unused; in text order.
+fn abstract_of(candidates: &[Candidate<'_>], order: &[usize], max: usize) -> String {
+    let best = &candidates[order[0]];
+    if chars(best.text) > max {
+        return truncate(best.text, max);
+    }
+    let mut picked = vec![order[0]];
+    if chars(best.text) * 2 < max {
+        for &i in &order[1..] {
+            let mut two = vec![order[0], i];
+            two.sort_by_key(|&k| candidates[k].ordinal);
+            if chars(&join(two.iter().map(|&k| candidates[k].text))) <= max {
+                picked = two;
+                break;
+            }
+        }
+    }
+    join(picked.iter().map(|&k| candidates[k].text))
+}
+
+/// The outline: sentences added round by round (each section's best first) while it fits.
+fn overview_of(
+    sections: &[Section<'_>],
+    candidates: &[Candidate<'_>],
+    order: &[usize],
+    max: usize,
+) -> Option<String> {
+    // Each section's candidates, best first.
+    let mut ranked: Vec<Vec<usize>> = vec![Vec::new(); sections.len()];
+    for &i in order {
+        ranked[candidates[i].section].push(i);
+    }
+    let mut selected = vec![false; candidates.len()];
+    let mut any = false;
+    for round in 0.. {
+        let mut added = false;
+        let mut exhausted = true;
+        for list in &ranked {
+            let Some(&i) = list.get(round) else {
+                continue;
+            };
+            exhausted = false;
+            selected[i] = true;
+            if outline(sections, candidates, &selected, max).is_some() {
+                added = true;
+                any = true;
+            } else {
+                selected[i] = false;
+            }
+        }
+        if exhausted || (!added && round > 0) {
+            break;
+        }
+    }
+    if !any {
+        // Not even one sentence fits with its headings: the best sentence, cut to fit.
+        return Some(truncate(candidates[order[0]].text, max));
+    }
+    outline(sections, candidates, &selected, max)
+}
+
+/// Renders the headings whose sections (or subsections) hold a selected sentence, each with
+/// its selected sentences in text order; with no sentences at all, every heading. `None` when
+/// the result is longer than `max` or empty.
+fn outline(
+    sections: &[Section<'_>],
+    candidates: &[Candidate<'_>],
+    selected: &[bool],
+    max: usize,
+) -> Option<String> {
+    let headings_only = candidates.is_empty();
+    let mut shown = vec![headings_only; sections.len()];
+    for (c, _) in candidates.iter().zip(selected).filter(|(_, s)| **s) {
+        let mut s = Some(c.section);
+        while let Some(i) = s {
+            shown[i] = true;
+            s = sections[i].parent;
+        }
+    }
+    let mut lines = Vec::new();
+    for (i, section) in sections.iter().enumerate() {
+        if !shown[i] {
+            continue;
+        }
+        if let Some((level, title)) = section.heading {
+            lines.push(format!("{} {title}", "#".repeat(usize::from(level))));
+        }
+        let mut texts: Vec<&Candidate<'_>> = candidates
+            .iter()
+            .zip(selected)
+            .filter(|(c, s)| **s && c.section == i)
+            .map(|(c, _)| c)
+            .collect();
+        texts.sort_by_key(|c| c.ordinal);
+        if !texts.is_empty() {
+            lines.push(join(texts.iter().map(|c| c.text)));
+        }
+    }
+    if headings_only {
+        // Every heading that fits, in order.
+        let mut out = String::new();
+        for l in &lines {
+            let next = if out.is_empty() {
+                l.clone()
+            } else {
+                format!("{out}\n{l}")
+            };
+            if chars(&next) > max {
+                break;
+            }
+            out = next;
+        }
+        return (!out.is_empty()).then_some(out);
+    }
+    let out = lines.join("\n");
+    (!out.is_empty() && chars(&out) <= max).then_some(out)
+}
+
+fn container(
+    content: &str,
+    children: &[Child],
+    budget: Budget,
+) -> (Option<String>, Option<String>) {
+    let own_budget = Budget {
+        l0_chars: budget.l0_chars,
+        l1_chars: budget.l1_chars / 2,
+    };
+    let (own_l0, own_l1) = if content.trim().is_empty() {
+        (None, None)
+    } else {
+        leaf(content, own_budget)
+    };
+    let named: Vec<&Child> = children
+        .iter()
+        .filter(|c| !c.abstract_text.trim().is_empty())
+        .collect();
+    if own_l0.is_none() && named.is_empty() {
+        return (None, None);
+    }
+    let order = centrality(
+        &named
+            .iter()
+            .map(|c| c.abstract_text.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .diverse_order(CHILD_RELEVANCE);
+    let entry = |c: &Child| format!("{}: {}", c.name, c.abstract_text.trim());
+
+    // L0: own abstract, then the most representative children while they fit.
+    let mut l0_parts: Vec<String> = own_l0.iter().cloned().collect();
+    for &i in &order {
+        let candidate = entry(named[i]);
+        let mut next = l0_parts.clone();
+        next.push(candidate);
+        if chars(&next.join("; ")) <= budget.l0_chars {
+            l0_parts = next;
+        } else {
+            break;
+        }
+    }
+    let l0 = if l0_parts.is_empty() {
+        truncate(&entry(named[order[0]]), budget.l0_chars)
+    } else {
+        l0_parts.join("; ")
+    };
+
+    // L1: own overview, one line per child while they fit, then the names of the others.
+    let mut lines: Vec<String> = own_l1.into_iter().collect();
+    let fits = |lines: &[String]| chars(&lines.join("\n")) <= budget.l1_chars;
+    let mut listed = 0;
+    for &i in &order {
+        lines.push(format!("- {}", entry(named[i])));
+        if fits(&lines) {
+            listed += 1;
+        } else {
+            lines.pop();
+            break;
+        }
+    }
+    let mut left: Vec<&str> = order[listed..]
+        .iter()
+        .map(|&i| named[i].name.as_str())
+        .collect();
+    left.extend(
+        children
+            .iter()
+            .filter(|c| c.abstract_text.trim().is_empty())
+            .map(|c| c.name.as_str()),
+    );
+    if !left.is_empty() {
+        let head = format!("- {} more:", left.len());
+        let with = |line: String| [lines.as_slice(), &[line]].concat();
+        let all = format!("{head} {}", left.join(", "));
+        let line = if fits(&with(all.clone())) {
+            all
+        } else {
+            // As many names as fit, then `…`.
+            let mut shown: Vec<&str> = Vec::new();
+            for name in &left {
+                shown.push(name);
+                if !fits(&with(format!("{head} {}, …", shown.join(", ")))) {
+                    shown.pop();
+                    break;
+                }
+            }
+            if shown.is_empty() {
+                head.trim_end_matches(':').to_owned()
+            } else {
+                format!("{head} {}, …", shown.join(", "))
+            }
+        };
+        if fits(&with(line.clone())) {
+            lines.push(line);
+        }
+    }
+    let l1 = lines.join("\n");
+    (Some(l0), (!l1.is_empty()).then_some(l1))
+}
+
+/// The length in characters.
+fn chars(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// Joins sentences with a space, or without one after a CJK sentence.
+fn join<'a>(parts: impl Iterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    for p in parts {
+        if !out.is_empty() && !out.chars().next_back().is_some_and(is_wide) {
+            out.push(' ');
+        }
+        out.push_str(p);
+    }
+    out
+}
+
+/// Full-width punctuation and CJK ideographs, after which no space is written.
+fn is_wide(c: char) -> bool {
+    matches!(c, '\u{3000}'..='\u{9FFF}' | '\u{F900}'..='\u{FAFF}' | '\u{FF00}'..='\u{FFEF}')
+}
+
+/// `s` cut to at most `max` characters, at a word boundary when there is one in the second
+/// half, ending with `…` when cut.
+fn truncate(s: &str, max: usize) -> String {
+    if chars(s) <= max {
+        return s.to_owned();
+    }
+    if max == 0 {
+        return String::new();
+    }
+    let keep: String = s.chars().take(max - 1).collect();
+    if keep.trim().is_empty() {
+        // No room for a word and the ellipsis: the first characters, unmarked.
+        return s.chars().take(max).collect();
+    }
+    let cut = match keep.rfind(char::is_whitespace) {
+        Some(i) if chars(&keep[..i]) * 2 >= max => keep[..i].trim_end().to_owned(),
+        _ => keep,
+    };
+    format!("{cut}…")
+}
+
+#[cfg(test)]
+mod tests;
