@@ -8,7 +8,7 @@
 //!   only, never a default
 //! - [`cache`]: a persistent cache keyed by (model identity, sha256(text)) so identical text
 //!   is never embedded twice
-//! - [`pause`]: the rate-limit pause a provider shares with all its callers
+//! - [`pause`]: the rate-limit pause a provider shares with all its callers (from ce-http)
 //!
 //! [`build`] turns `[index.embedding]` into the configured provider behind the cache.
 
@@ -23,14 +23,16 @@ pub mod from_config;
 pub mod hash;
 pub mod local;
 pub mod openai;
-pub mod pause;
 
 pub use cache::{CacheStats, CacheTotals, CachedEmbedder, EmbeddingCache};
+pub use ce_http::RateLimitPause;
+/// The rate-limit pause shared by a provider's callers (moved to ce-http; kept here for the
+/// embedders' callers).
+pub use ce_http::pause;
 pub use from_config::{CACHE_FILE, build, build_cached, build_provider, local_model_dir};
 pub use hash::HashEmbedder;
 pub use local::{LocalEmbedder, default_model_dir};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
-pub use pause::RateLimitPause;
 
 /// Which vector space an embedding belongs to. Vectors of two identities never mix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
