@@ -1,5 +1,6 @@
 //! Test support shared by the workspace's test suites: replayable seeds, crash children and
-//! throwaway PostgreSQL databases ([`pg`], [`pgvector`]).
+//! throwaway PostgreSQL databases ([`pg`], [`pgvector`]) and a loopback HTTP server standing in
+//! for paid remote APIs ([`http`]).
 //!
 //! A crash test re-runs its own test binary as a child that executes one `#[test]` function
 //! (the "child"), lets it work for a while, kills it with SIGKILL and reads the lines it
@@ -12,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub mod backends;
+pub mod http;
 pub mod pg;
 pub mod pgvector;
 
