@@ -146,11 +146,14 @@ fn a_rate_limit_pauses_every_caller_of_the_client_for_its_retry_after() {
     assert_eq!(e.server.requests().len(), 2);
 }
 
+/// Whether an error is the expected one.
+type Check = fn(&LlmError) -> bool;
+
 #[test]
 fn failures_are_classified() {
     let e = Endpoint::start();
     let client = e.client(Some(KEY));
-    let cases: Vec<(Reply, fn(&LlmError) -> bool, bool)> = vec![
+    let cases: Vec<(Reply, Check, bool)> = vec![
         (
             Reply::error(503, "overloaded"),
             |e| {
