@@ -257,7 +257,8 @@ def test_answers_that_are_not_the_servers_errors() -> None:
         assert c.readyz()["reasons"] == ["model"]
         with pytest.raises(ConflictError) as busy:
             c.status()
-        assert (busy.value.code, busy.value.retryable, busy.value.retry_after) == ("busy", True, 1.0)
+        busy_error = (busy.value.code, busy.value.retryable, busy.value.retry_after)
+        assert busy_error == ("busy", True, 1.0)
         with pytest.raises(ServerError) as internal:
             c.stat("ctx://a/b")
         assert isinstance(internal.value, ContextEngineError)

@@ -122,7 +122,9 @@ class Config:
         headers = {"Accept": "application/json"}
         if key is not None:
             if not key or any(c.isspace() for c in key):
-                raise ValueError("api_key (or CE_API_KEY) must be a non-empty key without whitespace")
+                raise ValueError(
+                    "api_key (or CE_API_KEY) must be a non-empty key without whitespace"
+                )
             headers["Authorization"] = f"Bearer {key}"
         return Config(url.rstrip("/"), headers)
 

@@ -11,7 +11,17 @@ import asyncio
 import functools
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Optional, Sequence, Type, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Generator,
+    Optional,
+    Sequence,
+    Type,
+    TypeVar,
+)
 
 import httpx
 
@@ -107,9 +117,11 @@ class Client:
         consumers: Optional[Sequence[str]] = None,
     ) -> None:
         """Waits until the indexes have applied every write so far, so that a search
-        finds it (polls :meth:`status`; with a tenant key, the lag a search reports for the
-        key's account). ``consumers`` limits the wait to those indexes (``vector``,
-        ``keyword``, ``relation``).
+        finds it. Polls :meth:`status` (an admin key, or a server without keys); a tenant
+        key may not read it and polls instead the lag that a search and :meth:`related`
+        report within its account. ``consumers`` limits the wait to those indexes
+        (``vector``, ``keyword``, ``relation``). Retryable errors (the model still loading)
+        count as not indexed yet; others are raised.
 
         Raises:
             IndexingTimeout: Changes were still pending after ``timeout`` seconds.

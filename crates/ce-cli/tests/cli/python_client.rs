@@ -5,7 +5,7 @@
 //! its tests. The client's source is what runs (`PYTHONPATH=clients/python/src`); `.ci/run`
 //! also installs it with `pip install ./clients/python`, which proves it installs.
 
-use super::harness::{Ce, external, python};
+use super::harness::{Ce, external, python, repo_root};
 
 const KEY_A: &str = "py-client-key-account-a-01";
 const KEY_B: &str = "py-client-key-account-b-01";
@@ -36,7 +36,10 @@ fn the_python_client_passes_its_suite_against_a_real_server() {
     let ce = Ce::hash(&config());
     let server = ce.serve_with_env(
         &[],
-        &[("PY_CLIENT_KEY_B", KEY_B), ("PY_CLIENT_KEY_ADMIN", KEY_ADMIN)],
+        &[
+            ("PY_CLIENT_KEY_B", KEY_B),
+            ("PY_CLIENT_KEY_ADMIN", KEY_ADMIN),
+        ],
     );
     let mut env = PYTHON_ENV.to_vec();
     env.extend([
@@ -80,4 +83,40 @@ fn the_python_client_type_checks_strictly() {
         PYTHON_ENV,
     );
     assert!(out.contains("Success: no issues found"), "{out}");
+}
+
+/// The ```python block of the README's "Python client" section, as written.
+fn readme_example() -> String {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split_once("\n## Python client\n")
+        .expect("README has a \"Python client\" section")
+        .1;
+    let block = section
+        .split_once("```python\n")
+        .expect("the section has a python block")
+        .1;
+    block
+        .split_once("```")
+        .expect("the block ends")
+        .0
+        .to_owned()
+}
+
+#[test]
+fn the_readme_python_example_runs_as_written() {
+    let ce = Ce::hash("");
+    let server = ce.serve(&[]);
+    let code = readme_example();
+    let mut env = PYTHON_ENV.to_vec();
+    env.retain(|(k, _)| *k != "CE_SERVER");
+    env.push(("CE_SERVER", server.url.as_str()));
+    let out = external(&python(), &["-c", &code], &env);
+    for mode in ["vector", "keyword", "hybrid"] {
+        assert!(
+            out.contains(&format!("{mode} [('ctx://acme/docs/deploy'")),
+            "{mode} did not find the node first: {out}"
+        );
+    }
+    assert!(out.trim_end().ends_with("How we deploy."), "{out}");
 }
