@@ -12,6 +12,7 @@ from contextengine import (
     ConflictError,
     ContextEngineError,
     ForbiddenError,
+    IndexingTimeout,
     InvalidInputError,
     NetworkError,
     NotFoundError,
@@ -75,6 +76,11 @@ def test_put_fields_modes_and_expect_version(ce: Client, root: str) -> None:
     assert (st["context_type"], st["category"], st["owner_space"], st["kind"]) == (
         "memory", "preferences", "user:u1", "leaf")
     assert st["meta"] == {"source": "chat", "confidence": 0.9}
+    ce.wait_until_indexed()
+    for spaces, found in (("user:u1", [uri]), (["user:u2", "shared"], [])):
+        mine = ce.search("dark theme", mode="keyword", subtree=root,
+                         filters={"owner_space": spaces, "context_type": "memory"})
+        assert uris(mine["hits"]) == found, spaces
 
     merged = ce.put(uri, mode="merge", meta={"confidence": None, "lang": "en"}, expect_version=1)
     assert merged["version"] == 2
@@ -117,6 +123,8 @@ def test_ls_tree_mv_and_recursive_rm(ce: Client, root: str) -> None:
     hits = ce.search(WORDS, mode="vector", subtree=root, min_score=0.3)["hits"]
     assert uris(hits) == [f"{root}/b/one"]
 
+    with pytest.raises(VersionConflictError):
+        ce.rm(f"{root}/a/two", expect_version=5)
     with pytest.raises(ConflictError) as not_empty:
         ce.rm(f"{root}/a")
     assert not_empty.value.code == "not_empty"
@@ -263,3 +271,24 @@ def test_answers_that_are_not_the_servers_errors() -> None:
             c.stat("ctx://a/b")
         assert isinstance(internal.value, ContextEngineError)
         assert (internal.value.code, internal.value.retryable) == ("internal", False)
+
+
+def test_wait_until_indexed_retries_then_times_out_naming_the_lag() -> None:
+    """Retryable answers and pending changes are waited out; the timeout names the lag."""
+    answers = iter([
+        httpx.Response(503, json={"code": "unavailable", "message": "model loading",
+                                  "retryable": True}),
+        httpx.Response(200, json={"consumers": [{"consumer": "vector", "lag_events": 2},
+                                                {"consumer": "keyword", "lag_events": 0}]}),
+    ])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return next(answers, httpx.Response(200, json={"consumers": [
+            {"consumer": "vector", "lag_events": 0}, {"consumer": "keyword", "lag_events": 3}]}))
+
+    with Client("http://ce.invalid", transport=httpx.MockTransport(handler)) as c:
+        c.wait_until_indexed(consumers=["vector"], interval=0.01, timeout=5)
+        with pytest.raises(IndexingTimeout) as late:
+            c.wait_until_indexed(interval=0.01, timeout=0.05)
+    assert isinstance(late.value, TimeoutError) and late.value.retryable
+    assert "keyword: 3 changes pending" in late.value.message
