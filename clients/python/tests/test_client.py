@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from contextengine import (
+    AsyncClient,
     Client,
     ConflictError,
     ContextEngineError,
@@ -292,3 +293,16 @@ def test_wait_until_indexed_retries_then_times_out_naming_the_lag() -> None:
             c.wait_until_indexed(interval=0.01, timeout=0.05)
     assert isinstance(late.value, TimeoutError) and late.value.retryable
     assert "keyword: 3 changes pending" in late.value.message
+
+
+def test_both_clients_have_the_same_operations_with_the_same_signatures() -> None:
+    import inspect
+
+    def operations(cls: type) -> dict[str, inspect.Signature]:
+        return {name: inspect.signature(f) for name, f in vars(cls).items()
+                if callable(f) and not name.startswith("_") and name not in ("close", "aclose")}
+
+    sync, asynchronous = operations(Client), operations(AsyncClient)
+    assert sync == asynchronous
+    assert {"put", "search", "hierarchical_search", "wait_until_indexed", "reindex"} <= set(sync)
+    assert all(inspect.iscoroutinefunction(getattr(AsyncClient, n)) for n in asynchronous)

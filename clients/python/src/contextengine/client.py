@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 from types import TracebackType
 from typing import (
@@ -37,13 +38,32 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def _method(op: Callable[..., Any], method: Callable[..., Any], owner: str) -> None:
+    """Gives ``method`` the name, docstring and signature of ``op`` as a method of ``owner``
+    answering what ``op``'s call answers (for ``help()`` and runtime introspection)."""
+    functools.update_wrapper(method, op)
+    del method.__wrapped__  # type: ignore[attr-defined]
+    sig = inspect.signature(op)
+    answer = str(sig.return_annotation)
+    if answer.startswith("Call[") and answer.endswith("]"):
+        answer = answer[len("Call[") : -1]
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[this, *sig.parameters.values()], return_annotation=answer
+    )
+    method.__annotations__ = {**op.__annotations__, "return": answer}
+    method.__qualname__ = f"{owner}.{op.__name__}"
+    method.__module__ = __name__
+
+
 def _blocking(op: "Callable[P, Call[T]]") -> "Callable[Concatenate[Client, P], T]":
     """The :class:`Client` method that sends ``op``'s call and returns its answer."""
 
     def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._run(op(*args, **kwargs))
 
-    return functools.wraps(op)(method)
+    _method(op, method, "Client")
+    return method
 
 
 def _awaitable(
@@ -54,7 +74,8 @@ def _awaitable(
     async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._run(op(*args, **kwargs))
 
-    return functools.wraps(op)(method)
+    _method(op, method, "AsyncClient")
+    return method
 
 
 class Client:
