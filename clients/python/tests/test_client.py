@@ -294,6 +294,15 @@ def test_wait_until_indexed_retries_then_times_out_naming_the_lag() -> None:
     assert isinstance(late.value, TimeoutError) and late.value.retryable
     assert "keyword: 3 changes pending" in late.value.message
 
+    # A queued reindex is waited for even when no consumer has lag yet.
+    queued = {"consumers": [{"consumer": "vector", "lag_events": 0}],
+              "jobs": {"counts": [{"job_type": "reindex", "state": "pending", "count": 1}]}}
+    mock = httpx.MockTransport(lambda _: httpx.Response(200, json=queued))
+    with Client("http://ce.invalid", transport=mock) as c:
+        with pytest.raises(IndexingTimeout) as reindexing:
+            c.wait_until_indexed(consumers=["vector"], interval=0.01, timeout=0.05)
+    assert "reindex: 1 jobs not run yet" in reindexing.value.message
+
 
 def test_both_clients_have_the_same_operations_with_the_same_signatures() -> None:
     import inspect

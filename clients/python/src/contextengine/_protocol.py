@@ -495,8 +495,19 @@ class _Probe:
     """A ``not_found`` answer drops the probe (a key that does not see its account node)."""
 
 
+REINDEX_JOBS = "reindex"
+"""The :func:`wait_plan` lag entry of ``reindex`` jobs not finished yet: until one has run,
+the index it rebuilds is about to be cleared and refilled."""
+
+
 def _status_lag(answer: t.Status) -> Lagging:
-    return {c["consumer"]: c["lag_events"] for c in answer.get("consumers", [])}
+    lag = {c["consumer"]: c["lag_events"] for c in answer.get("consumers", [])}
+    jobs = answer["jobs"]["counts"] if "jobs" in answer else []
+    open_states = ("pending", "running")
+    lag[REINDEX_JOBS] = sum(
+        c["count"] for c in jobs if c["job_type"] == "reindex" and c["state"] in open_states
+    )
+    return lag
 
 
 def _reported_lag(answer: Union[t.SearchAnswer, t.RelatedAnswer]) -> Lagging:
@@ -517,7 +528,8 @@ def wait_plan(
 ) -> Generator[Step, Any, None]:
     """The polling of ``wait_until_indexed``, free of I/O.
 
-    Asks ``status`` until every consumer (or those named) has no lag. A tenant key may not
+    Asks ``status`` until every consumer (or those named) has no lag and no ``reindex`` job
+    is pending or running (its rebuild has not started yet). A tenant key may not
     read ``status`` (admin only); it asks instead the lag that a search and ``related``
     report within its account. Retryable errors (the model still loading, a busy server)
     count as not indexed yet.
@@ -547,14 +559,18 @@ def wait_plan(
                 last = str(e)
                 break
             for index, events in probe.lag_of(answer).items():
-                if events > 0 and (consumers is None or index in consumers):
+                wanted = consumers is None or index in consumers or index == REINDEX_JOBS
+                if events > 0 and wanted:
                     behind[index] = events
         if probes is None:
             probes = yield from _tenant_probes()
             continue
         if not behind and not last:
             return
-        last = last or ", ".join(f"{k}: {v} changes pending" for k, v in sorted(behind.items()))
+        last = last or ", ".join(
+            f"{k}: {v} {'jobs not run yet' if k == REINDEX_JOBS else 'changes pending'}"
+            for k, v in sorted(behind.items())
+        )
         if time.monotonic() >= deadline:
             raise IndexingTimeout(f"indexes not caught up after {timeout} s ({last})")
         yield interval

@@ -138,7 +138,8 @@ class Client:
         consumers: Optional[Sequence[str]] = None,
     ) -> None:
         """Waits until the indexes have applied every write so far, so that a search
-        finds it. Polls :meth:`status` (an admin key, or a server without keys); a tenant
+        finds it. Polls :meth:`status` (an admin key, or a server without keys) until no
+        consumer has changes to apply and no ``reindex`` job is pending or running; a tenant
         key may not read it and polls instead the lag that a search and :meth:`related`
         report within its account. ``consumers`` limits the wait to those indexes
         (``vector``, ``keyword``, ``relation``). Retryable errors (the model still loading)

@@ -23,7 +23,9 @@ __all__ = [
     "HierarchicalStats",
     "IndexLag",
     "Job",
+    "JobCount",
     "JobQueued",
+    "JobsStatus",
     "ConsumerStats",
     "ConsumerStatus",
     "NodeStat",
@@ -275,6 +277,24 @@ class EmbedCache(TypedDict, total=False):
     cache_errors: int
 
 
+class JobCount(TypedDict):
+    """Jobs of one type in one state."""
+
+    job_type: str
+    state: str
+    count: int
+
+
+class JobsStatus(TypedDict):
+    """The durable jobs in ``status``: per state, and per type and state."""
+
+    enabled: bool
+    runner: bool
+    types: List[str]
+    by_state: Dict[str, int]
+    counts: List[JobCount]
+
+
 class Status(TypedDict, total=False):
     """The answer of ``status`` (admin): readiness, model, indexes, workers, consumers.
 
@@ -297,7 +317,7 @@ class Status(TypedDict, total=False):
     worker_consumers: List[str]
     embed_cache: EmbedCache
     holds: List[Dict[str, Any]]
-    jobs: Dict[str, Any]
+    jobs: JobsStatus
 
 
 class Health(TypedDict):
