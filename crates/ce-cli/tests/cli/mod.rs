@@ -14,6 +14,7 @@ mod layout;
 mod nodes;
 mod outbox;
 mod postgres;
+mod python_client;
 mod readme;
 mod relations;
 mod repair;
