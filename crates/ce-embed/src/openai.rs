@@ -24,7 +24,7 @@
 
 use std::time::Duration;
 
-use ce_http::{Failure, JsonClient, snippet};
+use ce_http::{Class, Failure, JsonClient, snippet};
 use serde::{Deserialize, Serialize};
 
 use crate::{EmbedError, Embedder, ModelIdentity};
@@ -241,33 +241,21 @@ impl Embedder for OpenAiEmbedder {
 
 impl OpenAiEmbedder {
     fn failed(&self, f: Failure) -> EmbedError {
-        match f {
-            Failure::Timeout { after } => EmbedError::Timeout { after },
-            Failure::Paused { left } => EmbedError::RateLimited {
-                retry_after: Some(left),
-                message: format!(
-                    "{} asked to wait after an earlier rate limit: no request sent",
-                    self.client.url()
-                ),
-            },
-            Failure::RateLimited {
+        match f.class(self.client.url()) {
+            Class::Timeout(after) => EmbedError::Timeout { after },
+            Class::RateLimited {
                 retry_after,
                 message,
             } => EmbedError::RateLimited {
                 retry_after,
                 message,
             },
-            Failure::Status {
+            Class::Provider {
                 status,
                 message,
                 retryable,
             } => EmbedError::Provider {
-                status: Some(status),
-                message,
-                retryable,
-            },
-            Failure::Transport { message, retryable } => EmbedError::Provider {
-                status: None,
+                status,
                 message,
                 retryable,
             },

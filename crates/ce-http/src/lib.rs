@@ -59,6 +59,66 @@ pub enum Failure {
     },
 }
 
+/// A [`Failure`] as the three classes every provider error type has: a timeout, a rate
+/// limit (with its wait), or a provider failure (with its HTTP status when it answered).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Class {
+    /// No answer in time.
+    Timeout(Duration),
+    /// Rate-limited: wait `retry_after` when given.
+    RateLimited {
+        /// The wait.
+        retry_after: Option<Duration>,
+        /// What the provider (or the pause) says.
+        message: String,
+    },
+    /// Any other failure.
+    Provider {
+        /// The HTTP status, if the provider answered.
+        status: Option<u16>,
+        /// What went wrong.
+        message: String,
+        /// Whether a retry can help.
+        retryable: bool,
+    },
+}
+
+impl Failure {
+    /// The failure's class; `url` names the endpoint in the message of a paused call.
+    pub fn class(self, url: &str) -> Class {
+        match self {
+            Failure::Timeout { after } => Class::Timeout(after),
+            Failure::Paused { left } => Class::RateLimited {
+                retry_after: Some(left),
+                message: format!(
+                    "{url} asked to wait after an earlier rate limit: no request sent"
+                ),
+            },
+            Failure::RateLimited {
+                retry_after,
+                message,
+            } => Class::RateLimited {
+                retry_after,
+                message,
+            },
+            Failure::Status {
+                status,
+                message,
+                retryable,
+            } => Class::Provider {
+                status: Some(status),
+                message,
+                retryable,
+            },
+            Failure::Transport { message, retryable } => Class::Provider {
+                status: None,
+                message,
+                retryable,
+            },
+        }
+    }
+}
+
 /// A blocking client of one endpoint: its URL, its bearer token and its rate-limit pause.
 pub struct JsonClient {
     agent: ureq::Agent,

@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use ce_core::{Classify, ErrorCode};
-use ce_http::{Failure, JsonClient, snippet};
+use ce_http::{Class, Failure, JsonClient, snippet};
 use serde::{Deserialize, Serialize};
 
 /// Largest answer body read.
@@ -324,33 +324,21 @@ impl ChatClient {
     }
 
     fn failed(&self, f: Failure) -> LlmError {
-        match f {
-            Failure::Timeout { after } => LlmError::Timeout { after },
-            Failure::Paused { left } => LlmError::RateLimited {
-                retry_after: Some(left),
-                message: format!(
-                    "{} asked to wait after an earlier rate limit: no request sent",
-                    self.url()
-                ),
-            },
-            Failure::RateLimited {
+        match f.class(self.client.url()) {
+            Class::Timeout(after) => LlmError::Timeout { after },
+            Class::RateLimited {
                 retry_after,
                 message,
             } => LlmError::RateLimited {
                 retry_after,
                 message,
             },
-            Failure::Status {
+            Class::Provider {
                 status,
                 message,
                 retryable,
             } => LlmError::Provider {
-                status: Some(status),
-                message,
-                retryable,
-            },
-            Failure::Transport { message, retryable } => LlmError::Provider {
-                status: None,
+                status,
                 message,
                 retryable,
             },

@@ -5,5 +5,5 @@
 pub mod sentences;
 pub mod tokenize;
 
-pub use sentences::{Block, BlockKind, Sentence, blocks};
+pub use sentences::{Block, BlockKind, Sentence, blocks, is_cjk};
 pub use tokenize::tokenize;

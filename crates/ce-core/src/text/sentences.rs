@@ -228,17 +228,10 @@ fn join_line(text: &mut String, line: &str) {
     text.push_str(line);
 }
 
-/// CJK ideographs and punctuation, where a line break is not a space.
-fn is_cjk(c: char) -> bool {
-    matches!(
-        c,
-        '\u{3000}'..='\u{303F}'
-            | '\u{3400}'..='\u{4DBF}'
-            | '\u{4E00}'..='\u{9FFF}'
-            | '\u{F900}'..='\u{FAFF}'
-            | '\u{FF00}'..='\u{FFEF}'
-            | '\u{20000}'..='\u{2FA1F}'
-    )
+/// Han ideographs and CJK or full-width punctuation: around them a line break is not a
+/// space, and sentences are joined without one.
+pub fn is_cjk(c: char) -> bool {
+    super::tokenize::is_han(c) || matches!(c, '\u{3000}'..='\u{303F}' | '\u{FF00}'..='\u{FFEF}')
 }
 
 /// Closing quotes and brackets that stay with the sentence they end.

@@ -46,7 +46,7 @@ fn class(c: char) -> Class {
 }
 
 /// Han ideographs: the unified blocks with their extensions and the compatibility blocks.
-fn is_han(c: char) -> bool {
+pub(crate) fn is_han(c: char) -> bool {
     matches!(
         c,
         '\u{3400}'..='\u{4DBF}'

@@ -21,7 +21,7 @@ pub mod rank;
 
 use std::time::Duration;
 
-use ce_core::text::{Block, BlockKind, blocks};
+use ce_core::text::{Block, BlockKind, blocks, is_cjk};
 
 use crate::generator::{
     Budget, Child, DeriveError, DeriveInput, Derived, Generator, GeneratorIdentity,
@@ -395,17 +395,12 @@ fn chars(s: &str) -> usize {
 fn join<'a>(parts: impl Iterator<Item = &'a str>) -> String {
     let mut out = String::new();
     for p in parts {
-        if !out.is_empty() && !out.chars().next_back().is_some_and(is_wide) {
+        if !out.is_empty() && !out.chars().next_back().is_some_and(is_cjk) {
             out.push(' ');
         }
         out.push_str(p);
     }
     out
-}
-
-/// Full-width punctuation and CJK ideographs, after which no space is written.
-fn is_wide(c: char) -> bool {
-    matches!(c, '\u{3000}'..='\u{9FFF}' | '\u{F900}'..='\u{FAFF}' | '\u{FF00}'..='\u{FFEF}')
 }
 
 /// `s` cut to at most `max` characters, at a word boundary when there is one in the second
