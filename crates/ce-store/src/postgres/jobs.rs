@@ -28,7 +28,7 @@ use crate::jobs::rows::{
     JOB_COLUMNS, JobColumns, JobTx, LIVE_STATES_SQL, StoredJob, job_count, job_params, list_query,
     update_sql,
 };
-use crate::jobs::{JobCount, JobFilter};
+use crate::jobs::{JobCount, JobFilter, JobState};
 
 /// First key of the advisory locks that serialize the claims of one job type ("cejb");
 /// two-key advisory locks never collide with the one-key locks of source writes and
@@ -75,6 +75,15 @@ fn one(tx: &mut Tx<'_>, sql: &str, arg: &str) -> Result<Option<StoredJob>> {
         .transpose()
 }
 
+/// A job that can be claimed now (enqueued, or retried by an operator) wakes the runners of
+/// every process at commit, through the outbox's channel that their engines listen on;
+/// delayed jobs and backoffs are found by the runners' polling.
+fn wake_if_runnable(tx: &mut Tx<'_>, job: &StoredJob) {
+    if job.job.state == JobState::Pending {
+        tx.appended();
+    }
+}
+
 /// Runs `sql` with the columns of `job` as parameters 1 to 19.
 fn execute_with(tx: &mut Tx<'_>, sql: &str, job: &StoredJob) -> Result<u64> {
     let c = JobColumns::of(job)?;
@@ -84,7 +93,11 @@ fn execute_with(tx: &mut Tx<'_>, sql: &str, job: &StoredJob) -> Result<u64> {
 
 impl JobTx for PgTx<'_, '_> {
     fn insert_job(&mut self, job: &StoredJob) -> Result<bool> {
-        Ok(execute_with(self.tx, &INSERT_SQL, job)? == 1)
+        let inserted = execute_with(self.tx, &INSERT_SQL, job)? == 1;
+        if inserted {
+            wake_if_runnable(self.tx, job);
+        }
+        Ok(inserted)
     }
 
     fn job_by_key(&mut self, key: &str) -> Result<Option<StoredJob>> {
@@ -112,6 +125,7 @@ impl JobTx for PgTx<'_, '_> {
 
     fn update_job(&mut self, job: &StoredJob) -> Result<()> {
         execute_with(self.tx, &UPDATE_SQL, job)?;
+        wake_if_runnable(self.tx, job);
         Ok(())
     }
 
@@ -208,6 +222,40 @@ mod tests {
     use ce_testkit::pg::TestDb;
 
     use super::{CLAIM_SQL, PgStore, WriteKind};
+
+    /// An enqueue wakes the listeners of every process after its commit (the runners wait
+    /// on the outbox's channel), so a job enqueued elsewhere starts without a poll.
+    #[test]
+    fn an_enqueue_notifies_after_commit() {
+        use std::time::Duration;
+
+        use postgres::fallible_iterator::FallibleIterator as _;
+
+        use crate::jobs::{JobSpec, JobStore as _};
+
+        let db = TestDb::create("jobs_notify");
+        let store = PgStore::open(db.url(), Config::default()).expect("open");
+        let mut listener = store.connect_client().expect("listener");
+        listener
+            .batch_execute(&format!("LISTEN {}", super::super::NOTIFY_CHANNEL))
+            .expect("listen");
+        store
+            .enqueue(JobSpec {
+                job_type: "reindex".into(),
+                payload: serde_json::json!({"consumer": "keyword"}),
+                idempotency_key: None,
+                run_at_ms: None,
+                parent_job_id: None,
+            })
+            .expect("enqueue");
+        let note = listener
+            .notifications()
+            .timeout_iter(Duration::from_secs(5))
+            .next()
+            .expect("notification")
+            .expect("notified within 5 s");
+        assert_eq!(note.channel(), "ce_outbox");
+    }
 
     /// With the statistics of a long-lived queue (a large finished history, a few hundred
     /// runnable jobs, ANALYZEd), the claim is a range scan of the partial index
