@@ -33,7 +33,7 @@ pub use openai::{OpenAiConfig, OpenAiEmbedder};
 pub use pause::RateLimitPause;
 
 /// Which vector space an embedding belongs to. Vectors of two identities never mix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ModelIdentity {
     /// `local`, `openai` or `hash`.
     pub provider: String,

@@ -22,7 +22,7 @@ pub fn uri(s: &str) -> Result<CtxUri, CoreError> {
 }
 
 /// `POST /v1/put`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutBody {
     /// Node URI.
@@ -85,7 +85,7 @@ impl PutBody {
 }
 
 /// `POST /v1/rm`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RmBody {
     /// Node URI.
@@ -102,7 +102,7 @@ pub struct RmBody {
 }
 
 /// `POST /v1/mv`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MvBody {
     /// Current URI.
@@ -115,7 +115,7 @@ pub struct MvBody {
 }
 
 /// `POST /v1/link`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkBody {
     /// Source node.
@@ -151,7 +151,7 @@ impl LinkBody {
 }
 
 /// `POST /v1/unlink`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UnlinkBody {
     /// Source node.
@@ -167,7 +167,7 @@ pub struct UnlinkBody {
 }
 
 /// `POST /v1/outbox/append`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AppendBody {
     /// Event type, e.g. `UPSERT_CONTEXT`.
@@ -178,7 +178,7 @@ pub struct AppendBody {
 }
 
 /// `POST /v1/reindex`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReindexBody {
     /// The consumer to rebuild (default `vector`).
@@ -191,7 +191,7 @@ pub struct ReindexBody {
 }
 
 /// A reindex whose job has run: the job's report, and the job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReindexAnswer {
     /// The report of the run.
     #[serde(flatten)]
@@ -201,7 +201,7 @@ pub struct ReindexAnswer {
 }
 
 /// An enqueued job (`POST /v1/reindex` with `no_wait`, `ce reindex --no-wait`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobQueued {
     /// The job's id.
     pub job_id: String,
@@ -223,7 +223,7 @@ impl From<ce_store::Enqueued> for JobQueued {
 }
 
 /// `POST /v1/search`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchBody {
     /// The query text.
@@ -365,7 +365,7 @@ impl SearchBody {
 }
 
 /// The answer of `GET /v1/cat` and `ce cat --json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CatAnswer {
     /// Node URI.
     pub uri: CtxUri,
@@ -404,7 +404,7 @@ impl CatAnswer {
 }
 
 /// The answer of `GET /v1/outbox/show`: an event and its delivery to every consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct OutboxShowAnswer {
     /// The event.
     pub event: OutboxEvent,
@@ -413,14 +413,41 @@ pub struct OutboxShowAnswer {
 }
 
 /// The body of every error answer: `{code, message, retryable}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorBody {
     /// Stable error code, e.g. `not_found`.
+    #[schemars(with = "ce_core::ErrorCode")]
     pub code: String,
     /// What went wrong.
     pub message: String,
     /// Whether retrying later can succeed.
     pub retryable: bool,
+}
+
+/// The answer of `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schemars(extend("const" = "ok"))]
+    pub status: String,
+}
+
+/// The answer of `GET /readyz` when the server is ready.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Ready {
+    /// Always true.
+    #[schemars(extend("const" = true))]
+    pub ready: bool,
+}
+
+/// The answer of `GET /readyz` when the server is not ready (503, retryable).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NotReady {
+    /// `unavailable`, the message and `retryable: true`.
+    #[serde(flatten)]
+    pub error: ErrorBody,
+    /// Why, one reason per consumer or input that is not ready.
+    pub reasons: Vec<String>,
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::handlers::{Answer, Q, blocking, params};
+use super::openapi::{Param, schema};
 use crate::engine::Engine;
 use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
 use crate::jobs::reindex::{ReindexPayload, report_of};
@@ -22,6 +23,13 @@ use crate::wire::{JobQueued, ReindexAnswer, ReindexBody};
 
 /// Jobs a list answers when no `limit` is given.
 const DEFAULT_LIMIT: u32 = 100;
+
+/// `GET /v1/jobs`.
+pub(super) const LIST: &[Param] = &[
+    Param::optional("state", schema::<ce_store::JobState>(), "Only jobs in this state."),
+    Param::optional("type", schema::<String>(), "Only jobs of this type, e.g. `reindex`."),
+    Param::optional("limit", schema::<u32>(), "At most this many (default 100)."),
+];
 
 type P = Result<Path<String>, PathRejection>;
 
@@ -47,7 +55,7 @@ fn json(v: &impl Serialize) -> Result<Value, ApiError> {
 
 /// `GET /v1/jobs?state=&type=&limit=` (newest first).
 pub async fn list(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(q, &["state", "type", "limit"])?;
+    let p = params(q, LIST)?;
     let limit = p.number::<u32>("limit")?;
     ce_store::check_list_limit(limit)?;
     let filter = JobFilter {
@@ -66,7 +74,7 @@ pub async fn show(State(s): State<AppState>, id: P) -> Answer {
 }
 
 /// The body of cancel and retry: none, or `{}`.
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoFields {}
 
