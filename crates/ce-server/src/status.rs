@@ -164,7 +164,9 @@ impl ConsumerStatus {
 /// The embedding cache: what it holds (from the cache file, whichever process asks), and the
 /// counters of the process that serves (`ce serve`, `ce worker`; with `--server`, the
 /// server's) — a one-shot local `ce status` embeds nothing, so it has none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct EmbedCacheStatus {
     /// Vectors stored for the configured model.
     #[serde(default)]
@@ -181,7 +183,9 @@ pub struct EmbedCacheStatus {
 }
 
 /// Counters of the embedding cache since the engine started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct EmbedCacheCounters {
     /// Texts answered from the cache.
     pub hits: u64,

@@ -13,12 +13,34 @@ use ce_retrieval::{
     DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, HierarchicalParams, HierarchicalRequest, SearchRequest,
 };
 use ce_store::{LinkRequest, PutRequest};
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// Parses a URI field (bad input is `invalid_uri`).
 pub fn uri(s: &str) -> Result<CtxUri, CoreError> {
     Ok(CtxUri::parse(s)?)
+}
+
+/// A request body: a `T` from a JSON object only. serde's derived structs also accept an
+/// array of their fields in order (`[null, null]`), which the API's schemas do not allow.
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        not_array(d).map(Object)
+    }
+}
+
+/// Deserializes a `T` from any JSON value but an array (for a struct-typed field:
+/// `#[serde(deserialize_with = "crate::wire::not_array")]`; see [`Object`]).
+pub fn not_array<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<T, D::Error> {
+    let v = Value::deserialize(d)?;
+    if v.is_array() {
+        return Err(D::Error::custom("expected a JSON object, not an array"));
+    }
+    T::deserialize(v).map_err(D::Error::custom)
 }
 
 /// `POST /v1/put`.
@@ -236,7 +258,11 @@ pub struct SearchBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     /// Parameters of the descent in `hierarchical` mode (defaults when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_array",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hierarchical: Option<HierarchicalParams>,
     /// Vector candidates below this cosine similarity are not considered.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,7 +54,7 @@ pub struct DeadRepairBody {
     /// The action.
     pub action: DeadAction,
     /// Which dead deliveries (default: all).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::not_array")]
     pub filter: DeadFilter,
     /// Must be true for `force_done`: the caller confirms that the events need not be
     /// applied (a human decision, spec §8.3.2).

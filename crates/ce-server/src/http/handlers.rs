@@ -21,16 +21,17 @@ use super::scope::Scope;
 use crate::engine::Engine;
 use crate::error::ServerError;
 use crate::wire::{
-    self, AppendBody, CatAnswer, ErrorBody, Health, LinkBody, MvBody, NotReady, OutboxShowAnswer,
-    PutBody, Ready, RmBody, SearchBody, UnlinkBody,
+    self, AppendBody, CatAnswer, ErrorBody, Health, LinkBody, MvBody, NotReady, Object,
+    OutboxShowAnswer, PutBody, Ready, RmBody, SearchBody, UnlinkBody,
 };
 
 pub(super) type Answer = Result<Response, ApiError>;
 pub(super) type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
-pub(super) type J<T> = Result<Json<T>, JsonRejection>;
+pub(super) type J<T> = Result<Json<Object<T>>, JsonRejection>;
 
 pub(super) fn body<T>(b: J<T>) -> Result<T, ApiError> {
-    b.map(|Json(t)| t).map_err(|r| ApiError::from_json(&r))
+    b.map(|Json(Object(t))| t)
+        .map_err(|r| ApiError::from_json(&r))
 }
 
 /// The query string of a request, checked against the parameters its operation documents.
@@ -47,7 +48,11 @@ const LIMIT: Param = Param::optional("limit", schema::<u32>(), "At most this man
 /// `GET /v1/cat`.
 pub(super) const CAT: &[Param] = &[
     URI,
-    Param::optional("level", schema::<Level>(), "The layer: 0, 1 or 2 (default 2)."),
+    Param::optional(
+        "level",
+        schema::<Level>(),
+        "The layer: 0, 1 or 2 (default 2).",
+    ),
 ];
 /// `GET /v1/stat`.
 pub(super) const STAT: &[Param] = &[URI];
@@ -60,7 +65,11 @@ pub(super) const LS: &[Param] = &[Param::optional(
 /// `GET /v1/tree`.
 pub(super) const TREE: &[Param] = &[
     URI,
-    Param::optional("depth", schema::<u32>(), "Levels below the node (default: all)."),
+    Param::optional(
+        "depth",
+        schema::<u32>(),
+        "Levels below the node (default: all).",
+    ),
 ];
 /// `GET /v1/relations`.
 pub(super) const RELATIONS: &[Param] = &[URI];
@@ -68,16 +77,40 @@ pub(super) const RELATIONS: &[Param] = &[URI];
 pub(super) const RELATED: &[Param] = &[
     URI,
     Param::optional("type", schema::<String>(), "Only relations of this type."),
-    Param::optional("direction", schema::<Direction>(), "`out` (default), `in` or `both`."),
-    Param::optional("limit", schema::<usize>(), "At most this many edges (1..=1000, default 50)."),
+    Param::optional(
+        "direction",
+        schema::<Direction>(),
+        "`out` (default), `in` or `both`.",
+    ),
+    Param::optional(
+        "limit",
+        schema::<usize>(),
+        "At most this many edges (1..=1000, default 50).",
+    ),
 ];
 /// `GET /v1/outbox/list`.
 pub(super) const OUTBOX_LIST: &[Param] = &[
-    Param::optional("status", schema::<DeliveryStatus>(), "Only deliveries in this state."),
-    Param::optional("consumer", schema::<String>(), "Only this consumer's deliveries."),
+    Param::optional(
+        "status",
+        schema::<DeliveryStatus>(),
+        "Only deliveries in this state.",
+    ),
+    Param::optional(
+        "consumer",
+        schema::<String>(),
+        "Only this consumer's deliveries.",
+    ),
     Param::optional("type", schema::<EventType>(), "Only events of this type."),
-    Param::optional("after", schema::<i64>(), "Only events after this sequence number."),
-    Param::optional("after_consumer", schema::<String>(), "With `after`: the page's last consumer."),
+    Param::optional(
+        "after",
+        schema::<i64>(),
+        "Only events after this sequence number.",
+    ),
+    Param::optional(
+        "after_consumer",
+        schema::<String>(),
+        "With `after`: the page's last consumer.",
+    ),
     LIMIT,
 ];
 /// `GET /v1/outbox/show`.

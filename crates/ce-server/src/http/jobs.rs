@@ -19,15 +19,23 @@ use crate::engine::Engine;
 use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
 use crate::jobs::reindex::{ReindexPayload, report_of};
 use crate::jobs::{job_error, parse_state};
-use crate::wire::{JobQueued, ReindexAnswer, ReindexBody};
+use crate::wire::{JobQueued, Object, ReindexAnswer, ReindexBody};
 
 /// Jobs a list answers when no `limit` is given.
 const DEFAULT_LIMIT: u32 = 100;
 
 /// `GET /v1/jobs`.
 pub(super) const LIST: &[Param] = &[
-    Param::optional("state", schema::<ce_store::JobState>(), "Only jobs in this state."),
-    Param::optional("type", schema::<String>(), "Only jobs of this type, e.g. `reindex`."),
+    Param::optional(
+        "state",
+        schema::<ce_store::JobState>(),
+        "Only jobs in this state.",
+    ),
+    Param::optional(
+        "type",
+        schema::<String>(),
+        "Only jobs of this type, e.g. `reindex`.",
+    ),
     Param::optional("limit", schema::<u32>(), "At most this many (default 100)."),
 ];
 
@@ -79,14 +87,14 @@ pub async fn show(State(s): State<AppState>, id: P) -> Answer {
 pub struct NoFields {}
 
 /// A body that must be empty or `{}` (a request without `Content-Type` has none).
-fn no_fields(b: Result<Json<NoFields>, JsonRejection>) -> Result<(), ApiError> {
+fn no_fields(b: B) -> Result<(), ApiError> {
     match b {
         Ok(_) | Err(JsonRejection::MissingJsonContentType(_)) => Ok(()),
         Err(r) => Err(ApiError::from_json(&r)),
     }
 }
 
-type B = Result<Json<NoFields>, JsonRejection>;
+type B = Result<Json<Object<NoFields>>, JsonRejection>;
 
 /// Runs `change` on job `id` of a cancel or retry request.
 async fn change(
@@ -117,10 +125,10 @@ pub async fn retry(State(s): State<AppState>, id: P, b: B) -> Answer {
 /// it; a server without one (`[jobs].enabled = false`) runs it in the request.
 pub async fn reindex(
     State(s): State<AppState>,
-    b: Result<Json<ReindexBody>, JsonRejection>,
+    b: Result<Json<Object<ReindexBody>>, JsonRejection>,
 ) -> Answer {
     let body = match b {
-        Ok(Json(b)) => b,
+        Ok(Json(Object(b))) => b,
         // An empty body means the defaults.
         Err(JsonRejection::MissingJsonContentType(_)) => ReindexBody::default(),
         Err(r) => return Err(ApiError::from_json(&r)),

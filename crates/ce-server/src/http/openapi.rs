@@ -319,7 +319,11 @@ fn operation_id(method: &Method, path: &str) -> String {
 
 /// Renames the definitions of `from` whose name `taken` holds with another schema to
 /// `{name}Input`, in its definitions and in every `$ref` of `values`.
-fn rename_conflicts(from: &mut Map<String, Value>, taken: &Map<String, Value>, values: &mut [&mut Value]) {
+fn rename_conflicts(
+    from: &mut Map<String, Value>,
+    taken: &Map<String, Value>,
+    values: &mut [&mut Value],
+) {
     let renames: Vec<(String, String)> = from
         .iter()
         .filter(|(name, schema)| taken.get(*name).is_some_and(|other| other != *schema))
@@ -360,7 +364,11 @@ pub fn document(routes: &[Route], mounted: &[Mounted]) -> Value {
     let ops = routes
         .iter()
         .map(|r| (&r.method, r.path, r.access, &r.doc))
-        .chain(mounted.iter().map(|m| (&m.method, m.path, m.access, &m.doc)));
+        .chain(
+            mounted
+                .iter()
+                .map(|m| (&m.method, m.path, m.access, &m.doc)),
+        );
     // Built per operation, then merged: the request-side schemas may need renaming.
     let mut built: Vec<(&str, String, Value)> = Vec::new();
     for (method, path, access, doc) in ops {
@@ -414,8 +422,14 @@ mod tests {
         for r in ROUTES {
             assert!(ids.insert(operation_id(&r.method, r.path)), "{r:?}");
         }
-        assert_eq!(operation_id(&Method::GET, "/v1/jobs/{id}"), "get_v1_jobs_id");
-        let open: Vec<u16> = error_statuses(Access::Open, false).iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            operation_id(&Method::GET, "/v1/jobs/{id}"),
+            "get_v1_jobs_id"
+        );
+        let open: Vec<u16> = error_statuses(Access::Open, false)
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
         assert!(!open.contains(&401) && !open.contains(&413) && open.contains(&503));
         let admin = error_statuses(Access::Admin, true);
         let forbidden = admin.iter().find(|(s, _)| *s == 403).expect("403");
