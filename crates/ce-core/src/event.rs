@@ -13,7 +13,19 @@ use crate::uri::CtxUri;
 pub const EVENT_VERSION: u32 = 1;
 
 /// The four event types of spec §2.5.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum EventType {
     /// A node was created or changed.
     #[serde(rename = "UPSERT_CONTEXT")]
@@ -310,7 +322,19 @@ impl TryFrom<OutboxEventJson> for OutboxEvent {
 }
 
 /// Delivery status of one event for one consumer (spec §3.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
     /// Waiting to be claimed.

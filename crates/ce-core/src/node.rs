@@ -15,7 +15,19 @@ use crate::uri::CtxUri;
 pub type Meta = BTreeMap<String, serde_json::Value>;
 
 /// One of the three text layers of a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(try_from = "u8", into = "u8")]
 #[schemars(extend("enum" = [0, 1, 2]))]
 pub enum Level {
@@ -132,7 +144,9 @@ impl fmt::Display for ContextType {
 /// account or a container created as a missing ancestor keeps its path default
 /// ([`PathDefaults`], `resource` outside a type folder), which is why listings show the kind
 /// beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeKind {
     /// A top-level node (`ctx://{account}`).
@@ -171,8 +185,11 @@ impl fmt::Display for NodeKind {
 }
 
 /// Whose context a node is: `user:{id}`, `agent:{id}` or `shared`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
+#[schemars(extend("pattern" = "^(shared|(user|agent):[^\\s/]+)$"))]
 pub enum OwnerSpace {
     /// A user's own context.
     User(String),

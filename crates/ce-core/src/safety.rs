@@ -63,7 +63,17 @@ pub enum DeleteLimit {
 }
 
 /// A derived deletion refused by [`DeleteSafety::check`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    thiserror::Error,
+    schemars::JsonSchema,
+)]
 pub struct LargeDelete {
     /// Records it would delete.
     pub deletes: u64,

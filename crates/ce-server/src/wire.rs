@@ -48,6 +48,7 @@ pub fn not_array<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result
 #[serde(deny_unknown_fields)]
 pub struct PutBody {
     /// Node URI.
+    #[schemars(with = "CtxUri")]
     pub uri: String,
     /// L0 text.
     #[serde(rename = "abstract", default, skip_serializing_if = "Option::is_none")]
@@ -60,18 +61,21 @@ pub struct PutBody {
     pub content: Option<String>,
     /// `memory`, `resource`, `skill` or `session` (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::ContextType>")]
     pub context_type: Option<String>,
     /// Category (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
     /// `user:ID`, `agent:ID` or `shared` (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::OwnerSpace>")]
     pub owner_space: Option<String>,
     /// Metadata (any JSON values; in `merge` mode a `null` removes a key).
     #[serde(default, skip_serializing_if = "Meta::is_empty")]
     pub meta: Meta,
     /// `replace` (default), `merge` or `append`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_store::PutMode>")]
     pub mode: Option<String>,
     /// Fail with `version_conflict` unless the stored version is this (0 = must not exist).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +115,7 @@ impl PutBody {
 #[serde(deny_unknown_fields)]
 pub struct RmBody {
     /// Node URI.
+    #[schemars(with = "CtxUri")]
     pub uri: String,
     /// Remove the whole subtree.
     #[serde(default)]
@@ -128,8 +133,10 @@ pub struct RmBody {
 #[serde(deny_unknown_fields)]
 pub struct MvBody {
     /// Current URI.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// New URI.
+    #[schemars(with = "CtxUri")]
     pub to: String,
     /// Trace id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,11 +148,14 @@ pub struct MvBody {
 #[serde(deny_unknown_fields)]
 pub struct LinkBody {
     /// Source node.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// Target node.
+    #[schemars(with = "CtxUri")]
     pub to: String,
-    /// Relation type.
+    /// Relation type (1-64 bytes; no whitespace, `|` or control characters).
     #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\s|]+$"))]
     pub relation_type: String,
     /// Weight (default 1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,11 +187,14 @@ impl LinkBody {
 #[serde(deny_unknown_fields)]
 pub struct UnlinkBody {
     /// Source node.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// Target node.
+    #[schemars(with = "CtxUri")]
     pub to: String,
-    /// Relation type.
+    /// Relation type (1-64 bytes; no whitespace, `|` or control characters).
     #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\s|]+$"))]
     pub relation_type: String,
     /// Trace id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +207,7 @@ pub struct UnlinkBody {
 pub struct AppendBody {
     /// Event type, e.g. `UPSERT_CONTEXT`.
     #[serde(rename = "type")]
+    #[schemars(with = "ce_core::EventType")]
     pub event_type: String,
     /// The payload object.
     pub payload: Value,
@@ -248,14 +262,18 @@ impl From<ce_store::Enqueued> for JobQueued {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchBody {
-    /// The query text.
+    /// The query text (not blank). A query over 16 KiB is refused with 413
+    /// `payload_too_large`, not as a malformed body, so the schema sets no maximum.
+    #[schemars(length(min = 1))]
     pub query: String,
     /// Number of nodes to return (default 10, at most 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = ce_retrieval::MAX_TOP_K))]
     pub top_k: Option<usize>,
     /// `vector`, `keyword`, `hybrid` (default: `retrieval.default_mode`) or `hierarchical`
     /// (answered by `POST /v1/search` with the hierarchical answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["vector", "keyword", "hybrid", "hierarchical", null]))]
     pub mode: Option<String>,
     /// Parameters of the descent in `hierarchical` mode (defaults when absent).
     #[serde(
@@ -269,21 +287,26 @@ pub struct SearchBody {
     pub min_score: Option<f32>,
     /// Only records of this level (0, 1 or 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Level>")]
     pub level: Option<i64>,
     /// Only nodes at or below this URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<CtxUri>")]
     pub subtree: Option<String>,
     /// Only direct children of this URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<CtxUri>")]
     pub parent_uri: Option<String>,
     /// Only this context type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::ContextType>")]
     pub context_type: Option<String>,
     /// Only this category.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
     /// Only these owner spaces (any of them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<ce_core::OwnerSpace>")]
     pub owner_space: Vec<String>,
     /// Only this account.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 
 /// How `put` combines the request with an existing node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PutMode {
     /// The node becomes exactly the request: absent layers become empty, meta is replaced.

@@ -24,6 +24,7 @@ use crate::wire::{
     self, AppendBody, CatAnswer, ErrorBody, Health, LinkBody, MvBody, NotReady, Object,
     OutboxShowAnswer, PutBody, Ready, RmBody, SearchBody, UnlinkBody,
 };
+use schemars::{Schema, SchemaGenerator, json_schema};
 
 pub(super) type Answer = Result<Response, ApiError>;
 pub(super) type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
@@ -44,7 +45,17 @@ pub(super) fn params(q: Q, allowed: &[Param]) -> Result<Params, ApiError> {
 /// No query parameters.
 pub(super) const NONE: &[Param] = &[];
 const URI: Param = Param::required("uri", schema::<CtxUri>(), "The node.");
-const LIMIT: Param = Param::optional("limit", schema::<u32>(), "At most this many.");
+const LIMIT: Param = Param::optional("limit", list_limit, "At most this many rows (1..=10000).");
+
+/// The schema of a list's `limit` (see `ce_store::check_list_limit`).
+pub(super) fn list_limit(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "minimum": 1, "maximum": ce_store::MAX_LIST_LIMIT})
+}
+
+/// The schema of `GET /v1/related`'s `limit`.
+fn related_limit(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "minimum": 1, "maximum": ce_retrieval::MAX_RELATED_LIMIT})
+}
 /// `GET /v1/cat`.
 pub(super) const CAT: &[Param] = &[
     URI,
@@ -84,7 +95,7 @@ pub(super) const RELATED: &[Param] = &[
     ),
     Param::optional(
         "limit",
-        schema::<usize>(),
+        related_limit,
         "At most this many edges (1..=1000, default 50).",
     ),
 ];

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::handlers::{Answer, Q, blocking, params};
+use super::handlers::{Answer, Q, blocking, list_limit, params};
 use super::openapi::{Param, schema};
 use crate::engine::Engine;
 use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
@@ -36,7 +36,11 @@ pub(super) const LIST: &[Param] = &[
         schema::<String>(),
         "Only jobs of this type, e.g. `reindex`.",
     ),
-    Param::optional("limit", schema::<u32>(), "At most this many (default 100)."),
+    Param::optional(
+        "limit",
+        list_limit,
+        "At most this many (1..=10000, default 100).",
+    ),
 ];
 
 type P = Result<Path<String>, PathRejection>;

@@ -37,7 +37,19 @@ pub(crate) mod rows;
 pub use machine::{MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES};
 
 /// The lifecycle state of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Runnable now.
