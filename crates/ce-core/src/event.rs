@@ -219,6 +219,13 @@ impl EventPayload {
             event_type: t.as_str(),
             reason: e.to_string(),
         };
+        // serde's derived structs would also take an array of the fields in order.
+        if !payload.is_object() {
+            return Err(CoreError::InvalidPayload {
+                event_type: t.as_str(),
+                reason: "the payload must be a JSON object".into(),
+            });
+        }
         let p = match t {
             EventType::UpsertContext => {
                 EventPayload::UpsertContext(serde_json::from_value(payload.clone()).map_err(bad)?)
@@ -451,6 +458,13 @@ pub struct Delivery {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_payload_is_an_object_not_an_array_of_its_fields() {
+        let e = EventPayload::parse("DELETE_CONTEXT", &json!([1, "ctx://a/b", 3, true, "t"]))
+            .expect_err("array");
+        assert!(e.to_string().contains("must be a JSON object"), "{e}");
+    }
 
     #[test]
     fn parses_spec_payloads() {

@@ -209,7 +209,8 @@ pub struct AppendBody {
     #[serde(rename = "type")]
     #[schemars(with = "ce_core::EventType")]
     pub event_type: String,
-    /// The payload object.
+    /// The payload object (its fields depend on the type).
+    #[schemars(with = "ce_core::EventPayload")]
     pub payload: Value,
 }
 
