@@ -11,6 +11,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::uri::UriError;
 
+/// In JSON an error code is one of the names of [`ErrorCode::ALL`].
+impl schemars::JsonSchema for ErrorCode {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ErrorCode".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        schemars::json_schema!({
+            "description": "A stable, machine-readable error code.",
+            "type": "string",
+            "enum": names,
+        })
+    }
+}
+
 /// A stable, machine-readable error code. In JSON it is the snake_case name of
 /// [`ErrorCode::as_str`], the one table of names (a new variant goes into [`ErrorCode::ALL`]
 /// too, so that it parses).

@@ -13,7 +13,19 @@ use crate::uri::CtxUri;
 pub const EVENT_VERSION: u32 = 1;
 
 /// The four event types of spec §2.5.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum EventType {
     /// A node was created or changed.
     #[serde(rename = "UPSERT_CONTEXT")]
@@ -63,7 +75,7 @@ impl fmt::Display for EventType {
 }
 
 /// Why a node was upserted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum UpsertReason {
     /// The node did not exist.
@@ -79,7 +91,7 @@ pub enum UpsertReason {
 }
 
 /// `UPSERT_CONTEXT` payload (spec §3.1.1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpsertContextPayload {
     /// Always [`EVENT_VERSION`].
@@ -95,7 +107,7 @@ pub struct UpsertContextPayload {
 }
 
 /// `DELETE_CONTEXT` payload (spec §3.1.2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteContextPayload {
     /// Always [`EVENT_VERSION`].
@@ -111,7 +123,7 @@ pub struct DeleteContextPayload {
 }
 
 /// `MOVE_CONTEXT` payload (spec §3.1.3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveContextPayload {
     /// Always [`EVENT_VERSION`].
@@ -131,7 +143,7 @@ pub struct MoveContextPayload {
 }
 
 /// `UPSERT_RELATION` payload (spec §3.1.4).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpsertRelationPayload {
     /// Always [`EVENT_VERSION`].
@@ -147,7 +159,7 @@ pub struct UpsertRelationPayload {
 }
 
 /// How a relation event applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RelationMode {
     /// The edge set replaces the indexed one.
@@ -155,7 +167,7 @@ pub enum RelationMode {
 }
 
 /// A typed event payload.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum EventPayload {
     /// `UPSERT_CONTEXT`.
@@ -207,6 +219,13 @@ impl EventPayload {
             event_type: t.as_str(),
             reason: e.to_string(),
         };
+        // serde's derived structs would also take an array of the fields in order.
+        if !payload.is_object() {
+            return Err(CoreError::InvalidPayload {
+                event_type: t.as_str(),
+                reason: "the payload must be a JSON object".into(),
+            });
+        }
         let p = match t {
             EventType::UpsertContext => {
                 EventPayload::UpsertContext(serde_json::from_value(payload.clone()).map_err(bad)?)
@@ -267,7 +286,7 @@ pub struct OutboxEventCreate {
 
 /// An event of the journal. In JSON the payload is an object of its event type's schema; it
 /// is decoded and validated by `event_type` ([`EventPayload::parse`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "OutboxEventJson")]
 pub struct OutboxEvent {
     /// Global, gap-tolerant, strictly increasing sequence.
@@ -285,7 +304,7 @@ pub struct OutboxEvent {
 }
 
 /// [`OutboxEvent`] as it is read from JSON, before its payload is decoded by its type.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 struct OutboxEventJson {
     seq: i64,
     event_id: String,
@@ -310,7 +329,19 @@ impl TryFrom<OutboxEventJson> for OutboxEvent {
 }
 
 /// Delivery status of one event for one consumer (spec §3.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
     /// Waiting to be claimed.
@@ -396,7 +427,7 @@ impl fmt::Display for DeliveryStatus {
 }
 
 /// The delivery state of one event for one consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Delivery {
     /// Consumer name.
     pub consumer: String,
@@ -427,6 +458,13 @@ pub struct Delivery {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_payload_is_an_object_not_an_array_of_its_fields() {
+        let e = EventPayload::parse("DELETE_CONTEXT", &json!([1, "ctx://a/b", 3, true, "t"]))
+            .expect_err("array");
+        assert!(e.to_string().contains("must be a JSON object"), "{e}");
+    }
 
     #[test]
     fn parses_spec_payloads() {

@@ -15,8 +15,21 @@ use crate::uri::CtxUri;
 pub type Meta = BTreeMap<String, serde_json::Value>;
 
 /// One of the three text layers of a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(try_from = "u8", into = "u8")]
+#[schemars(extend("enum" = [0, 1, 2]))]
 pub enum Level {
     /// L0, the abstract: one or two sentences.
     L0,
@@ -79,7 +92,7 @@ impl fmt::Display for Level {
 }
 
 /// What kind of context a node holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ContextType {
     /// Something an agent remembers about a user, an entity or an event.
@@ -131,7 +144,9 @@ impl fmt::Display for ContextType {
 /// account or a container created as a missing ancestor keeps its path default
 /// ([`PathDefaults`], `resource` outside a type folder), which is why listings show the kind
 /// beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeKind {
     /// A top-level node (`ctx://{account}`).
@@ -170,8 +185,11 @@ impl fmt::Display for NodeKind {
 }
 
 /// Whose context a node is: `user:{id}`, `agent:{id}` or `shared`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
+#[schemars(extend("pattern" = "^(shared|(user|agent):[^\\s/]+)$"))]
 pub enum OwnerSpace {
     /// A user's own context.
     User(String),
@@ -354,7 +372,7 @@ impl ContextNode {
 }
 
 /// A typed edge between two nodes, owned by its `from` node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RelationEdge {
     /// Source node.
     pub from_uri: CtxUri,

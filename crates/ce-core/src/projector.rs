@@ -123,7 +123,7 @@ pub struct IndexProjector {
 }
 
 /// The layer an index level's text comes from ([`IndexProjector::level_source`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LevelSource {
     /// The layer whose text is used.
     pub level: Level,

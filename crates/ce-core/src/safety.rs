@@ -52,7 +52,7 @@ impl DeleteSafety {
 }
 
 /// Which limit of the policy a deletion passes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeleteLimit {
     /// More than [`DeleteSafety::MAX_DELETES`] records.
@@ -63,7 +63,17 @@ pub enum DeleteLimit {
 }
 
 /// A derived deletion refused by [`DeleteSafety::check`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    thiserror::Error,
+    schemars::JsonSchema,
+)]
 pub struct LargeDelete {
     /// Records it would delete.
     pub deletes: u64,

@@ -273,8 +273,14 @@ fn check_segment(uri: &str, segment: &str) -> Result<(), UriError> {
 }
 
 /// A canonical `ctx://` URI. Construct it with [`CtxUri::parse`]; every value is canonical.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
+#[schemars(
+    description = "A `ctx://` URI: `ctx://ACCOUNT/segment/...` (`ctx://` alone is the root).",
+    extend("pattern" = "^ctx://")
+)]
 pub struct CtxUri(String);
 
 impl CtxUri {

@@ -35,7 +35,7 @@ pub use local::{LocalEmbedder, default_model_dir};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
 
 /// Which vector space an embedding belongs to. Vectors of two identities never mix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ModelIdentity {
     /// `local`, `openai` or `hash`.
     pub provider: String,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 
 /// How far behind the source of truth one index a request read is, within its scope.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct IndexLag {
     /// The index, named as its outbox consumer (`vector`, `keyword`, `relation`).
     pub index: String,

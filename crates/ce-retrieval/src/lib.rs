@@ -72,7 +72,7 @@ pub const SNIPPET_CHARS: usize = 200;
 pub const DEFAULT_EMBED_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a search finds its candidates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SearchMode {
     /// Embedding similarity (cosine) over the vector index.
@@ -214,7 +214,7 @@ impl SearchRequest {
 
 /// Ranks of a hybrid hit in each mode's node ranking (from 1; `None`: not among its
 /// candidates).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ModeRanks {
     /// Rank by vector similarity.
     pub vector: Option<usize>,
@@ -223,7 +223,7 @@ pub struct ModeRanks {
 }
 
 /// One node found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SearchHit {
     /// The node.
     pub uri: CtxUri,
@@ -257,7 +257,7 @@ pub struct SearchHit {
 }
 
 /// Where the time went, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SearchTimings {
     /// Embedding the query.
     pub embed_ms: f64,
@@ -279,7 +279,7 @@ pub struct SearchTimings {
 pub const AUTO_MODE: &str = "auto";
 
 /// The answer of a search.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SearchResponse {
     /// The mode asked for: the request's, else `retrieval.default_mode`'s, else
     /// [`AUTO_MODE`].

@@ -50,7 +50,7 @@ impl RelatedRequest {
 }
 
 /// One edge found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RelatedEdge {
     /// The owner of the edge.
     pub from_uri: CtxUri,
@@ -72,7 +72,7 @@ pub struct RelatedEdge {
 }
 
 /// The answer of [`related`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RelatedResponse {
     /// The node asked about.
     pub uri: CtxUri,

@@ -34,7 +34,7 @@ use crate::lag::{self, IndexLag};
 use crate::{Result, RetrievalError, SearchRequest, VectorSide, embed_query, ms};
 
 /// Parameters of [`hierarchical_search`] (defaults in [`HierarchicalParams::default`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HierarchicalParams {
     /// L0 records asked for by the seed search (1..=200).
@@ -103,7 +103,7 @@ pub struct HierarchicalRequest {
 }
 
 /// One container on a hit's path.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PathStep {
     /// The container.
     pub uri: CtxUri,
@@ -115,7 +115,7 @@ pub struct PathStep {
 }
 
 /// One leaf found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HierarchicalHit {
     /// The node.
     pub uri: CtxUri,
@@ -139,7 +139,7 @@ pub struct HierarchicalHit {
 }
 
 /// Counters and timings of one hierarchical search.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HierarchicalStats {
     /// Containers expanded.
     pub containers_expanded: usize,
@@ -158,7 +158,7 @@ pub struct HierarchicalStats {
 }
 
 /// The answer of [`hierarchical_search`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HierarchicalResponse {
     /// Leaves found, best first (at most `top_k`).
     pub hits: Vec<HierarchicalHit>,

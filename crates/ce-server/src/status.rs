@@ -23,7 +23,7 @@ pub enum Applier {
 
 /// Validation state of a consumer (spec "Delta Validation"; docs/indexing.md). Only
 /// [`Validation::AppliedValid`] means the index holds everything the journal holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Validation {
     /// A required input is missing: the consumer cannot apply events.
@@ -88,7 +88,7 @@ impl Validation {
 }
 
 /// Delivery counts, lag and validation of one consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ConsumerStatus {
     /// Consumer name.
     pub consumer: String,
@@ -164,7 +164,9 @@ impl ConsumerStatus {
 /// The embedding cache: what it holds (from the cache file, whichever process asks), and the
 /// counters of the process that serves (`ce serve`, `ce worker`; with `--server`, the
 /// server's) — a one-shot local `ce status` embeds nothing, so it has none.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct EmbedCacheStatus {
     /// Vectors stored for the configured model.
     #[serde(default)]
@@ -181,7 +183,9 @@ pub struct EmbedCacheStatus {
 }
 
 /// Counters of the embedding cache since the engine started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct EmbedCacheCounters {
     /// Texts answered from the cache.
     pub hits: u64,
@@ -211,7 +215,7 @@ impl From<CacheStats> for EmbedCacheCounters {
 }
 
 /// `GET /v1/status`, `ce status`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Status {
     /// Whether the engine can index and search.
     pub ready: bool,
@@ -255,7 +259,7 @@ pub struct Status {
 
 /// The jobs of `Status::jobs`: counts from the store (every process's jobs), and whether a
 /// runner runs in the answering process.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobsStatus {
     /// `[jobs].enabled`: whether `ce serve` and `ce worker` run due jobs.
     pub enabled: bool,
@@ -270,7 +274,7 @@ pub struct JobsStatus {
 }
 
 /// One open hold of `Status::holds`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HoldStatus {
     /// The hold's id (an import's `hold` in its report).
     pub id: String,
@@ -283,7 +287,7 @@ pub struct HoldStatus {
 }
 
 /// `POST /v1/reindex`, `ce reindex`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReindexReport {
     /// The consumer rebuilt.
     pub consumer: String,

@@ -13,7 +13,8 @@ use ce_retrieval::{
     DEFAULT_EMBED_TIMEOUT, DEFAULT_TOP_K, HierarchicalParams, HierarchicalRequest, SearchRequest,
 };
 use ce_store::{LinkRequest, PutRequest};
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// Parses a URI field (bad input is `invalid_uri`).
@@ -21,11 +22,33 @@ pub fn uri(s: &str) -> Result<CtxUri, CoreError> {
     Ok(CtxUri::parse(s)?)
 }
 
+/// A request body: a `T` from a JSON object only. serde's derived structs also accept an
+/// array of their fields in order (`[null, null]`), which the API's schemas do not allow.
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        not_array(d).map(Object)
+    }
+}
+
+/// Deserializes a `T` from any JSON value but an array (for a struct-typed field:
+/// `#[serde(deserialize_with = "crate::wire::not_array")]`; see [`Object`]).
+pub fn not_array<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<T, D::Error> {
+    let v = Value::deserialize(d)?;
+    if v.is_array() {
+        return Err(D::Error::custom("expected a JSON object, not an array"));
+    }
+    T::deserialize(v).map_err(D::Error::custom)
+}
+
 /// `POST /v1/put`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutBody {
     /// Node URI.
+    #[schemars(with = "CtxUri")]
     pub uri: String,
     /// L0 text.
     #[serde(rename = "abstract", default, skip_serializing_if = "Option::is_none")]
@@ -38,18 +61,21 @@ pub struct PutBody {
     pub content: Option<String>,
     /// `memory`, `resource`, `skill` or `session` (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::ContextType>")]
     pub context_type: Option<String>,
     /// Category (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
     /// `user:ID`, `agent:ID` or `shared` (default: from the path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::OwnerSpace>")]
     pub owner_space: Option<String>,
     /// Metadata (any JSON values; in `merge` mode a `null` removes a key).
     #[serde(default, skip_serializing_if = "Meta::is_empty")]
     pub meta: Meta,
     /// `replace` (default), `merge` or `append`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_store::PutMode>")]
     pub mode: Option<String>,
     /// Fail with `version_conflict` unless the stored version is this (0 = must not exist).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,10 +111,11 @@ impl PutBody {
 }
 
 /// `POST /v1/rm`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RmBody {
     /// Node URI.
+    #[schemars(with = "CtxUri")]
     pub uri: String,
     /// Remove the whole subtree.
     #[serde(default)]
@@ -102,12 +129,14 @@ pub struct RmBody {
 }
 
 /// `POST /v1/mv`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MvBody {
     /// Current URI.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// New URI.
+    #[schemars(with = "CtxUri")]
     pub to: String,
     /// Trace id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,15 +144,18 @@ pub struct MvBody {
 }
 
 /// `POST /v1/link`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkBody {
     /// Source node.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// Target node.
+    #[schemars(with = "CtxUri")]
     pub to: String,
-    /// Relation type.
+    /// Relation type (1-64 bytes; no whitespace, `|` or control characters).
     #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\s|]+$"))]
     pub relation_type: String,
     /// Weight (default 1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,15 +183,18 @@ impl LinkBody {
 }
 
 /// `POST /v1/unlink`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UnlinkBody {
     /// Source node.
+    #[schemars(with = "CtxUri")]
     pub from: String,
     /// Target node.
+    #[schemars(with = "CtxUri")]
     pub to: String,
-    /// Relation type.
+    /// Relation type (1-64 bytes; no whitespace, `|` or control characters).
     #[serde(rename = "type")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\s|]+$"))]
     pub relation_type: String,
     /// Trace id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,18 +202,20 @@ pub struct UnlinkBody {
 }
 
 /// `POST /v1/outbox/append`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AppendBody {
     /// Event type, e.g. `UPSERT_CONTEXT`.
     #[serde(rename = "type")]
+    #[schemars(with = "ce_core::EventType")]
     pub event_type: String,
-    /// The payload object.
+    /// The payload object (its fields depend on the type).
+    #[schemars(with = "ce_core::EventPayload")]
     pub payload: Value,
 }
 
 /// `POST /v1/reindex`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReindexBody {
     /// The consumer to rebuild (default `vector`).
@@ -191,7 +228,7 @@ pub struct ReindexBody {
 }
 
 /// A reindex whose job has run: the job's report, and the job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReindexAnswer {
     /// The report of the run.
     #[serde(flatten)]
@@ -201,7 +238,7 @@ pub struct ReindexAnswer {
 }
 
 /// An enqueued job (`POST /v1/reindex` with `no_wait`, `ce reindex --no-wait`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobQueued {
     /// The job's id.
     pub job_id: String,
@@ -223,41 +260,54 @@ impl From<ce_store::Enqueued> for JobQueued {
 }
 
 /// `POST /v1/search`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchBody {
-    /// The query text.
+    /// The query text (not blank). A query over 16 KiB is refused with 413
+    /// `payload_too_large`, not as a malformed body, so the schema sets no maximum.
+    #[schemars(length(min = 1))]
     pub query: String,
     /// Number of nodes to return (default 10, at most 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = ce_retrieval::MAX_TOP_K))]
     pub top_k: Option<usize>,
     /// `vector`, `keyword`, `hybrid` (default: `retrieval.default_mode`) or `hierarchical`
     /// (answered by `POST /v1/search` with the hierarchical answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["vector", "keyword", "hybrid", "hierarchical", null]))]
     pub mode: Option<String>,
     /// Parameters of the descent in `hierarchical` mode (defaults when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "not_array",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hierarchical: Option<HierarchicalParams>,
     /// Vector candidates below this cosine similarity are not considered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_score: Option<f32>,
     /// Only records of this level (0, 1 or 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Level>")]
     pub level: Option<i64>,
     /// Only nodes at or below this URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<CtxUri>")]
     pub subtree: Option<String>,
     /// Only direct children of this URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<CtxUri>")]
     pub parent_uri: Option<String>,
     /// Only this context type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ce_core::ContextType>")]
     pub context_type: Option<String>,
     /// Only this category.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
     /// Only these owner spaces (any of them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<ce_core::OwnerSpace>")]
     pub owner_space: Vec<String>,
     /// Only this account.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -365,7 +415,7 @@ impl SearchBody {
 }
 
 /// The answer of `GET /v1/cat` and `ce cat --json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CatAnswer {
     /// Node URI.
     pub uri: CtxUri,
@@ -404,7 +454,7 @@ impl CatAnswer {
 }
 
 /// The answer of `GET /v1/outbox/show`: an event and its delivery to every consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct OutboxShowAnswer {
     /// The event.
     pub event: OutboxEvent,
@@ -413,14 +463,41 @@ pub struct OutboxShowAnswer {
 }
 
 /// The body of every error answer: `{code, message, retryable}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorBody {
     /// Stable error code, e.g. `not_found`.
+    #[schemars(with = "ce_core::ErrorCode")]
     pub code: String,
     /// What went wrong.
     pub message: String,
     /// Whether retrying later can succeed.
     pub retryable: bool,
+}
+
+/// The answer of `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schemars(extend("const" = "ok"))]
+    pub status: String,
+}
+
+/// The answer of `GET /readyz` when the server is ready.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Ready {
+    /// Always true.
+    #[schemars(extend("const" = true))]
+    pub ready: bool,
+}
+
+/// The answer of `GET /readyz` when the server is not ready (503, retryable).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NotReady {
+    /// `unavailable`, the message and `retryable: true`.
+    #[serde(flatten)]
+    pub error: ErrorBody,
+    /// Why, one reason per consumer or input that is not ready.
+    pub reasons: Vec<String>,
 }
 
 #[cfg(test)]

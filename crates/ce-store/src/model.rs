@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 
 /// How `put` combines the request with an existing node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PutMode {
     /// The node becomes exactly the request: absent layers become empty, meta is replaced.
@@ -65,7 +65,7 @@ pub struct PutRequest {
 }
 
 /// What a mutation did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WriteOutcome {
     /// The node written, removed or moved (its new URI for a move).
     pub uri: CtxUri,
@@ -101,7 +101,7 @@ pub enum UriVersion {
 }
 
 /// A node without its text, plus sizes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct NodeStat {
     /// URI.
     pub uri: CtxUri,
@@ -135,7 +135,7 @@ pub struct NodeStat {
 }
 
 /// A node's edges in both directions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct Relations {
     /// Edges from the node.
     pub outgoing: Vec<RelationEdge>,
@@ -324,7 +324,7 @@ pub fn check_list_limit(limit: Option<u32>) -> Result<()> {
 /// Which dead deliveries a repair acts on ([`OutboxStore::count_dead`],
 /// [`OutboxStore::requeue_dead_matching`], [`OutboxStore::force_done`]): every set field must
 /// match. Deliveries of consumers no longer configured are never touched.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeadFilter {
     /// Only this consumer.
@@ -352,7 +352,7 @@ pub type DeadCounts = std::collections::BTreeMap<String, u64>;
 pub const FORCED_DONE_CODE: &str = "forced_done";
 
 /// One row of `outbox list`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeliveryRow {
     /// The event.
     pub event: OutboxEvent,
@@ -361,7 +361,7 @@ pub struct DeliveryRow {
 }
 
 /// Delivery counts of one consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct ConsumerStats {
     /// Consumer name.
     pub consumer: String,
@@ -403,7 +403,7 @@ pub struct ConsumerLag {
 }
 
 /// A consumer's most recent failure (see [`ConsumerStats::last_error`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ConsumerError {
     /// Sequence of the failed delivery.
     pub seq: i64,

@@ -12,6 +12,7 @@ mod jobs;
 mod kill_server;
 mod layout;
 mod nodes;
+mod openapi;
 mod outbox;
 mod postgres;
 mod python_client;

@@ -137,7 +137,9 @@ pub struct RelationRecord {
 }
 
 /// The direction of [`RelationIndex::related`], seen from the URI asked about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// Edges from the URI (it owns them).

@@ -63,7 +63,7 @@ pub enum IndexView<'a> {
 
 /// One kind of finding: how many records, on how many URIs (nodes, or relation owners), and
 /// the first [`SAMPLES`] of those URIs in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Finding {
     /// Records concerned.
     pub records: u64,
@@ -85,7 +85,7 @@ impl Finding {
 }
 
 /// What a reconcile of one index found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Findings {
     /// The index's consumer.
     pub consumer: String,

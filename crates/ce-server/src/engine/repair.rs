@@ -36,7 +36,7 @@ use crate::error::{Result, ServerError};
 use crate::source::Source;
 
 /// What [`Engine::repair_dead`] does to the selected dead deliveries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeadAction {
     /// Count them, change nothing.
@@ -48,13 +48,13 @@ pub enum DeadAction {
 }
 
 /// `POST /v1/repair/dead`: what to do to which dead deliveries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadRepairBody {
     /// The action.
     pub action: DeadAction,
     /// Which dead deliveries (default: all).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::not_array")]
     pub filter: DeadFilter,
     /// Must be true for `force_done`: the caller confirms that the events need not be
     /// applied (a human decision, spec §8.3.2).
@@ -63,7 +63,7 @@ pub struct DeadRepairBody {
 }
 
 /// What [`Engine::repair_dead`] did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeadRepairReport {
     /// The action.
     pub action: DeadAction,
@@ -76,7 +76,7 @@ pub struct DeadRepairReport {
 }
 
 /// `POST /v1/repair/reconcile`: which indexes, where, and whether to append the repairs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReconcileBody {
     /// Only this consumer's index (default: every configured consumer with an index).
@@ -90,7 +90,7 @@ pub struct ReconcileBody {
 }
 
 /// One index's part of a [`ReconcileReport`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ConsumerReconcile {
     /// What was found.
     #[serde(flatten)]
@@ -108,7 +108,7 @@ pub struct ConsumerReconcile {
 }
 
 /// What [`Engine::reconcile`] found and did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReconcileReport {
     /// The subtree compared.
     pub scope: CtxUri,

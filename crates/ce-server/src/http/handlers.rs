@@ -15,27 +15,121 @@ use serde::Serialize;
 use super::AppState;
 use super::auth::Principal;
 use super::error::ApiError;
+use super::openapi::{Param, schema};
 use super::params::Params;
 use super::scope::Scope;
 use crate::engine::Engine;
 use crate::error::ServerError;
 use crate::wire::{
-    self, AppendBody, CatAnswer, LinkBody, MvBody, OutboxShowAnswer, PutBody, RmBody, SearchBody,
-    UnlinkBody,
+    self, AppendBody, CatAnswer, ErrorBody, Health, LinkBody, MvBody, NotReady, Object,
+    OutboxShowAnswer, PutBody, Ready, RmBody, SearchBody, UnlinkBody,
 };
+use schemars::{Schema, SchemaGenerator, json_schema};
 
 pub(super) type Answer = Result<Response, ApiError>;
 pub(super) type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
-pub(super) type J<T> = Result<Json<T>, JsonRejection>;
+pub(super) type J<T> = Result<Json<Object<T>>, JsonRejection>;
 
 pub(super) fn body<T>(b: J<T>) -> Result<T, ApiError> {
-    b.map(|Json(t)| t).map_err(|r| ApiError::from_json(&r))
+    b.map(|Json(Object(t))| t)
+        .map_err(|r| ApiError::from_json(&r))
 }
 
-pub(super) fn params(q: Q, allowed: &[&'static str]) -> Result<Params, ApiError> {
+/// The query string of a request, checked against the parameters its operation documents.
+pub(super) fn params(q: Q, allowed: &[Param]) -> Result<Params, ApiError> {
     let Query(pairs) = q.map_err(|r| ApiError::from_query(&r))?;
-    Ok(Params::new(pairs, allowed)?)
+    let names: Vec<&'static str> = allowed.iter().map(|p| p.name).collect();
+    Ok(Params::new(pairs, &names)?)
 }
+
+/// No query parameters.
+pub(super) const NONE: &[Param] = &[];
+const URI: Param = Param::required("uri", schema::<CtxUri>(), "The node.");
+const LIMIT: Param = Param::optional("limit", list_limit, "At most this many rows (1..=10000).");
+
+/// The schema of a list's `limit` (see `ce_store::check_list_limit`).
+pub(super) fn list_limit(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "minimum": 1, "maximum": ce_store::MAX_LIST_LIMIT})
+}
+
+/// The schema of `GET /v1/related`'s `limit`.
+fn related_limit(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer", "minimum": 1, "maximum": ce_retrieval::MAX_RELATED_LIMIT})
+}
+/// `GET /v1/cat`.
+pub(super) const CAT: &[Param] = &[
+    URI,
+    Param::optional(
+        "level",
+        schema::<Level>(),
+        "The layer: 0, 1 or 2 (default 2).",
+    ),
+];
+/// `GET /v1/stat`.
+pub(super) const STAT: &[Param] = &[URI];
+/// `GET /v1/ls`.
+pub(super) const LS: &[Param] = &[Param::optional(
+    "uri",
+    schema::<CtxUri>(),
+    "The node (default `ctx://`: the accounts).",
+)];
+/// `GET /v1/tree`.
+pub(super) const TREE: &[Param] = &[
+    URI,
+    Param::optional(
+        "depth",
+        schema::<u32>(),
+        "Levels below the node (default: all).",
+    ),
+];
+/// `GET /v1/relations`.
+pub(super) const RELATIONS: &[Param] = &[URI];
+/// `GET /v1/related`.
+pub(super) const RELATED: &[Param] = &[
+    URI,
+    Param::optional("type", schema::<String>(), "Only relations of this type."),
+    Param::optional(
+        "direction",
+        schema::<Direction>(),
+        "`out` (default), `in` or `both`.",
+    ),
+    Param::optional(
+        "limit",
+        related_limit,
+        "At most this many edges (1..=1000, default 50).",
+    ),
+];
+/// `GET /v1/outbox/list`.
+pub(super) const OUTBOX_LIST: &[Param] = &[
+    Param::optional(
+        "status",
+        schema::<DeliveryStatus>(),
+        "Only deliveries in this state.",
+    ),
+    Param::optional(
+        "consumer",
+        schema::<String>(),
+        "Only this consumer's deliveries.",
+    ),
+    Param::optional("type", schema::<EventType>(), "Only events of this type."),
+    Param::optional(
+        "after",
+        schema::<i64>(),
+        "Only events after this sequence number.",
+    ),
+    Param::optional(
+        "after_consumer",
+        schema::<String>(),
+        "With `after`: the page's last consumer.",
+    ),
+    LIMIT,
+];
+/// `GET /v1/outbox/show`.
+pub(super) const OUTBOX_SHOW: &[Param] = &[Param::required(
+    "id",
+    schema::<String>(),
+    "The event id or sequence number.",
+)];
 
 /// Runs `f` on the blocking pool and answers its value as JSON.
 pub(super) async fn blocking<T, F>(state: &AppState, f: F) -> Answer
@@ -79,7 +173,7 @@ pub async fn put(
 
 /// `GET /v1/cat?uri=&level=`.
 pub async fn cat(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
-    let params = params(q, &["uri", "level"])?;
+    let params = params(q, CAT)?;
     let uri = params.uri("uri")?;
     let level = params.level("level")?.unwrap_or(Level::L2);
     scoped(&s, p, move |e, scope| {
@@ -91,19 +185,19 @@ pub async fn cat(State(s): State<AppState>, Extension(p): Extension<Principal>, 
 
 /// `GET /v1/stat?uri=`.
 pub async fn stat(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
-    let uri = params(q, &["uri"])?.uri("uri")?;
+    let uri = params(q, STAT)?.uri("uri")?;
     scoped(&s, p, move |_, scope| scope.stat(&uri)).await
 }
 
 /// `GET /v1/ls?uri=` (default: the root, which lists accounts — a tenant's own only).
 pub async fn ls(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
-    let uri = params(q, &["uri"])?.uri_or("uri", CtxUri::root())?;
+    let uri = params(q, LS)?.uri_or("uri", CtxUri::root())?;
     scoped(&s, p, move |_, scope| scope.ls(&uri)).await
 }
 
 /// `GET /v1/tree?uri=&depth=`.
 pub async fn tree(State(s): State<AppState>, Extension(p): Extension<Principal>, q: Q) -> Answer {
-    let params = params(q, &["uri", "depth"])?;
+    let params = params(q, TREE)?;
     let uri = params.uri("uri")?;
     let depth = params.number::<u32>("depth")?;
     scoped(&s, p, move |_, scope| scope.tree(&uri, depth)).await
@@ -174,7 +268,7 @@ pub async fn relations(
     Extension(p): Extension<Principal>,
     q: Q,
 ) -> Answer {
-    let uri = params(q, &["uri"])?.uri("uri")?;
+    let uri = params(q, RELATIONS)?.uri("uri")?;
     scoped(&s, p, move |e, scope| {
         scope.check_read(&uri)?;
         scope.relations(e.store().relations(&uri)?)
@@ -190,7 +284,7 @@ pub async fn related(
     Extension(p): Extension<Principal>,
     q: Q,
 ) -> Answer {
-    let q = params(q, &["uri", "type", "direction", "limit"])?;
+    let q = params(q, RELATED)?;
     let req = RelatedRequest {
         uri: q.uri("uri")?,
         relation_type: q.get("type").map(str::to_owned),
@@ -237,17 +331,7 @@ pub async fn search(
 
 /// `GET /v1/outbox/list?status=&consumer=&type=&after=&after_consumer=&limit=`.
 pub async fn outbox_list(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(
-        q,
-        &[
-            "status",
-            "consumer",
-            "type",
-            "after",
-            "after_consumer",
-            "limit",
-        ],
-    )?;
+    let p = params(q, OUTBOX_LIST)?;
     let filter = OutboxFilter {
         status: p.parse::<DeliveryStatus>("status")?,
         consumer: p.get("consumer").map(str::to_owned),
@@ -262,7 +346,7 @@ pub async fn outbox_list(State(s): State<AppState>, q: Q) -> Answer {
 
 /// `GET /v1/outbox/show?id=` (event id or sequence number).
 pub async fn outbox_show(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(q, &["id"])?;
+    let p = params(q, OUTBOX_SHOW)?;
     let id = p.get("id").unwrap_or_default().trim().to_owned();
     blocking(&s, move |e| {
         let (event, deliveries) = e.store().show(&id)?;
@@ -273,7 +357,7 @@ pub async fn outbox_show(State(s): State<AppState>, q: Q) -> Answer {
 
 /// `GET /v1/outbox/stats`.
 pub async fn outbox_stats(State(s): State<AppState>, q: Q) -> Answer {
-    params(q, &[])?;
+    params(q, NONE)?;
     blocking(&s, move |e| Ok(e.store().stats()?)).await
 }
 
@@ -289,27 +373,32 @@ pub async fn outbox_append(State(s): State<AppState>, b: J<AppendBody>) -> Answe
 
 /// `GET /v1/status`.
 pub async fn status(State(s): State<AppState>, q: Q) -> Answer {
-    params(q, &[])?;
+    params(q, NONE)?;
     blocking(&s, move |e| Ok(e.status()?)).await
 }
 
 /// `GET /healthz`: 200 while the process serves.
 pub async fn healthz() -> Response {
-    Json(serde_json::json!({"status": "ok"})).into_response()
+    Json(Health {
+        status: "ok".into(),
+    })
+    .into_response()
 }
 
 /// `GET /readyz`: 200 when ready, else 503 with the reasons.
 pub async fn readyz(State(s): State<AppState>) -> Response {
     let r = s.engine.readiness();
     if r.ready {
-        return Json(serde_json::json!({"ready": true})).into_response();
+        return Json(Ready { ready: true }).into_response();
     }
-    let body = serde_json::json!({
-        "code": "unavailable",
-        "message": format!("not ready: {}", r.reasons.join("; ")),
-        "retryable": true,
-        "reasons": r.reasons,
-    });
+    let body = NotReady {
+        error: ErrorBody {
+            code: ce_core::ErrorCode::Unavailable.as_str().to_owned(),
+            message: format!("not ready: {}", r.reasons.join("; ")),
+            retryable: true,
+        },
+        reasons: r.reasons,
+    };
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 

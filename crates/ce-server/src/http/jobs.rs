@@ -13,15 +13,35 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::handlers::{Answer, Q, blocking, params};
+use super::handlers::{Answer, Q, blocking, list_limit, params};
+use super::openapi::{Param, schema};
 use crate::engine::Engine;
 use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
 use crate::jobs::reindex::{ReindexPayload, report_of};
 use crate::jobs::{job_error, parse_state};
-use crate::wire::{JobQueued, ReindexAnswer, ReindexBody};
+use crate::wire::{JobQueued, Object, ReindexAnswer, ReindexBody};
 
 /// Jobs a list answers when no `limit` is given.
 const DEFAULT_LIMIT: u32 = 100;
+
+/// `GET /v1/jobs`.
+pub(super) const LIST: &[Param] = &[
+    Param::optional(
+        "state",
+        schema::<ce_store::JobState>(),
+        "Only jobs in this state.",
+    ),
+    Param::optional(
+        "type",
+        schema::<String>(),
+        "Only jobs of this type, e.g. `reindex`.",
+    ),
+    Param::optional(
+        "limit",
+        list_limit,
+        "At most this many (1..=10000, default 100).",
+    ),
+];
 
 type P = Result<Path<String>, PathRejection>;
 
@@ -47,7 +67,7 @@ fn json(v: &impl Serialize) -> Result<Value, ApiError> {
 
 /// `GET /v1/jobs?state=&type=&limit=` (newest first).
 pub async fn list(State(s): State<AppState>, q: Q) -> Answer {
-    let p = params(q, &["state", "type", "limit"])?;
+    let p = params(q, LIST)?;
     let limit = p.number::<u32>("limit")?;
     ce_store::check_list_limit(limit)?;
     let filter = JobFilter {
@@ -66,19 +86,19 @@ pub async fn show(State(s): State<AppState>, id: P) -> Answer {
 }
 
 /// The body of cancel and retry: none, or `{}`.
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoFields {}
 
 /// A body that must be empty or `{}` (a request without `Content-Type` has none).
-fn no_fields(b: Result<Json<NoFields>, JsonRejection>) -> Result<(), ApiError> {
+fn no_fields(b: B) -> Result<(), ApiError> {
     match b {
         Ok(_) | Err(JsonRejection::MissingJsonContentType(_)) => Ok(()),
         Err(r) => Err(ApiError::from_json(&r)),
     }
 }
 
-type B = Result<Json<NoFields>, JsonRejection>;
+type B = Result<Json<Object<NoFields>>, JsonRejection>;
 
 /// Runs `change` on job `id` of a cancel or retry request.
 async fn change(
@@ -109,10 +129,10 @@ pub async fn retry(State(s): State<AppState>, id: P, b: B) -> Answer {
 /// it; a server without one (`[jobs].enabled = false`) runs it in the request.
 pub async fn reindex(
     State(s): State<AppState>,
-    b: Result<Json<ReindexBody>, JsonRejection>,
+    b: Result<Json<Object<ReindexBody>>, JsonRejection>,
 ) -> Answer {
     let body = match b {
-        Ok(Json(b)) => b,
+        Ok(Json(Object(b))) => b,
         // An empty body means the defaults.
         Err(JsonRejection::MissingJsonContentType(_)) => ReindexBody::default(),
         Err(r) => return Err(ApiError::from_json(&r)),

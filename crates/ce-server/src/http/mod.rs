@@ -1,12 +1,13 @@
 //! The HTTP API (axum, JSON, one port): every CLI operation under `/v1/{command}`, plus
-//! `/healthz`, `/readyz` and `/metrics`. The routes and bodies are documented in
-//! `docs/http-api.md`.
+//! `/healthz`, `/readyz`, `/metrics` and `/openapi.json`. The routes and bodies are
+//! documented in `docs/http-api.md`, and each row of [`ROUTES`] carries its operation of
+//! the OpenAPI document ([`openapi`]).
 //!
 //! Every route is one row of [`ROUTES`] with its [`Access`]: the route's [`auth::gate`]
 //! authenticates the caller's API key (when `[[server.api_keys]]` are configured) and hands
 //! the handler its [`Principal`]; tenant handlers check their inputs and filter their
-//! answers through a [`scope::Scope`]. To add a route: add a row here (a route without a row
-//! is not served), take `Extension<Principal>` in the handler and run it with
+//! answers through a [`scope::Scope`]. To add a route: add a row here with its [`Doc`] (a
+//! route without a row is not served), take `Extension<Principal>` in the handler and run it with
 //! `handlers::scoped`, check every URI it addresses (`Scope::check_read` / `check_write`,
 //! or `Principal::scope_filter` for a search filter) and pass every node it answers through
 //! `Scope::retain`; then add the route to the tenant-isolation test table
@@ -19,6 +20,7 @@ pub mod auth;
 mod error;
 mod handlers;
 mod jobs;
+pub mod openapi;
 mod params;
 mod repair;
 pub mod scope;
@@ -37,6 +39,7 @@ use tracing::{info, warn};
 
 pub use self::auth::{Access, KeyRing, Principal};
 pub use self::error::ApiError;
+pub use self::openapi::Doc;
 use crate::engine::Engine;
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
@@ -82,7 +85,7 @@ impl ServeOptions {
     }
 }
 
-/// One route: its method and path, who may call it, and its handler.
+/// One route: its method and path, who may call it, its handler and its documentation.
 pub struct Route {
     /// The method.
     pub method: Method,
@@ -90,6 +93,8 @@ pub struct Route {
     pub path: &'static str,
     /// Who may call it.
     pub access: Access,
+    /// Its operation in the OpenAPI document (`GET /openapi.json`).
+    pub doc: Doc,
     handler: fn() -> MethodRouter<AppState>,
 }
 
@@ -99,12 +104,15 @@ impl std::fmt::Debug for Route {
     }
 }
 
+/// Rows of [`ROUTES`]: `METHOD "path" Access => handler { doc }` (a row without its
+/// [`Doc`] does not parse).
 macro_rules! routes {
-    ($($method:ident $path:literal $access:ident => $handler:path),* $(,)?) => {
+    ($($method:ident $path:literal $access:ident => $handler:path { $doc:expr }),* $(,)?) => {
         &[$(Route {
             method: Method::$method,
             path: $path,
             access: Access::$access,
+            doc: $doc,
             handler: || routes!(@on $method $handler),
         }),*]
     };
@@ -112,37 +120,129 @@ macro_rules! routes {
     (@on POST $h:path) => { post($h) };
 }
 
-/// Every route the server serves (the router is built from this table only).
+/// Every route the server serves (the router is built from this table, plus the services
+/// of [`openapi::MOUNTED`]).
 pub const ROUTES: &[Route] = {
+    use crate::engine::repair::{DeadRepairBody, DeadRepairReport, ReconcileBody, ReconcileReport};
+    use crate::status::Status;
+    use crate::wire::{
+        AppendBody, CatAnswer, Health, JobQueued, LinkBody, MvBody, NotReady, OutboxShowAnswer,
+        PutBody, Ready, ReindexAnswer, ReindexBody, RmBody, SearchBody, UnlinkBody,
+    };
+    use ce_core::OutboxEvent;
+    use ce_retrieval::{HierarchicalResponse, RelatedResponse, SearchResponse};
+    use ce_store::{ConsumerStats, DeliveryRow, Job, NodeStat, Relations, WriteOutcome};
     use handlers as h;
+    use openapi::{any_of, json, schema};
     routes![
-        POST "/v1/put" Tenant => h::put,
-        GET "/v1/cat" Tenant => h::cat,
-        GET "/v1/stat" Tenant => h::stat,
-        GET "/v1/ls" Tenant => h::ls,
-        GET "/v1/tree" Tenant => h::tree,
-        POST "/v1/rm" Tenant => h::rm,
-        POST "/v1/mv" Tenant => h::mv,
-        POST "/v1/link" Tenant => h::link,
-        POST "/v1/unlink" Tenant => h::unlink,
-        GET "/v1/relations" Tenant => h::relations,
-        GET "/v1/related" Tenant => h::related,
-        POST "/v1/search" Tenant => h::search,
-        GET "/v1/outbox/list" Admin => h::outbox_list,
-        GET "/v1/outbox/show" Admin => h::outbox_show,
-        GET "/v1/outbox/stats" Admin => h::outbox_stats,
-        POST "/v1/outbox/append" Admin => h::outbox_append,
-        GET "/v1/status" Admin => h::status,
-        POST "/v1/reindex" Admin => jobs::reindex,
-        GET "/v1/jobs" Admin => jobs::list,
-        GET "/v1/jobs/{id}" Admin => jobs::show,
-        POST "/v1/jobs/{id}/cancel" Admin => jobs::cancel,
-        POST "/v1/jobs/{id}/retry" Admin => jobs::retry,
-        POST "/v1/repair/dead" Admin => repair::dead,
-        POST "/v1/repair/reconcile" Admin => repair::reconcile,
-        GET "/healthz" Open => h::healthz,
-        GET "/readyz" Open => h::readyz,
-        GET "/metrics" Admin => h::metrics,
+        POST "/v1/put" Tenant => h::put {
+            Doc::new("Create or change a node (its layers, type, category, owner space, metadata)",
+                json::<WriteOutcome>()).body(schema::<PutBody>())
+        },
+        GET "/v1/cat" Tenant => h::cat {
+            Doc::new("Read one layer of a node", json::<CatAnswer>()).query(h::CAT)
+        },
+        GET "/v1/stat" Tenant => h::stat {
+            Doc::new("A node's metadata, without its layers", json::<NodeStat>()).query(h::STAT)
+        },
+        GET "/v1/ls" Tenant => h::ls {
+            Doc::new("The children of a node", json::<Vec<NodeStat>>()).query(h::LS)
+        },
+        GET "/v1/tree" Tenant => h::tree {
+            Doc::new("The subtree below a node, depth first", json::<Vec<NodeStat>>())
+                .query(h::TREE)
+        },
+        POST "/v1/rm" Tenant => h::rm {
+            Doc::new("Remove a node (a subtree with `recursive`)", json::<WriteOutcome>())
+                .body(schema::<RmBody>())
+        },
+        POST "/v1/mv" Tenant => h::mv {
+            Doc::new("Move a node and its subtree", json::<WriteOutcome>())
+                .body(schema::<MvBody>())
+        },
+        POST "/v1/link" Tenant => h::link {
+            Doc::new("Add or change a typed relation between two nodes", json::<WriteOutcome>())
+                .body(schema::<LinkBody>())
+        },
+        POST "/v1/unlink" Tenant => h::unlink {
+            Doc::new("Remove a relation", json::<WriteOutcome>()).body(schema::<UnlinkBody>())
+        },
+        GET "/v1/relations" Tenant => h::relations {
+            Doc::new("A node's relations as the source of truth holds them", json::<Relations>())
+                .query(h::RELATIONS)
+        },
+        GET "/v1/related" Tenant => h::related {
+            Doc::new("A node's related nodes from the relation index", json::<RelatedResponse>())
+                .query(h::RELATED)
+        },
+        POST "/v1/search" Tenant => h::search {
+            Doc::new("Search (vector, keyword, hybrid or hierarchical)",
+                openapi::Reply::Json(any_of::<SearchResponse, HierarchicalResponse>))
+                .describe("`\"mode\": \"hierarchical\"` answers a `HierarchicalResponse`, \
+                    every other mode a `SearchResponse`.")
+                .body(schema::<SearchBody>())
+        },
+        GET "/v1/outbox/list" Admin => h::outbox_list {
+            Doc::new("Outbox deliveries with their events, oldest first", json::<Vec<DeliveryRow>>())
+                .query(h::OUTBOX_LIST)
+        },
+        GET "/v1/outbox/show" Admin => h::outbox_show {
+            Doc::new("An outbox event and its deliveries", json::<OutboxShowAnswer>())
+                .query(h::OUTBOX_SHOW)
+        },
+        GET "/v1/outbox/stats" Admin => h::outbox_stats {
+            Doc::new("Delivery counts per consumer", json::<Vec<ConsumerStats>>()).query(h::NONE)
+        },
+        POST "/v1/outbox/append" Admin => h::outbox_append {
+            Doc::new("Append an event to the outbox (repair)", json::<OutboxEvent>())
+                .body(schema::<AppendBody>())
+        },
+        GET "/v1/status" Admin => h::status {
+            Doc::new("Readiness, indexes, consumers' lag, jobs", json::<Status>()).query(h::NONE)
+        },
+        POST "/v1/reindex" Admin => jobs::reindex {
+            Doc::new("Rebuild an index from the source of truth (a `reindex` job)",
+                openapi::Reply::Json(any_of::<ReindexAnswer, JobQueued>))
+                .describe("Answers the report once the job has run, or the queued job at once \
+                    with `no_wait`.")
+                .optional_body(schema::<ReindexBody>())
+        },
+        GET "/v1/jobs" Admin => jobs::list {
+            Doc::new("Jobs, newest first", json::<Vec<Job>>()).query(jobs::LIST)
+        },
+        GET "/v1/jobs/{id}" Admin => jobs::show {
+            Doc::new("One job", json::<Job>())
+        },
+        POST "/v1/jobs/{id}/cancel" Admin => jobs::cancel {
+            Doc::new("Cancel a job", json::<Job>()).optional_body(schema::<jobs::NoFields>())
+        },
+        POST "/v1/jobs/{id}/retry" Admin => jobs::retry {
+            Doc::new("Retry a failed, cancelled or dead job", json::<Job>())
+                .optional_body(schema::<jobs::NoFields>())
+        },
+        POST "/v1/repair/dead" Admin => repair::dead {
+            Doc::new("Count, requeue or force-finish dead deliveries", json::<DeadRepairReport>())
+                .body(schema::<DeadRepairBody>())
+        },
+        POST "/v1/repair/reconcile" Admin => repair::reconcile {
+            Doc::new("Compare indexes with the source of truth and repair them",
+                json::<ReconcileReport>())
+                .body(schema::<ReconcileBody>())
+        },
+        GET "/healthz" Open => h::healthz {
+            Doc::new("Liveness: 200 while the process serves", json::<Health>())
+        },
+        GET "/readyz" Open => h::readyz {
+            Doc::new("Readiness: 200 when ready", json::<Ready>())
+                .other(503, "Not ready (retryable), with the reasons.", schema::<NotReady>())
+        },
+        GET "/metrics" Admin => h::metrics {
+            Doc::new("Prometheus metrics", openapi::Reply::Text("text/plain"))
+        },
+        GET "/openapi.json" Open => openapi::serve {
+            Doc::new("This OpenAPI 3.1 document",
+                json::<serde_json::Map<String, serde_json::Value>>())
+        },
     ]
 };
 

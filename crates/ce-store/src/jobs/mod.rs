@@ -37,7 +37,19 @@ pub(crate) mod rows;
 pub use machine::{MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES};
 
 /// The lifecycle state of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Runnable now.
@@ -122,7 +134,7 @@ pub struct JobSpec {
 }
 
 /// A stored job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Job {
     /// Its id: unique and ordered by creation time (`job-<uuid v7>`).
     pub id: String,
@@ -239,7 +251,7 @@ pub struct JobFilter {
 }
 
 /// How many jobs of one type are in one state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobCount {
     /// The job type.
     pub job_type: String,
