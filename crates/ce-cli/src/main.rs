@@ -18,6 +18,7 @@ mod demo;
 mod error;
 mod eval;
 mod jobs;
+mod mcp;
 mod output;
 mod remote;
 mod repair;
@@ -62,7 +63,7 @@ fn init_logging(cli: &Cli) -> Result<(), CliError> {
         })
     })?;
     let default = match cli.command {
-        Command::Serve(_) => "info",
+        Command::Serve(_) | Command::Mcp(_) => "info",
         Command::Worker(ref w) if !w.once && !w.dry_run => "info",
         _ if cli.json => "off",
         _ => "error",

@@ -3,5 +3,6 @@
 mod integration {
     mod fuzz;
     mod locks;
+    mod mcp;
     mod tenants;
 }
