@@ -63,7 +63,9 @@ fn init_logging(cli: &Cli) -> Result<(), CliError> {
         })
     })?;
     let default = match cli.command {
-        Command::Serve(_) | Command::Mcp(_) => "info",
+        Command::Serve(_) => "info",
+        // Stdio clients show stderr in their logs: warnings and errors only.
+        Command::Mcp(_) => "warn",
         Command::Worker(ref w) if !w.once && !w.dry_run => "info",
         _ if cli.json => "off",
         _ => "error",
