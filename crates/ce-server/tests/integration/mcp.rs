@@ -48,12 +48,17 @@ fn u(s: &str) -> CtxUri {
 
 impl H {
     fn new() -> Self {
+        Self::with("")
+    }
+
+    /// An engine whose configuration adds `extra` TOML.
+    fn with(extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let toml = format!(
             "[index.embedding]\nprovider = \"hash\"\n\
              [[server.api_keys]]\nkey = \"{KEY_A}\"\naccount_id = \"a\"\n\
              [[server.api_keys]]\nkey = \"{KEY_B}\"\naccount_id = \"b\"\n\
-             [[server.api_keys]]\nkey_env = \"{ADMIN_ENV}\"\nadmin = true\n"
+             [[server.api_keys]]\nkey_env = \"{ADMIN_ENV}\"\nadmin = true\n{extra}"
         );
         let config = Config::from_toml(&toml).expect("config");
         let keys = KeyRing::from_config(&config.server, |v| {
@@ -119,10 +124,22 @@ impl H {
 
     /// POSTs `body` to `/mcp` (with `MCP-Protocol-Version: version` and the session, if any).
     fn post(&self, key: Option<&str>, version: &str, session: Option<&str>, body: &Value) -> A {
+        self.post_to("127.0.0.1", key, version, session, body)
+    }
+
+    /// [`H::post`] with `Host: host`.
+    fn post_to(
+        &self,
+        host: &str,
+        key: Option<&str>,
+        version: &str,
+        session: Option<&str>,
+        body: &Value,
+    ) -> A {
         let mut req = Request::builder()
             .method("POST")
             .uri("/mcp")
-            .header(header::HOST, "127.0.0.1")
+            .header(header::HOST, host)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json, text/event-stream")
             .header("mcp-protocol-version", version);
@@ -278,6 +295,29 @@ fn both_protocol_revisions_are_served() {
         json!({"name": "nope", "arguments": {}}),
     );
     assert_eq!(e["error"]["code"], -32602, "{e}");
+}
+
+#[test]
+fn host_names_beyond_loopback_need_server_allowed_hosts() {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": LEGACY, "capabilities": {},
+        "clientInfo": {"name": "host", "version": "1"}}});
+    let h = H::new();
+    for host in ["localhost:7420", "127.0.0.1"] {
+        let a = h.post_to(host, Some(KEY_A), LEGACY, None, &init);
+        assert_eq!(a.status, 200, "{host}");
+    }
+    // DNS rebinding protection: a foreign Host is refused by default.
+    let a = h.post_to("ce.example.com", Some(KEY_A), LEGACY, None, &init);
+    assert_eq!(a.status, 403);
+    let h = H::with("[server]\nallowed_hosts = [\"ce.example.com\"]\n");
+    let a = h.post_to("ce.example.com", Some(KEY_A), LEGACY, None, &init);
+    assert_eq!(a.status, 200, "{:?}", a.messages);
+    let a = h.post_to("other.example.com", Some(KEY_A), LEGACY, None, &init);
+    assert_eq!(a.status, 403);
+    let h = H::with("[server]\nallowed_hosts = [\"*\"]\n");
+    let a = h.post_to("other.example.com", Some(KEY_A), LEGACY, None, &init);
+    assert_eq!(a.status, 200);
 }
 
 /// Fails on any schema construct some model vendors reject (walking the schema's
