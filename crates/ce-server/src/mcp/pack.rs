@@ -228,6 +228,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(ce_core::test_cases(256)))]
         #[test]
         fn never_over_budget_best_first_deterministic(
             cs in candidates(), budget in 0usize..600, detail in 0u8..3

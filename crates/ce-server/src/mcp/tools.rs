@@ -61,8 +61,10 @@ impl Tool {
 
     /// Its MCP description.
     pub fn to_mcp(&self) -> rmcp::model::Tool {
-        let Value::Object(schema) = self.input_schema() else {
-            unreachable!("every schema is an object")
+        // Every schema is built by `object` (a JSON object).
+        let schema = match self.input_schema() {
+            Value::Object(m) => m,
+            _ => Map::new(),
         };
         let annotations = rmcp::model::ToolAnnotations::with_title(self.title)
             .read_only(self.read_only)
