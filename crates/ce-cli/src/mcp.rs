@@ -3,7 +3,7 @@
 //! message read from stdin (one per line) is POSTed; a JSON answer is written to stdout as
 //! one line, an SSE answer as one line per `data:` event. The `Mcp-Session-Id` the server
 //! hands out (protocol `2025-11-25`) and the negotiated `MCP-Protocol-Version` go with every
-//! later request, with the `Mcp-Method` / `Mcp-Name` routing headers of `2026-07-28`. A request the server refuses at the HTTP level (e.g. `401
+//! later request (the session is ended with `DELETE` when stdin closes), with the `Mcp-Method` / `Mcp-Name` routing headers of `2026-07-28`. A request the server refuses at the HTTP level (e.g. `401
 //! unauthenticated`) is answered with a JSON-RPC error carrying `{code, message,
 //! retryable}`. Logs go to stderr only.
 
@@ -102,6 +102,12 @@ pub fn bridge(c: &Client) -> Result<()> {
             writeln!(stdout, "{m}").map_err(|e| CliError::Other(e.into()))?;
             stdout.flush().map_err(|e| CliError::Other(e.into()))?;
         }
+    }
+    // The client is gone: end the server-side session (2025-11-25), if any.
+    if let Some(s) = &session
+        && let Err(e) = c.delete_raw(PATH, &[("Mcp-Session-Id", s)])
+    {
+        warn!(error = %e, "mcp bridge: the session was not ended");
     }
     Ok(())
 }

@@ -122,6 +122,24 @@ impl Client {
         })
     }
 
+    /// `DELETE path` with `headers`; the status, or why not (the MCP bridge ends its session).
+    pub fn delete_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.delete(&url);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.call()
+            .map(|r| r.status().as_u16())
+            .map_err(|e| CliError::Transport {
+                url,
+                message: e.to_string(),
+            })
+    }
+
     fn answer(
         &self,
         url: &str,

@@ -256,22 +256,25 @@ fn freshness(e: &Engine, outcome: &WriteOutcome) -> Result<Freshness> {
         });
     };
     let (_, deliveries) = e.store().show(last)?;
-    let lag: HashMap<String, u64> = e
+    // Per consumer: the events not applied yet, and the lowest sequence not done or dead.
+    let stats: HashMap<String, (u64, Option<i64>)> = e
         .store()
         .stats()?
         .into_iter()
-        .map(|s| (s.consumer, s.pending + s.claimed + s.retry_wait))
+        .map(|s| {
+            let lag = s.pending + s.claimed + s.retry_wait;
+            (s.consumer, (lag, s.low_watermark_seq))
+        })
         .collect();
     let indexes: Vec<IndexProgress> = deliveries
         .into_iter()
         .map(|d| {
-            let applied = d.status == DeliveryStatus::Done;
+            let (lag, low) = stats.get(&d.consumer).copied().unwrap_or((1, None));
+            // The write's events all have sequences up to the last one's: the index has
+            // applied them all when the last is done and nothing below it is still open.
+            let applied = d.status == DeliveryStatus::Done && low.is_none_or(|w| w > d.seq);
             IndexProgress {
-                events_behind: if applied {
-                    0
-                } else {
-                    lag.get(&d.consumer).copied().unwrap_or(1).max(1)
-                },
+                events_behind: if applied { 0 } else { lag.max(1) },
                 consumer: d.consumer,
                 applied,
             }
