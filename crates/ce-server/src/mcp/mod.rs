@@ -47,6 +47,9 @@ pub const PATH: &str = "/mcp";
 /// adds more, `"*"` accepts any.
 pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
+/// Accounts per page of `resources/list`.
+const RESOURCES_PAGE: usize = 100;
+
 /// The MCP handler: the engine and, for stdio, the fixed caller.
 #[derive(Clone)]
 pub struct CeMcp {
@@ -206,17 +209,30 @@ impl ServerHandler for CeMcp {
 
     async fn list_resources(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListResourcesResult, McpError> {
         let p = self.caller(&context)?;
+        let start: usize = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| {
+                McpError::invalid_params(
+                    format!("cursor {c:?} was not returned by this server"),
+                    None,
+                )
+            })?,
+        };
         let top = on_blocking_pool(&self.engine, move |e| {
             Scope::new(&p, e.store().as_ref()).ls(&CtxUri::root())
         })
         .await
         .map_err(|e| protocol_error(&e))?;
-        Ok(ListResourcesResult::with_all_items(
-            top.into_iter()
+        let end = top.len().min(start.saturating_add(RESOURCES_PAGE));
+        let next = (end < top.len()).then(|| end.to_string());
+        let mut page = ListResourcesResult::with_all_items(
+            top.get(start.min(end)..end)
+                .unwrap_or_default()
+                .iter()
                 .map(|s| {
                     let uri = s.uri.to_string();
                     Resource::new(uri.clone(), uri)
@@ -224,7 +240,9 @@ impl ServerHandler for CeMcp {
                         .with_mime_type("text/plain")
                 })
                 .collect(),
-        ))
+        );
+        page.next_cursor = next;
+        Ok(page)
     }
 
     async fn list_resource_templates(

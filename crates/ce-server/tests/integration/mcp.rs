@@ -632,6 +632,9 @@ fn tools_answer_results_and_typed_errors() {
         .map(|r| r["uri"].as_str().expect("uri"))
         .collect();
     assert_eq!(listed, ["ctx://a"]);
+    assert_eq!(top["result"].get("nextCursor"), None, "{top}");
+    let bad = h.rpc(k, "resources/list", json!({"cursor": "zz"}));
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
     let t = h.rpc(k, "resources/templates/list", json!({}));
     assert!(
         t["result"]["resourceTemplates"]
