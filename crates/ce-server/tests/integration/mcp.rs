@@ -288,6 +288,9 @@ fn both_protocol_revisions_are_served() {
     let a = h.post(None, CURRENT, None, &init);
     assert_eq!(a.status, 401);
     assert_eq!(a.messages[0]["code"], "unauthenticated");
+    // A body that is not a JSON-RPC message is refused at the protocol level.
+    let a = h.post(Some(KEY_ADMIN), CURRENT, None, &json!("not a message"));
+    assert!((400..500).contains(&a.status), "{} {:?}", a.status, a.messages);
     // An unknown tool is a protocol error, not a tool result.
     let e = h.rpc(
         KEY_ADMIN,
