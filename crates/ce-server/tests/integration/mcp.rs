@@ -290,7 +290,12 @@ fn both_protocol_revisions_are_served() {
     assert_eq!(a.messages[0]["code"], "unauthenticated");
     // A body that is not a JSON-RPC message is refused at the protocol level.
     let a = h.post(Some(KEY_ADMIN), CURRENT, None, &json!("not a message"));
-    assert!((400..500).contains(&a.status), "{} {:?}", a.status, a.messages);
+    assert!(
+        (400..500).contains(&a.status),
+        "{} {:?}",
+        a.status,
+        a.messages
+    );
     // An unknown tool is a protocol error, not a tool result.
     let e = h.rpc(
         KEY_ADMIN,
