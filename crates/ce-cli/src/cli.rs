@@ -181,6 +181,10 @@ pub enum Command {
     /// Run index workers and the job runner against the data directory (without the HTTP
     /// server).
     Worker(WorkerArgs),
+    /// Serve MCP (Model Context Protocol) over stdin / stdout for an agent: on the data
+    /// directory with its index workers, or bridged to `--server URL`'s `/mcp`
+    /// (docs/mcp.md).
+    Mcp(McpArgs),
     /// Import a directory in the node layout into a subtree.
     Import(ImportArgs),
     /// Export a subtree into a directory in the node layout.
@@ -471,6 +475,14 @@ pub struct ServeArgs {
     /// Largest request body in bytes [default: 3 × store.max_layer_bytes + 1 MiB].
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,
+}
+
+/// `ce mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Index worker threads (local mode).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub workers: usize,
 }
 
 /// `ce worker`.

@@ -128,6 +128,16 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         Command::Repair(c) => repair::run(cli, c),
         Command::Serve(a) => serve(cli, a),
         Command::Worker(a) => worker(cli, a),
+        Command::Mcp(a) => {
+            check_workers(a.workers, 0)?;
+            let (data_dir, config) = resolve(cli)?;
+            let engine = start_engine(&data_dir, config, a.workers, "mcp", Vec::new())?;
+            ce_server::mcp::serve_stdio(engine)?;
+            Ok(Rendered {
+                json: serde_json::json!({ "stopped": true }),
+                human: String::new(),
+            })
+        }
         Command::Demo(args) => {
             let started = Instant::now();
             let engine = open_engine(cli, 2, false, "demo")?;

@@ -18,6 +18,7 @@ mod demo;
 mod error;
 mod eval;
 mod jobs;
+mod mcp;
 mod output;
 mod remote;
 mod repair;
@@ -63,6 +64,8 @@ fn init_logging(cli: &Cli) -> Result<(), CliError> {
     })?;
     let default = match cli.command {
         Command::Serve(_) => "info",
+        // Stdio clients show stderr in their logs: warnings and errors only.
+        Command::Mcp(_) => "warn",
         Command::Worker(ref w) if !w.once && !w.dry_run => "info",
         _ if cli.json => "off",
         _ => "error",

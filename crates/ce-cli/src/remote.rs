@@ -101,6 +101,45 @@ impl Client {
         self.answer(&url, res)
     }
 
+    /// `POST path` with `body` and `headers`, answered as is (any status): the MCP bridge.
+    pub fn post_raw(
+        &self,
+        path: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Result<ureq::http::Response<ureq::Body>> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.post(&url);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send(body).map_err(|e| CliError::Transport {
+            url,
+            message: e.to_string(),
+        })
+    }
+
+    /// `DELETE path` with `headers`; the status, or why not (the MCP bridge ends its session).
+    pub fn delete_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.delete(&url);
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.call()
+            .map(|r| r.status().as_u16())
+            .map_err(|e| CliError::Transport {
+                url,
+                message: e.to_string(),
+            })
+    }
+
     fn answer(
         &self,
         url: &str,
@@ -198,6 +237,13 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         _ => {}
     }
     let c = Client::new(url, cli.api_key.as_deref())?;
+    if let Command::Mcp(_) = &cli.command {
+        crate::mcp::bridge(&c)?;
+        return Ok(Rendered {
+            json: serde_json::json!({ "stopped": true }),
+            human: String::new(),
+        });
+    }
     match &cli.command {
         Command::Put(a) => {
             let body = commands::put_body(a)?;
@@ -323,6 +369,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         | Command::Eval(_)
         | Command::Serve(_)
         | Command::Worker(_)
+        | Command::Mcp(_)
         | Command::Migrate => Err(CliError::Usage("not a server command".into())),
     }
 }

@@ -463,6 +463,10 @@ pub struct ServerConfig {
     /// `[[server.api_keys]]`. None: the server is single-user (no key asked, everything
     /// visible). Any: every route but `/healthz` and `/readyz` needs one of them.
     pub api_keys: Vec<ApiKeyConfig>,
+    /// Extra `Host` header values (host names or `host:port`) the MCP endpoint `/mcp`
+    /// accepts besides the loopback names (its DNS-rebinding protection); `["*"]` accepts
+    /// any. Needed when clients reach `ce serve --bind 0.0.0.0:...` by a host name or IP.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// One `[[server.api_keys]]` entry: a secret and what it may see.

@@ -8,6 +8,7 @@
 //! - [`jobs`]: durable jobs in the engine: the job types' handlers and the job runner
 //! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
+//! - [`mcp`]: the MCP server (tools and `ctx://` resources) over stdio and at `/mcp`
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
 //! - [`status`]: the engine's reports
 //! - [`metrics`], [`logging`]: observability (spec §12.2, §12.3)
@@ -18,6 +19,7 @@ pub mod guarded;
 pub mod http;
 pub mod jobs;
 pub mod logging;
+pub mod mcp;
 pub mod metrics;
 pub mod source;
 pub mod status;

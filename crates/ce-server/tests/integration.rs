@@ -4,5 +4,6 @@ mod integration {
     mod fuzz;
     mod locks;
     mod openapi;
+    mod mcp;
     mod tenants;
 }

@@ -11,6 +11,7 @@ mod harness;
 mod jobs;
 mod kill_server;
 mod layout;
+mod mcp;
 mod nodes;
 mod openapi;
 mod outbox;

@@ -474,6 +474,7 @@ mod tests {
     fn ring() -> KeyRing {
         let config = ServerConfig {
             allow_unauthenticated: false,
+            allowed_hosts: Vec::new(),
             api_keys: vec![
                 ApiKeyConfig {
                     key_env: Some("CE_TEST_KEY_A".into()),
@@ -543,6 +544,7 @@ mod tests {
     fn environment_keys_are_checked_at_start() {
         let config = |var: &str| ServerConfig {
             allow_unauthenticated: false,
+            allowed_hosts: Vec::new(),
             api_keys: vec![
                 ApiKeyConfig {
                     key: Some(KEY_A.into()),

@@ -1,6 +1,8 @@
 //! One handler per route. Store and index calls block, so each runs on the blocking pool;
 //! a panic there becomes a 500 answer, never a crashed server.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Extension, Query, State};
@@ -131,20 +133,29 @@ pub(super) const OUTBOX_SHOW: &[Param] = &[Param::required(
     "The event id or sequence number.",
 )];
 
+/// Runs `f` on the blocking pool (store and index calls block); a panic there is an
+/// `internal` error, never a crashed server. Shared with the MCP tools.
+pub(crate) async fn on_blocking_pool<T, F>(engine: &Arc<Engine>, f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&Engine) -> Result<T, ApiError> + Send + 'static,
+{
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || f(&engine)).await {
+        Ok(r) => r,
+        Err(e) => Err(ApiError::task_failed("request", &e)),
+    }
+}
+
 /// Runs `f` on the blocking pool and answers its value as JSON.
 pub(super) async fn blocking<T, F>(state: &AppState, f: F) -> Answer
 where
     T: Serialize + Send + 'static,
     F: FnOnce(&Engine) -> Result<T, ApiError> + Send + 'static,
 {
-    let engine = state.engine.clone();
-    match tokio::task::spawn_blocking(move || f(&engine)).await {
-        Ok(r) => {
-            ce_core::failpoint::hit("http.before_reply");
-            r.map(|v| Json(v).into_response())
-        }
-        Err(e) => Err(ApiError::task_failed("request", &e)),
-    }
+    let v = on_blocking_pool(&state.engine, f).await?;
+    ce_core::failpoint::hit("http.before_reply");
+    Ok(Json(v).into_response())
 }
 
 /// Runs `f` on the blocking pool with the caller's [`Scope`] (tenant routes; see
@@ -307,26 +318,41 @@ pub async fn search(
     b: J<SearchBody>,
 ) -> Answer {
     let b = body(b)?;
+    scoped(&s, p, move |e, scope| run_search(e, scope, b)).await
+}
+
+/// The answer of a search: flat (vector, keyword, hybrid) or hierarchical.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum SearchAnswer {
+    /// Vector, keyword or hybrid.
+    Flat(ce_retrieval::SearchResponse),
+    /// Hierarchical.
+    Hierarchical(ce_retrieval::HierarchicalResponse),
+}
+
+/// Runs the search of `b` for `scope`'s caller: the filter is forced into the caller's
+/// account and owner spaces, and the source of truth has the last word on every hit.
+/// Shared by `POST /v1/search` and the MCP `search` tool.
+pub(crate) fn run_search(
+    e: &Engine,
+    scope: &Scope<'_>,
+    b: SearchBody,
+) -> Result<SearchAnswer, ApiError> {
     if b.is_hierarchical() {
         let mut req = b.into_hierarchical()?;
-        p.scope_filter(&mut req.search.filter)?;
-        return scoped(&s, p, move |e, scope| {
-            let mut answer = e.hierarchical(&req)?;
-            scope.retain(&mut answer.hits, |h| &h.uri)?;
-            Ok(answer)
-        })
-        .await;
+        scope.principal().scope_filter(&mut req.search.filter)?;
+        let mut answer = e.hierarchical(&req)?;
+        scope.retain(&mut answer.hits, |h| &h.uri)?;
+        return Ok(SearchAnswer::Hierarchical(answer));
     }
     let mut req = b.into_request()?;
     req.validate()?;
-    p.scope_filter(&mut req.filter)?;
-    scoped(&s, p, move |e, scope| {
-        let mut answer = e.search(&req)?;
-        // The index filter already did this; the source of truth has the last word.
-        scope.retain(&mut answer.hits, |h| &h.uri)?;
-        Ok(answer)
-    })
-    .await
+    scope.principal().scope_filter(&mut req.filter)?;
+    let mut answer = e.search(&req)?;
+    // The index filter already did this; the source of truth has the last word.
+    scope.retain(&mut answer.hits, |h| &h.uri)?;
+    Ok(SearchAnswer::Flat(answer))
 }
 
 /// `GET /v1/outbox/list?status=&consumer=&type=&after=&after_consumer=&limit=`.

@@ -13,12 +13,16 @@
 //! `Scope::retain`; then add the route to the tenant-isolation test table
 //! (`crates/ce-server/tests/integration/tenants.rs`), which fails until it does.
 //!
+//! The MCP endpoint `/mcp` (Streamable HTTP, [`crate::mcp`]) is not a row of [`ROUTES`]:
+//! it is one tower service behind the same gate as a tenant route, and its tools are
+//! walked by their own isolation test (`crates/ce-server/tests/integration/mcp.rs`).
+//!
 //! [`serve`] runs until SIGINT or SIGTERM, then stops accepting, lets in-flight requests
 //! finish, and stops the workers (each finishes its batch, so no claim is left behind).
 
 pub mod auth;
 mod error;
-mod handlers;
+pub(crate) mod handlers;
 mod jobs;
 pub mod openapi;
 mod params;
@@ -35,6 +39,7 @@ use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get, post};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use self::auth::{Access, KeyRing, Principal};
@@ -246,9 +251,19 @@ pub const ROUTES: &[Route] = {
     ]
 };
 
-/// The router with every route of [`ROUTES`], each behind its [`auth::gate`].
+/// The router with every route of [`ROUTES`], each behind its [`auth::gate`], and the MCP
+/// endpoint [`crate::mcp::PATH`] behind a tenant gate.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    let mut router = Router::new();
+    router_with(state, max_body_bytes, CancellationToken::new())
+}
+
+/// [`router`] whose MCP streams end when `cancel` is cancelled (at shutdown).
+fn router_with(state: AppState, max_body_bytes: usize, cancel: CancellationToken) -> Router {
+    let mcp = crate::mcp::http_service(state.engine.clone(), max_body_bytes, cancel);
+    let mcp_gate = auth::Gate::new(state.keys.clone(), Access::Tenant);
+    let mut router = Router::new()
+        .route_service(crate::mcp::PATH, mcp)
+        .route_layer(middleware::from_fn_with_state(mcp_gate, auth::gate));
     for r in ROUTES {
         let gate = auth::Gate::new(state.keys.clone(), r.access);
         router = router.route(
@@ -303,7 +318,8 @@ pub fn serve(
         metrics: metrics.clone(),
         keys: keys.clone(),
     };
-    let app = router(state, options.max_body_bytes);
+    let cancel = CancellationToken::new();
+    let app = router_with(state, options.max_body_bytes, cancel.clone());
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&options.bind)
             .await
@@ -329,7 +345,11 @@ pub fn serve(
             });
         }
         axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                // Open MCP streams would hold the graceful shutdown forever.
+                cancel.cancel();
+            })
             .await
             .map_err(io("serving"))
     });

@@ -1,7 +1,8 @@
 //! Tenants: with two accounts `a` and `b`, key A cannot read, list, search, relate, write,
 //! move, link or remove anything of `b` through any route; an admin sees everything; a key
 //! restricted to owner spaces sees only those. Every route of [`ROUTES`] must have a case in
-//! [`isolation`], so a new route cannot ship without its scoping being tested.
+//! [`isolation`], so a new route cannot ship without its scoping being tested. The MCP
+//! endpoint `/mcp` (not a row of the table) has the same walk over its tools in `mcp.rs`.
 
 use std::sync::Arc;
 

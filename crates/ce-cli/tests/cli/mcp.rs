@@ -1,0 +1,84 @@
+//! MCP through the official SDKs against the real binary: the Python SDK (`mcp`, pinned in
+//! `tests/requirements.txt`) over stdio (`ce mcp`), over Streamable HTTP (`ce serve`) and
+//! through the stdio bridge (`ce mcp --server URL`); the TypeScript SDK
+//! (`@modelcontextprotocol/sdk`, `tests/mcp-ts/package-lock.json`) over Streamable HTTP.
+//! The scripts (`tests/mcp/check_mcp.py`, `tests/mcp-ts/check.mjs`) call every tool, check
+//! results, typed errors and tenant isolation between two keys, and search for a write once
+//! `status` says it is indexed. A missing interpreter or package fails the test.
+
+use super::harness::{CE, Ce, external, python};
+
+const KEY_A: &str = "mcp-key-of-account-a-0001";
+const KEY_B: &str = "mcp-key-of-account-b-0001";
+
+fn two_accounts() -> Ce {
+    Ce::hash(&format!(
+        "[[server.api_keys]]\nkey = \"{KEY_A}\"\naccount_id = \"a\"\n\
+         [[server.api_keys]]\nkey = \"{KEY_B}\"\naccount_id = \"b\"\n"
+    ))
+}
+
+#[test]
+fn python_sdk_over_stdio() {
+    let ce = Ce::hash("");
+    let dir = ce.data_dir().to_str().expect("utf-8 path").to_owned();
+    let out = external(
+        &python(),
+        &[
+            "tests/mcp/check_mcp.py",
+            "stdio",
+            "local",
+            CE,
+            "--data-dir",
+            &dir,
+            "mcp",
+        ],
+        &[],
+    );
+    assert!(out.contains("mcp python sdk (stdio): ok"), "{out}");
+}
+
+#[test]
+fn python_sdk_over_http_and_through_the_stdio_bridge() {
+    let ce = two_accounts();
+    let server = ce.serve(&[]);
+    let out = external(
+        &python(),
+        &["tests/mcp/check_mcp.py", "http", &server.url, KEY_A, KEY_B],
+        &[],
+    );
+    assert!(out.contains("mcp python sdk (http): ok"), "{out}");
+    // `ce mcp --server URL`: the same tools, served by the server, over stdio.
+    let out = external(
+        &python(),
+        &[
+            "tests/mcp/check_mcp.py",
+            "stdio",
+            "a/bridge",
+            CE,
+            "--server",
+            &server.url,
+            "--api-key",
+            KEY_A,
+            "mcp",
+        ],
+        &[],
+    );
+    assert!(out.contains("mcp python sdk (stdio): ok"), "{out}");
+    let (code, log) = server.stop();
+    assert_eq!(code, Some(0), "{log}");
+}
+
+#[test]
+fn typescript_sdk_over_http() {
+    let ce = two_accounts();
+    let server = ce.serve(&[]);
+    let out = external(
+        "node",
+        &["tests/mcp-ts/check.mjs", &server.url, KEY_A, KEY_B],
+        &[],
+    );
+    assert!(out.contains("mcp typescript sdk (http): ok"), "{out}");
+    let (code, log) = server.stop();
+    assert_eq!(code, Some(0), "{log}");
+}
