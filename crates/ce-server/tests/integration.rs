@@ -3,7 +3,7 @@
 mod integration {
     mod fuzz;
     mod locks;
-    mod openapi;
     mod mcp;
+    mod openapi;
     mod tenants;
 }

@@ -163,7 +163,32 @@ pub struct Mounted {
 /// `super::router` adds its row here, and the route-coverage test
 /// (`crates/ce-server/tests/integration/openapi.rs`) checks that every documented operation
 /// is served.
-pub const MOUNTED: &[Mounted] = &[];
+pub const MOUNTED: &[Mounted] = &[Mounted {
+    method: Method::POST,
+    path: crate::mcp::PATH,
+    access: Access::Tenant,
+    doc: Doc::new(
+        "MCP (Model Context Protocol) over Streamable HTTP",
+        Reply::Json(json_rpc),
+    )
+    .describe(
+        "One JSON-RPC 2.0 message per request (`initialize`, `tools/list`, `tools/call`, \
+         `resources/read`, ...); the tools, their arguments and errors are in docs/mcp.md. \
+         Clients of protocol 2025-11-25 keep an `Mcp-Session-Id` (GET opens its event \
+         stream, DELETE ends it); 2026-07-28 is stateless. An answer may come as \
+         `text/event-stream`. Tested through the official MCP SDKs, not from this document.",
+    )
+    .body(json_rpc),
+}];
+
+/// A JSON-RPC 2.0 message (the MCP endpoint's body and answer).
+fn json_rpc(_: &mut SchemaGenerator) -> Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "required": ["jsonrpc"],
+        "properties": {"jsonrpc": {"const": "2.0"}}
+    })
+}
 
 /// The document, built once.
 static DOCUMENT: LazyLock<Value> = LazyLock::new(|| document(ROUTES, MOUNTED));
