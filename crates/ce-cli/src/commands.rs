@@ -133,10 +133,8 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             let (data_dir, config) = resolve(cli)?;
             let engine = start_engine(&data_dir, config, a.workers, "mcp", Vec::new())?;
             ce_server::mcp::serve_stdio(engine)?;
-            Ok(Rendered {
-                json: serde_json::json!({ "stopped": true }),
-                human: String::new(),
-            })
+            // Stdout was the protocol: nothing follows it.
+            Ok(Rendered::nothing())
         }
         Command::Demo(args) => {
             let started = Instant::now();

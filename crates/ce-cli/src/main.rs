@@ -36,6 +36,9 @@ fn main() -> ExitCode {
     let result = init_logging(&cli)
         .and_then(|()| commands::run(&cli))
         .and_then(|rendered| {
+            if rendered.json.is_null() && rendered.human.is_empty() {
+                return Ok(());
+            }
             let text = if cli.json {
                 output::json_text(&rendered.json)
             } else {

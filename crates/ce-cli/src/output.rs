@@ -33,6 +33,14 @@ pub struct Rendered {
 }
 
 impl Rendered {
+    /// Nothing at all, not even with `--json`: for `ce mcp`, whose stdout is the protocol.
+    pub fn nothing() -> Self {
+        Rendered {
+            json: Value::Null,
+            human: String::new(),
+        }
+    }
+
     /// Pairs the JSON of `value` with `human`.
     pub fn new(value: &impl Serialize, human: String) -> Result<Self> {
         let json = serde_json::to_value(value).map_err(|e| CliError::Other(e.into()))?;

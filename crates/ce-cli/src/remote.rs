@@ -239,10 +239,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
     let c = Client::new(url, cli.api_key.as_deref())?;
     if let Command::Mcp(_) = &cli.command {
         crate::mcp::bridge(&c)?;
-        return Ok(Rendered {
-            json: serde_json::json!({ "stopped": true }),
-            human: String::new(),
-        });
+        return Ok(Rendered::nothing());
     }
     match &cli.command {
         Command::Put(a) => {

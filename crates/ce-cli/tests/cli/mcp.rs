@@ -82,3 +82,19 @@ fn typescript_sdk_over_http() {
     let (code, log) = server.stop();
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// Stdout of `ce mcp` is the protocol only: a client that disconnects at once gets nothing
+/// else there, with `--json` too, and the command exits 0.
+#[test]
+fn stdio_prints_nothing_but_the_protocol() {
+    let ce = Ce::hash("");
+    for args in [&["mcp"][..], &["--json", "mcp"]] {
+        let out = ce.run_with_stdin(args, "");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
