@@ -83,18 +83,27 @@ fn typescript_sdk_over_http() {
     assert_eq!(code, Some(0), "{log}");
 }
 
-/// Stdout of `ce mcp` is the protocol only: a client that disconnects at once gets nothing
-/// else there, with `--json` too, and the command exits 0.
+/// Stdout of `ce mcp` is the protocol only: a client that initializes and disconnects gets
+/// its answer there and nothing else, with `--json` too, and the command exits 0.
 #[test]
 fn stdio_prints_nothing_but_the_protocol() {
     let ce = Ce::hash("");
+    let session = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        "\n",
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        "\n"
+    );
     for args in [&["mcp"][..], &["--json", "mcp"]] {
-        let out = ce.run_with_stdin(args, "");
+        let out = ce.run_with_stdin(args, session);
         assert!(out.status.success(), "{args:?}: {out:?}");
-        assert!(
-            out.stdout.is_empty(),
-            "{args:?}: {:?}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let stdout = String::from_utf8(out.stdout).expect("utf-8");
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {e}: {l:?}")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stdout}");
+        assert_eq!(lines[0]["jsonrpc"], "2.0", "{stdout}");
+        assert_eq!(lines[0]["id"], 1, "{stdout}");
     }
 }
