@@ -2,9 +2,10 @@
 //! budget. Pure: the same hits and budget always give the same block.
 //!
 //! Tokens are counted with a documented, conservative approximation,
-//! [`approx_tokens`]: one token per started group of [`CHARS_PER_TOKEN`] characters
-//! (common BPE tokenizers average about four characters of English per token, so this
-//! over-counts typical text rather than under-counting it). The block is the concatenation
+//! [`approx_tokens`]: one token per Han ideograph or CJK / full-width punctuation mark (BPE
+//! tokenizers spend about one token on a common Chinese character), plus one token per
+//! started group of [`CHARS_PER_TOKEN`] other characters (they average about four characters
+//! of English per token), so it over-counts typical text rather than under-counting it. The block is the concatenation
 //! of its entries, and the count of a concatenation is at most the sum of the counts of its
 //! parts, so summing per-entry costs never lets the block exceed the budget.
 //!
@@ -18,9 +19,17 @@ use serde::Serialize;
 /// Characters per token of [`approx_tokens`].
 pub const CHARS_PER_TOKEN: usize = 3;
 
-/// The approximate token count of `text`: `ceil(chars / CHARS_PER_TOKEN)`.
+/// The approximate token count of `text`: one per CJK character plus
+/// `ceil(other chars / CHARS_PER_TOKEN)`.
 pub fn approx_tokens(text: &str) -> usize {
-    text.chars().count().div_ceil(CHARS_PER_TOKEN)
+    let (cjk, other) = text.chars().fold((0, 0), |(cjk, other), c| {
+        if ce_core::text::is_cjk(c) {
+            (cjk + 1, other)
+        } else {
+            (cjk, other + 1)
+        }
+    });
+    cjk + usize::div_ceil(other, CHARS_PER_TOKEN)
 }
 
 /// One search hit with its three layers (L0, L1, L2; empty when the node has none).
@@ -170,6 +179,14 @@ mod tests {
             score,
             layers: [l0.into(), l1.into(), l2.into()],
         }
+    }
+
+    #[test]
+    fn chinese_counts_a_token_per_character() {
+        assert_eq!(approx_tokens(""), 0);
+        assert_eq!(approx_tokens("abcd"), 2);
+        assert_eq!(approx_tokens("向量检索。"), 5);
+        assert_eq!(approx_tokens("向量 search"), 2 + 3);
     }
 
     #[test]
