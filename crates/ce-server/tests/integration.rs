@@ -1,6 +1,7 @@
 //! The HTTP router in-process against a real data directory (one test binary; modules only).
 
 mod integration {
+    mod common;
     mod fuzz;
     mod locks;
     mod mcp;

@@ -3,19 +3,13 @@
 //! errors, the plain-schema walk, and the tenant-isolation walk over [`TOOLS`] (a new tool
 //! without a case fails).
 
-use std::sync::Arc;
-
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, header};
-use ce_core::{Config, CtxUri};
-use ce_server::http::{AppState, KeyRing, router};
 use ce_server::mcp::tools::TOOLS;
-use ce_server::status::DrainProgress;
-use ce_server::{Engine, EngineOptions};
-use ce_store::{LinkRequest, PutRequest};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
+
+use super::common::TestApp;
 
 const KEY_A: &str = "key-of-account-a-00000001";
 const KEY_B: &str = "key-of-account-b-00000001";
@@ -28,22 +22,14 @@ const A_PLAN: &str = "ctx://a/docs/plan";
 const A_NOTE: &str = "ctx://a/users/u1/memories/note";
 const B_SECRET: &str = "ctx://b/docs/secret";
 
-struct H {
-    _dir: tempfile::TempDir,
-    engine: Arc<Engine>,
-    app: Router,
-    rt: tokio::runtime::Runtime,
-}
+/// The shared fixture, seeded with both accounts' nodes and edges.
+struct H(TestApp);
 
 /// One answer: HTTP status, session header, the JSON-RPC messages (JSON or SSE body).
 struct A {
     status: u16,
     session: Option<String>,
     messages: Vec<Value>,
-}
-
-fn u(s: &str) -> CtxUri {
-    CtxUri::parse(s).expect("uri")
 }
 
 impl H {
@@ -53,73 +39,24 @@ impl H {
 
     /// An engine whose configuration adds `extra` TOML.
     fn with(extra: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
         let toml = format!(
             "[index.embedding]\nprovider = \"hash\"\n\
              [[server.api_keys]]\nkey = \"{KEY_A}\"\naccount_id = \"a\"\n\
              [[server.api_keys]]\nkey = \"{KEY_B}\"\naccount_id = \"b\"\n\
              [[server.api_keys]]\nkey_env = \"{ADMIN_ENV}\"\nadmin = true\n{extra}"
         );
-        let config = Config::from_toml(&toml).expect("config");
-        let keys = KeyRing::from_config(&config.server, |v| {
-            (v == ADMIN_ENV).then(|| KEY_ADMIN.to_owned())
-        })
-        .expect("keys");
-        let options = EngineOptions {
-            workers: 1,
-            run_workers: false,
-            role: "test".into(),
-            consumers: Vec::new(),
-        };
-        let engine = Arc::new(Engine::open_with(dir.path(), config, options).expect("engine"));
-        let put = |uri: &str, text: &str| {
-            let req = PutRequest {
-                abstract_text: Some(text.into()),
-                overview: Some(format!("{text}: the overview")),
-                content: Some(format!("{text} in detail")),
-                ..PutRequest::default()
-            };
-            engine.put(&u(uri), req).expect("put");
-        };
-        put(A_PLAN, "alpha quarterly roadmap planning");
-        put(A_NOTE, "user one prefers dark mode");
-        put(B_SECRET, "bravo confidential merger plans");
-        let link = |from: &str, to: &str| {
-            let req = LinkRequest {
-                from: u(from),
-                to: u(to),
-                relation_type: "references".into(),
-                weight: 1.0,
-                reason: String::new(),
-                trace_id: None,
-            };
-            engine.link(req).expect("link");
-        };
-        link(A_PLAN, B_SECRET);
-        link(A_PLAN, A_NOTE);
-        let h = H {
-            app: router(
-                AppState {
-                    engine: engine.clone(),
-                    metrics: None,
-                    keys: Arc::new(keys),
-                },
-                1 << 20,
-            ),
-            engine,
-            _dir: dir,
-            rt: tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime"),
-        };
-        h.drain();
-        h
-    }
-
-    fn drain(&self) {
-        self.engine.drain(&|_: &DrainProgress| {}).expect("drain");
+        let t = TestApp::open(&toml, Some((ADMIN_ENV, KEY_ADMIN)));
+        for (uri, text) in [
+            (A_PLAN, "alpha quarterly roadmap planning"),
+            (A_NOTE, "user one prefers dark mode"),
+            (B_SECRET, "bravo confidential merger plans"),
+        ] {
+            t.put(uri, text, Some(format!("{text}: the overview")));
+        }
+        t.link(A_PLAN, B_SECRET);
+        t.link(A_PLAN, A_NOTE);
+        t.drain();
+        H(t)
     }
 
     /// POSTs `body` to `/mcp` (with `MCP-Protocol-Version: version` and the session, if any).
@@ -160,8 +97,8 @@ impl H {
             req = req.header("mcp-name", n);
         }
         let req = req.body(Body::from(body.to_string())).expect("request");
-        let app = self.app.clone();
-        self.rt.block_on(async move {
+        let app = self.0.app.clone();
+        self.0.rt.block_on(async move {
             let res = app.oneshot(req).await.expect("infallible");
             let status = res.status().as_u16();
             let session = res
@@ -426,7 +363,7 @@ fn tools_answer_results_and_typed_errors() {
     );
     let s = h.ok(k, "status", json!({}));
     assert_eq!(s["searchable"], false, "{s}");
-    h.drain();
+    h.0.drain();
     let s = h.ok(k, "status", json!({}));
     assert_eq!(s["searchable"], true, "{s}");
     let found = h.ok(
@@ -553,7 +490,7 @@ fn tools_answer_results_and_typed_errors() {
     assert_eq!(t["truncated"], true);
     assert_eq!(t["nodes"].as_array().map(Vec::len), Some(2));
     // search with a budget: never over it, says what was left out.
-    h.drain();
+    h.0.drain();
     let full = h.ok(
         k,
         "search",
@@ -579,7 +516,7 @@ fn tools_answer_results_and_typed_errors() {
         "link",
         json!({"from": "ctx://a/docs/new", "to": A_PLAN, "type": "mentions", "reason": "test"}),
     );
-    h.drain();
+    h.0.drain();
     let rel = h.ok(k, "related", json!({"uri": "ctx://a/docs/new"}));
     assert_eq!(rel["edges"][0]["other"], A_PLAN, "{rel}");
     h.fails(

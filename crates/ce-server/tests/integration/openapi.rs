@@ -3,16 +3,15 @@
 //! references, the auth scheme, and the error answers.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, header};
-use ce_core::Config;
+use ce_server::http::ROUTES;
 use ce_server::http::openapi::{MOUNTED, document};
-use ce_server::http::{AppState, KeyRing, ROUTES, router};
-use ce_server::{Engine, EngineOptions};
 use serde_json::Value;
 use tower::ServiceExt as _;
+
+use super::common::TestApp;
 
 fn operations(doc: &Value) -> BTreeSet<(String, String)> {
     let mut ops = BTreeSet::new();
@@ -93,34 +92,14 @@ fn every_route_has_an_operation_and_every_operation_a_route() {
 }
 
 /// A router over a fresh data directory (single-user mode: every caller is an admin).
-struct App {
-    _dir: tempfile::TempDir,
-    app: axum::Router,
-    rt: tokio::runtime::Runtime,
-}
+struct App(TestApp);
 
 impl App {
     fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = Config::from_toml("[index.embedding]\nprovider = \"hash\"\n").expect("config");
-        let options = EngineOptions {
-            workers: 1,
-            run_workers: false,
-            role: "test".into(),
-            consumers: Vec::new(),
-        };
-        let engine = Arc::new(Engine::open_with(dir.path(), config, options).expect("engine"));
-        let state = AppState {
-            engine,
-            metrics: None,
-            keys: Arc::new(KeyRing::open()),
-        };
-        let app = router(state, 1 << 20);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        App { _dir: dir, app, rt }
+        App(TestApp::open(
+            "[index.embedding]\nprovider = \"hash\"\n",
+            None,
+        ))
     }
 
     /// `METHOD uri` with a JSON `body` → (status, body text).
@@ -131,8 +110,8 @@ impl App {
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_owned()))
             .expect("request");
-        self.rt.block_on(async {
-            let res = self.app.clone().oneshot(req).await.expect("infallible");
+        self.0.rt.block_on(async {
+            let res = self.0.app.clone().oneshot(req).await.expect("infallible");
             let status = res.status().as_u16();
             let bytes = axum::body::to_bytes(res.into_body(), 1 << 24)
                 .await

@@ -4,18 +4,13 @@
 //! [`isolation`], so a new route cannot ship without its scoping being tested. The MCP
 //! endpoint `/mcp` (not a row of the table) has the same walk over its tools in `mcp.rs`.
 
-use std::sync::Arc;
-
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, header};
-use ce_core::{Config, CtxUri};
-use ce_server::http::{Access, AppState, KeyRing, ROUTES, Route, router};
-use ce_server::status::DrainProgress;
-use ce_server::{Engine, EngineOptions};
-use ce_store::{LinkRequest, PutRequest};
+use ce_server::http::{Access, ROUTES, Route};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
+
+use super::common::TestApp;
 
 const KEY_A: &str = "key-of-account-a-00000001";
 const KEY_B: &str = "key-of-account-b-00000001";
@@ -29,22 +24,14 @@ const A_U2: &str = "ctx://a/users/u2/memories/note";
 const B_SECRET: &str = "ctx://b/docs/secret";
 const B_U1: &str = "ctx://b/users/u1/memories/note";
 
-/// An engine on a fresh data directory and its router.
-struct H {
-    _dir: tempfile::TempDir,
-    app: Router,
-    rt: tokio::runtime::Runtime,
-}
+/// The shared fixture, seeded with both accounts' nodes and edges.
+struct H(TestApp);
 
 /// An answer: status, `WWW-Authenticate` header, JSON body (text as a JSON string).
 struct A {
     status: u16,
     challenge: Option<String>,
     body: Value,
-}
-
-fn u(s: &str) -> CtxUri {
-    CtxUri::parse(s).expect("uri")
 }
 
 fn keys_toml() -> String {
@@ -59,61 +46,19 @@ fn keys_toml() -> String {
 
 impl H {
     fn new(toml: &str) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = Config::from_toml(toml).expect("config");
-        let keys = KeyRing::from_config(&config.server, |v| {
-            (v == ADMIN_ENV).then(|| KEY_ADMIN.to_owned())
-        })
-        .expect("keys");
-        let options = EngineOptions {
-            workers: 1,
-            run_workers: false,
-            role: "test".into(),
-            consumers: Vec::new(),
-        };
-        let engine = Arc::new(Engine::open_with(dir.path(), config, options).expect("engine"));
-        let put = |uri: &str, text: &str| {
-            let req = PutRequest {
-                abstract_text: Some(text.into()),
-                content: Some(format!("{text} in detail")),
-                ..PutRequest::default()
-            };
-            engine.put(&u(uri), req).expect("put");
-        };
-        put(A_PLAN, "alpha quarterly roadmap planning");
-        put(A_U1, "user one prefers dark mode");
-        put(A_U2, "user two salary figures");
-        put(B_SECRET, "bravo confidential merger plans");
-        put(B_U1, "bravo user one prefers light mode");
-        let link = |from: &str, to: &str| {
-            let req = LinkRequest {
-                from: u(from),
-                to: u(to),
-                relation_type: "references".into(),
-                weight: 1.0,
-                reason: String::new(),
-                trace_id: None,
-            };
-            engine.link(req).expect("link");
-        };
+        let t = TestApp::open(toml, Some((ADMIN_ENV, KEY_ADMIN)));
+        t.put(A_PLAN, "alpha quarterly roadmap planning", None);
+        t.put(A_U1, "user one prefers dark mode", None);
+        t.put(A_U2, "user two salary figures", None);
+        t.put(B_SECRET, "bravo confidential merger plans", None);
+        t.put(B_U1, "bravo user one prefers light mode", None);
         // Cross-account edges only an admin can make; tenants must never see their far end.
-        link(A_PLAN, B_SECRET);
-        link(B_SECRET, A_PLAN);
-        link(A_PLAN, A_U1);
-        link(A_PLAN, A_U2);
-        engine.drain(&|_: &DrainProgress| {}).expect("drain");
-        let state = AppState {
-            engine: engine.clone(),
-            metrics: None,
-            keys: Arc::new(keys),
-        };
-        let app = router(state, 1 << 20);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        H { _dir: dir, app, rt }
+        t.link(A_PLAN, B_SECRET);
+        t.link(B_SECRET, A_PLAN);
+        t.link(A_PLAN, A_U1);
+        t.link(A_PLAN, A_U2);
+        t.drain();
+        H(t)
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>, key: Option<&str>) -> A {
@@ -128,8 +73,8 @@ impl H {
             None => req.body(Body::empty()),
         }
         .expect("request");
-        let app = self.app.clone();
-        self.rt.block_on(async move {
+        let app = self.0.app.clone();
+        self.0.rt.block_on(async move {
             let res = app.oneshot(req).await.expect("infallible");
             let status = res.status().as_u16();
             let challenge = res
