@@ -323,7 +323,16 @@ fn with_abstracts(e: &Engine, stats: &[NodeStat]) -> Result<Vec<Value>> {
 
 // ---- The tools -----------------------------------------------------------------------
 
+/// The names of the three layers in the tools' arguments, L0 to L2.
 const DETAILS: [&str; 3] = ["abstract", "overview", "content"];
+
+/// The layer a [`DETAILS`] name names (the schemas admit no other).
+fn layer_named(name: &str) -> Level {
+    DETAILS
+        .iter()
+        .position(|d| *d == name)
+        .map_or(Level::L2, |i| Level::ALL[i])
+}
 
 fn search_schema() -> Value {
     object(
@@ -367,10 +376,7 @@ fn search(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
     let mut body = a.body;
     body.extend(a.filters);
     let body: SearchBody = args(Value::Object(body))?;
-    let detail = match a.detail.as_deref() {
-        None => 0,
-        Some(d) => DETAILS.iter().position(|x| *x == d).unwrap_or(0) as u8,
-    };
+    let detail = a.detail.as_deref().map_or(Level::L0, layer_named).as_u8();
     let (ranked, lag, mode) = match run_search(e, scope, body)? {
         SearchAnswer::Flat(r) => (
             r.hits
@@ -593,11 +599,7 @@ fn edit(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
     let a: EditArgs = args(v)?;
     let uri = wire::uri(&a.uri)?;
     let layer = a.layer.as_deref().unwrap_or("content");
-    let level = match layer {
-        "abstract" => Level::L0,
-        "overview" => Level::L1,
-        _ => Level::L2,
-    };
+    let level = layer_named(layer);
     if a.old.is_empty() {
         return Err(invalid("old", "must not be empty"));
     }
