@@ -41,6 +41,14 @@ pub struct Client {
     authorization: Option<String>,
 }
 
+/// A request to `url` that got no answer.
+fn transport(url: String, e: &ureq::Error) -> CliError {
+    CliError::Transport {
+        url,
+        message: e.to_string(),
+    }
+}
+
 impl Client {
     /// A client of the server at `url` (`http://host:port`, a trailing `/` is fine) that
     /// sends `api_key`, if any, with every request.
@@ -73,13 +81,18 @@ impl Client {
         })
     }
 
+    /// `req` with the key's `Authorization` header, if there is a key.
+    fn authorized<B>(&self, req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.authorization {
+            Some(a) => req.header("Authorization", a),
+            None => req,
+        }
+    }
+
     /// `GET path?query`.
     pub fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.agent.get(&url);
-        if let Some(a) = &self.authorization {
-            req = req.header("Authorization", a);
-        }
+        let mut req = self.authorized(self.agent.get(&url));
         for (k, v) in query {
             req = req.query(*k, v);
         }
@@ -90,13 +103,9 @@ impl Client {
     pub fn post(&self, path: &str, body: &impl Serialize) -> Result<Value> {
         let url = format!("{}{path}", self.base);
         let bytes = serde_json::to_vec(body).map_err(|e| CliError::Other(e.into()))?;
-        let mut req = self
-            .agent
-            .post(&url)
+        let req = self
+            .authorized(self.agent.post(&url))
             .header("Content-Type", "application/json");
-        if let Some(a) = &self.authorization {
-            req = req.header("Authorization", a);
-        }
         let res = req.send(&bytes[..]);
         self.answer(&url, res)
     }
@@ -109,35 +118,23 @@ impl Client {
         headers: &[(&str, &str)],
     ) -> Result<ureq::http::Response<ureq::Body>> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.agent.post(&url);
-        if let Some(a) = &self.authorization {
-            req = req.header("Authorization", a);
-        }
+        let mut req = self.authorized(self.agent.post(&url));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        req.send(body).map_err(|e| CliError::Transport {
-            url,
-            message: e.to_string(),
-        })
+        req.send(body).map_err(|e| transport(url, &e))
     }
 
     /// `DELETE path` with `headers`; the status, or why not (the MCP bridge ends its session).
     pub fn delete_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<u16> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.agent.delete(&url);
-        if let Some(a) = &self.authorization {
-            req = req.header("Authorization", a);
-        }
+        let mut req = self.authorized(self.agent.delete(&url));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
         req.call()
             .map(|r| r.status().as_u16())
-            .map_err(|e| CliError::Transport {
-                url,
-                message: e.to_string(),
-            })
+            .map_err(|e| transport(url, &e))
     }
 
     fn answer(
