@@ -251,6 +251,12 @@ pub struct PutArgs {
     /// Trace id recorded on the node and its events [default: generated].
     #[arg(long, value_name = "T")]
     pub trace_id: Option<String>,
+    /// Drop the client's L0 (abstract) so that the derive consumer writes it again.
+    #[arg(long, conflicts_with_all = ["abstract_text", "abstract_file"])]
+    pub derive_abstract: bool,
+    /// Drop the client's L1 (overview) so that the derive consumer writes it again.
+    #[arg(long, conflicts_with_all = ["overview", "overview_file"])]
+    pub derive_overview: bool,
 }
 
 /// `ce cat`.
@@ -555,6 +561,9 @@ pub enum BenchCommand {
     /// Path locks: acquire + release latency of EXACT and TREE locks, and the grant rate of
     /// one contended path, per provider.
     Locks(BenchLocksArgs),
+    /// Derived layers: extractive derivation throughput over 1–5 KB documents, and how many
+    /// times a folder is derived when 100 of its children change at once.
+    Derive(crate::bench_derive::BenchDeriveArgs),
 }
 
 /// `ce bench locks`.

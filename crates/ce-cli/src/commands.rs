@@ -170,6 +170,13 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
                 json,
             })
         }
+        Command::Bench(BenchCommand::Derive(args)) => {
+            let json = crate::bench_derive::run_derive(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
         Command::Bench(BenchCommand::Locks(args)) => {
             let json = bench_locks::run_locks(args).map_err(CliError::Other)?;
             Ok(Rendered {
@@ -344,6 +351,13 @@ pub fn put_body(a: &PutArgs) -> Result<PutBody> {
         abstract_text: text_arg(&a.abstract_text, &a.abstract_file)?,
         overview: text_arg(&a.overview, &a.overview_file)?,
         content: text_arg(&a.content, &a.content_file)?,
+        derive: [
+            (a.derive_abstract, ce_core::Level::L0),
+            (a.derive_overview, ce_core::Level::L1),
+        ]
+        .into_iter()
+        .filter_map(|(asked, level)| asked.then_some(level))
+        .collect(),
     })
 }
 

@@ -471,6 +471,12 @@ pub fn status(s: &Status) -> String {
         ("embed_cache", cache),
         ("jobs", crate::jobs::status_line(&s.jobs)),
         (
+            "derive",
+            s.derive
+                .as_ref()
+                .map_or_else(|| "off (no derive consumer)".to_owned(), derive_line),
+        ),
+        (
             "holds",
             if s.holds.is_empty() {
                 "none".to_owned()
@@ -676,11 +682,58 @@ pub fn stat(s: &NodeStat) -> String {
         ("relation_version", s.relation_version.to_string()),
         ("content_hash", s.content_hash.clone()),
         ("layers", layer_sizes(s.layer_bytes)),
+        ("abstract_origin", origin(&s.provenance.abstract_origin)),
+        ("overview_origin", origin(&s.provenance.overview_origin)),
         ("children", s.children.to_string()),
         ("meta", meta_text(&s.meta)),
         ("created", time(s.created_at_ms)),
         ("updated", time(s.updated_at_ms)),
     ])
+}
+
+/// A layer's origin (docs/derive.md): who wrote it, or how it was derived.
+fn origin(o: &ce_core::LayerOrigin) -> String {
+    use ce_core::LayerOrigin;
+    match o {
+        LayerOrigin::None => "none (the fallback of the projector applies)".to_owned(),
+        LayerOrigin::User => "user".to_owned(),
+        LayerOrigin::Pending => "pending (the derive consumer has it queued)".to_owned(),
+        LayerOrigin::Derived(d) => {
+            let tokens = if d.tokens_in + d.tokens_out > 0 {
+                format!(", {} tokens in, {} out", d.tokens_in, d.tokens_out)
+            } else {
+                String::new()
+            };
+            format!("derived by {} at {}{tokens}", d.generator, time(d.at_ms))
+        }
+        LayerOrigin::Failed(f) => format!(
+            "failed ({} by {}: {}; the fallback applies)",
+            f.code, f.generator, f.message
+        ),
+    }
+}
+
+/// The `derive` line of `ce status`.
+fn derive_line(d: &ce_server::status::DeriveStatus) -> String {
+    let budget = match (d.max_tokens_per_day, d.over_budget) {
+        (0, _) => "no token budget".to_owned(),
+        (max, false) => format!("budget {max} tokens/day"),
+        (max, true) => format!("budget {max} tokens/day SPENT (extractive until 00:00 UTC)"),
+    };
+    let mut line = format!(
+        "{} for {}; {} dirty; today {} derived, {} discarded by coalescing, {} tokens in, {} out; {budget}",
+        d.generator,
+        d.types.join(", "),
+        d.dirty,
+        d.today.derivations,
+        d.today.discarded,
+        d.today.tokens_in,
+        d.today.tokens_out,
+    );
+    if let Some(r) = &d.last_refusal {
+        line.push_str(&format!("; last refusal: {r}"));
+    }
+    line
 }
 
 fn display_name(s: &NodeStat) -> String {

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
+use crate::node::ContextType;
 use crate::projector::ProjectorConfig;
 
 /// The whole configuration.
@@ -25,6 +26,123 @@ pub struct Config {
     pub lock: LockConfig,
     /// `[jobs]`: durable workflow jobs (docs/jobs.md).
     pub jobs: JobsConfig,
+    /// `[derive]`: derived L0 / L1 layers (docs/derive.md).
+    pub derive: DeriveConfig,
+}
+
+/// `[derive]`: which nodes get derived L0 / L1 layers and which generator writes them
+/// (docs/derive.md). Derivation runs only when `derive` is one of `index.outbox.consumers`
+/// (not yet by default: add it to the list).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeriveConfig {
+    /// `extractive` (offline, deterministic, the default) or `llm` (`[derive.llm]`).
+    pub generator: String,
+    /// The context types whose nodes get derived layers (default: resources and sessions;
+    /// add `memory` or `skill` to derive those too).
+    pub types: Vec<String>,
+    /// Nodes per generator call (1..=256).
+    pub batch_size: u32,
+    /// Timeout of one generator call, in seconds (1..=600).
+    pub timeout_seconds: u32,
+    /// Model tokens (in + out) the `llm` generator may spend per UTC day; 0: unlimited. When
+    /// the day's budget is spent, derivation continues with `extractive` until midnight.
+    pub max_tokens_per_day: u64,
+    /// `[derive.llm]`: the chat-completions endpoint of the `llm` generator.
+    pub llm: DeriveLlmConfig,
+}
+
+impl Default for DeriveConfig {
+    fn default() -> Self {
+        DeriveConfig {
+            generator: "extractive".into(),
+            types: vec!["resource".into(), "session".into()],
+            batch_size: 16,
+            timeout_seconds: 120,
+            max_tokens_per_day: 0,
+            llm: DeriveLlmConfig::default(),
+        }
+    }
+}
+
+impl DeriveConfig {
+    /// The context types that are derived.
+    pub fn derived_types(&self) -> Vec<ContextType> {
+        self.types.iter().filter_map(|t| t.parse().ok()).collect()
+    }
+
+    fn validate(&self) -> Result<(), CoreError> {
+        if !matches!(self.generator.as_str(), "extractive" | "llm") {
+            return Err(CoreError::InvalidConfig {
+                key: "derive.generator".into(),
+                reason: format!("{:?} is not one of \"extractive\", \"llm\"", self.generator),
+            });
+        }
+        for (i, t) in self.types.iter().enumerate() {
+            if let Err(e) = t.parse::<ContextType>() {
+                return Err(CoreError::InvalidConfig {
+                    key: format!("derive.types[{i}]"),
+                    reason: e.to_string(),
+                });
+            }
+        }
+        range("derive.batch_size", self.batch_size, 1, 256)?;
+        range("derive.timeout_seconds", self.timeout_seconds, 1, 600)?;
+        let l = &self.llm;
+        range("derive.llm.temperature", l.temperature, 0.0, 2.0)?;
+        range("derive.llm.max_tokens", l.max_tokens, 16, 32_768)?;
+        range(
+            "derive.llm.max_input_chars",
+            l.max_input_chars,
+            1_000,
+            1_000_000,
+        )?;
+        if self.generator == "llm" && l.model.trim().is_empty() {
+            return Err(CoreError::InvalidConfig {
+                key: "derive.llm.model".into(),
+                reason: "the llm generator needs a model name".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `[derive.llm]`: any OpenAI-compatible `/v1/chat/completions` endpoint (OpenAI, vLLM,
+/// llama.cpp server, Ollama's OpenAI endpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeriveLlmConfig {
+    /// The server root (a trailing `/v1` is accepted).
+    pub base_url: String,
+    /// The model sent in requests (required with `generator = "llm"`).
+    pub model: String,
+    /// The environment variable holding the API key (unset: no key is sent).
+    pub api_key_env: String,
+    /// Sampling temperature (0..=2; 0 is as deterministic as the endpoint allows).
+    pub temperature: f64,
+    /// The longest answer, in tokens (16..=32768).
+    pub max_tokens: u32,
+    /// The longest input sent for one node, in characters (1000..=1000000); longer content
+    /// is cut at a block boundary and the prompt says so.
+    pub max_input_chars: usize,
+    /// A directory of prompt files (`leaf.md`, `container.md`) replacing the built-in
+    /// prompts; each starts with a `version: N` line, and a change of version re-derives
+    /// on `ce reindex --consumer derive`.
+    pub prompts_dir: Option<String>,
+}
+
+impl Default for DeriveLlmConfig {
+    fn default() -> Self {
+        DeriveLlmConfig {
+            base_url: "https://api.openai.com".into(),
+            model: String::new(),
+            api_key_env: "OPENAI_API_KEY".into(),
+            temperature: 0.0,
+            max_tokens: 512,
+            max_input_chars: 24_000,
+            prompts_dir: None,
+        }
+    }
 }
 
 /// `[jobs]`: the durable job queue and its runner (docs/jobs.md). Every job type runs with
@@ -449,6 +567,8 @@ pub const VECTOR_CONSUMER: &str = "vector";
 pub const KEYWORD_CONSUMER: &str = "keyword";
 /// The consumer (and index) name of the relation index.
 pub const RELATION_CONSUMER: &str = "relation";
+/// The consumer that derives L0 / L1 layers (docs/derive.md).
+pub const DERIVE_CONSUMER: &str = "derive";
 
 /// The values of `retrieval.default_mode`.
 pub const RETRIEVAL_MODES: [&str; 4] = ["auto", "vector", "keyword", "hybrid"];
@@ -716,6 +836,22 @@ fn range<T: PartialOrd + Copy + std::fmt::Display>(
 }
 
 impl Config {
+    /// The context types whose nodes get derived layers: `[derive] types`, or none when the
+    /// `derive` consumer is not one of `index.outbox.consumers`.
+    pub fn derived_types(&self) -> Vec<ContextType> {
+        if self
+            .index
+            .outbox
+            .consumers
+            .iter()
+            .any(|c| c == DERIVE_CONSUMER)
+        {
+            self.derive.derived_types()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Whether the source of truth is PostgreSQL (`store.url`).
     pub fn store_is_postgres(&self) -> bool {
         is_postgres_url(&self.store.url)
@@ -974,6 +1110,7 @@ impl Config {
         )?;
         self.server.validate()?;
         self.jobs.validate()?;
+        self.derive.validate()?;
         Ok(())
     }
 }

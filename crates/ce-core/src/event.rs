@@ -88,6 +88,8 @@ pub enum UpsertReason {
     Append,
     /// Re-emitted by repair or reconcile.
     Repair,
+    /// The `derive` consumer wrote the node's derived L0 / L1.
+    Derived,
 }
 
 /// `UPSERT_CONTEXT` payload (spec §3.1.1).

@@ -4,6 +4,7 @@
 //! - [`hash`]: stable record ids and content hashes
 //! - [`node`]: nodes, layers, levels, attributes, relation edges
 //! - [`event`]: outbox events and delivery states (spec §2.3, §3)
+//! - [`provenance`]: where a node's L0 and L1 came from (DESIGN.md §8)
 //! - [`projector`]: the index projector (spec §4)
 //! - [`config`]: configuration keys, defaults and ranges (spec §12)
 //! - [`error`]: error codes and classification
@@ -16,6 +17,7 @@ pub mod failpoint;
 pub mod hash;
 pub mod node;
 pub mod projector;
+pub mod provenance;
 pub mod safety;
 pub mod text;
 pub mod uri;
@@ -36,6 +38,7 @@ pub use projector::{
     IndexProjector, IndexRecord, LevelSource, MoveProjection, NodeProjection, ProjectionWarning,
     RelationIndexRecord,
 };
+pub use provenance::{Derivation, DeriveFailure, LayerOrigin, Provenance};
 pub use uri::{CtxUri, UriError, canonicalize_uri};
 
 /// Number of property-test cases: `default`, or `CE_PROPTEST_CASES` when set (soak runs).

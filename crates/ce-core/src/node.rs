@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Millis;
 use crate::error::CoreError;
 use crate::hash::sha256_tagged;
+use crate::provenance::Provenance;
 use crate::uri::CtxUri;
 
 /// User metadata of a node: a JSON object (flat scalar values are filterable).
@@ -362,6 +363,9 @@ pub struct ContextNode {
     pub updated_at_ms: Millis,
     /// Trace id of the last change.
     pub trace_id: String,
+    /// Where L0 and L1 came from (client, generator, pending).
+    #[serde(default)]
+    pub provenance: Provenance,
 }
 
 impl ContextNode {

@@ -12,6 +12,7 @@ use crate::clock::rfc3339;
 use crate::error::CoreError;
 use crate::hash::{sha256_tagged, stable_hash};
 use crate::node::{ContextNode, Level, RelationEdge};
+use crate::provenance::LayerOrigin;
 use crate::uri::CtxUri;
 
 /// A record of the vector or keyword index (spec §2.1).
@@ -171,8 +172,17 @@ impl IndexProjector {
 
     /// Where the index record of `level` takes its text from (spec §2.2.1): the layer itself
     /// when it has text, else the first fallback layer that has, cut to its character
-    /// limit; `None` when none has text (the level gets no record).
+    /// limit; `None` when none has text (the level gets no record), and `None` while the
+    /// layer's derivation is pending (docs/derive.md: its fallback would be embedded only
+    /// to be replaced minutes later; the write-back of the derived layer indexes it).
     pub fn level_source(&self, node: &ContextNode, level: Level) -> Option<LevelSource> {
+        if node
+            .provenance
+            .get(level)
+            .is_some_and(LayerOrigin::is_pending)
+        {
+            return None;
+        }
         let (n, m) = (self.config.l0_fallback_chars, self.config.l1_fallback_chars);
         let candidates: &[(Level, Option<usize>)] = match level {
             Level::L0 => &[
@@ -189,7 +199,13 @@ impl IndexProjector {
             .map(|&(level, max_chars)| LevelSource { level, max_chars })
     }
 
-    fn level_text(&self, node: &ContextNode, level: Level) -> Option<LevelText<'static>> {
+    /// The text the record of `level` carries (fallbacks applied), or `None` when the level
+    /// gets no record.
+    pub fn level_text(&self, node: &ContextNode, level: Level) -> Option<String> {
+        self.sourced_text(node, level).map(|t| t.text)
+    }
+
+    fn sourced_text(&self, node: &ContextNode, level: Level) -> Option<LevelText<'static>> {
         let source = self.level_source(node, level)?;
         let text = node.layers.get(source.level);
         Some(LevelText {
@@ -205,7 +221,7 @@ impl IndexProjector {
     }
 
     fn record(&self, node: &ContextNode, level: Level) -> Option<IndexRecord> {
-        let LevelText { text, source_file } = self.level_text(node, level)?;
+        let LevelText { text, source_file } = self.sourced_text(node, level)?;
         let mut filters = BTreeMap::new();
         // Flat scalar user metadata is filterable; the minimal set below wins on a clash.
         for (k, v) in &node.meta {
@@ -338,7 +354,33 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 1_773_482_400_000,
             trace_id: "t-001".into(),
+            provenance: crate::Provenance::default(),
         }
+    }
+
+    #[test]
+    fn a_pending_layer_gets_no_record_and_its_fallback_is_not_used() {
+        let mut n = node("", "", "the content of the node");
+        let all = IndexProjector::default().build_context_records(&n);
+        assert_eq!(all.records.len(), 3, "fallbacks fill L0 and L1");
+        n.provenance.abstract_origin = LayerOrigin::Pending;
+        n.provenance.overview_origin = LayerOrigin::Pending;
+        let p = IndexProjector::default().build_context_records(&n);
+        let levels: Vec<Level> = p.records.iter().map(|r| r.level).collect();
+        assert_eq!(
+            levels,
+            [Level::L2],
+            "only the content is indexed while derivation is due"
+        );
+        n.provenance.overview_origin = LayerOrigin::User;
+        n.layers.overview = "an overview".into();
+        let p = IndexProjector::default().build_context_records(&n);
+        let levels: Vec<Level> = p.records.iter().map(|r| r.level).collect();
+        assert_eq!(
+            levels,
+            [Level::L1, Level::L2],
+            "a pending L0 does not fall back to L1"
+        );
     }
 
     /// Spec §13.5.2: a full node gives three records with every listed field.

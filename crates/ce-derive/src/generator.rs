@@ -190,6 +190,12 @@ pub trait Generator: Send + Sync {
         budget: Budget,
         timeout: Duration,
     ) -> Vec<Result<Derived, DeriveError>>;
+
+    /// How long the generator's provider asked to be left alone (a rate limit's
+    /// `Retry-After`); `None` when it may be called.
+    fn paused_for(&self) -> Option<Duration> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -11,10 +11,30 @@
 //! No generator writes placeholder text: an input with nothing to summarise derives nothing
 //! ([`Derived::abstract_text`] is `None`), and the caller keeps the node as it is.
 
+pub mod consumer;
 pub mod extractive;
 mod generator;
+pub mod llm;
 
+pub use consumer::{DeriveCounters, DeriveHandler, DeriveSettings};
 pub use extractive::Extractive;
+pub use llm::LlmGenerator;
+
+use std::sync::Arc;
+
+/// The generator `[derive]` configures.
+pub fn from_config(
+    config: &ce_core::config::DeriveConfig,
+) -> Result<Arc<dyn Generator>, DeriveError> {
+    match config.generator.as_str() {
+        "llm" => Ok(Arc::new(LlmGenerator::from_config(&config.llm)?)),
+        "extractive" => Ok(Arc::new(Extractive::default())),
+        other => Err(DeriveError::Config {
+            key: "derive.generator".into(),
+            reason: format!("{other:?} is not one of \"extractive\", \"llm\""),
+        }),
+    }
+}
 pub use generator::{
     Budget, Child, DeriveError, DeriveInput, Derived, Generator, GeneratorIdentity,
 };

@@ -25,6 +25,9 @@ pub enum ServerError {
     /// The embedder failed.
     #[error(transparent)]
     Embed(#[from] EmbedError),
+    /// The derived-layer generator (its configuration, at open).
+    #[error(transparent)]
+    Derive(#[from] ce_derive::DeriveError),
     /// A search failed.
     #[error(transparent)]
     Retrieval(#[from] RetrievalError),
@@ -167,6 +170,7 @@ impl Classify for ServerError {
             ServerError::Store(e) => e.code(),
             ServerError::Index(e) => e.code(),
             ServerError::Embed(e) => e.code(),
+            ServerError::Derive(e) => e.code(),
             ServerError::Retrieval(e) => e.code(),
             ServerError::Lock(e) => e.code(),
             ServerError::NotReady { code, .. } => *code,
@@ -189,6 +193,7 @@ impl Classify for ServerError {
             ServerError::Store(e) => e.is_retryable(),
             ServerError::Index(e) => e.is_retryable(),
             ServerError::Embed(e) => e.is_retryable(),
+            ServerError::Derive(e) => e.is_retryable(),
             ServerError::Retrieval(e) => e.is_retryable(),
             ServerError::Lock(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,

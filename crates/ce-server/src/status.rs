@@ -255,6 +255,47 @@ pub struct Status {
     /// The durable jobs (docs/jobs.md).
     #[serde(default)]
     pub jobs: JobsStatus,
+    /// Derived layers (`None`: the derive consumer is not configured; docs/derive.md).
+    #[serde(default)]
+    pub derive: Option<DeriveStatus>,
+}
+
+/// The derived layers of `Status::derive`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DeriveStatus {
+    /// The configured generator's identity key (`extractive:1`, `llm:1:gpt-4o-mini`).
+    pub generator: String,
+    /// The context types that are derived.
+    pub types: Vec<String>,
+    /// Nodes whose derivation is due (dirty keys), every process's.
+    pub dirty: u64,
+    /// Today's (UTC) usage, every process's: tokens in / out, write-backs applied and
+    /// discarded by coalescing.
+    pub today: DeriveUsageStatus,
+    /// `derive.max_tokens_per_day` (0: unlimited).
+    pub max_tokens_per_day: u64,
+    /// Whether today's budget is spent (the extractive generator serves until midnight UTC).
+    pub over_budget: bool,
+    /// What this process's derive workers did since it started (`None`: none run here).
+    pub workers: Option<ce_derive::DeriveCounters>,
+    /// The configured generator's last permanent refusal in this process (the node kept
+    /// the extractive result).
+    pub last_refusal: Option<String>,
+}
+
+/// One day's derive usage.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct DeriveUsageStatus {
+    /// Model tokens read.
+    pub tokens_in: u64,
+    /// Model tokens written.
+    pub tokens_out: u64,
+    /// Write-backs applied.
+    pub derivations: u64,
+    /// Write-backs discarded (newer inputs were committed meanwhile).
+    pub discarded: u64,
 }
 
 /// The jobs of `Status::jobs`: counts from the store (every process's jobs), and whether a

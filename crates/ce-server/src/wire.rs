@@ -83,6 +83,10 @@ pub struct PutBody {
     /// Trace id recorded on the node and its events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Layers (0: abstract, 1: overview) whose client text is dropped so that the derive
+    /// consumer writes them again (docs/derive.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub derive: Vec<ce_core::Level>,
 }
 
 impl PutBody {
@@ -105,6 +109,7 @@ impl PutBody {
             meta: self.meta,
             expect_version: self.expect_version,
             trace_id: self.trace_id,
+            derive: self.derive,
         };
         Ok((uri, req))
     }

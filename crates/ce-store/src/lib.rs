@@ -12,6 +12,7 @@
 //! - [`postgres`]: the scale backend (PostgreSQL), same schema semantics
 //! - [`layout`]: import / export in the on-disk node layout (spec §2.2)
 
+pub mod derive;
 pub mod error;
 pub mod jobs;
 pub mod layout;
@@ -24,6 +25,7 @@ mod shared;
 pub mod sqlite;
 mod txn;
 
+pub use derive::DeriveStore;
 pub use error::{Result, StoreError};
 pub use jobs::{
     ClaimedJob, Enqueued, Heartbeat, Job, JobClaim, JobCount, JobFailure, JobFilter, JobSpec,
@@ -41,11 +43,11 @@ pub use sqlite::SqliteStore;
 /// Everything a backend provides: one transactional store for nodes, relations, outbox and
 /// jobs.
 pub trait SourceStore:
-    ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore
+    ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore + DeriveStore
 {
 }
 
-impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore> SourceStore
-    for T
+impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore + DeriveStore>
+    SourceStore for T
 {
 }

@@ -62,6 +62,9 @@ pub struct PutRequest {
     pub expect_version: Option<u64>,
     /// Trace id (generated when absent).
     pub trace_id: Option<String>,
+    /// Layers (L0, L1) whose client text is dropped so that they are derived again
+    /// (`ce put --derive-abstract`); refused with text for the same layer.
+    pub derive: Vec<Level>,
 }
 
 /// What a mutation did.
@@ -132,6 +135,9 @@ pub struct NodeStat {
     pub created_at_ms: Millis,
     /// Last change.
     pub updated_at_ms: Millis,
+    /// Where L0 and L1 came from (docs/derive.md).
+    #[serde(default)]
+    pub provenance: ce_core::Provenance,
 }
 
 /// A node's edges in both directions.
@@ -601,6 +607,10 @@ mod tests {
             meta: Meta::from([("k".to_owned(), serde_json::json!({"n": [1, null]}))]),
             created_at_ms: 1,
             updated_at_ms: 2,
+            provenance: ce_core::Provenance {
+                abstract_origin: ce_core::LayerOrigin::Pending,
+                overview_origin: ce_core::LayerOrigin::User,
+            },
         });
         round_trips(&Relations {
             outgoing: vec![RelationEdge {

@@ -4,9 +4,11 @@
 //! transaction as the events; no backend re-implements the merge rules.
 
 use ce_core::{
-    ContextNode, CoreError, CtxUri, Layers, Level, Meta, Millis, PathDefaults, UpsertReason,
+    ContextNode, CoreError, CtxUri, LayerOrigin, Layers, Level, Meta, Millis, PathDefaults,
+    Provenance, UpsertReason,
 };
 
+use crate::derive::{Rules, settle_origins};
 use crate::error::{Result, StoreError};
 use crate::model::{PutMode, PutRequest};
 
@@ -80,6 +82,7 @@ pub fn container(uri: &CtxUri, version: u64, now: Millis, trace_id: &str) -> Con
         created_at_ms: now,
         updated_at_ms: now,
         trace_id: trace_id.to_owned(),
+        provenance: Provenance::default(),
     }
 }
 
@@ -92,9 +95,10 @@ pub fn plan_put(
     tombstone: Option<u64>,
     req: PutRequest,
     now: Millis,
-    max_layer_bytes: usize,
+    rules: &Rules,
     trace_id: &str,
 ) -> Result<Option<PlannedNode>> {
+    let max_layer_bytes = rules.max_layer_bytes;
     if uri.is_root() {
         return Err(StoreError::RootNotWritable);
     }
@@ -127,6 +131,20 @@ pub fn plan_put(
         }
     }
 
+    for level in &req.derive {
+        let written = match level {
+            Level::L0 => req.abstract_text.is_some(),
+            Level::L1 => req.overview.is_some(),
+            Level::L2 => false,
+        };
+        if written {
+            return Err(CoreError::InvalidField {
+                field: "derive",
+                reason: format!("layer {level} is both written and handed back to derivation"),
+            }
+            .into());
+        }
+    }
     let defaults = PathDefaults::of(uri);
     let base = match (existing, req.mode) {
         (Some(n), PutMode::Merge | PutMode::Append) => n.clone(),
@@ -141,6 +159,37 @@ pub fn plan_put(
         (None, _) => container(uri, 0, now, trace_id),
     };
     let mut node = base;
+    match (existing, req.mode) {
+        (None, _) => node.provenance = Provenance::default(),
+        // A replace replaces the client's layers; derived ones are not the client's and stay
+        // (re-derived if the inputs changed), so re-importing an unchanged tree changes
+        // nothing.
+        (Some(old), PutMode::Replace) => {
+            for level in [Level::L0, Level::L1] {
+                let kept = old.provenance.get(level).filter(|o| !o.is_user()).cloned();
+                if let Some(o) = node.provenance.get_mut(level) {
+                    *o = kept.clone().unwrap_or_default();
+                }
+                if kept.is_some() {
+                    match level {
+                        Level::L0 => node.layers.abstract_text = old.layers.abstract_text.clone(),
+                        _ => node.layers.overview = old.layers.overview.clone(),
+                    }
+                }
+            }
+        }
+        (Some(_), _) => {}
+    }
+    for (level, given) in [(Level::L0, &req.abstract_text), (Level::L1, &req.overview)] {
+        let origin = match given {
+            Some(t) if !t.is_empty() => LayerOrigin::User,
+            Some(_) => LayerOrigin::None,
+            None => continue,
+        };
+        if let Some(o) = node.provenance.get_mut(level) {
+            *o = origin;
+        }
+    }
     if let Some(t) = req.abstract_text {
         node.layers.abstract_text = t;
     }
@@ -175,7 +224,8 @@ pub fn plan_put(
             node.meta.insert(k, v);
         }
     }
-    node.content_hash = node.layers.content_hash();
+    hand_back_to_derivation(&mut node, &req.derive, rules)?;
+    settle_origins(&mut node, rules);
 
     let reason = match (existing, req.mode) {
         (None, _) => UpsertReason::Create,
@@ -185,6 +235,7 @@ pub fn plan_put(
     };
     if let Some(old) = existing {
         let same = old.layers == node.layers
+            && old.provenance == node.provenance
             && old.meta == node.meta
             && old.context_type == node.context_type
             && old.category == node.category
@@ -211,6 +262,46 @@ pub fn plan_put(
         reason,
         layers_removed,
     }))
+}
+
+/// `PutRequest::derive`: the named layers lose their client text and become pending, so the
+/// `derive` consumer writes them. Refused for a layer the same request writes, and for a node
+/// whose context type is not derived.
+fn hand_back_to_derivation(node: &mut ContextNode, levels: &[Level], rules: &Rules) -> Result<()> {
+    if levels.is_empty() {
+        return Ok(());
+    }
+    if !rules.derives(node.context_type) {
+        return Err(CoreError::InvalidField {
+            field: "derive",
+            reason: format!(
+                "{} nodes get no derived layers here (derive.types {:?}, and the derive consumer \
+                 must be one of index.outbox.consumers)",
+                node.context_type,
+                rules.derived.iter().map(|t| t.as_str()).collect::<Vec<_>>()
+            ),
+        }
+        .into());
+    }
+    for &level in levels {
+        let Some(origin) = node.provenance.get_mut(level) else {
+            return Err(CoreError::InvalidField {
+                field: "derive",
+                reason: "only L0 (abstract) and L1 (overview) are derived; L2 is the content"
+                    .into(),
+            }
+            .into());
+        };
+        if !origin.is_user() {
+            continue;
+        }
+        *origin = LayerOrigin::Pending;
+        match level {
+            Level::L0 => node.layers.abstract_text.clear(),
+            _ => node.layers.overview.clear(),
+        }
+    }
+    Ok(())
 }
 
 fn check_size(field: &'static str, len: usize, max: usize) -> Result<()> {
@@ -269,7 +360,7 @@ mod tests {
     #[test]
     fn create_takes_path_defaults_and_tombstone_version() {
         let u = uri("ctx://a/users/u1/memories/prefs/theme");
-        let p = plan_put(&u, None, Some(7), put("x"), 5, 100, "t")
+        let p = plan_put(&u, None, Some(7), put("x"), 5, &Rules::limit(100), "t")
             .expect("ok")
             .expect("changed");
         assert_eq!(p.reason, UpsertReason::Create);
@@ -286,7 +377,7 @@ mod tests {
             content: Some("c".into()),
             ..PutRequest::default()
         };
-        let created = plan_put(&u, None, None, full, 5, 100, "t")
+        let created = plan_put(&u, None, None, full, 5, &Rules::limit(100), "t")
             .expect("ok")
             .expect("new");
         assert_eq!(created.layers_removed, [], "a create removes nothing");
@@ -296,25 +387,41 @@ mod tests {
             mode,
             ..PutRequest::default()
         };
-        let replaced = plan_put(&u, Some(&n), None, overview(PutMode::Replace), 6, 100, "t")
-            .expect("ok")
-            .expect("changed");
+        let replaced = plan_put(
+            &u,
+            Some(&n),
+            None,
+            overview(PutMode::Replace),
+            6,
+            &Rules::limit(100),
+            "t",
+        )
+        .expect("ok")
+        .expect("changed");
         assert_eq!(replaced.layers_removed, [Level::L0, Level::L2]);
-        let merged = plan_put(&u, Some(&n), None, overview(PutMode::Merge), 6, 100, "t")
-            .expect("ok")
-            .expect("changed");
+        let merged = plan_put(
+            &u,
+            Some(&n),
+            None,
+            overview(PutMode::Merge),
+            6,
+            &Rules::limit(100),
+            "t",
+        )
+        .expect("ok")
+        .expect("changed");
         assert_eq!(merged.layers_removed, []);
     }
 
     #[test]
     fn identical_write_plans_nothing() {
         let u = uri("ctx://a/x");
-        let n = plan_put(&u, None, None, put("x"), 5, 100, "t")
+        let n = plan_put(&u, None, None, put("x"), 5, &Rules::limit(100), "t")
             .expect("ok")
             .expect("new")
             .node;
         assert!(
-            plan_put(&u, Some(&n), None, put("x"), 6, 100, "t2")
+            plan_put(&u, Some(&n), None, put("x"), 6, &Rules::limit(100), "t2")
                 .expect("ok")
                 .is_none()
         );
@@ -323,7 +430,7 @@ mod tests {
             ..PutRequest::default()
         };
         assert!(
-            plan_put(&u, Some(&n), None, merge, 6, 100, "t2")
+            plan_put(&u, Some(&n), None, merge, 6, &Rules::limit(100), "t2")
                 .expect("ok")
                 .is_none()
         );
@@ -335,7 +442,7 @@ mod tests {
         let mut req = put("one");
         req.abstract_text = Some("abs".into());
         req.meta.insert("k".into(), json!("v"));
-        let n = plan_put(&u, None, None, req, 5, 100, "t")
+        let n = plan_put(&u, None, None, req, 5, &Rules::limit(100), "t")
             .expect("ok")
             .expect("new")
             .node;
@@ -344,7 +451,7 @@ mod tests {
             content: Some("two".into()),
             ..PutRequest::default()
         };
-        let a = plan_put(&u, Some(&n), None, app, 6, 100, "t")
+        let a = plan_put(&u, Some(&n), None, app, 6, &Rules::limit(100), "t")
             .expect("ok")
             .expect("changed");
         assert_eq!(
@@ -357,14 +464,22 @@ mod tests {
             ..PutRequest::default()
         };
         m.meta.insert("k".into(), serde_json::Value::Null);
-        let m = plan_put(&u, Some(&a.node), None, m, 7, 100, "t")
+        let m = plan_put(&u, Some(&a.node), None, m, 7, &Rules::limit(100), "t")
             .expect("ok")
             .expect("changed");
         assert!(m.node.meta.is_empty());
         assert_eq!(m.node.layers.content, "onetwo");
-        let r = plan_put(&u, Some(&m.node), None, put("z"), 8, 100, "t")
-            .expect("ok")
-            .expect("changed");
+        let r = plan_put(
+            &u,
+            Some(&m.node),
+            None,
+            put("z"),
+            8,
+            &Rules::limit(100),
+            "t",
+        )
+        .expect("ok")
+        .expect("changed");
         assert_eq!(r.node.layers.abstract_text, "");
         assert_eq!(r.reason, UpsertReason::Replace);
     }
@@ -372,7 +487,8 @@ mod tests {
     #[test]
     fn limits_and_versions_are_enforced() {
         let u = uri("ctx://a/x");
-        let err = plan_put(&u, None, None, put("0123456789"), 5, 4, "t").expect_err("too big");
+        let err = plan_put(&u, None, None, put("0123456789"), 5, &Rules::limit(4), "t")
+            .expect_err("too big");
         assert!(matches!(
             err,
             StoreError::Core(CoreError::TooLarge {
@@ -382,7 +498,7 @@ mod tests {
         ));
         let mut req = put("x");
         req.expect_version = Some(3);
-        let err = plan_put(&u, None, None, req, 5, 100, "t").expect_err("conflict");
+        let err = plan_put(&u, None, None, req, 5, &Rules::limit(100), "t").expect_err("conflict");
         assert!(matches!(
             err,
             StoreError::VersionConflict {
@@ -394,12 +510,20 @@ mod tests {
         let mut req = put("x");
         req.expect_version = Some(0);
         assert!(
-            plan_put(&u, None, None, req, 5, 100, "t")
+            plan_put(&u, None, None, req, 5, &Rules::limit(100), "t")
                 .expect("create-only")
                 .is_some()
         );
         assert!(matches!(
-            plan_put(&CtxUri::root(), None, None, put("x"), 5, 100, "t"),
+            plan_put(
+                &CtxUri::root(),
+                None,
+                None,
+                put("x"),
+                5,
+                &Rules::limit(100),
+                "t"
+            ),
             Err(StoreError::RootNotWritable)
         ));
     }
@@ -414,7 +538,7 @@ mod tests {
             None,
             put("x"),
             1,
-            100,
+            &Rules::limit(100),
             "t",
         )
         .expect("ok")

@@ -1,7 +1,7 @@
 //! Row-agnostic pieces both backends share: column lists, decoding of stored text, subtree
 //! bounds and event payload builders. Backend modules hold only their SQL and bindings.
 
-use ce_core::{ContextType, CtxUri, Meta, OwnerSpace};
+use ce_core::{ContextType, CtxUri, Layers, Meta, OwnerSpace, Provenance};
 
 use crate::error::{Result, StoreError};
 
@@ -17,7 +17,7 @@ pub(crate) fn subtree_bounds(uri: &CtxUri) -> (String, String) {
 /// The columns of `nodes` in the order [`decode_node`]'s callers read them.
 pub(crate) const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, owner_space, \
      abstract, overview, content, meta, version, content_hash, relation_version, created_at, \
-     updated_at, trace_id";
+     updated_at, trace_id, provenance";
 
 /// A node's typed columns decoded from their stored text.
 pub(crate) type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
@@ -39,4 +39,34 @@ pub(crate) fn decode_node(
     let o: OwnerSpace = o.parse().map_err(|e| corrupt("owner_space", &e))?;
     let m: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("meta", &e))?;
     Ok((u, p, t, o, m))
+}
+
+/// Decodes a node's stored provenance; a row written before provenance existed (`NULL`)
+/// reads as [`Provenance::legacy`]: its layers with text were the client's.
+pub(crate) fn decode_provenance(
+    uri: &str,
+    stored: Option<String>,
+    layers: &Layers,
+) -> Result<Provenance> {
+    match stored {
+        None => Ok(Provenance::legacy(&layers.abstract_text, &layers.overview)),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("node {uri:?}: bad provenance: {e}"))),
+    }
+}
+
+/// A node's provenance as stored.
+pub(crate) fn encode_provenance(p: &Provenance) -> Result<String> {
+    Ok(serde_json::to_string(p)?)
+}
+
+/// A stored dirty key (`uri, coalesce_version, derived_version, dirtied_at`).
+pub(crate) fn dirty_key(uri: String, cv: i64, dv: i64, at: i64) -> Result<crate::derive::DirtyKey> {
+    Ok(crate::derive::DirtyKey {
+        uri: CtxUri::parse_stored(&uri)
+            .map_err(|e| StoreError::Corrupt(format!("dirty key {uri:?}: {e}")))?,
+        coalesce_version: cv as u64,
+        derived_version: dv as u64,
+        dirtied_at_ms: at,
+    })
 }

@@ -13,6 +13,7 @@ use ce_core::{
     UpsertRelationPayload, node::validate_relation_type,
 };
 
+use crate::derive::{self as derive, DeriveUsage, DirtyKey, Rules};
 use crate::error::{Result, StoreError};
 use crate::jobs::machine;
 use crate::jobs::rows::JobTx;
@@ -70,6 +71,14 @@ pub(crate) trait ReadTx {
     /// Edges from (`EdgeEnd::From`) or into (`EdgeEnd::To`) `uri`, ordered by
     /// (from, to, type).
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
+    /// The dirty key of `uri` (open or not).
+    fn dirty(&mut self, uri: &CtxUri) -> Result<Option<DirtyKey>>;
+    /// The open dirty keys within the subtree `uri`, by URI.
+    fn dirty_within(&mut self, uri: &CtxUri) -> Result<Vec<DirtyKey>>;
+    /// How many keys are open.
+    fn count_dirty(&mut self) -> Result<u64>;
+    /// The derive usage of `day` (`YYYY-MM-DD`).
+    fn derive_usage(&mut self, day: &str) -> Result<DeriveUsage>;
 }
 
 /// Row writes inside one source write transaction, which may enqueue and complete jobs too
@@ -106,6 +115,14 @@ pub(crate) trait WriteTx: ReadTx + JobTx {
     fn record_fence(&mut self, fence: &WriteFence, now: Millis) -> Result<()>;
     /// Records a hold through the last journal sequence, superseding one on the same path.
     fn insert_hold(&mut self, id: &str, at: &CtxUri, lease: &str, now: Millis) -> Result<()>;
+    /// Increments `uri`'s coalesce version (creating its key at 1).
+    fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()>;
+    /// Records that a write-back read `uri` at coalesce version `version`.
+    fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()>;
+    /// Deletes the dirty keys within the subtree `uri`.
+    fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()>;
+    /// Adds `usage` to the day's totals.
+    fn add_derive_usage(&mut self, day: &str, usage: DeriveUsage) -> Result<()>;
 }
 
 /// The `UPSERT_CONTEXT` event of a written node.
@@ -166,6 +183,7 @@ fn bump_relation_versions(tx: &mut dyn WriteTx, owners: &[String]) -> Result<Vec
 /// events. Invariant TR1: every node's parent is a node or the root.
 fn create_ancestors(
     tx: &mut dyn WriteTx,
+    rules: &Rules,
     uri: &CtxUri,
     now: Millis,
     trace_id: &str,
@@ -176,8 +194,10 @@ fn create_ancestors(
             continue;
         }
         let tomb = tx.tombstone(&anc)?;
-        let c = container(&anc, next_version(None, tomb), now, trace_id);
+        let mut c = container(&anc, next_version(None, tomb), now, trace_id);
+        derive::settle_origins(&mut c, rules);
         tx.insert_node(&c)?;
+        derive::dirty_after_put(tx, rules, None, &c, now)?;
         events.push(upsert_event(&c, UpsertReason::Create));
     }
     Ok(events)
@@ -186,7 +206,7 @@ fn create_ancestors(
 /// `put` inside an open transaction.
 pub(crate) fn put(
     tx: &mut dyn WriteTx,
-    max_layer_bytes: usize,
+    rules: &Rules,
     uri: &CtxUri,
     req: PutRequest,
     now: Millis,
@@ -194,24 +214,16 @@ pub(crate) fn put(
     let trace_id = trace_id_or_new(req.trace_id.clone());
     let existing = tx.node(uri)?;
     let tomb = tx.tombstone(uri)?;
-    let Some(planned) = plan_put(
-        uri,
-        existing.as_ref(),
-        tomb,
-        req,
-        now,
-        max_layer_bytes,
-        &trace_id,
-    )?
-    else {
+    let Some(planned) = plan_put(uri, existing.as_ref(), tomb, req, now, rules, &trace_id)? else {
         return Ok(unchanged(uri, existing.map_or(0, |n| n.version), trace_id));
     };
     let mut events = if existing.is_none() {
-        create_ancestors(tx, uri, now, &trace_id)?
+        create_ancestors(tx, rules, uri, now, &trace_id)?
     } else {
         Vec::new()
     };
     tx.insert_node(&planned.node)?;
+    derive::dirty_after_put(tx, rules, existing.as_ref(), &planned.node, now)?;
     events.push(upsert_event(&planned.node, planned.reason));
     let nodes_affected = events.len() as u64;
     let event_ids = tx.append_events(events, now)?;
@@ -230,6 +242,7 @@ pub(crate) fn put(
 /// `rm` inside an open transaction.
 pub(crate) fn rm(
     tx: &mut dyn WriteTx,
+    rules: &Rules,
     uri: &CtxUri,
     recursive: bool,
     expect_version: Option<u64>,
@@ -252,6 +265,8 @@ pub(crate) fn rm(
         });
     }
     let removed = tx.remove_subtree(uri, now)?;
+    tx.delete_dirty_within(uri)?;
+    derive::dirty_parent(tx, rules, uri, now)?;
     // Edges into the removed subtree from outside change their owners' edge sets.
     let owners = tx.owners_into(uri)?;
     tx.delete_edges_within(uri)?;
@@ -281,6 +296,7 @@ pub(crate) fn rm(
 /// `mv` inside an open transaction.
 pub(crate) fn mv(
     tx: &mut dyn WriteTx,
+    rules: &Rules,
     from: &CtxUri,
     to: &CtxUri,
     trace_id: Option<String>,
@@ -297,18 +313,25 @@ pub(crate) fn mv(
     if tx.node(to)?.is_some() {
         return Err(StoreError::AlreadyExists { uri: to.clone() });
     }
-    let mut events = create_ancestors(tx, to, now, &trace_id)?;
+    let mut events = create_ancestors(tx, rules, to, now, &trace_id)?;
     let nodes = tx.subtree_nodes(from)?;
     let mut moved = Vec::with_capacity(nodes.len());
     for n in &nodes {
         let dest = n.uri.rebase(from, to)?;
         let tomb = tx.tombstone(&dest)?;
-        moved.push(plan::moved(n, dest, tomb, now, &trace_id));
+        let mut m = plan::moved(n, dest, tomb, now, &trace_id);
+        derive::settle_origins(&mut m, rules);
+        moved.push(m);
     }
     tx.remove_subtree(from, now)?;
+    tx.delete_dirty_within(from)?;
     for n in &moved {
         tx.insert_node(n)?;
+        derive::dirty_node(tx, rules, n, now)?;
     }
+    // A child left one folder and joined another.
+    derive::dirty_parent(tx, rules, from, now)?;
+    derive::dirty_parent(tx, rules, to, now)?;
     // Owners outside the subtree whose edges point into it see their edge set change.
     let owners = tx.owners_into(from)?;
     tx.rebase_edges(from, to, now)?;
@@ -375,7 +398,7 @@ pub(crate) fn check_fence(tx: &mut dyn WriteTx, fence: &WriteFence, now: Millis)
 /// The fenced batch of `ContextFs::apply_fenced` inside an open transaction.
 pub(crate) fn apply_fenced(
     tx: &mut dyn WriteTx,
-    max_layer_bytes: usize,
+    rules: &Rules,
     fences: &[WriteFence],
     ops: Vec<WriteOp>,
     now: Millis,
@@ -386,7 +409,7 @@ pub(crate) fn apply_fenced(
     let mut appended = false;
     ops.into_iter()
         .map(|op| {
-            let out = apply_op(tx, max_layer_bytes, op, now, appended)?;
+            let out = apply_op(tx, rules, op, now, appended)?;
             appended |= !out.event_ids.is_empty();
             Ok(out)
         })
@@ -396,13 +419,13 @@ pub(crate) fn apply_fenced(
 /// One op of a batch; `appended`: whether an earlier op of the batch appended events.
 fn apply_op(
     tx: &mut dyn WriteTx,
-    max_layer_bytes: usize,
+    rules: &Rules,
     op: WriteOp,
     now: Millis,
     appended: bool,
 ) -> Result<WriteOutcome> {
     match op {
-        WriteOp::Put { uri, req } => put(tx, max_layer_bytes, &uri, req, now),
+        WriteOp::Put { uri, req } => put(tx, rules, &uri, req, now),
         WriteOp::SetRelations {
             from,
             edges,
@@ -413,8 +436,8 @@ fn apply_op(
             recursive,
             expect_version,
             trace_id,
-        } => rm(tx, &uri, recursive, expect_version, trace_id, now),
-        WriteOp::Mv { from, to, trace_id } => mv(tx, &from, &to, trace_id, now),
+        } => rm(tx, rules, &uri, recursive, expect_version, trace_id, now),
+        WriteOp::Mv { from, to, trace_id } => mv(tx, rules, &from, &to, trace_id, now),
         WriteOp::Hold {
             id,
             at,
@@ -617,6 +640,7 @@ pub(crate) fn stat_of(tx: &mut dyn ReadTx, n: ContextNode) -> Result<NodeStat> {
         meta: n.meta,
         created_at_ms: n.created_at_ms,
         updated_at_ms: n.updated_at_ms,
+        provenance: n.provenance,
     })
 }
 
@@ -698,8 +722,8 @@ macro_rules! impl_source_traits {
                 uri: &ce_core::CtxUri,
                 req: $crate::model::PutRequest,
             ) -> $crate::Result<$crate::model::WriteOutcome> {
-                let max = self.config.store.max_layer_bytes;
-                self.write_source(|tx, now| $crate::txn::put(tx, max, uri, req, now))
+                let rules = $crate::derive::Rules::of(&self.config);
+                self.write_source(|tx, now| $crate::txn::put(tx, &rules, uri, req, now))
             }
 
             fn apply_fenced(
@@ -707,8 +731,8 @@ macro_rules! impl_source_traits {
                 fences: &[$crate::model::WriteFence],
                 ops: Vec<$crate::model::WriteOp>,
             ) -> $crate::Result<Vec<$crate::model::WriteOutcome>> {
-                let max = self.config.store.max_layer_bytes;
-                self.write_source(|tx, now| $crate::txn::apply_fenced(tx, max, fences, ops, now))
+                let rules = $crate::derive::Rules::of(&self.config);
+                self.write_source(|tx, now| $crate::txn::apply_fenced(tx, &rules, fences, ops, now))
             }
 
             fn rm(
@@ -718,8 +742,17 @@ macro_rules! impl_source_traits {
                 expect_version: Option<u64>,
                 trace_id: Option<String>,
             ) -> $crate::Result<$crate::model::WriteOutcome> {
+                let rules = $crate::derive::Rules::of(&self.config);
                 let r = self.write_source(|tx, now| {
-                    $crate::txn::rm(tx, uri, recursive, expect_version, trace_id.clone(), now)
+                    $crate::txn::rm(
+                        tx,
+                        &rules,
+                        uri,
+                        recursive,
+                        expect_version,
+                        trace_id.clone(),
+                        now,
+                    )
                 });
                 if matches!(r, Err($crate::StoreError::NodeNotFound { .. }))
                     && expect_version.is_none()
@@ -735,7 +768,8 @@ macro_rules! impl_source_traits {
                 to: &ce_core::CtxUri,
                 trace_id: Option<String>,
             ) -> $crate::Result<$crate::model::WriteOutcome> {
-                self.write_source(|tx, now| $crate::txn::mv(tx, from, to, trace_id, now))
+                let rules = $crate::derive::Rules::of(&self.config);
+                self.write_source(|tx, now| $crate::txn::mv(tx, &rules, from, to, trace_id, now))
             }
 
             fn purge_missing(
@@ -805,6 +839,52 @@ macro_rules! impl_source_traits {
                 uri: &ce_core::CtxUri,
             ) -> $crate::Result<Vec<ce_core::ContextNode>> {
                 self.read_source(|tx| $crate::txn::ReadTx::subtree_nodes(tx, uri))
+            }
+        }
+
+        impl $crate::derive::DeriveStore for $store {
+            fn derive_snapshots(
+                &self,
+                uris: &[ce_core::CtxUri],
+            ) -> $crate::Result<Vec<$crate::derive::DeriveSnapshot>> {
+                self.read_source(|tx| $crate::derive::derive_snapshots(tx, uris))
+            }
+
+            fn dirty_within(
+                &self,
+                uri: &ce_core::CtxUri,
+            ) -> $crate::Result<Vec<$crate::derive::DirtyKey>> {
+                self.read_source(|tx| $crate::txn::ReadTx::dirty_within(tx, uri))
+            }
+
+            fn write_derived(
+                &self,
+                writes: Vec<$crate::derive::DerivedWrite>,
+            ) -> $crate::Result<Vec<$crate::derive::DerivedOutcome>> {
+                let rules = $crate::derive::Rules::of(&self.config);
+                self.write_source(|tx, now| {
+                    writes
+                        .into_iter()
+                        .map(|w| $crate::derive::write_derived(tx, &rules, w, now))
+                        .collect()
+                })
+            }
+
+            fn count_dirty(&self) -> $crate::Result<u64> {
+                self.read_source(|tx| $crate::txn::ReadTx::count_dirty(tx))
+            }
+
+            fn dirty_all(&self) -> $crate::Result<u64> {
+                let rules = $crate::derive::Rules::of(&self.config);
+                self.write_source(|tx, now| $crate::derive::dirty_all(tx, &rules, now))
+            }
+
+            fn derive_usage(
+                &self,
+                at_ms: ce_core::Millis,
+            ) -> $crate::Result<$crate::derive::DeriveUsage> {
+                let day = $crate::derive::day_of(at_ms);
+                self.read_source(|tx| $crate::txn::ReadTx::derive_usage(tx, &day))
             }
         }
 

@@ -3,6 +3,7 @@
 mod bad_input;
 mod crash_sweep;
 mod demo;
+mod derive;
 mod eval;
 mod fake_embeddings;
 mod first_use;

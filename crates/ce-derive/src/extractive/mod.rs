@@ -405,7 +405,7 @@ fn join<'a>(parts: impl Iterator<Item = &'a str>) -> String {
 
 /// `s` cut to at most `max` characters, at a word boundary when there is one in the second
 /// half, ending with `…` when cut.
-fn truncate(s: &str, max: usize) -> String {
+pub(crate) fn truncate(s: &str, max: usize) -> String {
     if chars(s) <= max {
         return s.to_owned();
     }

@@ -126,7 +126,9 @@ pub fn compact_relations(events: &[ClaimedEvent]) -> Plan {
 }
 
 /// Deduplicates the operations each event needs into a plan.
-fn plan(raw: Vec<Vec<Op>>) -> Plan {
+/// The plan of a batch whose events need `raw` (by position): distinct operations in
+/// execution order.
+pub fn plan(raw: Vec<Vec<Op>>) -> Plan {
     let mut distinct: Vec<Op> = Vec::new();
     for op in raw.iter().flatten() {
         if !distinct.contains(op) {

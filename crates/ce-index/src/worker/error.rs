@@ -35,7 +35,8 @@ impl WorkError {
         }
     }
 
-    fn classified(e: &(impl Classify + std::fmt::Display)) -> Self {
+    /// The failure `e`, with its code and retryability.
+    pub fn classified(e: &(impl Classify + std::fmt::Display)) -> Self {
         WorkError {
             code: e.code(),
             message: e.to_string(),

@@ -160,6 +160,33 @@ enum Sink {
     },
     /// Relation records: write each owner's whole edge set, versioned ([`relation`]).
     Relations(Arc<dyn RelationIndex>),
+    /// A consumer that plans and applies its own operations ([`OpHandler`]).
+    Ops(Arc<dyn OpHandler>),
+}
+
+/// A consumer whose work is not an index write — the `derive` consumer (docs/derive.md),
+/// which writes derived layers back to the source. It plans its own batch and applies its
+/// own operations; claiming, lease renewal and acknowledgement stay the worker's, so it
+/// gets retries, dead letters, lag and repair like every other consumer.
+pub trait OpHandler: Send + Sync {
+    /// The distinct operations `events` need, and which ones each event needs.
+    fn compact(&self, events: &[ce_store::ClaimedEvent]) -> compact::Plan;
+    /// Applies `ops`: one outcome per operation, and the `index_worker_changes_total`
+    /// actions with their counts.
+    fn apply(&self, ops: &[compact::Op]) -> OpOutcomes;
+    /// How long the handler is still paused (a provider's rate limit).
+    fn paused_for(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// What an [`OpHandler`] did with a batch.
+#[derive(Debug, Default)]
+pub struct OpOutcomes {
+    /// Each operation's outcome, by index.
+    pub results: Vec<Result<(), WorkError>>,
+    /// `index_worker_changes_total` actions and their counts.
+    pub actions: Vec<(&'static str, u64)>,
 }
 
 /// What applying a batch did: each operation's outcome (by index), and the
@@ -255,6 +282,23 @@ impl IndexWorker {
         })
     }
 
+    /// A worker whose operations `handler` plans and applies (claims `cfg.consumer`'s
+    /// deliveries; of the settings, the embedding and vector ones are unused).
+    pub fn for_ops(
+        cfg: WorkerConfig,
+        source: Arc<dyn SourceStore>,
+        handler: Arc<dyn OpHandler>,
+    ) -> Self {
+        IndexWorker {
+            cfg,
+            source,
+            sink: Sink::Ops(handler),
+            projector: IndexProjector::default(),
+            callbacks: Vec::new(),
+            paused: RateLimitPause::default(),
+        }
+    }
+
     /// Adds an observation hook.
     pub fn with_callback(mut self, cb: Arc<dyn WorkerCallbacks>) -> Self {
         self.callbacks.push(cb);
@@ -273,6 +317,7 @@ impl IndexWorker {
             Sink::Records {
                 embedder: Some(e), ..
             } => e.paused_for(),
+            Sink::Ops(h) => h.paused_for(),
             _ => None,
         };
         self.paused.remaining().max(provider)
@@ -306,6 +351,7 @@ impl IndexWorker {
         let plan = match &self.sink {
             Sink::Records { .. } => compact::compact(&claimed, self.cfg.relation_index_enabled),
             Sink::Relations(_) => compact::compact_relations(&claimed),
+            Sink::Ops(h) => h.compact(&claimed),
         };
         let Outcomes { results, actions } = {
             let _s = info_span!("index.handle_event", worker_id = %self.cfg.worker_id, events = claimed.len(), ops = plan.ops.len(), folded = plan.folded()).entered();
@@ -369,6 +415,15 @@ impl IndexWorker {
                 Outcomes {
                     results: applied.results,
                     actions: applied.counts.actions().to_vec(),
+                }
+            }
+            Sink::Ops(handler) => {
+                let applied = heartbeat::with_heartbeat(source, claims, self.cfg.heartbeat, || {
+                    handler.apply(ops)
+                });
+                Outcomes {
+                    results: applied.results,
+                    actions: applied.actions,
                 }
             }
         }

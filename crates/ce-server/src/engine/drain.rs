@@ -48,7 +48,9 @@ impl Engine {
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
                 .iter()
-                .map(|w| s.spawn(|| self.drain_one(w, &totals, started, poll, progress)))
+                .map(|w| {
+                    s.spawn(|| self.drain_one(w, &consumers, &totals, started, poll, progress))
+                })
                 .collect();
             handles
                 .into_iter()
@@ -77,9 +79,13 @@ impl Engine {
         })
     }
 
+    /// Runs `w` until none of the drained `consumers` has anything pending or claimed: a
+    /// consumer's work can append events for the others (the derive consumer's write-backs
+    /// reach the vector and keyword indexes), so a worker stops only when all are done.
     fn drain_one(
         &self,
         w: &IndexWorker,
+        consumers: &[&str],
         totals: &DrainTotals,
         started: Instant,
         poll: Duration,
@@ -109,8 +115,8 @@ impl Engine {
             let stats = self.store.stats()?;
             let open = stats
                 .iter()
-                .find(|s| s.consumer == w.config().consumer)
-                .is_some_and(|s| s.pending + s.claimed > 0);
+                .filter(|s| consumers.contains(&s.consumer.as_str()))
+                .any(|s| s.pending + s.claimed > 0);
             if !open {
                 return Ok(());
             }

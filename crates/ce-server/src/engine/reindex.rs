@@ -80,6 +80,7 @@ impl Engine {
     ) -> Result<(u64, u64)> {
         let trace_id = format!("reindex-{}", uuid::Uuid::now_v7());
         let only = [slot.registration().name.to_owned()];
+        slot.reindex_marks(self.store.shared().as_ref())?;
         let mut requeued = 0u64;
         for account in self.store.ls(&CtxUri::root())? {
             let mut batch = Vec::new();

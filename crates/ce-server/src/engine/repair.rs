@@ -217,10 +217,15 @@ impl Repairer {
             Reconciler::new(self.store.as_ref(), &self.projector, &scope, &trace_id)?;
         let mut parts = Vec::new();
         for c in consumers {
-            let Some(slot) = self.consumers.iter().find(|s| s.registration().name == *c) else {
+            let Some(view) = self
+                .consumers
+                .iter()
+                .find(|s| s.registration().name == *c)
+                .and_then(|slot| slot.view(self.model.as_ref()))
+            else {
                 continue;
             };
-            let r = reconciler.reconcile(c, slot.view(self.model.as_ref()))?;
+            let r = reconciler.reconcile(c, view)?;
             let large_delete = r.findings.delete_safety().err();
             parts.push((r, large_delete));
         }

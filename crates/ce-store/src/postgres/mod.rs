@@ -41,7 +41,7 @@ use postgres::{Client, Row};
 
 use self::pool::{Begin, Pool};
 use crate::error::{Result, StoreError};
-use crate::shared::{NODE_COLUMNS, decode_node};
+use crate::shared::{NODE_COLUMNS, decode_node, decode_provenance, encode_provenance};
 use crate::txn::{ReadTx, WriteTx};
 
 pub use failure::PgFailure;
@@ -274,17 +274,19 @@ fn node_from_row(row: &Row) -> Result<ContextNode> {
     )?;
     let version: i64 = row.try_get(9)?;
     let relation_version: i64 = row.try_get(11)?;
+    let layers = Layers {
+        abstract_text: row.try_get(5)?,
+        overview: row.try_get(6)?,
+        content: row.try_get(7)?,
+    };
+    let provenance = decode_provenance(uri.as_str(), row.try_get(15)?, &layers)?;
     Ok(ContextNode {
         uri,
         parent_uri,
         context_type,
         category: row.try_get(3)?,
         owner_space,
-        layers: Layers {
-            abstract_text: row.try_get(5)?,
-            overview: row.try_get(6)?,
-            content: row.try_get(7)?,
-        },
+        layers,
         meta,
         version: version as u64,
         content_hash: row.try_get(10)?,
@@ -292,6 +294,7 @@ fn node_from_row(row: &Row) -> Result<ContextNode> {
         created_at_ms: row.try_get(12)?,
         updated_at_ms: row.try_get(13)?,
         trace_id: row.try_get(14)?,
+        provenance,
     })
 }
 
@@ -315,19 +318,21 @@ fn get_tombstone(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Option<u64>> {
 
 fn insert_node(tx: &mut Tx<'_>, n: &ContextNode) -> Result<()> {
     let meta = serde_json::to_string(&n.meta)?;
+    let provenance = encode_provenance(&n.provenance)?;
     let owner = n.owner_space.to_string();
     let (version, relation_version) = (n.version as i64, n.relation_version as i64);
     tx.execute(
         &format!(
             "INSERT INTO nodes ({NODE_COLUMNS})
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)
              ON CONFLICT (uri) DO UPDATE SET parent_uri=excluded.parent_uri,
                context_type=excluded.context_type, category=excluded.category,
                owner_space=excluded.owner_space, abstract=excluded.abstract,
                overview=excluded.overview, content=excluded.content, meta=excluded.meta,
                version=excluded.version, content_hash=excluded.content_hash,
                relation_version=excluded.relation_version, created_at=excluded.created_at,
-               updated_at=excluded.updated_at, trace_id=excluded.trace_id"
+               updated_at=excluded.updated_at, trace_id=excluded.trace_id,
+               provenance=excluded.provenance"
         ),
         &[
             &n.uri.as_str(),
@@ -345,6 +350,7 @@ fn insert_node(tx: &mut Tx<'_>, n: &ContextNode) -> Result<()> {
             &n.created_at_ms,
             &n.updated_at_ms,
             &n.trace_id,
+            &provenance,
         ],
     )?;
     tx.execute("DELETE FROM tombstones WHERE uri = $1", &[&n.uri.as_str()])?;

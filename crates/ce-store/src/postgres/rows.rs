@@ -6,9 +6,10 @@ use ce_core::{ContextNode, CtxUri, EventPayload, Millis, RelationEdge};
 
 use super::outbox::append_events_tx;
 use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql};
+use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::{NODE_COLUMNS, subtree_bounds};
+use crate::shared::{NODE_COLUMNS, dirty_key, subtree_bounds};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
@@ -94,6 +95,61 @@ impl ReadTx for PgTx<'_, '_> {
                 })
             })
             .collect()
+    }
+
+    fn dirty(&mut self, uri: &CtxUri) -> Result<Option<DirtyKey>> {
+        self.tx
+            .query_opt(
+                "SELECT uri, coalesce_version, derived_version, dirtied_at FROM derive_dirty
+                 WHERE uri = $1",
+                &[&uri.as_str()],
+            )?
+            .map(|r| dirty_key(r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+            .transpose()
+    }
+
+    fn dirty_within(&mut self, uri: &CtxUri) -> Result<Vec<DirtyKey>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx
+            .query(
+                &format!(
+                    "SELECT uri, coalesce_version, derived_version, dirtied_at FROM derive_dirty
+                     WHERE {} AND coalesce_version > derived_version ORDER BY uri",
+                    subtree_sql("uri", 1)
+                ),
+                &[&uri.as_str(), &lo, &hi],
+            )?
+            .iter()
+            .map(|r| dirty_key(r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))
+            .collect()
+    }
+
+    fn count_dirty(&mut self) -> Result<u64> {
+        let n: i64 = self
+            .tx
+            .query_one(
+                "SELECT count(*) FROM derive_dirty WHERE coalesce_version > derived_version",
+                &[],
+            )?
+            .try_get(0)?;
+        Ok(n as u64)
+    }
+
+    fn derive_usage(&mut self, day: &str) -> Result<DeriveUsage> {
+        let Some(r) = self.tx.query_opt(
+            "SELECT tokens_in, tokens_out, derivations, discarded FROM derive_usage
+             WHERE day = $1",
+            &[&day],
+        )?
+        else {
+            return Ok(DeriveUsage::default());
+        };
+        Ok(DeriveUsage {
+            tokens_in: r.try_get::<_, i64>(0)? as u64,
+            tokens_out: r.try_get::<_, i64>(1)? as u64,
+            derivations: r.try_get::<_, i64>(2)? as u64,
+            discarded: r.try_get::<_, i64>(3)? as u64,
+        })
     }
 }
 
@@ -263,5 +319,55 @@ impl WriteTx for PgTx<'_, '_> {
 
     fn insert_hold(&mut self, id: &str, at: &CtxUri, lease: &str, now: Millis) -> Result<()> {
         super::holds::insert_hold_tx(self.tx, id, at, lease, now)
+    }
+
+    fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO derive_dirty (uri, coalesce_version, derived_version, dirtied_at)
+             VALUES ($1, 1, 0, $2)
+             ON CONFLICT (uri) DO UPDATE SET
+                coalesce_version = derive_dirty.coalesce_version + 1,
+                dirtied_at = excluded.dirtied_at",
+            &[&uri.as_str(), &now],
+        )?;
+        Ok(())
+    }
+
+    fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE derive_dirty SET derived_version = GREATEST(derived_version, $2)
+             WHERE uri = $1",
+            &[&uri.as_str(), &(version as i64)],
+        )?;
+        Ok(())
+    }
+
+    fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx.execute(
+            &format!("DELETE FROM derive_dirty WHERE {}", subtree_sql("uri", 1)),
+            &[&uri.as_str(), &lo, &hi],
+        )?;
+        Ok(())
+    }
+
+    fn add_derive_usage(&mut self, day: &str, u: DeriveUsage) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO derive_usage (day, tokens_in, tokens_out, derivations, discarded)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (day) DO UPDATE SET
+                tokens_in = derive_usage.tokens_in + excluded.tokens_in,
+                tokens_out = derive_usage.tokens_out + excluded.tokens_out,
+                derivations = derive_usage.derivations + excluded.derivations,
+                discarded = derive_usage.discarded + excluded.discarded",
+            &[
+                &day,
+                &(u.tokens_in as i64),
+                &(u.tokens_out as i64),
+                &(u.derivations as i64),
+                &(u.discarded as i64),
+            ],
+        )?;
+        Ok(())
     }
 }

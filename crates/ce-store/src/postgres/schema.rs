@@ -144,6 +144,24 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE events ADD COLUMN targeted BOOLEAN NOT NULL DEFAULT false;
     "#,
+    // 5: derived layers (SQLite migration 6, docs/derive.md).
+    r#"
+    ALTER TABLE nodes ADD COLUMN provenance TEXT;
+    CREATE TABLE derive_dirty (
+        uri              TEXT COLLATE "C" PRIMARY KEY,
+        coalesce_version BIGINT NOT NULL,
+        derived_version  BIGINT NOT NULL,
+        dirtied_at       BIGINT NOT NULL
+    );
+    CREATE INDEX derive_dirty_open ON derive_dirty (uri) WHERE coalesce_version > derived_version;
+    CREATE TABLE derive_usage (
+        day         TEXT PRIMARY KEY,
+        tokens_in   BIGINT NOT NULL,
+        tokens_out  BIGINT NOT NULL,
+        derivations BIGINT NOT NULL,
+        discarded   BIGINT NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -26,8 +26,8 @@ use ce_core::{Clock, Config, ContextNode, CtxUri, Layers, Millis, SystemClock};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
 use crate::error::Result;
-use crate::shared::decode_node;
 pub(super) use crate::shared::{NODE_COLUMNS, subtree_bounds};
+use crate::shared::{decode_node, decode_provenance, encode_provenance};
 use crate::txn::{ReadTx, WriteTx};
 
 /// File name of the database inside the data directory.
@@ -277,6 +277,10 @@ fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
     let created_at_ms: i64 = row.get(12)?;
     let updated_at_ms: i64 = row.get(13)?;
     let trace_id: String = row.get(14)?;
+    let provenance = match decode_provenance(&uri, row.get(15)?, &layers) {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(e)),
+    };
     Ok(
         decode_node(uri, parent, ctype, owner, meta).map(|(uri, parent_uri, t, o, m)| {
             ContextNode {
@@ -293,6 +297,7 @@ fn node_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ContextNode>> {
                 created_at_ms,
                 updated_at_ms,
                 trace_id,
+                provenance,
             }
         }),
     )
@@ -315,14 +320,15 @@ fn get_tombstone(conn: &Connection, uri: &CtxUri) -> Result<Option<u64>> {
 
 fn insert_node(tx: &Connection, n: &ContextNode) -> Result<()> {
     tx.prepare_cached(&format!(
-        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)
+        "INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)
          ON CONFLICT(uri) DO UPDATE SET parent_uri=excluded.parent_uri,
            context_type=excluded.context_type, category=excluded.category,
            owner_space=excluded.owner_space, abstract=excluded.abstract,
            overview=excluded.overview, content=excluded.content, meta=excluded.meta,
            version=excluded.version, content_hash=excluded.content_hash,
            relation_version=excluded.relation_version, created_at=excluded.created_at,
-           updated_at=excluded.updated_at, trace_id=excluded.trace_id"
+           updated_at=excluded.updated_at, trace_id=excluded.trace_id,
+           provenance=excluded.provenance"
     ))?
     .execute(rusqlite::params![
         n.uri.as_str(),
@@ -340,6 +346,7 @@ fn insert_node(tx: &Connection, n: &ContextNode) -> Result<()> {
         n.created_at_ms,
         n.updated_at_ms,
         n.trace_id,
+        encode_provenance(&n.provenance)?,
     ])?;
     tx.prepare_cached("DELETE FROM tombstones WHERE uri = ?1")?
         .execute([n.uri.as_str()])?;

@@ -8,8 +8,10 @@ use super::outbox::append_events_tx;
 use super::{
     NODE_COLUMNS, get_node, get_tombstone, insert_node, node_from_row, subtree_bounds, subtree_sql,
 };
+use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
+use crate::shared::dirty_key;
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
@@ -99,6 +101,66 @@ impl ReadTx for SqlTx<'_> {
             })
         })
         .collect()
+    }
+
+    fn dirty(&mut self, uri: &CtxUri) -> Result<Option<DirtyKey>> {
+        self.conn
+            .prepare_cached(
+                "SELECT uri, coalesce_version, derived_version, dirtied_at FROM derive_dirty
+                 WHERE uri = ?1",
+            )?
+            .query_row([uri.as_str()], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .optional()?
+            .map(|(u, c, d, a)| dirty_key(u, c, d, a))
+            .transpose()
+    }
+
+    fn dirty_within(&mut self, uri: &CtxUri) -> Result<Vec<DirtyKey>> {
+        let (lo, hi) = subtree_bounds(uri);
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT uri, coalesce_version, derived_version, dirtied_at FROM derive_dirty
+             WHERE {} AND coalesce_version > derived_version ORDER BY uri",
+            subtree_sql("uri", 1)
+        ))?;
+        let rows = stmt.query_map(params![uri.as_str(), lo, hi], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+        rows.map(|row| {
+            let (u, c, d, a) = row?;
+            dirty_key(u, c, d, a)
+        })
+        .collect()
+    }
+
+    fn count_dirty(&mut self) -> Result<u64> {
+        let n: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT count(*) FROM derive_dirty WHERE coalesce_version > derived_version",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    fn derive_usage(&mut self, day: &str) -> Result<DeriveUsage> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT tokens_in, tokens_out, derivations, discarded FROM derive_usage
+                 WHERE day = ?1",
+            )?
+            .query_row([day], |r| {
+                Ok(DeriveUsage {
+                    tokens_in: r.get::<_, i64>(0)? as u64,
+                    tokens_out: r.get::<_, i64>(1)? as u64,
+                    derivations: r.get::<_, i64>(2)? as u64,
+                    discarded: r.get::<_, i64>(3)? as u64,
+                })
+            })
+            .optional()?
+            .unwrap_or_default())
     }
 }
 
@@ -266,5 +328,58 @@ impl WriteTx for SqlTx<'_> {
 
     fn insert_hold(&mut self, id: &str, at: &CtxUri, lease: &str, now: Millis) -> Result<()> {
         super::holds::insert_hold_tx(self.conn, id, at, lease, now)
+    }
+
+    fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO derive_dirty (uri, coalesce_version, derived_version, dirtied_at)
+                 VALUES (?1, 1, 0, ?2)
+                 ON CONFLICT(uri) DO UPDATE SET coalesce_version = coalesce_version + 1,
+                    dirtied_at = excluded.dirtied_at",
+            )?
+            .execute(params![uri.as_str(), now])?;
+        Ok(())
+    }
+
+    fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE derive_dirty SET derived_version = max(derived_version, ?2)
+                 WHERE uri = ?1",
+            )?
+            .execute(params![uri.as_str(), version as i64])?;
+        Ok(())
+    }
+
+    fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.conn
+            .prepare_cached(&format!(
+                "DELETE FROM derive_dirty WHERE {}",
+                subtree_sql("uri", 1)
+            ))?
+            .execute(params![uri.as_str(), lo, hi])?;
+        Ok(())
+    }
+
+    fn add_derive_usage(&mut self, day: &str, u: DeriveUsage) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO derive_usage (day, tokens_in, tokens_out, derivations, discarded)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(day) DO UPDATE SET tokens_in = tokens_in + excluded.tokens_in,
+                    tokens_out = tokens_out + excluded.tokens_out,
+                    derivations = derivations + excluded.derivations,
+                    discarded = discarded + excluded.discarded",
+            )?
+            .execute(params![
+                day,
+                u.tokens_in as i64,
+                u.tokens_out as i64,
+                u.derivations as i64,
+                u.discarded as i64
+            ])?;
+        Ok(())
     }
 }

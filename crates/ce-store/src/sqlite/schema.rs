@@ -153,6 +153,29 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE events ADD COLUMN targeted INTEGER NOT NULL DEFAULT 0;
     "#,
+    // 6: derived layers (docs/derive.md). A node's provenance is JSON (NULL: written before
+    // provenance existed). derive_dirty: a key is dirty while coalesce_version (bumped by
+    // every commit that changes its inputs) is above derived_version (the version its last
+    // write-back read); rows stay after a write-back, so a version is never reused for a
+    // key — only removing the node removes its row, and that changes the node version the
+    // write-back is also fenced by. derive_usage: the tokens spent per UTC day.
+    r#"
+    ALTER TABLE nodes ADD COLUMN provenance TEXT;
+    CREATE TABLE derive_dirty (
+        uri              TEXT PRIMARY KEY,
+        coalesce_version INTEGER NOT NULL,
+        derived_version  INTEGER NOT NULL,
+        dirtied_at       INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX derive_dirty_open ON derive_dirty (uri) WHERE coalesce_version > derived_version;
+    CREATE TABLE derive_usage (
+        day         TEXT PRIMARY KEY,
+        tokens_in   INTEGER NOT NULL,
+        tokens_out  INTEGER NOT NULL,
+        derivations INTEGER NOT NULL,
+        discarded   INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

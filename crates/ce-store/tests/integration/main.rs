@@ -8,6 +8,7 @@
 
 mod common;
 mod crash;
+mod derive;
 mod fs;
 mod jobs_concurrency;
 mod jobs_model;

@@ -78,8 +78,8 @@ impl Consumer for KeywordConsumer {
         Ok(cleared)
     }
 
-    fn view<'a>(&'a self, _model: Option<&'a ModelIdentity>) -> IndexView<'a> {
-        IndexView::Keyword(self.0.as_ref())
+    fn view<'a>(&'a self, _model: Option<&'a ModelIdentity>) -> Option<IndexView<'a>> {
+        Some(IndexView::Keyword(self.0.as_ref()))
     }
 
     fn report(&self, status: &mut Status) -> Result<()> {

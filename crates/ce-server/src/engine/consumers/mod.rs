@@ -27,10 +27,12 @@ use super::periodic::Periodic;
 use crate::error::{Result, ServerError};
 use crate::status::Status;
 
+mod derive;
 mod keyword;
 mod relation;
 mod vector;
 
+pub use derive::DeriveConsumer;
 pub use keyword::{KEYWORD_DIR, KeywordConsumer};
 pub use relation::{RELATION_DIR, RelationConsumer};
 pub use vector::{VECTOR_DIR, VectorConsumer};
@@ -40,6 +42,7 @@ pub static REGISTRY: &[Registration] = &[
     vector::REGISTRATION,
     keyword::REGISTRATION,
     relation::REGISTRATION,
+    derive::REGISTRATION,
 ];
 
 /// The consumer a reindex rebuilds when none is named (`POST /v1/reindex` with no body).
@@ -100,9 +103,15 @@ pub trait Consumer: Any + Send + Sync {
     /// removed.
     fn clear(&self, model: Option<&ModelIdentity>) -> Result<u64>;
 
+    /// What a reindex marks in the source before its repair events are appended (the
+    /// derive consumer's dirty keys); returns how many.
+    fn reindex_marks(&self, _source: &dyn SourceStore) -> Result<u64> {
+        Ok(0)
+    }
+
     /// The index as the reconciler compares it with the source (`model`: the configured
-    /// embedding model, when loaded).
-    fn view<'a>(&'a self, model: Option<&'a ModelIdentity>) -> IndexView<'a>;
+    /// embedding model, when loaded); `None` for a consumer with no index records.
+    fn view<'a>(&'a self, model: Option<&'a ModelIdentity>) -> Option<IndexView<'a>>;
 
     /// Fills its part of the engine's status.
     fn report(&self, status: &mut Status) -> Result<()>;
@@ -263,10 +272,11 @@ mod tests {
     fn only_indexes_in_the_data_directory_have_an_owner() {
         let mut config = Config::default();
         for r in REGISTRY {
-            assert!(is_embedded(&config, r.name), "{}", r.name);
+            let derive = r.name == DeriveConsumer::NAME;
+            assert_eq!(is_embedded(&config, r.name), !derive, "{}", r.name);
         }
         assert!(
-            !is_embedded(&config, "derive"),
+            !is_embedded(&config, "graph"),
             "an unknown consumer has no index"
         );
         config.index.vector.destination = "pgvector".into();
@@ -280,12 +290,12 @@ mod tests {
     #[test]
     fn an_unknown_consumer_is_a_permanent_typed_error() {
         use ce_core::{Classify as _, ErrorCode};
-        let e = unknown("derive");
+        let e = unknown("graph");
         assert_eq!(
             (e.code(), e.is_retryable()),
             (ErrorCode::InvalidField, false)
         );
-        assert!(e.to_string().contains("\"derive\""), "{e}");
-        assert!(registration("derive").is_none());
+        assert!(e.to_string().contains("\"graph\""), "{e}");
+        assert!(registration("graph").is_none());
     }
 }

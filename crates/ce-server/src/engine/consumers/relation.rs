@@ -77,8 +77,8 @@ impl Consumer for RelationConsumer {
         Ok(cleared)
     }
 
-    fn view<'a>(&'a self, _model: Option<&'a ModelIdentity>) -> IndexView<'a> {
-        IndexView::Relations(self.0.as_ref())
+    fn view<'a>(&'a self, _model: Option<&'a ModelIdentity>) -> Option<IndexView<'a>> {
+        Some(IndexView::Relations(self.0.as_ref()))
     }
 
     fn report(&self, status: &mut Status) -> Result<()> {

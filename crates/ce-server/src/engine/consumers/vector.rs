@@ -118,11 +118,11 @@ impl Consumer for VectorConsumer {
         Ok(cleared)
     }
 
-    fn view<'a>(&'a self, model: Option<&'a ModelIdentity>) -> IndexView<'a> {
-        IndexView::Vector {
+    fn view<'a>(&'a self, model: Option<&'a ModelIdentity>) -> Option<IndexView<'a>> {
+        Some(IndexView::Vector {
             index: self.index.as_ref(),
             model,
-        }
+        })
     }
 
     fn report(&self, status: &mut Status) -> Result<()> {

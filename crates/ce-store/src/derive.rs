@@ -1,0 +1,406 @@
+//! Derived layers in the source of truth (docs/derive.md): the provenance rules every write
+//! follows, the dirty keys with their `coalesce_version`, and the fenced write-back of the
+//! `derive` consumer — written once here over the row primitives of [`ReadTx`] /
+//! [`WriteTx`], like the rest of `crate::txn`.
+//!
+//! A key is dirty while its `coalesce_version` (bumped in the commit that changed its
+//! inputs) is above its `derived_version` (the version the last write-back read). The
+//! inputs of a leaf are its L2; of a container, its children's names and effective L0s and
+//! its own L2. So a commit bumps:
+//! - the written node, when it is derived and has a layer not written by a client;
+//! - its parent, when a child is created, removed or moved, or a child's effective L0 (the
+//!   text its L0 record would carry) changed — including by a write-back, which is how a
+//!   roll-up climbs: one level per write-back, only as far as something changed.
+//!
+//! A write-back ([`DerivedWrite`]) carries the coalesce and node versions its derivation
+//! read; it is applied only if both are still current and never touches a layer a client
+//! wrote. Otherwise it is discarded: the commit that moved either version also appended an
+//! event that derives the key again.
+
+use ce_core::projector::ProjectorConfig;
+use ce_core::{
+    Config, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EVENT_VERSION,
+    EventPayload, IndexProjector, LayerOrigin, Level, Millis, UpsertContextPayload, UpsertReason,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::plan::next_version;
+use crate::txn::{ReadTx, WriteTx};
+
+/// The write rules a store applies, from its configuration.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// `store.max_layer_bytes`.
+    pub max_layer_bytes: usize,
+    /// The context types whose nodes get derived layers (empty: derivation is off).
+    pub derived: Vec<ContextType>,
+    /// The projector, for a node's effective L0.
+    pub projector: ProjectorConfig,
+}
+
+impl Rules {
+    /// The rules of `config`.
+    pub fn of(config: &Config) -> Self {
+        Rules {
+            max_layer_bytes: config.store.max_layer_bytes,
+            derived: config.derived_types(),
+            projector: config.projector,
+        }
+    }
+
+    /// Rules with a layer size limit and derivation off (tests).
+    #[cfg(test)]
+    pub fn limit(max_layer_bytes: usize) -> Self {
+        Rules {
+            max_layer_bytes,
+            derived: Vec::new(),
+            projector: ProjectorConfig::default(),
+        }
+    }
+
+    /// Whether nodes of `t` get derived layers.
+    pub fn derives(&self, t: ContextType) -> bool {
+        self.derived.contains(&t)
+    }
+
+    /// The text `node`'s L0 record carries (fallbacks applied; `None` while pending).
+    fn effective_l0(&self, node: &ContextNode) -> Option<String> {
+        IndexProjector::new(self.projector).level_text(node, Level::L0)
+    }
+}
+
+/// Sets the origins a node's L0 / L1 must have under `rules`: a layer without client text
+/// on a derived node is pending until derived; on a node that is not derived it has no
+/// origin, and text a generator wrote is dropped (a client's text always stays).
+pub(crate) fn settle_origins(node: &mut ContextNode, rules: &Rules) {
+    let derives = rules.derives(node.context_type);
+    for level in [Level::L0, Level::L1] {
+        let Some(origin) = node.provenance.get_mut(level) else {
+            continue;
+        };
+        match (derives, &*origin) {
+            (_, LayerOrigin::User) => {}
+            (true, LayerOrigin::None) => *origin = LayerOrigin::Pending,
+            (true, _) => {}
+            (false, LayerOrigin::None) => {}
+            (false, _) => {
+                *origin = LayerOrigin::None;
+                match level {
+                    Level::L0 => node.layers.abstract_text.clear(),
+                    _ => node.layers.overview.clear(),
+                }
+            }
+        }
+    }
+    node.content_hash = node.layers.content_hash();
+}
+
+/// One dirty key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirtyKey {
+    /// The node.
+    pub uri: CtxUri,
+    /// Bumped by every commit that changed the node's inputs.
+    pub coalesce_version: u64,
+    /// The coalesce version the last write-back read.
+    pub derived_version: u64,
+    /// When it was last bumped.
+    pub dirtied_at_ms: Millis,
+}
+
+impl DirtyKey {
+    /// Whether a derivation is due.
+    pub fn is_open(&self) -> bool {
+        self.coalesce_version > self.derived_version
+    }
+}
+
+/// What a derivation of one dirty node reads, in one snapshot.
+#[derive(Debug, Clone)]
+pub struct DeriveSnapshot {
+    /// The dirty key (open).
+    pub key: DirtyKey,
+    /// The node.
+    pub node: ContextNode,
+    /// Its children, by URI.
+    pub children: Vec<ContextNode>,
+}
+
+/// What a write-back does to one layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerWrite {
+    /// Leave it as it is.
+    Keep,
+    /// The derived text (possibly empty: the input held nothing to summarise, so the
+    /// projector's fallback applies) and how it was made.
+    Derived {
+        /// The text.
+        text: String,
+        /// Its derivation.
+        derivation: Derivation,
+    },
+    /// The generator refused the input for good: no text, the fallback applies.
+    Failed(DeriveFailure),
+}
+
+/// Tokens and derivations to add to the day's usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeriveUsage {
+    /// Model tokens read.
+    pub tokens_in: u64,
+    /// Model tokens written.
+    pub tokens_out: u64,
+    /// Write-backs applied.
+    pub derivations: u64,
+    /// Write-backs discarded because newer inputs had been committed.
+    pub discarded: u64,
+}
+
+impl DeriveUsage {
+    /// Model tokens in and out.
+    pub fn tokens(&self) -> u64 {
+        self.tokens_in + self.tokens_out
+    }
+}
+
+/// The `derive` consumer's write-back of one node.
+#[derive(Debug, Clone)]
+pub struct DerivedWrite {
+    /// The node.
+    pub uri: CtxUri,
+    /// The node version the derivation read.
+    pub node_version: u64,
+    /// The coalesce version the derivation read.
+    pub coalesce_version: u64,
+    /// L0.
+    pub abstract_layer: LayerWrite,
+    /// L1.
+    pub overview_layer: LayerWrite,
+    /// Model tokens spent on it (counted even when the write-back is discarded).
+    pub tokens_in: u64,
+    /// Model tokens written.
+    pub tokens_out: u64,
+}
+
+/// What a write-back did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DerivedOutcome {
+    /// The node was rewritten at `version` with its derived layers.
+    Written {
+        /// The new node version.
+        version: u64,
+    },
+    /// The derivation gave what the node holds already: the key is clean, nothing written.
+    Unchanged,
+    /// Newer inputs were committed (or the node went): nothing written.
+    Discarded {
+        /// Which fence failed.
+        reason: String,
+    },
+}
+
+/// Derived layers in the store: the `derive` consumer's reads and write-backs.
+pub trait DeriveStore: Send + Sync {
+    /// The open dirty key of each of `uris` that has one, with the node and its children,
+    /// each read in one snapshot.
+    fn derive_snapshots(&self, uris: &[CtxUri]) -> Result<Vec<DeriveSnapshot>>;
+    /// The open dirty keys within the subtree `uri` (itself included), by URI.
+    fn dirty_within(&self, uri: &CtxUri) -> Result<Vec<DirtyKey>>;
+    /// Applies write-backs in one transaction, each fenced on its own.
+    fn write_derived(&self, writes: Vec<DerivedWrite>) -> Result<Vec<DerivedOutcome>>;
+    /// How many keys are dirty.
+    fn count_dirty(&self) -> Result<u64>;
+    /// Marks every derived node with a layer no client wrote dirty (`ce reindex --consumer
+    /// derive`: a derivation whose input hash is current is then a no-op, so only a changed
+    /// generator, model, prompt or limit re-derives); returns how many.
+    fn dirty_all(&self) -> Result<u64>;
+    /// The usage of the UTC day holding `at_ms`.
+    fn derive_usage(&self, at_ms: Millis) -> Result<DeriveUsage>;
+}
+
+/// The UTC day of `ms`, `YYYY-MM-DD`.
+pub(crate) fn day_of(ms: Millis) -> String {
+    ce_core::rfc3339(ms)[..10].to_owned()
+}
+
+/// Bumps `node`'s key when it is derived and has a layer no client wrote.
+pub(crate) fn dirty_node(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    node: &ContextNode,
+    now: Millis,
+) -> Result<()> {
+    if rules.derives(node.context_type) && !node.provenance.all_user() {
+        tx.bump_dirty(&node.uri, now)?;
+    }
+    Ok(())
+}
+
+/// Bumps the key of `child`'s parent (a child was added, removed or moved, or its effective
+/// L0 changed), when the parent is a derived node with a layer no client wrote.
+pub(crate) fn dirty_parent(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    child: &CtxUri,
+    now: Millis,
+) -> Result<()> {
+    if rules.derived.is_empty() {
+        return Ok(());
+    }
+    let Some(parent) = child.parent().filter(|p| !p.is_root()) else {
+        return Ok(());
+    };
+    if let Some(p) = tx.node(&parent)? {
+        dirty_node(tx, rules, &p, now)?;
+    }
+    Ok(())
+}
+
+/// The dirty marks of a put that wrote `new` over `old`.
+pub(crate) fn dirty_after_put(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    old: Option<&ContextNode>,
+    new: &ContextNode,
+    now: Millis,
+) -> Result<()> {
+    if rules.derived.is_empty() {
+        return Ok(());
+    }
+    dirty_node(tx, rules, new, now)?;
+    let l0_changed = old.is_none_or(|o| rules.effective_l0(o) != rules.effective_l0(new));
+    if l0_changed {
+        dirty_parent(tx, rules, &new.uri, now)?;
+    }
+    Ok(())
+}
+
+/// `write_derived` inside an open transaction: one write-back.
+pub(crate) fn write_derived(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    w: DerivedWrite,
+    now: Millis,
+) -> Result<DerivedOutcome> {
+    let mut usage = DeriveUsage {
+        tokens_in: w.tokens_in,
+        tokens_out: w.tokens_out,
+        ..DeriveUsage::default()
+    };
+    let outcome = fenced_write(tx, rules, &w, now)?;
+    match outcome {
+        DerivedOutcome::Discarded { .. } => usage.discarded = 1,
+        DerivedOutcome::Written { .. } | DerivedOutcome::Unchanged => usage.derivations = 1,
+    }
+    tx.add_derive_usage(&day_of(now), usage)?;
+    Ok(outcome)
+}
+
+fn fenced_write(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    w: &DerivedWrite,
+    now: Millis,
+) -> Result<DerivedOutcome> {
+    let discarded = |reason: &str| {
+        Ok(DerivedOutcome::Discarded {
+            reason: reason.to_owned(),
+        })
+    };
+    match tx.dirty(&w.uri)? {
+        None => return discarded("the node has no dirty key (it was removed)"),
+        Some(k) if k.coalesce_version != w.coalesce_version => {
+            return discarded("newer inputs were committed");
+        }
+        Some(_) => {}
+    }
+    let Some(old) = tx.node(&w.uri)? else {
+        return discarded("the node was removed");
+    };
+    if old.version != w.node_version {
+        return discarded("the node changed");
+    }
+    tx.mark_derived(&w.uri, w.coalesce_version)?;
+    let mut node = old.clone();
+    for (level, write) in [
+        (Level::L0, &w.abstract_layer),
+        (Level::L1, &w.overview_layer),
+    ] {
+        let Some(origin) = node.provenance.get_mut(level) else {
+            continue;
+        };
+        if origin.is_user() {
+            continue;
+        }
+        let (text, new_origin) = match write {
+            LayerWrite::Keep => continue,
+            LayerWrite::Derived { text, derivation } => {
+                (text.clone(), LayerOrigin::Derived(derivation.clone()))
+            }
+            LayerWrite::Failed(f) => (String::new(), LayerOrigin::Failed(f.clone())),
+        };
+        *origin = new_origin;
+        match level {
+            Level::L0 => node.layers.abstract_text = text,
+            _ => node.layers.overview = text,
+        }
+    }
+    settle_origins(&mut node, rules);
+    if node.layers == old.layers && node.provenance == old.provenance {
+        return Ok(DerivedOutcome::Unchanged);
+    }
+    node.version = next_version(Some(old.version), None);
+    node.updated_at_ms = now;
+    tx.insert_node(&node)?;
+    let event = EventPayload::UpsertContext(UpsertContextPayload {
+        event_version: EVENT_VERSION,
+        uri: node.uri.clone(),
+        expected_node_version: node.version,
+        reason: UpsertReason::Derived,
+        trace_id: node.trace_id.clone(),
+    });
+    tx.append_events(vec![event], now)?;
+    if rules.effective_l0(&old) != rules.effective_l0(&node) {
+        dirty_parent(tx, rules, &node.uri, now)?;
+    }
+    Ok(DerivedOutcome::Written {
+        version: node.version,
+    })
+}
+
+/// `derive_snapshots` inside one read transaction.
+pub(crate) fn derive_snapshots(
+    tx: &mut dyn ReadTx,
+    uris: &[CtxUri],
+) -> Result<Vec<DeriveSnapshot>> {
+    let mut out = Vec::new();
+    for uri in uris {
+        let Some(key) = tx.dirty(uri)?.filter(DirtyKey::is_open) else {
+            continue;
+        };
+        let Some(node) = tx.node(uri)? else {
+            continue;
+        };
+        let children = tx.children(uri)?;
+        out.push(DeriveSnapshot {
+            key,
+            node,
+            children,
+        });
+    }
+    Ok(out)
+}
+
+/// `dirty_all` inside an open transaction.
+pub(crate) fn dirty_all(tx: &mut dyn WriteTx, rules: &Rules, now: Millis) -> Result<u64> {
+    let mut n = 0;
+    for node in tx.subtree_nodes(&CtxUri::root())? {
+        if rules.derives(node.context_type) && !node.provenance.all_user() {
+            tx.bump_dirty(&node.uri, now)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
