@@ -176,38 +176,39 @@ impl Packer<'_> {
         let mut out: Vec<Draft> = Vec::new();
         let mut open: Option<Open> = None;
         let mut i = 0;
-        while i < n {
+        loop {
             let Some(mut o) = open.take() else {
+                if i >= n {
+                    break;
+                }
                 open = Some(self.fresh(i));
                 i += 1;
                 continue;
             };
-            let boundary = self.section(o.last) != self.section(i);
-            let keep_going = !boundary || self.merges(&o, i);
-            if let Some(tokens) = keep_going.then(|| self.fits(&o, i)).flatten() {
-                o.last = i;
-                o.tokens = tokens;
-                open = Some(o);
-                i += 1;
-                continue;
+            if i < n {
+                let boundary = self.section(o.last) != self.section(i);
+                let keep_going = !boundary || self.merges(&o, i);
+                if let Some(tokens) = keep_going.then(|| self.fits(&o, i)).flatten() {
+                    o.last = i;
+                    o.tokens = tokens;
+                    open = Some(o);
+                    i += 1;
+                    continue;
+                }
             }
-            let draft = self.close(o, true);
+            // Closing may give units back (headings; a counter that is not subadditive), so
+            // packing goes on after the draft's last unit, even past the end of the input.
+            let draft = self.close(o, i < n);
             i = draft.open.last + 1;
-            let next = if i < n && self.section(draft.open.last) == self.section(i) {
-                Some(self.with_overlap(&draft, i))
-            } else if i < n {
-                Some(self.fresh(i))
-            } else {
-                None
-            };
-            out.push(draft);
-            if let Some(next) = next {
-                open = Some(next);
+            if i < n {
+                open = Some(if self.section(draft.open.last) == self.section(i) {
+                    self.with_overlap(&draft, i)
+                } else {
+                    self.fresh(i)
+                });
                 i += 1;
             }
-        }
-        if let Some(o) = open {
-            out.push(self.close(o, false));
+            out.push(draft);
         }
         out
     }

@@ -17,6 +17,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use ce_core::text::is_cjk;
+
 use pdf_extract::{
     Document, MediaBox, Object, OutputDev, OutputError, Transform, decode_text_string,
     output_doc_page,
@@ -108,7 +110,8 @@ fn info_title(doc: &Document) -> Option<String> {
 /// A new line starts where the baseline moves down by more than half the font size, or back
 /// left while moving down; it opens a new paragraph when the drop exceeds 1.3 times the line
 /// spacing of the paragraph so far, or twice the font size on a paragraph's first line
-/// (headings and paragraph spacing). A space is written where the text jumps right by more
+/// (headings and paragraph spacing). A line break between two Chinese characters is
+/// dropped. A space is written where the text jumps right by more
 /// than a tenth of the font size, as pdf-extract's own plain-text output does.
 #[derive(Default)]
 struct PageText {
@@ -158,7 +161,12 @@ impl OutputDev for PageText {
                     self.text.push_str("\n\n");
                     self.line_gap = None;
                 } else {
-                    self.text.push('\n');
+                    // A Chinese line break is not a word break (as in ce_core::text).
+                    let glue = self.text.chars().next_back().is_some_and(is_cjk)
+                        && ch.chars().next().is_some_and(is_cjk);
+                    if !glue {
+                        self.text.push('\n');
+                    }
                     self.line_gap = Some(dy);
                 }
             } else if self.word_start && x > last_x + size * 0.1 {

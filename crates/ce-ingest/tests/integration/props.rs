@@ -265,3 +265,24 @@ fn chunks_cover_the_text_in_order_within_the_limit_deterministically() {
         Err(e) => panic!("{name} aborted (CE_SEED={seed}): {e}"),
     }
 }
+
+/// Found by the property test (CE_SEED=3918792797279220192, 1000 cases): a counter that
+/// counts the space between two units made the last chunk give its last unit back, and that
+/// unit was lost.
+#[test]
+fn a_unit_given_back_by_the_last_chunk_is_not_lost() {
+    let case = Case {
+        preamble: Vec::new(),
+        sections: vec![Section {
+            level: 1,
+            title: "检索的的检索检索检索的检索检索检索检索检索的上下文检索检索上下文的检索的检索检索的检索的上下文的检索上下文检索的上下文的的的检索检索检索上下文检索检索检索检索检索检索检索。 t".into(),
+            parts: Vec::new(),
+        }],
+        form: 1,
+        counter: 1,
+        max_tokens: 87,
+        overlap_permille: 0,
+        min_permille: 0,
+    };
+    check(case).expect("chunks cover the text");
+}
