@@ -4,9 +4,9 @@
 //! one chunk and stays one node) or [`Chunking::Split`] (a document node with one child per
 //! [`Chunk`]). The loop, one file per step:
 //!
-//! 1. [`units`]: the blocks are grouped into sections by their headings (a heading opens a
-//!    section that runs to the next heading of the same or a higher level; its path is the
-//!    titles of the headings above it and its own), and every block becomes a *unit* — the
+//! 1. [`units`]: the blocks are grouped into sections by their headings (every heading
+//!    opens a section that runs to the next heading of any level; its path is the titles of
+//!    the headings it is under and its own), and every block becomes a *unit* — the
 //!    whole block if it fits in `max_tokens`, else its sentences (prose, headings; from
 //!    [`ce_core::text::sentence_ranges`]) or lines (code, tables), and a sentence or line
 //!    that alone exceeds the limit is cut at the last whitespace (or character) that fits.
