@@ -90,11 +90,15 @@ pub enum ErrorCode {
     LeaseLost,
     /// A derived deletion larger than the delete-safety limits was refused.
     LargeDelete,
+    /// An input is of a format no parser reads (the message names the type).
+    UnsupportedFormat,
+    /// An input of a supported format could not be parsed (corrupt, truncated, encrypted).
+    ParseError,
 }
 
 impl ErrorCode {
     /// All codes.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::InvalidUri,
         ErrorCode::InvalidLevel,
         ErrorCode::InvalidField,
@@ -122,6 +126,8 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::LeaseLost,
         ErrorCode::LargeDelete,
+        ErrorCode::UnsupportedFormat,
+        ErrorCode::ParseError,
     ];
 
     /// The snake_case name used in JSON error bodies.
@@ -154,6 +160,8 @@ impl ErrorCode {
             ErrorCode::Busy => "busy",
             ErrorCode::LeaseLost => "lease_lost",
             ErrorCode::LargeDelete => "large_delete",
+            ErrorCode::UnsupportedFormat => "unsupported_format",
+            ErrorCode::ParseError => "parse_error",
         }
     }
 
@@ -166,7 +174,9 @@ impl ErrorCode {
             | ErrorCode::UnknownEventType
             | ErrorCode::InvalidPayload
             | ErrorCode::InvalidConfig
-            | ErrorCode::InvalidMove => 400,
+            | ErrorCode::InvalidMove
+            | ErrorCode::UnsupportedFormat
+            | ErrorCode::ParseError => 400,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,

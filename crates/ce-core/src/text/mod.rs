@@ -5,5 +5,5 @@
 pub mod sentences;
 pub mod tokenize;
 
-pub use sentences::{Block, BlockKind, Sentence, blocks, is_cjk};
+pub use sentences::{Block, BlockKind, Sentence, blocks, is_cjk, sentence_ranges};
 pub use tokenize::tokenize;

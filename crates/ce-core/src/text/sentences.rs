@@ -14,6 +14,8 @@
 //!
 //! Everything is deterministic: the same text gives the same blocks, byte for byte.
 
+use std::ops::Range;
+
 /// What a block is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockKind {
@@ -244,6 +246,18 @@ fn is_closer(c: char) -> bool {
 
 /// Splits one block's text into sentences (see the module documentation).
 fn split_sentences(text: &str) -> Vec<String> {
+    sentence_ranges(text)
+        .into_iter()
+        .map(|r| text[r].to_owned())
+        .collect()
+}
+
+/// The byte ranges of the sentences of `text`, in order, each trimmed of surrounding
+/// whitespace (never empty), by the rules of the module documentation. Line breaks count as
+/// whitespace, so the text of a paragraph can be passed as it stands in its source: the
+/// ranges then address the source itself (header-aware chunking splits long sections with
+/// them).
+pub fn sentence_ranges(text: &str) -> Vec<Range<usize>> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let mut out = Vec::new();
     let mut start = 0;
@@ -274,18 +288,21 @@ fn split_sentences(text: &str) -> Vec<String> {
             continue;
         }
         let cut = chars.get(j).map_or(text.len(), |&(b, _)| b);
-        push_sentence(&mut out, &text[start..cut]);
+        push_sentence(&mut out, text, start..cut);
         start = cut;
         i = j;
     }
-    push_sentence(&mut out, &text[start..]);
+    push_sentence(&mut out, text, start..text.len());
     out
 }
 
-fn push_sentence(out: &mut Vec<String>, s: &str) {
-    let s = s.trim();
-    if !s.is_empty() {
-        out.push(s.to_owned());
+/// Pushes `range` of `text` trimmed, unless nothing is left.
+fn push_sentence(out: &mut Vec<Range<usize>>, text: &str, range: Range<usize>) {
+    let s = &text[range.clone()];
+    let lead = s.len() - s.trim_start().len();
+    let trail = s.len() - s.trim_end().len();
+    if lead < s.len() {
+        out.push(range.start + lead..range.end - trail);
     }
 }
 
@@ -423,6 +440,15 @@ mod tests {
             .flat_map(|b| b.sentences.iter().map(|s| s.ordinal))
             .collect();
         assert_eq!(ordinals, (0..ordinals.len()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn sentence_ranges_address_the_text_as_it_stands() {
+        let text = "  First line\nstill first. 第二句。\n\n Third?! ";
+        let ranges = sentence_ranges(text);
+        let got: Vec<&str> = ranges.iter().map(|r| &text[r.clone()]).collect();
+        assert_eq!(got, ["First line\nstill first.", "第二句。", "Third?!"]);
+        assert!(sentence_ranges(" \n ").is_empty());
     }
 
     #[test]

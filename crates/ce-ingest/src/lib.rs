@@ -1,0 +1,25 @@
+//! Ingestion's parsing and chunking layer (DESIGN.md §4 `ingest`; docs/ingestion.md): pure
+//! functions from the bytes of one input to the text of the nodes it becomes. No I/O beyond
+//! the bytes it is given; the knowledge-base workflow (items, jobs) sits on top.
+//!
+//! - [`parse`]: bytes and a [`Hint`] (file name, content type) → a [`ParsedDocument`]: its
+//!   readable text and blocks (headings, prose, code, tables; pages for PDF). Markdown,
+//!   plain text, source code, HTML and PDF; anything else is
+//!   [`IngestError::UnsupportedFormat`] naming the type, a corrupt input
+//!   [`IngestError::Parse`]. Neither is retryable.
+//! - [`chunk`]: a parsed document, a [`TokenCount`] (the embedding model's tokenizer) and
+//!   [`ChunkOptions`] → [`Chunking::Whole`] (one node) or [`Chunking::Split`] (a document
+//!   node and one [`Chunk`] per child: text, heading path, byte range, pages), header-aware,
+//!   with a documented overlap; deterministic.
+
+mod chunk;
+mod detect;
+mod document;
+mod error;
+mod parse;
+
+pub use chunk::{Chunk, ChunkOptions, Chunking, PageSpan, TokenCount, check_chunks, chunk};
+pub use detect::language_of;
+pub use document::{Block, BlockKind, Format, Hint, ParsedDocument};
+pub use error::{IngestError, Result};
+pub use parse::parse;
