@@ -11,7 +11,10 @@
 //! 3. `search`: p50/p99 latency of `--queries` searches per mode (vector, keyword, hybrid) at
 //!    that size, with the hits' mean count and hydration drops;
 //! 4. `hierarchical_search`: p50/p99 of the same queries in hierarchical mode on that tree,
-//!    with the mean containers expanded and index searches per query.
+//!    with the mean containers expanded and index searches per query;
+//! 5. `bulk_delete`: the keyword consumer alone applying the removal of a tenth of the topics
+//!    (one recursive `rm` per topic: one event per subtree), then of the leaves of another
+//!    tenth (one `rm` per leaf: one event per node): nodes and records removed, seconds.
 //!
 //! Text is synthetic but shaped like prose: a Zipf-distributed vocabulary of pseudo-words,
 //! each topic drawing half of its words from its own slice of the vocabulary.
@@ -154,12 +157,18 @@ fn config(consumers: &[&str]) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
-fn open(dir: &std::path::Path, consumers: &[&str], workers: usize) -> anyhow::Result<Engine> {
+/// An engine of `consumers` that runs the workers of `only` (empty: all of them).
+fn open(
+    dir: &std::path::Path,
+    consumers: &[&str],
+    only: &[&str],
+    workers: usize,
+) -> anyhow::Result<Engine> {
     let options = EngineOptions {
         workers,
         run_workers: false,
         role: "bench".into(),
-        consumers: Vec::new(),
+        consumers: only.iter().map(|c| (*c).to_owned()).collect(),
     };
     Ok(Engine::open_with(dir, config(consumers)?, options)?)
 }
@@ -182,9 +191,16 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
 
     // 1. The tree, applied by the vector consumer alone.
     eprintln!("bench: writing {} leaves", args.nodes);
-    let engine = open(dir, &[VECTOR_CONSUMER], args.workers)?;
+    let engine = open(dir, &[VECTOR_CONSUMER], &[], args.workers)?;
     let ops = tree_ops(args.nodes, &mut rng)?;
     let nodes = ops.len();
+    let uris: Vec<CtxUri> = ops
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Put { uri, .. } => Some(uri.clone()),
+            _ => None,
+        })
+        .collect();
     let t = Instant::now();
     for chunk in ops.chunks(1000) {
         engine.store().apply_batch(chunk.to_vec())?;
@@ -208,7 +224,7 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
     drop(engine);
 
     // 2. The keyword consumer added later back-fills from the journal.
-    let engine = open(dir, &[VECTOR_CONSUMER, KEYWORD_CONSUMER], args.workers)?;
+    let engine = open(dir, &[VECTOR_CONSUMER, KEYWORD_CONSUMER], &[], args.workers)?;
     let status = engine.status()?;
     let lag = |s: &ce_server::status::Status, c: &str| {
         s.consumers
@@ -283,6 +299,67 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
     v["mean_index_searches"] = json!(round(searches as f64 / n, 2));
     report.insert("hierarchical_search".into(), v);
     engine.shutdown();
+    drop(engine);
+
+    // 5. Bulk removal through the keyword consumer alone.
+    let engine = open(
+        dir,
+        &[VECTOR_CONSUMER, KEYWORD_CONSUMER],
+        &[KEYWORD_CONSUMER],
+        args.workers,
+    )?;
+    let tenth = (TOPICS / 10).max(1);
+    let topic_of = |u: &CtxUri| -> Option<usize> {
+        let t = u.as_str().strip_prefix("ctx://bench/t")?;
+        t.split('/').next()?.parse().ok()
+    };
+    let rm = |uri: CtxUri, recursive: bool| WriteOp::Rm {
+        uri,
+        recursive,
+        expect_version: None,
+        trace_id: None,
+    };
+    let subtrees: Vec<WriteOp> = (0..tenth)
+        .map(|t| Ok(rm(CtxUri::parse(&format!("ctx://bench/t{t}"))?, true)))
+        .collect::<anyhow::Result<_>>()?;
+    let in_subtrees = uris
+        .iter()
+        .filter(|u| topic_of(u).is_some_and(|t| t < tenth))
+        .count();
+    // Leaves only (a container with children cannot be removed alone).
+    let leaves: Vec<WriteOp> = uris
+        .iter()
+        .filter(|u| topic_of(u).is_some_and(|t| (tenth..2 * tenth).contains(&t)))
+        .filter(|u| u.as_str().matches('/').count() == 5)
+        .map(|u| rm(u.clone(), false))
+        .collect();
+    let mut bulk = serde_json::Map::new();
+    for (name, removal, nodes) in [
+        ("subtrees", subtrees, in_subtrees),
+        ("nodes", leaves.clone(), leaves.len()),
+    ] {
+        let before = engine.status()?.keyword_records.unwrap_or(0);
+        eprintln!("bench: removing {nodes} nodes ({name}), keyword consumer");
+        let events = removal.len();
+        for chunk in removal.chunks(1000) {
+            engine.store().apply_batch(chunk.to_vec())?;
+        }
+        let drained = engine.drain(&quiet)?;
+        let s = drained.progress.elapsed_ms / 1e3;
+        let after = engine.status()?.keyword_records.unwrap_or(0);
+        bulk.insert(
+            name.into(),
+            json!({
+                "nodes": nodes,
+                "events": events,
+                "records_removed": before.saturating_sub(after),
+                "seconds": round(s, 3),
+                "nodes_per_s": round(nodes as f64 / s, 1),
+            }),
+        );
+    }
+    report.insert("bulk_delete".into(), Value::Object(bulk));
+    engine.shutdown();
     report.insert(
         "total_seconds".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
@@ -331,6 +408,15 @@ mod tests {
             "{r}"
         );
         assert!(h["mean_containers_expanded"].as_f64() >= Some(1.0), "{r}");
+        // Ten topics of 1 + 10 + 20 nodes; the 200 leaves of ten more.
+        for (name, nodes) in [("subtrees", 310), ("nodes", 200)] {
+            let b = &r["bulk_delete"][name];
+            assert_eq!(b["nodes"], nodes, "{name}: {r}");
+            assert!(
+                b["records_removed"].as_u64() >= Some(nodes),
+                "{name}: every node had records: {r}"
+            );
+        }
         for m in ["vector", "keyword", "hybrid"] {
             assert!(r["search"][m]["p99_ms"].as_f64().is_some(), "{m}: {r}");
             assert!(r["search"][m]["mean_hits"].as_f64() > Some(0.0), "{m}: {r}");

@@ -1,24 +1,30 @@
-//! Embedded keyword index: one SQLite file (`keywords.db`) holds the records, a postings table
-//! and the node versions; BM25 is scored in Rust from the postings (see [`super::Bm25`]), so it
-//! agrees with the in-memory reference, and filtered with [`SearchFilter::matches`] itself.
-//! (SQLite's FTS5 is not used: its `bm25()` differs from ours and cannot see our filters.)
+//! Embedded keyword index: one SQLite file (`keywords.db`) holds the records, the postings in
+//! blocks with each term's document frequency ([`blocks`]) and the node versions; BM25 is
+//! scored in Rust from the postings (see [`super::Bm25`]), so it agrees with the in-memory
+//! reference, and filtered with [`SearchFilter::matches`] itself. (SQLite's FTS5 is not used:
+//! its `bm25()` differs from ours and cannot see our filters.)
 //!
 //! Write path ([`KeywordIndex::write_nodes`]): the records' texts are tokenized first, outside
 //! any lock; then one `IMMEDIATE` transaction on the writer connection (WAL,
 //! `synchronous=FULL`) applies the writes, each in a savepoint, so a write that fails leaves
-//! nothing behind while the others commit together.
+//! nothing behind while the others commit together. The records' rows change at once; their
+//! posting changes are logged and applied to the blocks in one pass before the commit
+//! ([`blocks::flush`]), so a batch removing thousands of records rewrites each affected block
+//! once.
 //!
-//! Search path: one read transaction on the reader connection (a consistent snapshot) →
-//! postings of the query terms, rarest first, with MaxScore pruning of records that cannot
-//! reach the top `k` (see `score`) → exact scores of the rest → candidates in score order,
+//! Search path: one read transaction on the reader connection (a consistent snapshot) → each
+//! query term's `df` from `terms` (one row) → postings of the query terms, rarest first, with
+//! MaxScore pruning of records that cannot reach the top `k`, and block-max bounds for the
+//! candidates left (see `score`) → exact scores of the rest → candidates in score order,
 //! checked against the filter page by page until `top_k` pass and no unchecked candidate can
 //! tie or beat the `top_k`-th → the hits' texts.
 //!
 //! Everything lives in SQLite, so several connections (or processes) may open the same file.
 
+mod blocks;
 mod schema;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -26,6 +32,7 @@ use ce_core::{CtxUri, IndexRecord};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 
+use self::blocks::{Frontier, Posting, PostingLog};
 use self::schema::{
     decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta, sql, stats,
 };
@@ -105,12 +112,14 @@ impl Prepared {
     }
 }
 
-/// One write transaction with the collection statistics it maintains.
+/// One write transaction with the collection statistics it maintains and the posting changes
+/// it has made (applied to the blocks by [`WriteTx::finish`]).
 struct WriteTx<'c> {
     tx: &'c Transaction<'c>,
     docs: u64,
     total_len: u64,
     stored: (u64, u64),
+    log: PostingLog,
 }
 
 impl<'c> WriteTx<'c> {
@@ -121,6 +130,7 @@ impl<'c> WriteTx<'c> {
             docs,
             total_len,
             stored: (docs, total_len),
+            log: PostingLog::default(),
         })
     }
 
@@ -135,7 +145,7 @@ impl<'c> WriteTx<'c> {
             .map_err(sql)
     }
 
-    /// Deletes record `doc` and its postings; whether it existed.
+    /// Deletes record `doc` and logs the removal of its postings; whether it existed.
     fn delete_doc(&mut self, doc: i64) -> Result<bool> {
         let row: Option<(i64, String)> = self
             .tx
@@ -148,12 +158,8 @@ impl<'c> WriteTx<'c> {
         let Some((len, terms)) = row else {
             return Ok(false);
         };
-        let mut st = self
-            .tx
-            .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
-            .map_err(sql)?;
         for (term, _) in decode_terms(&terms)? {
-            st.execute(params![term, doc]).map_err(sql)?;
+            self.log.remove(term, doc);
         }
         self.docs -= 1;
         self.total_len -= len as u64;
@@ -185,7 +191,7 @@ impl<'c> WriteTx<'c> {
         Ok(n)
     }
 
-    /// Inserts or replaces (by id) record `r` with its terms. Replacing rewrites only the
+    /// Inserts or replaces (by id) record `r` with its terms. Replacing logs only the
     /// postings that changed (none when the text did not: a payload-only update).
     fn put(&mut self, r: &IndexRecord, node_version: u64, terms: &Terms) -> Result<()> {
         let old: Option<(i64, i64, String)> = self
@@ -219,46 +225,28 @@ impl<'c> WriteTx<'c> {
             })
             .map_err(sql)?;
         let doc = self.tx.last_insert_rowid();
-        // The postings as they are: none for a new record.
+        // The postings as they are: none for a new record; every posting carries the length,
+        // so all of them change when it does.
         let mut stale = BTreeMap::new();
         match &old {
             Some((_, old_len, old_terms)) => {
                 let old_len = *old_len as u64;
-                if old_len == u64::from(terms.len) {
-                    stale = decode_terms(old_terms)?;
-                } else {
-                    // Every posting carries the length: all of them change.
-                    let mut st = self
-                        .tx
-                        .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
-                        .map_err(sql)?;
-                    for (term, _) in decode_terms(old_terms)? {
-                        st.execute(params![term, doc]).map_err(sql)?;
-                    }
+                stale = decode_terms(old_terms)?;
+                if old_len != u64::from(terms.len) {
+                    stale.values_mut().for_each(|tf| *tf = 0);
                 }
                 self.total_len -= old_len;
             }
             None => self.docs += 1,
         }
         self.total_len += u64::from(terms.len);
-        let mut put = self
-            .tx
-            .prepare_cached(
-                "INSERT OR REPLACE INTO postings (term, doc, tf, len) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .map_err(sql)?;
         for (term, tf) in &terms.tf {
             if stale.remove(term.as_str()) != Some(*tf) {
-                put.execute(params![term, doc, tf, terms.len])
-                    .map_err(sql)?;
+                self.log.set(term, doc, *tf, terms.len);
             }
         }
-        let mut delete = self
-            .tx
-            .prepare_cached("DELETE FROM postings WHERE term = ?1 AND doc = ?2")
-            .map_err(sql)?;
         for term in stale.keys() {
-            delete.execute(params![term, doc]).map_err(sql)?;
+            self.log.remove(term, doc);
         }
         Ok(())
     }
@@ -308,16 +296,28 @@ impl<'c> WriteTx<'c> {
     /// Runs `f` in a savepoint (see [`sqlite::savepoint`]): if it fails, its rows and
     /// statistics are rolled back and its error is returned inside `Ok`.
     fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
-        let saved = (self.docs, self.total_len);
+        let saved = (self.docs, self.total_len, self.log.mark());
         let out = sqlite::savepoint(self.tx, DB_FILE, || f(self))?;
         if out.is_err() {
-            (self.docs, self.total_len) = saved;
+            (self.docs, self.total_len) = (saved.0, saved.1);
+            self.log.rollback(saved.2);
         }
         Ok(out)
     }
 
-    /// Writes the statistics if they changed.
+    /// Applies the logged posting changes to the blocks and the document frequencies, and
+    /// writes the statistics if they changed.
     fn finish(self) -> Result<()> {
+        let changes = self.log.len();
+        if changes > 0 {
+            let started = std::time::Instant::now();
+            blocks::flush(self.tx, self.log)?;
+            tracing::debug!(
+                changes,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "keyword postings flushed"
+            );
+        }
         if (self.docs, self.total_len) != self.stored {
             set_meta(self.tx, "docs", self.docs)?;
             set_meta(self.tx, "total_len", self.total_len)?;
@@ -340,6 +340,30 @@ impl std::fmt::Debug for EmbeddedKeywordIndex {
             .field("dir", &self.dir)
             .field("options", &self.options)
             .finish_non_exhaustive()
+    }
+}
+
+/// A candidate of a search ordered by score (then doc, for a total order).
+#[derive(Debug, Clone, Copy)]
+struct ByScore(f32, i64);
+
+impl PartialEq for ByScore {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for ByScore {}
+
+impl PartialOrd for ByScore {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByScore {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0).then(other.1.cmp(&self.1))
     }
 }
 
@@ -397,8 +421,21 @@ impl EmbeddedKeywordIndex {
         sqlite::read(&self.reader, DB_FILE, f)
     }
 
-    /// Checks that the postings agree with the stored texts (re-tokenizing every record) and
-    /// the collection statistics with the records. Returns [`IndexError::Corrupt`] describing
+    /// The document frequency of `term` (a term as the tokenizer produces it): how many
+    /// records hold it, as stored in `terms`.
+    pub fn document_frequency(&self, term: &str) -> Result<u64> {
+        self.read(|tx| {
+            let df: Option<i64> = tx
+                .prepare_cached("SELECT df FROM terms WHERE term = ?1")
+                .and_then(|mut s| s.query_row([term], |r| r.get(0)).optional())
+                .map_err(sql)?;
+            Ok(df.unwrap_or(0) as u64)
+        })
+    }
+
+    /// Checks that the postings agree with the stored texts (re-tokenizing every record), the
+    /// blocks are well formed with exact bounds, the document frequencies count the postings
+    /// and the collection statistics agree with the records. Returns [`IndexError::Corrupt`] describing
     /// the first differences. Costs a full scan: for tests and maintenance.
     pub fn check_consistency(&self) -> Result<()> {
         self.read(|tx| {
@@ -416,15 +453,12 @@ impl EmbeddedKeywordIndex {
                     "statistics say {docs} records of {total_len} terms, the table holds {n} of {sum}"
                 ));
             }
-            // Every record's `terms` lines match its text and each has its posting; with as
-            // many postings as lines in all, there is no other posting.
+            // Every record's `terms` lines match its text; the postings they imply are
+            // exactly those of the blocks, and each term's `df` counts them.
+            let mut want: BTreeMap<String, Vec<Posting>> = BTreeMap::new();
             let mut st = tx
                 .prepare("SELECT doc, id, len, text, terms FROM records ORDER BY doc")
                 .map_err(sql)?;
-            let mut posting = tx
-                .prepare("SELECT tf, len FROM postings WHERE term = ?1 AND doc = ?2")
-                .map_err(sql)?;
-            let mut lines = 0u64;
             let mut rows = st.query([]).map_err(sql)?;
             while let Some(r) = rows.next().map_err(sql)? {
                 let (doc, id, len, text, terms): (i64, String, u32, String, String) = (
@@ -434,28 +468,74 @@ impl EmbeddedKeywordIndex {
                     r.get(3).map_err(sql)?,
                     r.get(4).map_err(sql)?,
                 );
-                let want = Terms::of(&text);
-                if terms != encode_terms(&want) || len != want.len {
+                let expected = Terms::of(&text);
+                if terms != encode_terms(&expected) || len != expected.len {
                     problems.push(format!("terms of record {id} differ from its text"));
                 }
                 for (term, tf) in decode_terms(&terms)? {
-                    lines += 1;
-                    let got: Option<(u32, u32)> = posting
-                        .query_row(params![term, doc], |r| Ok((r.get(0)?, r.get(1)?)))
-                        .optional()
-                        .map_err(sql)?;
-                    if got != Some((tf, len)) {
-                        problems.push(format!("posting {term:?} of record {id} is {got:?}"));
-                    }
+                    want.entry(term.to_owned())
+                        .or_default()
+                        .push(Posting { doc, tf, len });
                 }
             }
-            let postings: i64 = tx
-                .query_row("SELECT COUNT(*) FROM postings", [], |r| r.get(0))
+            let mut got: BTreeMap<String, Vec<Posting>> = BTreeMap::new();
+            let mut st = tx
+                .prepare(
+                    "SELECT term, last_doc, first_doc, n, bound, data FROM blocks
+                     ORDER BY term, last_doc",
+                )
                 .map_err(sql)?;
-            if postings as u64 != lines {
-                problems.push(format!(
-                    "{postings} postings, the records list {lines}"
-                ));
+            let mut rows = st.query([]).map_err(sql)?;
+            while let Some(r) = rows.next().map_err(sql)? {
+                let (term, last, first, n, bound, data): (String, i64, i64, i64, Vec<u8>, Vec<u8>) = (
+                    r.get(0).map_err(sql)?,
+                    r.get(1).map_err(sql)?,
+                    r.get(2).map_err(sql)?,
+                    r.get(3).map_err(sql)?,
+                    r.get(4).map_err(sql)?,
+                    r.get(5).map_err(sql)?,
+                );
+                let ps = blocks::decode(&data)?;
+                let list = got.entry(term.clone()).or_default();
+                let sorted = ps.windows(2).all(|w| w[0].doc < w[1].doc)
+                    && list.last().is_none_or(|p| ps.first().is_some_and(|q| p.doc < q.doc));
+                let shape = ps.len() as i64 == n
+                    && (1..=blocks::BLOCK as i64).contains(&n)
+                    && ps.first().map(|p| p.doc) == Some(first)
+                    && ps.last().map(|p| p.doc) == Some(last);
+                if !sorted || !shape {
+                    problems.push(format!("block {term:?}/{last} is malformed"));
+                }
+                if Frontier::decode(&bound)? != Frontier::of(&ps) {
+                    problems.push(format!("bound of block {term:?}/{last} is wrong"));
+                }
+                list.extend(ps);
+            }
+            for (term, ps) in &want {
+                if got.get(term) != Some(ps) {
+                    problems.push(format!("postings of {term:?} differ from the records"));
+                }
+            }
+            for term in got.keys().filter(|t| !want.contains_key(*t)) {
+                problems.push(format!("postings of {term:?}, which no record holds"));
+            }
+            let dfs: BTreeMap<String, i64> = tx
+                .prepare("SELECT term, df FROM terms")
+                .and_then(|mut s| {
+                    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect()
+                })
+                .map_err(sql)?;
+            let want_dfs: BTreeMap<String, i64> =
+                want.iter().map(|(t, ps)| (t.clone(), ps.len() as i64)).collect();
+            if dfs != want_dfs {
+                let wrong = want_dfs
+                    .iter()
+                    .find(|(t, n)| dfs.get(*t) != Some(n))
+                    .map(|(t, n)| format!("{t:?}: {:?} instead of {n}", dfs.get(t)))
+                    .or_else(|| dfs.keys().find(|t| !want_dfs.contains_key(*t)).map(|t| format!("{t:?} held by no record")))
+                    .unwrap_or_default();
+                problems.push(format!("document frequencies differ from the postings ({wrong})"));
             }
             if problems.is_empty() {
                 return Ok(());
@@ -469,33 +549,190 @@ impl EmbeddedKeywordIndex {
 /// Head lookups spent looking for `top_k` filter-passing candidates before pruning is tried.
 const PRUNE_PROBES: usize = 256;
 
+/// Relative margin of every pruning comparison: a bound counts as below a threshold only when
+/// it is below by more than f32 rounding of the final scores and f64 summation-order
+/// differences could hide. A pruned record's f32 score is then strictly below the `top_k`-th
+/// one, so records that would tie (and be ordered by id) are never pruned.
+const MARGIN: f64 = 1e-6;
+
+/// Whether a record whose score is at most `bound` certainly ranks below `top_k` records
+/// scoring at least `theta`.
+fn cannot_reach(bound: f64, theta: f64) -> bool {
+    bound * (1.0 + MARGIN) < theta
+}
+
+/// The candidates of a search: records in doc order, each with its contribution per query
+/// term (0 where not read yet or absent).
+struct Candidates {
+    terms: usize,
+    docs: Vec<i64>,
+    parts: Vec<f64>,
+}
+
+impl Candidates {
+    fn new(terms: usize) -> Self {
+        Candidates {
+            terms,
+            docs: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    fn part(&mut self, c: usize, term: usize) -> &mut f64 {
+        &mut self.parts[c * self.terms + term]
+    }
+
+    /// The sum of the contributions of candidate `c`, in ascending term order (the order the
+    /// reference sums in, so final scores are bit-identical).
+    fn sum(&self, c: usize) -> f64 {
+        self.parts[c * self.terms..(c + 1) * self.terms]
+            .iter()
+            .fold(0.0, |a, &x| a + x)
+    }
+
+    /// Adds term `term`'s contributions from its postings (sorted by doc), adding the records
+    /// not seen yet.
+    fn merge(&mut self, term: usize, postings: &[Posting], contribution: impl Fn(&Posting) -> f64) {
+        let n = self.terms;
+        let mut docs = Vec::with_capacity(self.docs.len() + postings.len());
+        let mut parts = Vec::with_capacity((self.docs.len() + postings.len()) * n);
+        let (mut a, mut b) = (0, 0);
+        while a < self.docs.len() || b < postings.len() {
+            let (from_old, from_new) = match (self.docs.get(a), postings.get(b)) {
+                (Some(&d), Some(p)) => (d <= p.doc, p.doc <= d),
+                (Some(_), None) => (true, false),
+                (None, Some(_)) => (false, true),
+                (None, None) => break,
+            };
+            let row = parts.len();
+            if from_old {
+                docs.push(self.docs[a]);
+                parts.extend_from_slice(&self.parts[a * n..(a + 1) * n]);
+                a += 1;
+            } else {
+                docs.push(postings[b].doc);
+                parts.resize(row + n, 0.0);
+            }
+            if from_new {
+                parts[row + term] = contribution(&postings[b]);
+                b += 1;
+            }
+        }
+        self.docs = docs;
+        self.parts = parts;
+    }
+
+    /// Keeps the candidates `c` with `keep[c]`.
+    fn retain(&mut self, keep: &[bool]) {
+        let n = self.terms;
+        let mut w = 0;
+        for (c, &k) in keep.iter().enumerate().take(self.docs.len()) {
+            if k {
+                self.docs[w] = self.docs[c];
+                self.parts.copy_within(c * n..(c + 1) * n, w * n);
+                w += 1;
+            }
+        }
+        self.docs.truncate(w);
+        self.parts.truncate(w * n);
+    }
+}
+
+/// The blocks of one query term left to look up after pruning: their doc ranges and score
+/// bounds (read without the postings), and the postings of the blocks decoded so far.
+struct TermBlocks<'t> {
+    term: &'t str,
+    index: usize,
+    idf: f64,
+    firsts: Vec<i64>,
+    lasts: Vec<i64>,
+    bounds: Vec<f64>,
+    decoded: HashMap<usize, Vec<Posting>>,
+}
+
+impl<'t> TermBlocks<'t> {
+    fn load(
+        tx: &Transaction<'_>,
+        term: &'t str,
+        index: usize,
+        idf: f64,
+        bm25: &Bm25,
+    ) -> Result<Self> {
+        let mut tb = TermBlocks {
+            term,
+            index,
+            idf,
+            firsts: Vec::new(),
+            lasts: Vec::new(),
+            bounds: Vec::new(),
+            decoded: HashMap::new(),
+        };
+        let mut st = tx
+            .prepare_cached(
+                "SELECT first_doc, last_doc, bound FROM blocks WHERE term = ?1 ORDER BY last_doc",
+            )
+            .map_err(sql)?;
+        let mut rows = st.query([term]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            tb.firsts.push(r.get(0).map_err(sql)?);
+            tb.lasts.push(r.get(1).map_err(sql)?);
+            let bound: Vec<u8> = r.get(2).map_err(sql)?;
+            let f = Frontier::decode(&bound)?;
+            tb.bounds.push(f.max(|tf, len| bm25.term(idf, tf, len)));
+        }
+        Ok(tb)
+    }
+
+    /// The block whose doc range holds `doc` (a record outside every range lacks the term).
+    fn block_of(&self, doc: i64) -> Option<usize> {
+        let b = self.lasts.partition_point(|&l| l < doc);
+        (b < self.lasts.len() && self.firsts[b] <= doc).then_some(b)
+    }
+
+    /// The posting of `doc` in block `b`.
+    fn posting(&mut self, tx: &Transaction<'_>, b: usize, doc: i64) -> Result<Option<Posting>> {
+        if !self.decoded.contains_key(&b) {
+            let data: Vec<u8> = tx
+                .prepare_cached("SELECT data FROM blocks WHERE term = ?1 AND last_doc = ?2")
+                .and_then(|mut s| s.query_row(params![self.term, self.lasts[b]], |r| r.get(0)))
+                .map_err(sql)?;
+            self.decoded.insert(b, blocks::decode(&data)?);
+        }
+        let ps = &self.decoded[&b];
+        Ok(ps.binary_search_by_key(&doc, |p| p.doc).ok().map(|k| ps[k]))
+    }
+}
+
 /// The exact BM25 score of every record that can still be among the `top_k` best records
-/// passing `filter` (MaxScore-style dynamic pruning; records that provably cannot are left
-/// out, so callers rank what is returned exactly as if everything had been scored).
+/// passing `filter` (MaxScore-style dynamic pruning with block-max bounds; records that
+/// provably cannot are left out, so callers rank what is returned exactly as if everything
+/// had been scored), as `(doc, score)`.
 ///
-/// Terms are read rarest first (`df` by an index count). A term contributes less than its
+/// Terms are read rarest first (`df` from the `terms` table). A term contributes less than its
 /// upper bound `idf·(k1+1)`; once the upper bounds of the terms not read yet sum to less than
-/// the `top_k`-th best partial score among filter-passing candidates (a lower bound of the
-/// final `top_k`-th score), no record outside the candidates can enter the top `k`: the
-/// remaining terms are then only looked up, posting by posting, for the candidates whose
-/// partial score plus those bounds still reaches that threshold. Contributions are kept per
-/// term and summed in ascending term order, so scores are bit-identical to the reference's.
+/// the `top_k`-th best partial score among filter-passing candidates (a lower bound θ of the
+/// final `top_k`-th score), no record outside the candidates can enter the top `k`. The
+/// candidates are then bounded tighter, per remaining term, by the score bound of the block
+/// whose doc range holds them (0 when no block's does: the record lacks the term), and only
+/// those that can still reach θ have the remaining terms looked up, block by block. All
+/// comparisons keep the margin of [`cannot_reach`]. Contributions are kept per term and summed
+/// in ascending term order, so scores are bit-identical to the reference's.
 fn score(
     tx: &Transaction<'_>,
     terms: &[String],
     filter: &SearchFilter,
     top_k: usize,
-) -> Result<HashMap<i64, f64>> {
+) -> Result<Vec<(i64, f64)>> {
     let (docs, total_len) = stats(tx)?;
     let bm25 = Bm25::new(docs, total_len);
-    let mut count = tx
-        .prepare_cached("SELECT count(*) FROM postings WHERE term = ?1")
+    let mut df_of = tx
+        .prepare_cached("SELECT df FROM terms WHERE term = ?1")
         .map_err(sql)?;
     let mut plan: Vec<(usize, u64, f64)> = Vec::with_capacity(terms.len());
     for (i, t) in terms.iter().enumerate() {
-        let df: i64 = count.query_row([t], |r| r.get(0)).map_err(sql)?;
-        let df = df as u64;
-        if df > 0 {
+        let df: Option<i64> = df_of.query_row([t], |r| r.get(0)).optional().map_err(sql)?;
+        if let Some(df) = df.filter(|&df| df > 0) {
+            let df = df as u64;
             plan.push((i, df, bm25.idf(df)));
         }
     }
@@ -506,47 +743,73 @@ fn score(
         rest[j] = rest[j + 1] + plan[j].2 * (super::K1 + 1.0);
     }
 
-    let mut all = tx
-        .prepare_cached("SELECT doc, tf, len FROM postings WHERE term = ?1")
+    let mut read = tx
+        .prepare_cached("SELECT data FROM blocks WHERE term = ?1 ORDER BY last_doc")
         .map_err(sql)?;
-    let mut one = tx
-        .prepare_cached("SELECT tf, len FROM postings WHERE term = ?1 AND doc = ?2")
-        .map_err(sql)?;
-    let mut parts: HashMap<i64, Vec<f64>> = HashMap::new();
+    let mut cands = Candidates::new(terms.len());
     let mut passes: HashMap<i64, bool> = HashMap::new();
-    let mut pruned_from = plan.len();
+    let mut pruned = None;
+    let mut postings: Vec<Posting> = Vec::new();
     for (j, &(i, _, idf)) in plan.iter().enumerate() {
         if j > 0
-            && let Some(theta) = threshold(tx, &parts, &mut passes, filter, top_k)?
-            && rest[j] < theta
+            && let Some(theta) = threshold(tx, &cands, &mut passes, filter, top_k)?
+            && cannot_reach(rest[j], theta)
         {
-            pruned_from = j;
-            // Only candidates that can still reach the threshold are completed.
-            parts.retain(|_, p| p.iter().sum::<f64>() + rest[j] >= theta);
+            pruned = Some((j, theta));
             break;
         }
-        let postings: Vec<(i64, u32, u32)> = all
-            .query_map([&terms[i]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .and_then(|it| it.collect())
-            .map_err(sql)?;
-        for (doc, tf, len) in postings {
-            parts.entry(doc).or_insert_with(|| vec![0.0; terms.len()])[i] = bm25.term(idf, tf, len);
+        postings.clear();
+        let mut rows = read.query([&terms[i]]).map_err(sql)?;
+        while let Some(r) = rows.next().map_err(sql)? {
+            let data: Vec<u8> = r.get(0).map_err(sql)?;
+            blocks::decode_into(&data, &mut postings)?;
         }
+        cands.merge(i, &postings, |p| bm25.term(idf, p.tf, p.len));
     }
-    for &(i, _, idf) in &plan[pruned_from..] {
-        for (doc, p) in parts.iter_mut() {
-            let hit: Option<(u32, u32)> = one
-                .query_row(params![&terms[i], doc], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-                .map_err(sql)?;
-            if let Some((tf, len)) = hit {
-                p[i] = bm25.term(idf, tf, len);
+    if let Some((j, theta)) = pruned {
+        // Only candidates that can still reach θ are completed.
+        let keep: Vec<bool> = (0..cands.docs.len())
+            .map(|c| !cannot_reach(cands.sum(c) + rest[j], theta))
+            .collect();
+        cands.retain(&keep);
+        let mut remaining = Vec::with_capacity(plan.len() - j);
+        for &(i, _, idf) in &plan[j..] {
+            remaining.push(TermBlocks::load(tx, &terms[i], i, idf, &bm25)?);
+        }
+        // bound[c]: the block bounds of the terms not looked up yet for candidate c.
+        let mut bound: Vec<f64> = cands
+            .docs
+            .iter()
+            .map(|&doc| {
+                remaining
+                    .iter()
+                    .filter_map(|tb| tb.block_of(doc).map(|b| tb.bounds[b]))
+                    .sum()
+            })
+            .collect();
+        for tb in &mut remaining {
+            let keep: Vec<bool> = (0..cands.docs.len())
+                .map(|c| !cannot_reach(cands.sum(c) + bound[c], theta))
+                .collect();
+            cands.retain(&keep);
+            bound = bound
+                .into_iter()
+                .zip(&keep)
+                .filter_map(|(b, &k)| k.then_some(b))
+                .collect();
+            for (c, bound) in bound.iter_mut().enumerate() {
+                let doc = cands.docs[c];
+                if let Some(b) = tb.block_of(doc) {
+                    *bound -= tb.bounds[b];
+                    if let Some(p) = tb.posting(tx, b, doc)? {
+                        *cands.part(c, tb.index) = bm25.term(tb.idf, p.tf, p.len);
+                    }
+                }
             }
         }
     }
-    Ok(parts
-        .into_iter()
-        .map(|(doc, p)| (doc, p.iter().sum::<f64>()))
+    Ok((0..cands.docs.len())
+        .map(|c| (cands.docs[c], cands.sum(c)))
         .collect())
 }
 
@@ -554,14 +817,13 @@ fn score(
 /// found within [`PRUNE_PROBES`] head lookups (best partial scores first; results cached).
 fn threshold(
     tx: &Transaction<'_>,
-    parts: &HashMap<i64, Vec<f64>>,
+    cands: &Candidates,
     passes: &mut HashMap<i64, bool>,
     filter: &SearchFilter,
     top_k: usize,
 ) -> Result<Option<f64>> {
-    let mut best: Vec<(f64, i64)> = parts
-        .iter()
-        .map(|(doc, p)| (p.iter().sum::<f64>(), *doc))
+    let mut best: Vec<(f64, i64)> = (0..cands.docs.len())
+        .map(|c| (cands.sum(c), cands.docs[c]))
         .collect();
     // At most `top_k` passes, `PRUNE_PROBES` new lookups and every cached failure are
     // examined below: only that many best candidates need ordering, not all of them (any `k`
@@ -643,24 +905,26 @@ impl KeywordIndex for EmbeddedKeywordIndex {
             return Ok(Vec::new());
         }
         self.read(|tx| {
-            let mut candidates: Vec<(f32, i64)> = score(tx, &terms, filter, top_k)?
+            // A heap (built in linear time) yields the candidates best first without sorting
+            // all of them: only the pages checked are ordered.
+            let mut candidates: BinaryHeap<ByScore> = score(tx, &terms, filter, top_k)?
                 .into_iter()
-                .map(|(doc, s)| (s as f32, doc))
+                .map(|(doc, s)| ByScore(s as f32, doc))
                 .collect();
-            candidates.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
             // Candidates are checked in score order, so `passed` is in score order too; its
             // `top_k`-th entry bounds what an unchecked candidate must reach to be a hit.
             let mut passed: Vec<Passed> = Vec::new();
-            let mut next = 0;
             let mut page = self.options.first_page.max(top_k).max(1);
-            while next < candidates.len() {
+            while let Some(next) = candidates.peek() {
                 if let Some(kth) = passed.get(top_k - 1)
-                    && candidates[next].0 < kth.score
+                    && next.0 < kth.score
                 {
                     break;
                 }
-                let end = next.saturating_add(page).min(candidates.len());
-                for &(score, doc) in &candidates[next..end] {
+                for _ in 0..page {
+                    let Some(ByScore(score, doc)) = candidates.pop() else {
+                        break;
+                    };
                     // Filters never read the text: the head is enough to check them.
                     if let Some(r) = head(tx, doc)?
                         && filter.matches(&r)
@@ -672,7 +936,6 @@ impl KeywordIndex for EmbeddedKeywordIndex {
                         });
                     }
                 }
-                next = end;
                 page = page
                     .saturating_mul(PAGE_GROWTH)
                     .min(self.options.max_page.max(1));
@@ -743,7 +1006,8 @@ impl KeywordIndex for EmbeddedKeywordIndex {
     fn clear(&self) -> Result<()> {
         self.write(|w| {
             w.tx.execute_batch(
-                "DELETE FROM postings; DELETE FROM records; DELETE FROM uri_versions;",
+                "DELETE FROM blocks; DELETE FROM terms; DELETE FROM records;
+                 DELETE FROM uri_versions;",
             )
             .map_err(sql)?;
             w.docs = 0;

@@ -121,6 +121,16 @@ impl MemoryKeywordIndex {
         Self::default()
     }
 
+    /// The document frequency of `term` (a term as the tokenizer produces it): how many stored
+    /// records hold it, counted over every record.
+    pub fn document_frequency(&self, term: &str) -> u64 {
+        let s = self.state();
+        s.records
+            .values()
+            .filter(|e| e.terms.tf.contains_key(term))
+            .count() as u64
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         crate::lock(&self.state)
     }

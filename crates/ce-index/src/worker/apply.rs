@@ -330,7 +330,8 @@ impl NodeApplier<'_> {
         counts: &mut ChangeCounts,
     ) -> Vec<(CtxUri, u64)> {
         let mut written: Vec<(CtxUri, u64)> = Vec::new();
-        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size) {
+        let removal_cost = usize::from(!self.target.bulk_removals());
+        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size, removal_cost) {
             self.write_chunk(chunk, &mut written, failed, counts);
         }
         written
@@ -458,14 +459,19 @@ fn removal(uri: &CtxUri, state: UriVersion) -> Option<NodeWrite> {
 }
 
 /// Groups `writes` in order into batches of at most `max_records` records (a removal counts
-/// as one); a node is never split, so a node over the cap gets a batch of its own.
-fn write_batches(writes: Vec<NodeWrite>, max_records: usize) -> Vec<Vec<NodeWrite>> {
+/// as `removal_cost`: one, or none for a target whose removals all go in one write); a node is
+/// never split, so a node over the cap gets a batch of its own.
+fn write_batches(
+    writes: Vec<NodeWrite>,
+    max_records: usize,
+    removal_cost: usize,
+) -> Vec<Vec<NodeWrite>> {
     let mut out: Vec<Vec<NodeWrite>> = Vec::new();
     let mut records = 0;
     for w in writes {
         let n = match &w {
             NodeWrite::Sync { records, .. } => records.len().max(1),
-            _ => 1,
+            _ => removal_cost,
         };
         match out.last_mut() {
             Some(last) if records + n <= max_records.max(1) => last.push(w),
@@ -541,13 +547,18 @@ mod tests {
             rm("ctx://e"),
         ];
         let sizes = |b: &[Vec<NodeWrite>]| b.iter().map(Vec::len).collect::<Vec<_>>();
-        let got = write_batches(writes.clone(), 4);
+        let got = write_batches(writes.clone(), 4, 1);
         assert_eq!(sizes(&got), [1, 2, 2]);
         let flat: Vec<NodeWrite> = got.into_iter().flatten().collect();
         assert_eq!(flat, writes, "order kept, nothing dropped");
-        assert_eq!(sizes(&write_batches(writes.clone(), 2)), [1, 1, 1, 1, 1]);
-        assert_eq!(sizes(&write_batches(writes, 128)), [5]);
-        assert!(write_batches(Vec::new(), 4).is_empty());
+        assert_eq!(sizes(&write_batches(writes.clone(), 2, 1)), [1, 1, 1, 1, 1]);
+        assert_eq!(sizes(&write_batches(writes.clone(), 128, 1)), [5]);
+        assert!(write_batches(Vec::new(), 4, 1).is_empty());
+        // Free removals join the batch at hand: many removals make one write.
+        assert_eq!(sizes(&write_batches(writes.clone(), 6, 1)), [2, 3]);
+        assert_eq!(sizes(&write_batches(writes.clone(), 6, 0)), [3, 2]);
+        let many: Vec<NodeWrite> = (0..1000).map(|i| rm(&format!("ctx://r{i}"))).collect();
+        assert_eq!(sizes(&write_batches(many, 128, 0)), [1000]);
     }
 
     #[test]

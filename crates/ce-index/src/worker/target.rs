@@ -73,6 +73,12 @@ pub trait IndexTarget: Send + Sync {
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// Versioned node writes (see [`VectorIndex::write_nodes`]).
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>>;
+    /// Whether the worker should send every removal of a batch in one write, whatever
+    /// `upsert_batch_size` (removals then do not count towards it): true for an index whose
+    /// removals cost less together than apart.
+    fn bulk_removals(&self) -> bool {
+        false
+    }
 }
 
 /// The vector index as a worker target.
@@ -142,5 +148,10 @@ impl IndexTarget for KeywordTarget {
             })
             .collect();
         self.0.write_nodes(writes)
+    }
+    /// The embedded keyword index applies the posting changes of a write in one pass, each
+    /// affected block rewritten once, so a subtree's removals are cheapest as one write.
+    fn bulk_removals(&self) -> bool {
+        true
     }
 }

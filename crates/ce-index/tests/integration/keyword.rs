@@ -22,14 +22,14 @@ use crate::common::{record, seed, uri};
 const SCORE_EPS: f32 = 1e-4;
 
 /// A record of `uri_s` at `level` with `text` and extra flat filters.
-fn doc(uri_s: &str, level: u8, text: &str, extra: &[(&str, Value)]) -> IndexRecord {
+pub(crate) fn doc(uri_s: &str, level: u8, text: &str, extra: &[(&str, Value)]) -> IndexRecord {
     IndexRecord {
         text: text.to_owned(),
         ..record(uri_s, level, extra)
     }
 }
 
-fn sync(uri_s: &str, version: u64, records: Vec<IndexRecord>) -> KeywordWrite {
+pub(crate) fn sync(uri_s: &str, version: u64, records: Vec<IndexRecord>) -> KeywordWrite {
     KeywordWrite::Sync {
         uri: uri(uri_s),
         version,
@@ -43,13 +43,18 @@ fn write(idx: &dyn KeywordIndex, writes: Vec<KeywordWrite>) -> Vec<ce_index::Res
 }
 
 /// Applies `writes`, expecting every write to be applied.
-fn apply_all(idx: &dyn KeywordIndex, writes: Vec<KeywordWrite>) {
+pub(crate) fn apply_all(idx: &dyn KeywordIndex, writes: Vec<KeywordWrite>) {
     for (i, o) in write(idx, writes).into_iter().enumerate() {
         assert_eq!(o.expect("write"), SyncOutcome::Applied, "write {i}");
     }
 }
 
-fn search(idx: &dyn KeywordIndex, q: &str, f: &SearchFilter, k: usize) -> Vec<KeywordHit> {
+pub(crate) fn search(
+    idx: &dyn KeywordIndex,
+    q: &str,
+    f: &SearchFilter,
+    k: usize,
+) -> Vec<KeywordHit> {
     idx.search(q, f, k).expect("search")
 }
 
@@ -69,7 +74,7 @@ fn both(mut f: impl FnMut(&str, &dyn KeywordIndex)) {
     e.check_consistency().expect("postings agree with records");
 }
 
-fn open(dir: &Path) -> EmbeddedKeywordIndex {
+pub(crate) fn open(dir: &Path) -> EmbeddedKeywordIndex {
     EmbeddedKeywordIndex::open(dir).expect("open keyword index")
 }
 

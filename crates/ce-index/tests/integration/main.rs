@@ -6,6 +6,7 @@
 mod common;
 mod convergence;
 mod keyword;
+mod keyword_bulk;
 mod pg_errors;
 mod relation;
 mod repair;

@@ -8,25 +8,33 @@ use ce_core::IndexRecord;
 use rusqlite::Connection;
 
 use super::super::Terms;
+use super::blocks::{self, Posting};
 use crate::error::{IndexError, Result};
 
 /// File name of the database inside the index directory.
 pub const DB_FILE: &str = "keywords.db";
 
-/// Version of the file layout; a file with another version is refused.
-const SCHEMA_VERSION: u64 = 1;
+/// Version of the file layout. A file of layout 1 (one row per posting) is migrated in place
+/// when opened (see [`migrate_v1`]); a file of any other version is refused.
+const SCHEMA_VERSION: u64 = 2;
 
 /// Tables:
 /// - `records`: one row per record; `doc` is its key in the postings, `len` its length in
 ///   terms, `terms` its postings (`term\ttf` lines: what to delete or update when it changes,
 ///   without an index of the postings by record), `head` the record as JSON with an empty
 ///   text (what filters are checked on), `text` the text.
-/// - `postings`: one row per (term, record holding it) with the term's frequency and the
-///   record's length (so scoring never reads `records`).
+/// - `blocks`: each term's postings in blocks of at most [`super::blocks::BLOCK`], keyed by
+///   `(term, last_doc)`, with `first_doc`, the count `n`, the score bound and the postings
+///   (see [`super::blocks`]; postings carry the record's length, so scoring never reads
+///   `records`).
+/// - `terms`: per term, its document frequency `df` (the number of records holding it, the
+///   sum of its blocks' `n`), kept up to date by every write; terms held by no record have
+///   no row.
 /// - `uri_versions`: the newest source version seen per URI, and whether it was a removal
 ///   (invariant VX1).
-/// - `meta` ([`crate::sqlite::init_writer`]): `schema_version`, and `docs` / `total_len` (the record count and the sum of
-///   their lengths, BM25's collection statistics, kept up to date by every write).
+/// - `meta` ([`crate::sqlite::init_writer`]): `schema_version`, and `docs` / `total_len` (the
+///   record count and the sum of their lengths, BM25's collection statistics, kept up to date
+///   by every write).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
     doc INTEGER PRIMARY KEY,
@@ -40,12 +48,18 @@ CREATE TABLE IF NOT EXISTS records (
     text TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_by_uri ON records (uri, level);
-CREATE TABLE IF NOT EXISTS postings (
+CREATE TABLE IF NOT EXISTS blocks (
     term TEXT NOT NULL,
-    doc INTEGER NOT NULL,
-    tf INTEGER NOT NULL,
-    len INTEGER NOT NULL,
-    PRIMARY KEY (term, doc)
+    last_doc INTEGER NOT NULL,
+    first_doc INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    bound BLOB NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (term, last_doc)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS terms (
+    term TEXT PRIMARY KEY NOT NULL,
+    df INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS uri_versions (
     uri TEXT PRIMARY KEY NOT NULL,
@@ -59,7 +73,7 @@ pub(super) fn sql(e: rusqlite::Error) -> IndexError {
     crate::error::sqlite_error(DB_FILE, e)
 }
 
-fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
+pub(super) fn corrupt(what: &str, e: impl std::fmt::Display) -> IndexError {
     IndexError::Corrupt(format!("{DB_FILE}: {what}: {e}"))
 }
 
@@ -76,12 +90,80 @@ pub(super) fn open_conn(path: &Path) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Prepares the writer connection: WAL, `synchronous=FULL`, schema and layout version (see
-/// [`crate::sqlite::init_writer`]).
+/// Prepares the writer connection: WAL, `synchronous=FULL`, a file of layout 1 migrated,
+/// schema and layout version (see [`crate::sqlite::init_writer`]).
 pub(super) fn init(conn: &mut Connection) -> Result<()> {
+    migrate_v1(conn)?;
     crate::sqlite::init_writer(conn, DB_FILE, SCHEMA, SCHEMA_VERSION)?
         .commit()
         .map_err(sql)
+}
+
+/// Migrates a file of layout 1 — one `postings (term, doc, tf, len)` row per posting, document
+/// frequencies counted at search time — to layout 2 in one transaction: the postings are read
+/// in (term, doc) order into blocks, each term's count becomes its `df`, the old table is
+/// dropped. Records, versions and statistics are kept as they are (no text is re-tokenized).
+/// Does nothing to a new file or one of another layout.
+fn migrate_v1(conn: &mut Connection) -> Result<()> {
+    let has_meta: bool = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(sql)?
+        > 0;
+    if !has_meta || crate::sqlite::meta(conn, DB_FILE, "schema_version")?.as_deref() != Some("1") {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    tx.execute_batch(SCHEMA).map_err(sql)?;
+    let (mut terms, mut postings) = (0u64, 0u64);
+    {
+        let mut st = tx
+            .prepare("SELECT term, doc, tf, len FROM postings ORDER BY term, doc")
+            .map_err(sql)?;
+        let mut rows = st.query([]).map_err(sql)?;
+        let mut term = String::new();
+        let mut list: Vec<Posting> = Vec::new();
+        let finish = |term: &str, list: &mut Vec<Posting>| -> Result<()> {
+            if !list.is_empty() {
+                blocks::write_blocks(&tx, term, list)?;
+                blocks::add_df(&tx, term, list.len() as i64)?;
+                list.clear();
+            }
+            Ok(())
+        };
+        while let Some(r) = rows.next().map_err(sql)? {
+            let t: String = r.get(0).map_err(sql)?;
+            if t != term {
+                finish(&term, &mut list)?;
+                term = t;
+                terms += 1;
+            }
+            list.push(Posting {
+                doc: r.get(1).map_err(sql)?,
+                tf: r.get(2).map_err(sql)?,
+                len: r.get(3).map_err(sql)?,
+            });
+            postings += 1;
+        }
+        finish(&term, &mut list)?;
+    }
+    tx.execute_batch("DROP TABLE postings").map_err(sql)?;
+    crate::sqlite::set_meta(&tx, DB_FILE, "schema_version", &SCHEMA_VERSION.to_string())?;
+    tx.commit().map_err(sql)?;
+    tracing::info!(
+        file = DB_FILE,
+        terms,
+        postings,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "keyword index migrated from layout 1 to layout 2 (postings in blocks, stored df)"
+    );
+    Ok(())
 }
 
 fn meta_u64(c: &Connection, key: &str) -> Result<Option<u64>> {
