@@ -146,7 +146,8 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     );
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        consumers::names()
+        ce_core::Config::default().index.outbox.consumers,
+        "a worker per configured consumer"
     );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     let wait = |q: &str, want: &str| {
