@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::bench::BenchOutboxArgs;
+use crate::bench_ingest::BenchIngestArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
 use crate::eval::EvalArgs;
@@ -555,6 +556,10 @@ pub enum BenchCommand {
     /// Path locks: acquire + release latency of EXACT and TREE locks, and the grant rate of
     /// one contended path, per provider.
     Locks(BenchLocksArgs),
+    /// The user's ingest path: `ce import` of generated documents then `ce worker --once`,
+    /// cold and for no-op, 1 % text, 1 % metadata and 1 % delete re-imports (wall seconds,
+    /// texts embedded, sizes on disk).
+    Ingest(BenchIngestArgs),
 }
 
 /// `ce bench locks`.

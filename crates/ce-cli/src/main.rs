@@ -8,6 +8,7 @@
 //! report progress on stderr in both modes (JSON lines with `--json`, the error object last).
 
 mod bench;
+mod bench_ingest;
 mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;
