@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::bench::BenchOutboxArgs;
+use crate::bench_ingest::BenchIngestArgs;
 use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
 use crate::eval::EvalArgs;
@@ -564,6 +565,10 @@ pub enum BenchCommand {
     /// Derived layers: extractive derivation throughput over 1–5 KB documents, and how many
     /// times a folder is derived when 100 of its children change at once.
     Derive(crate::bench_derive::BenchDeriveArgs),
+    /// The user's ingest path: `ce import` of generated documents then `ce worker --once`,
+    /// cold and for no-op, 1 % text, 1 % metadata and 1 % delete re-imports (wall seconds,
+    /// texts embedded, sizes on disk).
+    Ingest(BenchIngestArgs),
 }
 
 /// `ce bench locks`.

@@ -30,7 +30,8 @@ use crate::cli::{
 use crate::error::{CliError, Result};
 use crate::output::{self, Rendered};
 use crate::{
-    bench, bench_locks, bench_pipeline, bench_retrieval, demo, eval, jobs, remote, repair,
+    bench, bench_ingest, bench_locks, bench_pipeline, bench_retrieval, demo, eval, jobs, remote,
+    repair,
 };
 
 /// Data directory used when neither `--data-dir` nor `CE_DATA_DIR` is given.
@@ -172,6 +173,13 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }
         Command::Bench(BenchCommand::Derive(args)) => {
             let json = crate::bench_derive::run_derive(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
+        Command::Bench(BenchCommand::Ingest(args)) => {
+            let json = bench_ingest::run_ingest(args).map_err(CliError::Other)?;
             Ok(Rendered {
                 human: output::json_text(&json),
                 json,

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_derive;
+mod bench_ingest;
 mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;

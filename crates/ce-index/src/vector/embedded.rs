@@ -1,33 +1,46 @@
-//! Embedded vector index: SQLite holds the records and vectors (the durable state), a usearch
-//! HNSW graph held in memory answers approximate searches.
+//! Embedded vector index: SQLite holds the records and vectors (the durable state); in memory,
+//! a usearch HNSW graph and an exact-scan *fresh segment* answer searches.
 //!
 //! Write path (every trait write): one `IMMEDIATE` SQLite transaction on the writer connection
 //! (WAL, `synchronous=FULL`) that reads the current rows, writes the new ones and records the
-//! in-memory changes it implies (add / remove an ANN key, update a key's filter data) → commit →
-//! apply those changes to the graph and the filter table. A crash between commit and apply
-//! loses only derived state: [`EmbeddedVectorIndex::open`] loads the last snapshot of the graph
-//! and catches it up with the writes committed after it, or, without a usable snapshot,
-//! rebuilds the graph from the stored vectors — never re-embedding (see `ann.rs`). If applying
-//! fails, the in-memory state is rebuilt from the database at once.
+//! in-memory changes it implies (add / remove a key, update a key's filter data) → commit →
+//! apply those changes: new vectors go to the fresh segment (`fresh.rs`, a contiguous buffer
+//! scanned exactly), so a write is searchable as soon as it returns; removed keys leave the
+//! part that holds them. Vectors durable first, graph later: a background thread
+//! (`Shared::run_inserter`) moves fresh vectors into the graph in large batches, on all cores,
+//! outside the state lock, and retires them from the fresh segment. When the fresh segment
+//! outgrows [`EmbeddedOptions::fresh_max_bytes`], the writer inserts itself before returning
+//! (back-pressure). An empty graph (first import, after `clear` for a reindex) is built once
+//! from every fresh vector.
+//!
+//! A crash loses only derived state: [`EmbeddedVectorIndex::open`] loads the last snapshot of
+//! the graph and reads the writes committed after it (the tail) into the fresh segment, or,
+//! without a usable snapshot, builds the graph from the stored vectors — never re-embedding
+//! (see `ann.rs`). If applying fails, the in-memory state is rebuilt from the database at once.
 //!
 //! One process at a time: the graph lives in this process's memory, so `open` takes an
 //! exclusive lock on `LOCK` in the directory (released by the OS if the process dies).
 //!
 //! Search path: the planner counts the records passing the filter in the in-memory filter
 //! table; small candidate sets (see [`EmbeddedOptions::exact_limit`]: 5,000, or 10 % of the
-//! records up to 20·√records) are scanned exactly; larger ones go
-//! through the graph (filtered search with the table as predicate), and if the graph returns
-//! fewer than `top_k` while at least `top_k` records pass, the search falls back to an exact
-//! scan. Hits are then read from SQLite and checked against the filter once more, so a search
-//! racing a write never returns a record that does not match.
+//! records up to 20·√records) are scanned exactly; larger ones scan the fresh segment exactly
+//! (filter before scoring) and go through the graph for the rest (filtered search with the
+//! table as predicate), merged by exact score; if the graph returns fewer than `top_k` while
+//! enough of its records pass, the search falls back to an exact scan. Hits are then read from
+//! SQLite and checked against the filter once more, so a search racing a write never returns a
+//! record that does not match.
 
 mod ann;
 pub mod bench;
+mod fresh;
 mod schema;
 mod table;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ce_core::{CtxUri, IndexRecord};
 use ce_embed::ModelIdentity;
@@ -35,6 +48,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use serde::Serialize;
 
 use self::ann::Ann;
+use self::fresh::Fresh;
 use self::schema::sql;
 use self::table::{KeyTable, Row};
 use super::rules::{
@@ -70,6 +84,19 @@ pub struct EmbeddedOptions {
     /// while a filtered graph search costs about O(records / candidates), so the break-even
     /// candidate count grows with √(records), not with records.
     pub exact_sqrt_factor: f64,
+    /// Memory bound of the fresh segment (vectors committed but not yet in the graph), in
+    /// bytes: a write that leaves it larger inserts into the graph itself before returning
+    /// (back-pressure) until it is back under the bound.
+    pub fresh_max_bytes: usize,
+    /// Vectors per graph-insertion step (the first build of an empty graph takes all).
+    pub insert_batch: usize,
+    /// Whether a background thread moves fresh vectors into the graph. Without it they stay
+    /// fresh until back-pressure, [`EmbeddedVectorIndex::insert_step`] or
+    /// [`EmbeddedVectorIndex::settle`] moves them.
+    pub background_insert: bool,
+    /// How long the background thread waits after a write before inserting, so that the
+    /// writes of a burst are inserted as one large batch.
+    pub insert_linger: Duration,
 }
 
 impl Default for EmbeddedOptions {
@@ -81,6 +108,10 @@ impl Default for EmbeddedOptions {
             exact_max_candidates: 5_000,
             exact_max_fraction: 0.10,
             exact_sqrt_factor: 20.0,
+            fresh_max_bytes: 64 << 20,
+            insert_batch: 16_384,
+            background_insert: true,
+            insert_linger: Duration::from_millis(50),
         }
     }
 }
@@ -142,7 +173,9 @@ pub struct EmbeddedVectorIndex {
     options: EmbeddedOptions,
     writer: Mutex<Connection>,
     reader: Mutex<Connection>,
-    mem: RwLock<Mem>,
+    shared: Arc<Shared>,
+    /// The background graph inserter (see [`EmbeddedOptions::background_insert`]).
+    inserter: Option<JoinHandle<()>>,
     from_snapshot: Option<usize>,
     /// Set by [`EmbeddedVectorIndex::close_without_snapshot`].
     skip_snapshot: bool,
@@ -158,12 +191,18 @@ pub struct EmbeddedStats {
     pub records: usize,
     /// Vectors in the graph.
     pub graph_vectors: usize,
+    /// Vectors in the fresh segment (committed, searched exactly, not yet in the graph).
+    pub fresh_vectors: usize,
+    /// Memory held by the fresh segment, in bytes.
+    pub fresh_bytes: usize,
     /// Removed graph slots not yet reused by an insertion: they cost memory and some search
     /// time; [`EmbeddedVectorIndex::rebuild_graph`] drops them.
     pub tombstones: usize,
     /// Database generation (bumped by every commit that adds or removes a vector).
     pub generation: u64,
-    /// Whether the snapshot on disk matches the current generation.
+    /// Whether the snapshot on disk holds every vector: the graph has not changed since it was
+    /// written and the fresh segment is empty (fresh vectors are never in a snapshot; the next
+    /// open reads them back from the database).
     pub snapshot_current: bool,
     /// Whether this instance loaded its graph from a snapshot at open (else it rebuilt it from
     /// the stored vectors).
@@ -193,10 +232,55 @@ impl std::fmt::Debug for EmbeddedVectorIndex {
     }
 }
 
-/// Derived in-memory state: the graph and the filter table, as of `generation`.
+/// What the index and its graph inserter share.
+struct Shared {
+    mem: RwLock<Mem>,
+    /// Serializes graph insertions (background, back-pressure, tests) and snapshots. Lock
+    /// order: writer connection → `insert` → `mem`.
+    insert: Mutex<()>,
+    ctl: Mutex<Ctl>,
+    wake: Condvar,
+    /// Set at close: a running insertion stops within a few vectors.
+    abort: AtomicBool,
+    options: EmbeddedOptions,
+}
+
+/// Control of the background inserter.
+#[derive(Debug, Default)]
+struct Ctl {
+    stop: bool,
+    paused: bool,
+    /// A write left vectors in the fresh segment since the inserter last looked.
+    pending: bool,
+}
+
+thread_local! {
+    /// Set while this thread runs the `during` hook of an insertion step: insertions it would
+    /// start (back-pressure, `settle`) are skipped instead of waiting for the step it is in.
+    static IN_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Source of [`Mem::epoch`] values.
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+fn next_epoch() -> u64 {
+    EPOCH.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Derived in-memory state: the graph, the fresh segment and the filter table, as of
+/// `generation`. Every key of the table is in the graph or in the fresh segment (FS1).
 #[derive(Debug, Default)]
 struct Mem {
     ann: Option<Ann>,
+    fresh: Fresh,
+    /// A graph insertion is running outside the lock: removals from the graph wait here.
+    inserting: bool,
+    deferred: Vec<u64>,
+    /// Changes whenever the graph is replaced or cleared: an insertion that started on
+    /// another epoch is discarded.
+    epoch: u64,
+    /// The graph changed since the snapshot on disk was written.
+    graph_dirty: bool,
     table: KeyTable,
     model: Option<ModelIdentity>,
     dimension: Option<usize>,
@@ -429,6 +513,7 @@ impl Mem {
             dimension: schema::dimension(conn)?,
             generation,
             healthy: true,
+            epoch: next_epoch(),
             ..Mem::default()
         };
         if let (true, Some(d), Some(g)) = (use_snapshot, mem.dimension, snapshot) {
@@ -436,18 +521,22 @@ impl Mem {
                 mem.table.insert(r.key, &table_row(r));
                 Ok(())
             })?;
-            if let Ok((graph, caught_up)) =
-                Self::from_snapshot(conn, dir, db_id, g, d, o, &mem.table)
+            let mut fresh = Fresh::default();
+            if let Ok((graph, removed, caught_up)) =
+                Self::from_snapshot(conn, dir, db_id, g, d, o, &mem.table, &mut fresh)
             {
                 mem.ann = Some(graph);
+                mem.fresh = fresh;
                 mem.saved = Some(g);
-                mem.loaded = Some(caught_up);
+                mem.graph_dirty = removed > 0;
+                mem.loaded = Some(removed + caught_up);
                 ann::remove_other_snapshots(dir, Some((db_id, g)))?;
                 return Ok(mem);
             }
             mem.table = KeyTable::default();
         }
         Self::rebuild(conn, o, &mut mem)?;
+        mem.graph_dirty = true;
         if use_snapshot {
             // At open: the snapshot is missing or failed its checks.
             ann::remove_other_snapshots(dir, None)?;
@@ -460,9 +549,12 @@ impl Mem {
 
     /// Loads the snapshot of generation `g` and brings it up to date with the database (whose
     /// filter table is `table`): keys it has that the database lost are removed, keys the
-    /// database gained are added from the stored vectors. Returns the graph and how many keys
-    /// changed. Any doubt (unreadable files, counts that do not add up, a sampled vector that
-    /// differs) is an error, and the caller rebuilds instead.
+    /// database gained (the tail) are read from the stored vectors into `fresh` — or straight
+    /// into the graph when they would not fit [`EmbeddedOptions::fresh_max_bytes`]. Returns
+    /// the graph, how many keys were removed and how many were caught up. Any doubt
+    /// (unreadable files, counts that do not add up, a sampled vector that differs) is an
+    /// error, and the caller rebuilds instead.
+    #[allow(clippy::too_many_arguments)]
     fn from_snapshot(
         conn: &Connection,
         dir: &Path,
@@ -471,7 +563,8 @@ impl Mem {
         dimension: usize,
         o: &EmbeddedOptions,
         table: &KeyTable,
-    ) -> Result<(Ann, usize)> {
+        fresh: &mut Fresh,
+    ) -> Result<(Ann, usize, usize)> {
         let path = ann::snapshot_path(dir, db_id, g);
         let mismatch =
             |what: &str| IndexError::Corrupt(format!("snapshot {}: {what}", path.display()));
@@ -480,31 +573,42 @@ impl Mem {
         if keys.len() != graph.len() || keys.iter().any(|k| !graph.contains(*k)) {
             return Err(mismatch("the key set does not match the graph"));
         }
-        let mut changed = 0;
+        let mut removed = 0;
         for k in keys.iter().filter(|k| table.id(**k).is_none()) {
             graph.remove(*k)?;
-            changed += 1;
+            removed += 1;
         }
         let missing: Vec<u64> = table.keys().filter(|k| !graph.contains(*k)).collect();
+        let into_fresh = missing.len() * (dimension * 4 + 32) <= o.fresh_max_bytes;
         for chunk in missing.chunks(4096) {
             let rows = schema::vectors_by_keys(conn, chunk)?;
             if rows.len() != chunk.len() {
                 return Err(mismatch("rows vanished while catching up"));
             }
-            let items: Vec<(u64, &[f32])> = rows.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-            graph.add(&items)?;
-            changed += items.len();
+            if into_fresh {
+                for (k, v) in &rows {
+                    fresh.push(*k, v);
+                }
+            } else {
+                let items: Vec<(u64, &[f32])> =
+                    rows.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+                graph.add(&items)?;
+            }
         }
-        if graph.len() != table.len() {
+        if graph.len() + fresh.len() != table.len() {
             return Err(mismatch("vector count differs from the database"));
         }
         let mut buf = vec![0.0; dimension];
         for (k, v) in schema::sample_vectors(conn, 32)? {
-            if !graph.get(k, &mut buf) || buf != v {
+            let same = match fresh.get(k) {
+                Some(f) => f == v.as_slice(),
+                None => graph.get(k, &mut buf) && buf == v,
+            };
+            if !same {
                 return Err(mismatch(&format!("vector of key {k} differs")));
             }
         }
-        Ok((graph, changed))
+        Ok((graph, removed, missing.len()))
     }
 
     fn rebuild(conn: &Connection, o: &EmbeddedOptions, mem: &mut Mem) -> Result<()> {
@@ -545,30 +649,33 @@ impl Mem {
         Ok(())
     }
 
-    fn apply(&mut self, c: Committed, o: &EmbeddedOptions) -> Result<()> {
-        let mut pending: Vec<(u64, Vec<f32>)> = Vec::new();
+    /// Applies a committed write: new vectors go to the fresh segment (searchable at once),
+    /// removed ones leave whichever part holds them.
+    fn apply(&mut self, c: Committed) -> Result<()> {
         for op in c.ops {
             match op {
                 Op::Add { key, vector, row } => {
                     self.table.insert(key, &row);
-                    pending.push((key, vector));
+                    self.fresh.push(key, &vector);
                 }
                 Op::Remove(key) => {
-                    self.add_pending(&mut pending, o)?;
                     self.table.remove(key);
-                    if let Some(a) = self.ann.as_mut() {
-                        a.remove(key)?;
+                    if !self.fresh.remove(key) {
+                        self.remove_from_graph(key)?;
                     }
                 }
                 Op::Update { key, row } => self.table.insert(key, &row),
                 Op::Clear => {
-                    pending.clear();
                     self.table = KeyTable::default();
+                    self.fresh.clear();
                     self.ann = None;
+                    self.inserting = false;
+                    self.deferred.clear();
+                    self.epoch = next_epoch();
+                    self.graph_dirty = true;
                 }
             }
         }
-        self.add_pending(&mut pending, o)?;
         if let Some(g) = c.generation {
             self.generation = g;
         }
@@ -577,23 +684,17 @@ impl Mem {
         Ok(())
     }
 
-    fn add_pending(
-        &mut self,
-        pending: &mut Vec<(u64, Vec<f32>)>,
-        o: &EmbeddedOptions,
-    ) -> Result<()> {
-        let Some((_, first)) = pending.first() else {
+    /// Removes `key` from the graph, or defers that while an insertion runs (usearch must not
+    /// remove while another thread adds; the insertion's end applies deferred removals).
+    fn remove_from_graph(&mut self, key: u64) -> Result<()> {
+        if self.inserting {
+            self.deferred.push(key);
             return Ok(());
-        };
-        if self.ann.is_none() {
-            self.ann = Some(Ann::new(first.len(), o)?);
         }
         if let Some(a) = self.ann.as_mut() {
-            let items: Vec<(u64, &[f32])> =
-                pending.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-            a.add(&items)?;
+            a.remove(key)?;
+            self.graph_dirty = true;
         }
-        pending.clear();
         Ok(())
     }
 
@@ -607,11 +708,14 @@ impl Mem {
         o: &EmbeddedOptions,
     ) -> (Vec<(u64, f32)>, SearchPlan, usize) {
         let empty = (Vec::new(), SearchPlan::Empty, 0);
-        let (Some(ann), Some(c)) = (&self.ann, self.table.compile(filter)) else {
+        let Some(c) = self.table.compile(filter) else {
             return empty;
         };
         let table = &self.table;
         let n = table.len();
+        if n == 0 {
+            return empty;
+        }
         let limit = match strategy {
             SearchStrategy::Auto => o.exact_limit(n),
             SearchStrategy::Exact => usize::MAX,
@@ -636,30 +740,42 @@ impl Mem {
             return empty;
         }
         if count <= limit {
-            return (
-                self.exact(ann, query, &keys, top_k),
-                SearchPlan::Exact,
-                count,
-            );
+            return (self.exact(query, &keys, top_k), SearchPlan::Exact, count);
         }
-        let found = if trivial {
-            ann.search(query, top_k)
-        } else {
-            ann.filtered_search(query, top_k, |k| table.matches(k, &c))
-        };
-        // A graph error (e.g. every search context busy) degrades to the exact path.
-        let found: Vec<u64> = found
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|k| table.matches(*k, &c))
-            .collect();
-        // `count` is exact up to `cap` ≥ top_k, so this is "as many as top_k allows".
-        if found.len() >= top_k.min(count) {
-            return (
-                self.exact(ann, query, &found, top_k),
-                SearchPlan::Ann,
-                count,
-            );
+        // The fresh segment is scanned exactly (filter first); the graph answers for the rest.
+        // The table decides membership: a key the graph still holds after its record was
+        // removed (an insertion in flight) never passes.
+        let admit = |k: u64| table.matches(k, &c);
+        let mut scored = self.fresh.scan(query, admit);
+        let fresh_matches = scored.len();
+        let mut graph_found = 0;
+        if let Some(ann) = &self.ann {
+            let found = if trivial {
+                ann.search(query, top_k)
+            } else {
+                ann.filtered_search(query, top_k, admit)
+            };
+            // A graph error (e.g. every search context busy) degrades to the exact path.
+            let found: Vec<u64> = found
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|k| admit(*k))
+                .collect();
+            graph_found = found.len();
+            // A key in both parts (an insertion in flight) is scored once, from the fresh side.
+            let only_graph: Vec<u64> = found
+                .into_iter()
+                .filter(|k| !self.fresh.contains(*k))
+                .collect();
+            scored.extend(self.exact(query, &only_graph, only_graph.len()));
+        }
+        // `count` is exact up to `cap` ≥ top_k (a lower bound past it), so the graph holds at
+        // least `count - fresh_matches` candidates: it must return as many as top_k allows,
+        // and the merge must hold top_k (or every candidate).
+        if graph_found >= top_k.min(count.saturating_sub(fresh_matches))
+            && scored.len() >= top_k.min(count)
+        {
+            return (self.top(scored, top_k), SearchPlan::Ann, count);
         }
         let (count, keys) = if trivial {
             (n, table.keys().collect())
@@ -667,25 +783,27 @@ impl Mem {
             table.scan(&c, usize::MAX, usize::MAX)
         };
         (
-            self.exact(ann, query, &keys, top_k),
+            self.exact(query, &keys, top_k),
             SearchPlan::AnnThenExact,
             count,
         )
     }
 
-    /// Scores `keys` exactly and keeps the best `top_k` (score descending, id ascending).
-    fn exact(&self, ann: &Ann, query: &[f32], keys: &[u64], top_k: usize) -> Vec<(u64, f32)> {
+    /// Scores `keys` exactly (from the fresh segment or the graph) and keeps the best `top_k`
+    /// (score descending, id ascending).
+    fn exact(&self, query: &[f32], keys: &[u64], top_k: usize) -> Vec<(u64, f32)> {
         const PARALLEL_FROM: usize = 16_384;
+        let dimension = self.ann.as_ref().map_or(query.len(), Ann::dimension);
         let score = |keys: &[u64]| -> Vec<(u64, f32)> {
-            let mut buf = vec![0.0; ann.dimension()];
+            let mut buf = vec![0.0; dimension];
             let scored = keys
                 .iter()
                 .filter_map(|k| {
-                    if ann.get(*k, &mut buf) {
-                        Some((*k, cosine(query, &buf)))
-                    } else {
-                        None
+                    if let Some(v) = self.fresh.get(*k) {
+                        return Some((*k, cosine(query, v)));
                     }
+                    let ann = self.ann.as_ref()?;
+                    ann.get(*k, &mut buf).then(|| (*k, cosine(query, &buf)))
                 })
                 .collect();
             self.top(scored, top_k)
@@ -728,6 +846,161 @@ fn table_row(r: schema::TableRowSql) -> Row {
         parent_uri: r.parent_uri,
         level: r.level,
         filters: r.filters,
+    }
+}
+
+/// Where an insertion step adds its batch.
+enum Target {
+    Graph(ann::SharedGraph),
+    /// The graph is empty: build one of this dimension from the batch.
+    New(usize),
+}
+
+impl Shared {
+    fn mem(&self) -> RwLockReadGuard<'_, Mem> {
+        self.mem.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mem_mut(&self) -> RwLockWriteGuard<'_, Mem> {
+        self.mem.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn notify(&self) {
+        let mut ctl = crate::lock(&self.ctl);
+        if !ctl.pending {
+            ctl.pending = true;
+            self.wake.notify_all();
+        }
+    }
+
+    /// One graph insertion: copies up to `max` fresh vectors (every one when the graph is
+    /// empty) under the lock, adds them to the graph outside it — searches and writes go on;
+    /// removals from the graph are deferred — runs `during`, then, under the lock again,
+    /// retires the batch from the fresh segment, removes from the graph the keys deleted
+    /// meanwhile and applies the deferred removals. A batch whose state was replaced meanwhile
+    /// (clear, rebuild) is dropped. Returns the batch size.
+    fn insert_step(&self, max: usize, during: &mut dyn FnMut()) -> Result<usize> {
+        if IN_STEP.with(std::cell::Cell::get) {
+            return Ok(0);
+        }
+        let _serial = crate::lock(&self.insert);
+        let (epoch, batch, target) = {
+            let mut mem = self.mem_mut();
+            if !mem.healthy || mem.fresh.is_empty() {
+                return Ok(0);
+            }
+            let max = if mem.ann.is_none() {
+                usize::MAX
+            } else {
+                max.max(1)
+            };
+            let batch = mem.fresh.batch(max);
+            let target = match &mem.ann {
+                Some(a) => {
+                    a.reserve_for(batch.len())?;
+                    Target::Graph(a.shared())
+                }
+                None => Target::New(batch.first().map_or(0, |(_, v)| v.len())),
+            };
+            mem.inserting = true;
+            (mem.epoch, batch, target)
+        };
+        let started = std::time::Instant::now();
+        let (added, built) = match target {
+            Target::Graph(g) => (g.add(&batch, &self.abort), None),
+            Target::New(d) => match Ann::new(d, &self.options) {
+                Ok(a) => {
+                    let added = a
+                        .reserve_for(batch.len())
+                        .and_then(|()| a.shared().add(&batch, &self.abort));
+                    (added, Some(a))
+                }
+                Err(e) => (Err(e), None),
+            },
+        };
+        IN_STEP.with(|s| s.set(true));
+        during();
+        IN_STEP.with(|s| s.set(false));
+        let mut mem = self.mem_mut();
+        if mem.epoch != epoch {
+            return Ok(batch.len());
+        }
+        mem.inserting = false;
+        let deferred = std::mem::take(&mut mem.deferred);
+        let m = &mut *mem;
+        if let Some(a) = built {
+            m.ann = Some(a);
+        }
+        // Whatever made it into the graph (all of the batch unless the add failed or was
+        // stopped) leaves the fresh segment; a key no longer fresh was deleted meanwhile.
+        let retired = match m.ann.as_mut() {
+            None => Ok(0),
+            Some(a) => (|| -> Result<usize> {
+                let mut moved = 0;
+                for (k, _) in &batch {
+                    if a.contains(*k) {
+                        moved += 1;
+                        if !m.fresh.remove(*k) {
+                            a.remove(*k)?;
+                        }
+                    }
+                }
+                a.note_added(moved);
+                for k in deferred {
+                    a.remove(k)?;
+                }
+                m.graph_dirty = true;
+                Ok(moved)
+            })(),
+        };
+        let moved = match retired {
+            Ok(n) => n,
+            Err(e) => {
+                // The graph and the fresh segment may disagree: rebuild on next use.
+                m.healthy = false;
+                return Err(e);
+            }
+        };
+        drop(mem);
+        added?;
+        metrics::counter!("index_vector_graph_inserted_total").increment(moved as u64);
+        metrics::histogram!("index_vector_graph_insert_latency_ms")
+            .record(started.elapsed().as_secs_f64() * 1e3);
+        Ok(moved)
+    }
+
+    /// The background inserter: waits for a write, lingers so that a burst becomes one
+    /// batch, then inserts until the fresh segment is empty, paused or stopped.
+    fn run_inserter(self: Arc<Self>) {
+        loop {
+            {
+                let mut ctl = crate::lock(&self.ctl);
+                while !ctl.stop && (ctl.paused || !ctl.pending) {
+                    ctl = self.wake.wait(ctl).unwrap_or_else(PoisonError::into_inner);
+                }
+                if ctl.stop {
+                    return;
+                }
+                ctl.pending = false;
+            }
+            std::thread::sleep(self.options.insert_linger);
+            loop {
+                {
+                    let ctl = crate::lock(&self.ctl);
+                    if ctl.stop || ctl.paused {
+                        break;
+                    }
+                }
+                match self.insert_step(self.options.insert_batch, &mut || {}) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "vector graph insertion failed; the in-memory state is rebuilt from the database on next use");
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -775,14 +1048,41 @@ impl EmbeddedVectorIndex {
         let db_id = schema::init(&mut writer)?;
         let reader = crate::sqlite::read_only(schema::open_conn(&path)?, DB_FILE)?;
         let mem = Mem::load(&writer, dir, &db_id, &options, true)?;
+        let pending = !mem.fresh.is_empty();
+        let from_snapshot = mem.loaded;
+        let shared = Arc::new(Shared {
+            mem: RwLock::new(mem),
+            insert: Mutex::new(()),
+            ctl: Mutex::new(Ctl {
+                pending,
+                ..Ctl::default()
+            }),
+            wake: Condvar::new(),
+            abort: AtomicBool::new(false),
+            options: options.clone(),
+        });
+        let inserter = if options.background_insert {
+            let s = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name("ce-vector-graph".into())
+                    .spawn(move || s.run_inserter())
+                    .map_err(|e| {
+                        IndexError::Unavailable(format!("vector graph inserter thread: {e}"))
+                    })?,
+            )
+        } else {
+            None
+        };
         Ok(EmbeddedVectorIndex {
             dir: dir.to_owned(),
             db_id,
             options,
             writer: Mutex::new(writer),
             reader: Mutex::new(reader),
-            from_snapshot: mem.loaded,
-            mem: RwLock::new(mem),
+            shared,
+            inserter,
+            from_snapshot,
             skip_snapshot: false,
             _lock: lock,
         })
@@ -794,9 +1094,11 @@ impl EmbeddedVectorIndex {
         EmbeddedStats {
             records: mem.table.len(),
             graph_vectors: mem.ann.as_ref().map_or(0, Ann::len),
+            fresh_vectors: mem.fresh.len(),
+            fresh_bytes: mem.fresh.bytes(),
             tombstones: mem.ann.as_ref().map_or(0, Ann::tombstones),
             generation: mem.generation,
-            snapshot_current: mem.saved == Some(mem.generation),
+            snapshot_current: mem.saved.is_some() && !mem.graph_dirty && mem.fresh.is_empty(),
             opened_from_snapshot: self.from_snapshot.is_some(),
             snapshot_catch_up: self.from_snapshot.unwrap_or(0),
         }
@@ -819,11 +1121,72 @@ impl EmbeddedVectorIndex {
     }
 
     fn mem(&self) -> RwLockReadGuard<'_, Mem> {
-        self.mem.read().unwrap_or_else(PoisonError::into_inner)
+        self.shared.mem()
     }
 
     fn mem_mut(&self) -> RwLockWriteGuard<'_, Mem> {
-        self.mem.write().unwrap_or_else(PoisonError::into_inner)
+        self.shared.mem_mut()
+    }
+
+    /// Pauses (or resumes) the background graph inserter after its current step: a test and
+    /// maintenance hook. Back-pressure still inserts when the fresh segment outgrows its bound.
+    pub fn pause_graph_insertion(&self, paused: bool) {
+        let mut ctl = crate::lock(&self.shared.ctl);
+        ctl.paused = paused;
+        ctl.pending = true;
+        self.shared.wake.notify_all();
+    }
+
+    /// Moves up to `max` fresh vectors into the graph (all of them when the graph is empty:
+    /// it is then built once from every fresh vector); returns how many were taken. The
+    /// background inserter calls the same step.
+    pub fn insert_step(&self, max: usize) -> Result<usize> {
+        self.shared.insert_step(max, &mut || {})
+    }
+
+    /// [`EmbeddedVectorIndex::insert_step`] running `during` after the batch is in the graph
+    /// but before it leaves the fresh segment — the window in which a concurrent search or
+    /// write meets a key in both parts (test hook). Inside `during`, insertions are skipped
+    /// (back-pressure, [`EmbeddedVectorIndex::settle`] and these hooks do nothing), and
+    /// [`EmbeddedVectorIndex::flush`], [`EmbeddedVectorIndex::save_snapshot`] and
+    /// [`EmbeddedVectorIndex::check_consistency`] must not be called: they wait for the step.
+    pub fn insert_step_with(&self, max: usize, mut during: impl FnMut()) -> Result<usize> {
+        self.shared.insert_step(max, &mut during)
+    }
+
+    /// Moves every fresh vector into the graph (e.g. before measuring graph search).
+    pub fn settle(&self) -> Result<()> {
+        self.recover()?;
+        while self.shared.insert_step(usize::MAX, &mut || {})? > 0 {}
+        Ok(())
+    }
+
+    /// After a write: wakes the inserter, or — when the fresh segment is over its bound —
+    /// inserts here until it is back under (back-pressure: the caller holds the writer
+    /// connection, so further writes wait). A failed insertion leaves the state unhealthy;
+    /// the next call rebuilds it from the database.
+    fn after_write(&self) {
+        let (over, pending) = {
+            let mem = self.mem();
+            (
+                mem.fresh.bytes() > self.options.fresh_max_bytes,
+                !mem.fresh.is_empty(),
+            )
+        };
+        if over {
+            metrics::counter!("index_vector_insert_backpressure_total").increment(1);
+            while self.mem().fresh.bytes() > self.options.fresh_max_bytes {
+                match self
+                    .shared
+                    .insert_step(self.options.insert_batch, &mut || {})
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        } else if pending {
+            self.shared.notify();
+        }
     }
 
     /// Rebuilds the in-memory state if a failed apply left it behind the database. The caller
@@ -856,15 +1219,19 @@ impl EmbeddedVectorIndex {
         let out = f(&mut w)?;
         let committed = w.finish()?;
         tx.commit().map_err(sql)?;
-        let mut mem = self.mem_mut();
-        mem.healthy = false;
-        if mem.apply(committed, &self.options).is_ok() {
-            mem.healthy = true;
-        } else if let Ok(fresh) = Mem::load(&conn, &self.dir, &self.db_id, &self.options, false) {
-            // The write is committed either way; if this rebuild fails too, the next call
-            // retries it (`healthy` stays false).
-            *mem = fresh;
+        {
+            let mut mem = self.mem_mut();
+            mem.healthy = false;
+            if mem.apply(committed).is_ok() {
+                mem.healthy = true;
+            } else if let Ok(fresh) = Mem::load(&conn, &self.dir, &self.db_id, &self.options, false)
+            {
+                // The write is committed either way; if this rebuild fails too, the next call
+                // retries it (`healthy` stays false).
+                *mem = fresh;
+            }
         }
+        self.after_write();
         Ok(out)
     }
 
@@ -917,25 +1284,41 @@ impl EmbeddedVectorIndex {
         Ok(report)
     }
 
-    /// Writes a snapshot of the graph if it changed since the last one, so that the next open
-    /// loads it instead of rebuilding the graph from the stored vectors; a later crash then
-    /// costs only the catch-up of the writes after it. Called on drop; long-running processes
-    /// should also call it now and then (e.g. every few minutes under write load) to bound the
-    /// recovery time after a crash.
+    /// Moves every fresh vector into the graph, then writes a snapshot of the graph if it
+    /// changed since the last one, so that the next open loads it instead of rebuilding the
+    /// graph from the stored vectors; a later crash then costs only the catch-up of the writes
+    /// after it. Long-running processes should call it now and then (e.g. every few minutes
+    /// under write load) to bound the recovery time after a crash. Closing the index writes
+    /// the snapshot without settling first (see [`EmbeddedVectorIndex::save_snapshot`]).
     pub fn flush(&self) -> Result<()> {
+        self.settle()?;
+        self.save_snapshot()
+    }
+
+    /// Writes a snapshot of the graph as it is, if it changed since the last one. Vectors
+    /// still in the fresh segment are not in it: they are the tail the next open reads back
+    /// from the database. Called on drop.
+    pub fn save_snapshot(&self) -> Result<()> {
         let conn = lock(&self.writer);
         self.recover_locked(&conn)?;
+        // No insertion runs while the graph is written (and none is half done).
+        let _serial = crate::lock(&self.shared.insert);
         let generation = {
-            let mem = self.mem();
-            if mem.saved == Some(mem.generation) {
+            let mut mem = self.mem_mut();
+            if mem.saved.is_some() && !mem.graph_dirty {
                 return Ok(());
             }
             let Some(graph) = &mem.ann else {
                 ann::remove_other_snapshots(&self.dir, None)?;
+                mem.graph_dirty = false;
                 return Ok(());
             };
             let g = mem.generation;
-            let mut keys: Vec<u64> = mem.table.keys().collect();
+            let mut keys: Vec<u64> = mem
+                .table
+                .keys()
+                .filter(|k| !mem.fresh.contains(*k))
+                .collect();
             keys.sort_unstable();
             graph.save(&ann::snapshot_path(&self.dir, &self.db_id, g))?;
             ann::save_keys(&ann::keys_path(&self.dir, &self.db_id, g), &keys)?;
@@ -945,7 +1328,11 @@ impl EmbeddedVectorIndex {
         // Only now, with both files durable, does the database point at them.
         schema::set_meta(&conn, "snapshot_generation", &generation.to_string())?;
         ann::remove_other_snapshots(&self.dir, Some((&self.db_id, generation)))?;
-        self.mem_mut().saved = Some(generation);
+        {
+            let mut mem = self.mem_mut();
+            mem.saved = Some(generation);
+            mem.graph_dirty = false;
+        }
         conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
             .map_err(sql)?;
         Ok(())
@@ -967,6 +1354,7 @@ impl EmbeddedVectorIndex {
     pub fn check_consistency(&self) -> Result<()> {
         let conn = lock(&self.writer);
         self.recover_locked(&conn)?;
+        let _serial = crate::lock(&self.shared.insert);
         let mem = self.mem();
         let mut problems = Vec::new();
         let mut rows = 0usize;
@@ -979,19 +1367,25 @@ impl EmbeddedVectorIndex {
                     r.key, r.id
                 ));
             }
-            let same = match (&mem.ann, v) {
-                (Some(a), Some(v)) => a.get(r.key, &mut buf) && buf == v,
+            let in_graph = mem.ann.as_ref().is_some_and(|a| a.contains(r.key));
+            let same = match (mem.fresh.get(r.key), &mem.ann, v) {
+                (Some(f), _, Some(v)) => !in_graph && f == v.as_slice(),
+                (None, Some(a), Some(v)) => a.get(r.key, &mut buf) && buf == v,
                 _ => false,
             };
             if !same {
-                problems.push(format!("graph: vector of key {} ({}) differs", r.key, r.id));
+                problems.push(format!(
+                    "graph/fresh: vector of key {} ({}) differs or is in both",
+                    r.key, r.id
+                ));
             }
             Ok(())
         })?;
         let graph_len = mem.ann.as_ref().map_or(0, Ann::len);
-        if graph_len != rows || mem.table.len() != rows {
+        if graph_len + mem.fresh.len() != rows || mem.table.len() != rows {
             problems.push(format!(
-                "{rows} records, {graph_len} graph vectors, {} filter entries",
+                "{rows} records, {graph_len} graph vectors, {} fresh vectors, {} filter entries",
+                mem.fresh.len(),
                 mem.table.len()
             ));
         }
@@ -1005,11 +1399,22 @@ impl EmbeddedVectorIndex {
 
 impl Drop for EmbeddedVectorIndex {
     fn drop(&mut self) {
+        // The inserter stops within a few vectors (what it added is retired); what is still
+        // fresh stays in the database and is the tail the next open reads back.
+        {
+            let mut ctl = crate::lock(&self.shared.ctl);
+            ctl.stop = true;
+            self.shared.wake.notify_all();
+        }
+        self.shared.abort.store(true, Ordering::Relaxed);
+        if let Some(h) = self.inserter.take() {
+            let _ = h.join();
+        }
         // Best effort: without a snapshot the next open catches up from an older one or
         // rebuilds the graph. A graph left behind by a failed apply is not worth rebuilding
         // just to save it.
         if !self.skip_snapshot && self.mem().healthy {
-            let _ = self.flush();
+            let _ = self.save_snapshot();
         }
     }
 }
@@ -1196,6 +1601,8 @@ mod tests {
         let stats = |graph_vectors, tombstones| EmbeddedStats {
             records: graph_vectors,
             graph_vectors,
+            fresh_vectors: 0,
+            fresh_bytes: 0,
             tombstones,
             generation: 1,
             snapshot_current: true,

@@ -112,6 +112,18 @@ pub fn each_index(mut f: impl FnMut(&str, &dyn VectorIndex)) {
     e.check_consistency()
         .expect("graph agrees with the records");
     drop(e);
+    for (name, shape) in [
+        ("embedded-fresh-only", Shape::FreshOnly),
+        ("embedded-settled", Shape::Settled),
+        ("embedded-mixed", Shape::Mixed),
+        ("embedded-mid-insertion", Shape::MidInsertion),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = Shaped::open(dir.path(), shape);
+        f(name, &e);
+        e.0.check_consistency()
+            .expect("graph and fresh segment agree with the records");
+    }
     let (db, p) = pgvector("contract", PgVectorOptions::default());
     f("pgvector", &p);
     drop((p, db));
@@ -143,6 +155,142 @@ pub fn graph_only() -> EmbeddedOptions {
         exact_max_candidates: 0,
         exact_max_fraction: 0.0,
         ..EmbeddedOptions::default()
+    }
+}
+
+/// Where an embedded index under test keeps its vectors between calls (the background
+/// inserter is off, so the shape is deterministic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Everything stays in the fresh segment.
+    FreshOnly,
+    /// Everything is moved into the graph after each write.
+    Settled,
+    /// About half of the fresh vectors are moved into the graph after each write.
+    Mixed,
+    /// Every read runs inside an insertion step of half the fresh vectors: after they were
+    /// added to the graph and before they leave the fresh segment.
+    MidInsertion,
+}
+
+/// Options of [`Shaped`]: no background inserter, and the planner on the graph path (so that
+/// the fresh + graph merge is what searches exercise).
+pub fn shaped_options() -> EmbeddedOptions {
+    EmbeddedOptions {
+        background_insert: false,
+        ..graph_only()
+    }
+}
+
+/// An embedded index held in one [`Shape`], behind the [`VectorIndex`] contract.
+pub struct Shaped(pub EmbeddedVectorIndex, pub Shape);
+
+impl Shaped {
+    /// Opens one in `dir`.
+    pub fn open(dir: &Path, shape: Shape) -> Shaped {
+        let idx = EmbeddedVectorIndex::open_with(dir, shaped_options()).expect("open embedded");
+        Shaped(idx, shape)
+    }
+
+    fn after_write(&self) {
+        let fresh = self.0.stats().fresh_vectors;
+        match self.1 {
+            Shape::FreshOnly | Shape::MidInsertion => {}
+            Shape::Settled => self.0.settle().expect("settle"),
+            Shape::Mixed if fresh > 1 => {
+                self.0.insert_step(fresh / 2).expect("insert step");
+            }
+            Shape::Mixed => {}
+        }
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&EmbeddedVectorIndex) -> T) -> T {
+        if self.1 != Shape::MidInsertion || self.0.stats().fresh_vectors == 0 {
+            return f(&self.0);
+        }
+        let half = self.0.stats().fresh_vectors.div_ceil(2);
+        let mut f = Some(f);
+        let mut out = None;
+        self.0
+            .insert_step_with(half, || out = f.take().map(|f| f(&self.0)))
+            .expect("insert step");
+        out.expect("the step ran the read")
+    }
+}
+
+impl VectorIndex for Shaped {
+    fn model(&self) -> ce_index::Result<Option<ce_embed::ModelIdentity>> {
+        self.0.model()
+    }
+    fn bind_model(&self, model: &ce_embed::ModelIdentity) -> ce_index::Result<()> {
+        self.0.bind_model(model)
+    }
+    fn upsert(&self, records: &[VectorRecord]) -> ce_index::Result<()> {
+        let r = self.0.upsert(records);
+        self.after_write();
+        r
+    }
+    fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> ce_index::Result<u64> {
+        let r = self.0.delete_by_uri(uri, subtree);
+        self.after_write();
+        r
+    }
+    fn move_uri(&self, from: &CtxUri, to: &CtxUri) -> ce_index::Result<u64> {
+        let r = self.0.move_uri(from, to);
+        self.after_write();
+        r
+    }
+    fn search(
+        &self,
+        query: &[f32],
+        filter: &SearchFilter,
+        top_k: usize,
+    ) -> ce_index::Result<Vec<ce_index::vector::VectorHit>> {
+        self.read(|i| i.search(query, filter, top_k))
+    }
+    fn sync_node(
+        &self,
+        uri: &CtxUri,
+        version: u64,
+        records: Vec<NodeRecord>,
+    ) -> ce_index::Result<ce_index::vector::SyncOutcome> {
+        let r = self.0.sync_node(uri, version, records);
+        self.after_write();
+        r
+    }
+    fn remove_node(
+        &self,
+        uri: &CtxUri,
+        version: u64,
+    ) -> ce_index::Result<ce_index::vector::SyncOutcome> {
+        let r = self.0.remove_node(uri, version);
+        self.after_write();
+        r
+    }
+    fn write_nodes(
+        &self,
+        writes: Vec<ce_index::vector::NodeWrite>,
+    ) -> ce_index::Result<Vec<ce_index::Result<ce_index::vector::SyncOutcome>>> {
+        let r = self.0.write_nodes(writes);
+        self.after_write();
+        r
+    }
+    fn get(&self, ids: &[String]) -> ce_index::Result<Vec<StoredRecord>> {
+        self.read(|i| i.get(ids))
+    }
+    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<(String, Vec<f32>)>> {
+        self.read(|i| i.vectors(ids))
+    }
+    fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {
+        self.read(|i| i.list_under(uri))
+    }
+    fn count(&self) -> ce_index::Result<u64> {
+        self.read(|i| i.count())
+    }
+    fn clear(&self) -> ce_index::Result<()> {
+        let r = self.0.clear();
+        self.after_write();
+        r
     }
 }
 

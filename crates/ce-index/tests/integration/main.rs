@@ -12,6 +12,7 @@ mod relation;
 mod repair;
 mod vector_contract;
 mod vector_crash;
+mod vector_fresh;
 mod vector_model;
 mod vector_persist;
 mod vector_recall;

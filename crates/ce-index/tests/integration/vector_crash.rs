@@ -3,6 +3,11 @@
 //! After each kill the index is reopened: it must hold exactly the acknowledged writes (plus,
 //! or not, the one in flight), and its graph must agree with the stored records.
 //!
+//! The child inserts into the graph in the background in small batches with no linger, so a
+//! kill usually lands while fresh vectors are being moved into the graph; it reports the
+//! fresh / graph split after every write, and the parent checks that kills did land on a
+//! mixed state. After each reopen, exact searches return the oracle's hits bit for bit.
+//!
 //! The child is this test binary re-executed on [`vector_crash_child`], which does nothing
 //! unless `CE_VECTOR_CRASH_DIR` is set. Its operations are a pure function of (round, n), so
 //! the parent replays the acknowledged ones on the exact in-memory index and compares.
@@ -13,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ce_core::CtxUri;
 use ce_index::vector::embedded::bench::random_unit_vectors;
-use ce_index::vector::embedded::{EmbeddedVectorIndex, SearchStrategy};
+use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex, SearchStrategy};
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeRecord, SearchFilter, VectorIndex, VectorRecord};
 use rand::rngs::StdRng;
@@ -107,7 +112,13 @@ fn vector_crash_child() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let idx = EmbeddedVectorIndex::open(Path::new(&dir)).expect("child opens the index");
+    let options = EmbeddedOptions {
+        insert_batch: 16,
+        insert_linger: Duration::ZERO,
+        ..EmbeddedOptions::default()
+    };
+    let idx =
+        EmbeddedVectorIndex::open_with(Path::new(&dir), options).expect("child opens the index");
     let mut out = std::io::stdout();
     if writeln!(out).is_err() {
         return;
@@ -121,9 +132,14 @@ fn vector_crash_child() {
             return;
         }
         let line = if apply(&idx, op) { "ACK" } else { "ERR" };
-        if writeln!(out, "{line} {n}")
-            .and_then(|()| out.flush())
-            .is_err()
+        let s = idx.stats();
+        if writeln!(
+            out,
+            "{line} {n}\nSPLIT {} {}",
+            s.fresh_vectors, s.graph_vectors
+        )
+        .and_then(|()| out.flush())
+        .is_err()
         {
             return;
         }
@@ -132,7 +148,7 @@ fn vector_crash_child() {
 
 /// Runs one child for `ms` milliseconds, kills it, and returns the finished operations (in
 /// order) and the one in flight.
-fn run_child(dir: &Path, round: u64, ms: u64) -> (Vec<u64>, Option<u64>) {
+fn run_child(dir: &Path, round: u64, ms: u64) -> (Vec<u64>, Option<u64>, bool) {
     let log = dir.with_extension(format!("child{round}.log"));
     let lines = ce_testkit::run_and_kill(
         &ce_testkit::test_name(module_path!(), "vector_crash_child"),
@@ -146,7 +162,14 @@ fn run_child(dir: &Path, round: u64, ms: u64) -> (Vec<u64>, Option<u64>) {
     let _ = std::fs::remove_file(&log);
     let mut done = Vec::new();
     let mut open = None;
+    // The last split reported before the kill: fresh vectors and graph vectors at once.
+    let mut mixed = false;
     for l in lines {
+        if let Some(split) = l.strip_prefix("SPLIT ") {
+            let n: Vec<usize> = split.split(' ').filter_map(|x| x.parse().ok()).collect();
+            mixed = n.len() == 2 && n[0] > 0 && n[1] > 0;
+            continue;
+        }
         if let Some(n) = l.strip_prefix("OP ") {
             assert!(open.is_none(), "OP before the previous one ended");
             open = Some(n.parse::<u64>().expect("op number"));
@@ -156,7 +179,7 @@ fn run_child(dir: &Path, round: u64, ms: u64) -> (Vec<u64>, Option<u64>) {
             done.push(n);
         }
     }
-    (done, open)
+    (done, open, mixed)
 }
 
 #[test]
@@ -169,8 +192,10 @@ fn acknowledged_writes_survive_kill_9() {
     let oracle = MemoryVectorIndex::new();
     let root = CtxUri::root();
     let mut total = 0;
+    let mut mixed_kills = 0;
     for round in 0..KILLS {
-        let (done, in_flight) = run_child(&dir, round, rng.random_range(250..900));
+        let (done, in_flight, mixed) = run_child(&dir, round, rng.random_range(250..900));
+        mixed_kills += u32::from(mixed);
         total += done.len();
         for n in &done {
             apply(&oracle, crash_op(round, *n));
@@ -204,11 +229,48 @@ fn acknowledged_writes_survive_kill_9() {
             .expect("search")
             .hits;
         assert_eq!(hits.len(), got.len().min(10), "round {round}");
+        // Exact searches (graph and fresh segment together) equal the oracle's bit for bit.
+        for (i, f) in [
+            SearchFilter::default(),
+            SearchFilter {
+                subtree: Some(uri(&format!("ctx://crash/r{round}"))),
+                ..SearchFilter::default()
+            },
+        ]
+        .iter()
+        .enumerate()
+        {
+            let q = random_unit_vectors(1, DIM, round * 31 + i as u64).remove(0);
+            let want: Vec<(String, u32)> = oracle
+                .search(&q, f, 10)
+                .expect("oracle search")
+                .into_iter()
+                .map(|h| (h.record.id, h.score.to_bits()))
+                .collect();
+            let got: Vec<(String, u32)> = idx
+                .search_with(&q, f, 10, SearchStrategy::Exact)
+                .expect("search")
+                .hits
+                .into_iter()
+                .map(|h| (h.record.id, h.score.to_bits()))
+                .collect();
+            assert_eq!(
+                got, want,
+                "round {round} (CE_SEED={seed}): exact search differs"
+            );
+        }
         drop(idx); // a clean close: the next child starts from the snapshot
     }
     assert!(
         total > 20,
         "the children wrote too little to test anything ({total} ops)"
     );
-    eprintln!("acknowledged_writes_survive_kill_9: {total} acknowledged ops over {KILLS} kills");
+    assert!(
+        mixed_kills > 0,
+        "no kill landed while vectors were both fresh and in the graph"
+    );
+    eprintln!(
+        "acknowledged_writes_survive_kill_9: {total} acknowledged ops over {KILLS} kills, \
+         {mixed_kills} with fresh vectors waiting for the graph"
+    );
 }

@@ -9,7 +9,7 @@ use ce_core::CtxUri;
 use ce_embed::ModelIdentity;
 use ce_index::IndexError;
 use ce_index::vector::embedded::bench::clustered_vectors;
-use ce_index::vector::embedded::{EmbeddedVectorIndex, SearchStrategy};
+use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex, SearchStrategy};
 use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
 use serde_json::json;
 
@@ -180,6 +180,9 @@ fn reopen_restores_everything_with_and_without_a_snapshot() {
     let qs = queries(&vs);
     let before = observe(&idx, &qs);
     let n = idx.count().expect("count");
+    // Every vector into the graph: closing snapshots the graph (fresh vectors would be the
+    // tail the next open reads back, see `the_fresh_tail_is_read_back_at_open`).
+    idx.settle().expect("settle");
     drop(idx); // writes a snapshot
 
     assert_eq!(
@@ -435,9 +438,10 @@ fn churn_keeps_the_graph_consistent() {
                 .expect("delete all");
         }
     }
+    idx.settle().expect("settle");
     let s = idx.stats();
     assert_eq!(s.records, 100);
-    assert_eq!(s.graph_vectors, 100);
+    assert_eq!((s.graph_vectors, s.fresh_vectors), (100, 0));
     idx.check_consistency().expect("consistent");
     let last = &vs[1100];
     let hit = &idx
@@ -455,4 +459,62 @@ fn churn_keeps_the_graph_consistent() {
     let s = idx.stats();
     assert_eq!((s.records, s.graph_vectors, s.tombstones), (30, 30, 0));
     idx.check_consistency().expect("consistent");
+}
+
+/// Closing writes the graph as it is: vectors still fresh stay in the database and the next
+/// open reads them back into the fresh segment (the tail), searchable at once, and the
+/// background inserter moves them into the graph.
+#[test]
+fn the_fresh_tail_is_read_back_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let paused = EmbeddedOptions {
+        background_insert: false,
+        ..EmbeddedOptions::default()
+    };
+    let idx = EmbeddedVectorIndex::open_with(dir.path(), paused.clone()).expect("open");
+    let vs = fill(&idx);
+    idx.insert_step(40)
+        .expect("first build takes every fresh vector");
+    let graph = idx.stats().graph_vectors;
+    assert!(
+        graph > 40,
+        "an empty graph is built once from all fresh vectors"
+    );
+    assert_eq!(idx.stats().fresh_vectors, 0);
+    // Later writes stay fresh (no background inserter).
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/late/x", 0, &[]),
+        vector: vs[1].clone(),
+    }])
+    .expect("late write");
+    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
+        .expect("late delete");
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    let s = idx.stats();
+    assert_eq!(s.fresh_vectors, 1);
+    assert!(!s.snapshot_current);
+    drop(idx);
+
+    let idx = EmbeddedVectorIndex::open_with(dir.path(), paused).expect("reopen");
+    let s = idx.stats();
+    assert!(s.opened_from_snapshot, "{s:?}");
+    assert_eq!(s.fresh_vectors, 1, "the tail is fresh again: {s:?}");
+    same(&observe(&idx, &qs), &before, "the tail is searchable");
+    idx.check_consistency().expect("consistent");
+    drop(idx);
+
+    // With the background inserter, the tail reaches the graph by itself.
+    let idx = EmbeddedVectorIndex::open(dir.path()).expect("reopen");
+    let t = std::time::Instant::now();
+    while idx.stats().fresh_vectors > 0 {
+        assert!(t.elapsed().as_secs() < 30, "the inserter never ran");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    idx.check_consistency().expect("consistent");
+    same(
+        &observe(&idx, &qs),
+        &before,
+        "after the background insertion",
+    );
 }

@@ -15,6 +15,8 @@
 //! memory-corruption report for `view` combined with filtered search.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 
@@ -30,7 +32,9 @@ fn err(what: &str, e: impl std::fmt::Display) -> IndexError {
 
 /// The HNSW graph.
 pub(super) struct Ann {
-    index: Index,
+    /// Shared with the graph inserter, which adds to it outside the state lock (usearch
+    /// supports concurrent insertion and search; capacity is reserved under the lock first).
+    index: Arc<Index>,
     dimension: usize,
     /// Removed keys whose slots have not been reused by an add since the last build.
     tombstones: usize,
@@ -62,7 +66,7 @@ impl Ann {
             expansion_search: o.expansion_search,
             multi: false,
         };
-        let index = Index::new(&options).map_err(|e| err("create", e))?;
+        let index = Arc::new(Index::new(&options).map_err(|e| err("create", e))?);
         let ann = Ann {
             index,
             dimension,
@@ -95,48 +99,33 @@ impl Ann {
 
     /// Adds vectors under fresh keys, on all cores when the batch is large.
     pub(super) fn add(&mut self, items: &[(u64, &[f32])]) -> Result<()> {
-        if items.is_empty() {
-            return Ok(());
-        }
-        if let Some((k, v)) = items.iter().find(|(_, v)| v.len() != self.dimension) {
-            return Err(err(
-                "add",
-                format!(
-                    "key {k} has dimension {}, the graph holds {}",
-                    v.len(),
-                    self.dimension
-                ),
-            ));
-        }
-        let needed = self.index.size() + self.tombstones + items.len();
+        self.reserve_for(items.len())?;
+        self.shared().add(items, &AtomicBool::new(false))?;
+        self.note_added(items.len());
+        Ok(())
+    }
+
+    /// Makes room for `n` more vectors (call with the state lock held exclusively: usearch
+    /// must not grow while another thread adds or searches).
+    pub(super) fn reserve_for(&self, n: usize) -> Result<()> {
+        let needed = self.index.size() + self.tombstones + n;
         if needed > self.index.capacity() {
             self.reserve(needed.max(self.index.capacity() * 2))?;
         }
-        let index = &self.index;
-        let add_all = |chunk: &[(u64, &[f32])]| -> Result<()> {
-            for (k, v) in chunk {
-                index.add(*k, v).map_err(|e| err("add", e))?;
-            }
-            Ok(())
-        };
-        let threads = threads();
-        if items.len() < 256 || threads == 1 {
-            add_all(items)?;
-        } else {
-            let chunk = items.len().div_ceil(threads);
-            std::thread::scope(|s| {
-                let handles: Vec<_> = items
-                    .chunks(chunk)
-                    .map(|c| s.spawn(move || add_all(c)))
-                    .collect();
-                handles.into_iter().try_for_each(|h| {
-                    h.join()
-                        .map_err(|_| err("add", "an insertion thread panicked"))?
-                })
-            })?;
-        }
-        self.tombstones = self.tombstones.saturating_sub(items.len());
         Ok(())
+    }
+
+    /// Accounts for `n` vectors added through [`Ann::shared`] (they may reuse removed slots).
+    pub(super) fn note_added(&mut self, n: usize) {
+        self.tombstones = self.tombstones.saturating_sub(n);
+    }
+
+    /// A handle that adds vectors without `&mut` (see [`SharedGraph::add`]).
+    pub(super) fn shared(&self) -> SharedGraph {
+        SharedGraph {
+            index: Arc::clone(&self.index),
+            dimension: self.dimension,
+        }
     }
 
     /// Removes `key` (absent keys are ignored).
@@ -214,6 +203,67 @@ impl Ann {
         Ok(Ann {
             tombstones: meta.count_deleted as usize,
             ..ann
+        })
+    }
+}
+
+/// A handle on a graph for insertion outside the state lock.
+pub(super) struct SharedGraph {
+    index: Arc<Index>,
+    dimension: usize,
+}
+
+impl SharedGraph {
+    /// Adds vectors under fresh keys, on all cores when the batch is large, until `stop` is
+    /// set (checked every few vectors: the caller then finds out with `contains` which keys
+    /// made it). Capacity must have been reserved ([`Ann::reserve_for`]); nothing else may
+    /// remove from the graph meanwhile (removals wait for the insertion to end, see
+    /// `embedded.rs`).
+    pub(super) fn add<V: AsRef<[f32]> + Sync>(
+        &self,
+        items: &[(u64, V)],
+        stop: &AtomicBool,
+    ) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        if let Some((k, v)) = items
+            .iter()
+            .find(|(_, v)| v.as_ref().len() != self.dimension)
+        {
+            return Err(err(
+                "add",
+                format!(
+                    "key {k} has dimension {}, the graph holds {}",
+                    v.as_ref().len(),
+                    self.dimension
+                ),
+            ));
+        }
+        let index = &self.index;
+        let add_all = |chunk: &[(u64, V)]| -> Result<()> {
+            for (i, (k, v)) in chunk.iter().enumerate() {
+                if i % 64 == 0 && stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                index.add(*k, v.as_ref()).map_err(|e| err("add", e))?;
+            }
+            Ok(())
+        };
+        let threads = threads();
+        if items.len() < 256 || threads == 1 {
+            return add_all(items);
+        }
+        let chunk = items.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = items
+                .chunks(chunk)
+                .map(|c| s.spawn(move || add_all(c)))
+                .collect();
+            handles.into_iter().try_for_each(|h| {
+                h.join()
+                    .map_err(|_| err("add", "an insertion thread panicked"))?
+            })
         })
     }
 }

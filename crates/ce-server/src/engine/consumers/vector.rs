@@ -176,7 +176,9 @@ impl Consumer for VectorConsumer {
 
     fn flush(&self) {
         if let Some(embedded) = &self.embedded
-            && let Err(e) = embedded.flush()
+            // The graph as it is: fresh vectors are read back from the database at the next
+            // start, so a short-lived `ce` command does not wait for graph insertion.
+            && let Err(e) = embedded.save_snapshot()
         {
             warn!(error = %e, "vector index snapshot not written (the next start rebuilds it)");
         }

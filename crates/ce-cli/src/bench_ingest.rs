@@ -1,0 +1,362 @@
+//! `ce bench ingest`: the user's path, measured the way a user would compare CE with another
+//! pipeline. It writes `--docs` documents (~250 characters and one metadata field each) as
+//! node directories in a temporary folder, then runs, phase after phase, exactly what a user
+//! runs — `ce import DIR --into URI` followed by `ce worker --once` (the drain) — through the
+//! CLI's own command dispatch ([`crate::commands::run`] on parsed arguments), so each command
+//! opens and closes the engine as a separate `ce` process would:
+//!
+//! 1. `cold`: the first import of every document;
+//! 2. `noop`: the same folder again (nothing changed);
+//! 3. `text_1pct`: 1 % of the documents get new text;
+//! 4. `meta_1pct`: 1 % get a new metadata value only (no re-embedding expected);
+//! 5. `delete_1pct`: 1 % are removed from the folder (`--prune`);
+//! 6. `empty_drain`: `ce worker --once` with nothing to do (process start and index opening);
+//! 7. `graph_settle` (with the vector consumer): the embedded index opened directly, and the
+//!    time to move the vectors the commands left in its fresh segment into the graph.
+//!
+//! Per phase: wall seconds of the import and of the drain, the texts embedded (new entries of
+//! the embedding cache, which never embeds a text twice), the embedder's HTTP requests and
+//! texts when it is the loopback server, and the size on disk of every file of the data
+//! directory. `--embedder hash` uses the hashing embedder in-process; `--embedder loopback`
+//! the same deterministic vectors served by an OpenAI-compatible `/v1/embeddings` endpoint on
+//! 127.0.0.1 (HTTP and JSON cost included). `--consumers vector` enables the vector consumer
+//! alone, `all` the default three.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use ce_embed::Embedder;
+use ce_embed::hash::HashEmbedder;
+use ce_testkit::http::{LoopbackServer, Recorded, Reply};
+use clap::Parser as _;
+use serde_json::{Value, json};
+
+use crate::bench::{machine, round};
+use crate::cli::Cli;
+
+/// Options of `ce bench ingest`.
+#[derive(Debug, clap::Args)]
+pub struct BenchIngestArgs {
+    /// Directory in which a fresh, uniquely named directory is created [default: the system
+    /// temp dir]
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Documents generated
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub docs: usize,
+    /// Embedder: `hash` (in-process) or `loopback` (the same vectors behind an
+    /// OpenAI-compatible HTTP endpoint on 127.0.0.1)
+    #[arg(long, default_value = "hash")]
+    pub embedder: String,
+    /// Consumers enabled: `vector` or `all`
+    #[arg(long, default_value = "vector")]
+    pub consumers: String,
+}
+
+/// Dimension of the benchmark's vectors (all-MiniLM-L6-v2's).
+const DIM: usize = 384;
+
+/// Runs every phase and returns the JSON report.
+pub fn run_ingest(args: &BenchIngestArgs) -> anyhow::Result<Value> {
+    let consumers = match args.consumers.as_str() {
+        "vector" => "[\"vector\"]",
+        "all" => "[\"vector\", \"keyword\", \"relation\"]",
+        other => anyhow::bail!("--consumers: {other:?} is neither \"vector\" nor \"all\""),
+    };
+    let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("ce-bench-ingest-")
+        .tempdir_in(&base)
+        .with_context(|| format!("create a directory in {}", base.display()))?;
+    let docs = tmp.path().join("docs");
+    let data = tmp.path().join("data");
+    fs_err::create_dir_all(&data)?;
+    let (server, embedding) = match args.embedder.as_str() {
+        "hash" => (None, format!("provider = \"hash\"\ndimensions = {DIM}\n")),
+        "loopback" => {
+            let server = loopback_embedder();
+            let cfg = format!(
+                "provider = \"openai\"\nmodel = \"bench-hash-{DIM}\"\nbase_url = \"{}\"\n\
+                 api_key_env = \"CE_BENCH_NO_KEY\"\ndimensions = {DIM}\n",
+                server.base_url()
+            );
+            (Some(server), cfg)
+        }
+        other => anyhow::bail!("--embedder: {other:?} is neither \"hash\" nor \"loopback\""),
+    };
+    let config = data.join("ce.toml");
+    fs_err::write(
+        &config,
+        format!("[index.embedding]\n{embedding}\n[index.outbox]\nconsumers = {consumers}\n"),
+    )?;
+
+    let n = args.docs;
+    let one_pct = (n / 100).max(1);
+    eprintln!("bench: writing {n} documents");
+    for i in 0..n {
+        write_doc(&docs, i, &doc_text(i, 0), &format!("g{}", i % 10))?;
+    }
+    let ce = Ce {
+        data: data.clone(),
+        config,
+        docs: docs.clone(),
+    };
+    let mut phases = serde_json::Map::new();
+    let mut seen = Seen::default();
+    let mut phase = |name: &str, prune: bool| -> anyhow::Result<()> {
+        eprintln!("bench: phase {name}");
+        let v = ce.phase(prune, server.as_ref(), &mut seen)?;
+        phases.insert(name.to_owned(), v);
+        Ok(())
+    };
+    phase("cold", false)?;
+    phase("noop", false)?;
+    for i in (0..n).step_by(100).take(one_pct) {
+        write_doc(&docs, i, &doc_text(i, 1), &format!("g{}", i % 10))?;
+    }
+    phase("text_1pct", false)?;
+    for i in (1..n).step_by(100).take(one_pct) {
+        write_doc(&docs, i, &doc_text(i, 0), "edited")?;
+    }
+    phase("meta_1pct", false)?;
+    for i in (2..n).step_by(100).take(one_pct) {
+        fs_err::remove_dir_all(doc_dir(&docs, i))?;
+    }
+    phase("delete_1pct", true)?;
+    let t = Instant::now();
+    let drained = ce.run(&["worker", "--once"])?;
+    let empty = json!({
+        "drain_s": round(t.elapsed().as_secs_f64(), 3),
+        "deliveries": drained["progress"]["succeeded"],
+    });
+    phases.insert("empty_drain".into(), empty);
+    if consumers.contains("vector") {
+        phases.insert("graph_settle".into(), settle_graph(&data)?);
+    }
+
+    Ok(json!({
+        "benchmark": "ingest",
+        "machine": machine(),
+        "docs": n,
+        "changed_per_phase": one_pct,
+        "embedder": args.embedder,
+        "consumers": args.consumers,
+        "phases": phases,
+    }))
+}
+
+/// The running counters phases are measured against.
+#[derive(Default)]
+struct Seen {
+    cache_entries: u64,
+    requests: usize,
+    texts: usize,
+}
+
+/// The `ce` invocations of one benchmark run.
+struct Ce {
+    data: PathBuf,
+    config: PathBuf,
+    docs: PathBuf,
+}
+
+impl Ce {
+    /// Runs `ce --json --data-dir … --config … ARGS` through the CLI's dispatch.
+    fn run(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let data = self.data.display().to_string();
+        let config = self.config.display().to_string();
+        let mut argv = vec!["ce", "--json", "--data-dir", &data, "--config", &config];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(&argv).with_context(|| format!("parse {argv:?}"))?;
+        let rendered =
+            crate::commands::run(&cli).map_err(|e| anyhow::anyhow!("ce {args:?}: {e}"))?;
+        Ok(rendered.json)
+    }
+
+    /// One phase: import, drain, then the counters and sizes.
+    fn phase(
+        &self,
+        prune: bool,
+        server: Option<&LoopbackServer>,
+        seen: &mut Seen,
+    ) -> anyhow::Result<Value> {
+        let docs = self.docs.display().to_string();
+        let mut import = vec!["import", &docs, "--into", "ctx://bench/docs"];
+        if prune {
+            import.push("--prune");
+        }
+        let t = Instant::now();
+        let imported = self.run(&import)?;
+        let import_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let drained = self.run(&["worker", "--once"])?;
+        let drain_s = t.elapsed().as_secs_f64();
+        let status = self.run(&["status"])?;
+        let entries = status["embed_cache"]["entries"].as_u64().unwrap_or(0);
+        let mut v = json!({
+            "wall_s": round(import_s + drain_s, 3),
+            "import_s": round(import_s, 3),
+            "drain_s": round(drain_s, 3),
+            "nodes_written": imported["nodes_written"],
+            "nodes_removed": imported["nodes_removed"],
+            "events": imported["events"],
+            "deliveries": drained["progress"]["succeeded"],
+            "texts_embedded": entries.saturating_sub(seen.cache_entries),
+            "sizes_mib": sizes(&self.data)?,
+        });
+        seen.cache_entries = entries;
+        if let Some(s) = server {
+            let requests = s.requests();
+            let texts: usize = requests
+                .iter()
+                .map(|r| r.body["input"].as_array().map_or(0, Vec::len))
+                .sum();
+            v["embedder_requests"] = json!(requests.len() - seen.requests);
+            v["embedder_texts"] = json!(texts - seen.texts);
+            seen.requests = requests.len();
+            seen.texts = texts;
+        }
+        Ok(v)
+    }
+}
+
+/// After the phases: opens the embedded vector index itself and times moving every vector still
+/// in its fresh segment (read back from the database at open) into the graph — the graph work
+/// the short-lived commands above left for later.
+fn settle_graph(data: &Path) -> anyhow::Result<Value> {
+    use ce_index::vector::embedded::EmbeddedVectorIndex;
+    let dir = data.join(ce_server::engine::consumers::VECTOR_DIR);
+    let t = Instant::now();
+    let index = EmbeddedVectorIndex::open(&dir)?;
+    let open_s = t.elapsed().as_secs_f64();
+    index.pause_graph_insertion(true);
+    let before = index.stats();
+    let t = Instant::now();
+    index.settle()?;
+    let settle_s = t.elapsed().as_secs_f64();
+    let after = index.stats();
+    Ok(json!({
+        "open_s": round(open_s, 3),
+        "fresh_at_open": before.fresh_vectors,
+        "settle_s": round(settle_s, 3),
+        "graph_vectors": after.graph_vectors,
+    }))
+}
+
+/// An OpenAI-compatible `/v1/embeddings` endpoint on 127.0.0.1 answering with the hashing
+/// embedder's vectors (the same vectors as `--embedder hash`, plus the HTTP round trips).
+fn loopback_embedder() -> LoopbackServer {
+    let embedder = Arc::new(HashEmbedder::new(DIM));
+    LoopbackServer::start(move |r: &Recorded| {
+        if r.method != "POST" || !r.path.ends_with("/embeddings") {
+            return Reply::error(404, &format!("no route {} {}", r.method, r.path));
+        }
+        let Some(input) = r.body["input"].as_array() else {
+            return Reply::error(400, "input must be an array of strings");
+        };
+        let texts: Vec<&str> = input.iter().filter_map(Value::as_str).collect();
+        if texts.len() != input.len() {
+            return Reply::error(400, "input must be an array of strings");
+        }
+        match embedder.embed_texts(&texts, std::time::Duration::from_secs(30)) {
+            Ok(vectors) => {
+                let data: Vec<Value> = vectors
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| json!({"object": "embedding", "index": i, "embedding": v}))
+                    .collect();
+                let tokens: usize = texts.iter().map(|t| t.split_whitespace().count()).sum();
+                Reply::json(
+                    200,
+                    &json!({
+                        "object": "list",
+                        "data": data,
+                        "model": r.body["model"],
+                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                    }),
+                )
+            }
+            Err(e) => Reply::error(500, &e.to_string()),
+        }
+    })
+}
+
+fn doc_dir(docs: &Path, i: usize) -> PathBuf {
+    docs.join(format!("d{i:05}"))
+}
+
+/// Writes document `i`: `content.md` and a `.meta.json` with one metadata field.
+fn write_doc(docs: &Path, i: usize, text: &str, group: &str) -> anyhow::Result<()> {
+    let dir = doc_dir(docs, i);
+    fs_err::create_dir_all(&dir)?;
+    fs_err::write(dir.join("content.md"), text)?;
+    fs_err::write(
+        dir.join(ce_store::layout::META_FILE),
+        json!({"meta": {"group": group}}).to_string(),
+    )?;
+    Ok(())
+}
+
+const WORDS: [&str; 48] = [
+    "context", "agent", "memory", "index", "vector", "graph", "query", "store", "search", "record",
+    "batch", "event", "stream", "worker", "commit", "source", "truth", "layer", "node", "tree",
+    "path", "lock", "lease", "token", "model", "embed", "cache", "shard", "table", "field",
+    "value", "score", "rank", "hit", "page", "file", "folder", "import", "export", "delete",
+    "move", "write", "read", "scan", "merge", "split", "drain", "queue",
+];
+
+/// About 250 characters of text for document `i`, revision `rev`.
+fn doc_text(i: usize, rev: usize) -> String {
+    let mut x = (i as u64 ^ ((rev as u64) << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = format!("Document {i} revision {rev}.");
+    while out.len() < 250 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(' ');
+        out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+    }
+    out.push('.');
+    out
+}
+
+/// Size on disk of every file under `dir`, in MiB, by path relative to it (SQLite's `-wal`
+/// and `-shm` files counted with their database), and the total.
+fn sizes(dir: &Path) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs_err::read_dir(&d)? {
+            let entry = entry?;
+            let path = entry.path();
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let rel = rel
+                .strip_suffix("-wal")
+                .or_else(|| rel.strip_suffix("-shm"))
+                .unwrap_or(&rel)
+                .to_owned();
+            *bytes.entry(rel).or_default() += meta.len();
+        }
+    }
+    let total: u64 = bytes.values().sum();
+    let mib = |b: u64| round(b as f64 / (1024.0 * 1024.0), 2);
+    let mut out: BTreeMap<String, f64> = bytes
+        .into_iter()
+        .filter(|(_, b)| *b >= 64 * 1024)
+        .map(|(k, b)| (k, mib(b)))
+        .collect();
+    out.insert("total".into(), mib(total));
+    Ok(out)
+}
