@@ -1181,16 +1181,25 @@ mod tests {
     fn derive_keys_are_checked_and_derivation_needs_its_consumer() {
         for (toml, key) in [
             ("[derive]\ngenerator = \"gpt\"\n", "derive.generator"),
-            ("[derive]\ntypes = [\"resource\", \"note\"]\n", "derive.types[1]"),
+            (
+                "[derive]\ntypes = [\"resource\", \"note\"]\n",
+                "derive.types[1]",
+            ),
             ("[derive]\nbatch_size = 0\n", "derive.batch_size"),
             ("[derive]\ngenerator = \"llm\"\n", "derive.llm.model"),
-            ("[derive.llm]\ntemperature = 3.0\n", "derive.llm.temperature"),
+            (
+                "[derive.llm]\ntemperature = 3.0\n",
+                "derive.llm.temperature",
+            ),
         ] {
             let err = Config::from_toml(toml).expect_err(toml);
             assert!(err.to_string().contains(key), "{toml}: {err}");
         }
         let off = Config::default();
-        assert!(off.derived_types().is_empty(), "derive is not a default consumer");
+        assert!(
+            off.derived_types().is_empty(),
+            "derive is not a default consumer"
+        );
         let on = Config::from_toml(
             "[index.outbox]\nconsumers = [\"vector\", \"derive\"]\n[derive]\ntypes = [\"memory\"]\n",
         )
