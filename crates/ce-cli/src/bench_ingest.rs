@@ -30,7 +30,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use ce_embed::Embedder;
 use ce_embed::hash::HashEmbedder;
-use ce_testkit::http::{LoopbackServer, Recorded, Reply};
+use ce_http::loopback::{LoopbackServer, Recorded, Reply};
 use clap::Parser as _;
 use serde_json::{Value, json};
 

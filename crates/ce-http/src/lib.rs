@@ -14,9 +14,13 @@
 //! A 429 with a wait pauses the client itself, not only the caller that got it
 //! ([`RateLimitPause`]): until the wait is over every call — from any thread sharing the
 //! client — fails at once with [`Failure::Paused`] and no request is sent.
+//!
+//! [`loopback`] is the other side: a loopback server speaking these protocols, for the test
+//! doubles of paid APIs and for benchmarks (`ce bench ingest`).
 
 use std::time::{Duration, SystemTime};
 
+pub mod loopback;
 pub mod pause;
 
 pub use pause::RateLimitPause;

@@ -13,7 +13,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 pub mod backends;
-pub mod http;
+/// The loopback HTTP server for wire-protocol test doubles; it lives in `ce-http`, so that
+/// `ce bench ingest` can serve its embedder without this crate at run time.
+pub use ce_http::loopback as http;
 pub mod pg;
 pub mod pgvector;
 
