@@ -271,7 +271,7 @@ pub struct DeriveStatus {
     pub dirty: u64,
     /// Today's (UTC) usage, every process's: tokens in / out, write-backs applied and
     /// discarded by coalescing.
-    pub today: DeriveUsageStatus,
+    pub today: ce_store::derive::DeriveUsage,
     /// `derive.max_tokens_per_day` (0: unlimited).
     pub max_tokens_per_day: u64,
     /// Whether today's budget is spent (the extractive generator serves until midnight UTC).
@@ -281,21 +281,6 @@ pub struct DeriveStatus {
     /// The configured generator's last permanent refusal in this process (the node kept
     /// the extractive result).
     pub last_refusal: Option<String>,
-}
-
-/// One day's derive usage.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub struct DeriveUsageStatus {
-    /// Model tokens read.
-    pub tokens_in: u64,
-    /// Model tokens written.
-    pub tokens_out: u64,
-    /// Write-backs applied.
-    pub derivations: u64,
-    /// Write-backs discarded (newer inputs were committed meanwhile).
-    pub discarded: u64,
 }
 
 /// The jobs of `Status::jobs`: counts from the store (every process's jobs), and whether a

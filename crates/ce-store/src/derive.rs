@@ -144,8 +144,10 @@ pub enum LayerWrite {
     Failed(DeriveFailure),
 }
 
-/// Tokens and derivations to add to the day's usage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Tokens and derivations of a UTC day (or to add to it).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct DeriveUsage {
     /// Model tokens read.
     pub tokens_in: u64,

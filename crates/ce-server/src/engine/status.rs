@@ -6,9 +6,7 @@ use tracing::warn;
 
 use super::Engine;
 use crate::error::Result;
-use crate::status::{
-    Applier, ConsumerStatus, DeriveUsageStatus, EmbedCacheStatus, HoldStatus, Status,
-};
+use crate::status::{Applier, ConsumerStatus, EmbedCacheStatus, HoldStatus, Status};
 
 impl Engine {
     /// The consumers this engine runs workers for: the open ones (configured, and in
@@ -109,14 +107,8 @@ impl Engine {
         }
         if let Some(d) = &mut status.derive {
             d.dirty = self.store.count_dirty()?;
-            let u = self.store.derive_usage(now)?;
-            d.today = DeriveUsageStatus {
-                tokens_in: u.tokens_in,
-                tokens_out: u.tokens_out,
-                derivations: u.derivations,
-                discarded: u.discarded,
-            };
-            d.over_budget = d.max_tokens_per_day > 0 && u.tokens() >= d.max_tokens_per_day;
+            d.today = self.store.derive_usage(now)?;
+            d.over_budget = d.max_tokens_per_day > 0 && d.today.tokens() >= d.max_tokens_per_day;
         }
         Ok(status)
     }

@@ -18,7 +18,7 @@ use ce_store::{NodeStat, SourceStore};
 
 use super::{Consumer, Opening, Registration, context_repair};
 use crate::error::Result;
-use crate::status::{DeriveStatus, DeriveUsageStatus, Status};
+use crate::status::{DeriveStatus, Status};
 
 pub(super) const REGISTRATION: Registration = Registration {
     name: DERIVE_CONSUMER,
@@ -116,7 +116,7 @@ impl Consumer for DeriveConsumer {
                 .map(|t| t.as_str().to_owned())
                 .collect(),
             dirty: 0,
-            today: DeriveUsageStatus::default(),
+            today: ce_store::derive::DeriveUsage::default(),
             max_tokens_per_day: self.settings.max_tokens_per_day,
             over_budget: false,
             workers: handler.map(|h| h.counters()),
