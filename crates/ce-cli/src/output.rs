@@ -230,6 +230,14 @@ pub fn cat_note(a: &CatAnswer) -> Option<String> {
         return None;
     }
     let l = a.level;
+    if a.pending {
+        return Some(format!(
+            "L{l} ({}) of {} is not derived yet: the derive consumer writes it (ce worker), and \
+             search has no L{l} record of it until then\n",
+            layer_name(l),
+            a.uri
+        ));
+    }
     Some(match a.fallback {
         Some(LevelSource { level, max_chars }) => {
             let part = max_chars.map_or_else(
@@ -627,6 +635,15 @@ pub fn dry_runs(reports: &[DryRunReport]) -> String {
                 },
             ),
         ];
+        if let Some(s) = &r.spend {
+            pairs.push((
+                "would spend",
+                format!(
+                    "{} derivations by {}: about {} tokens in, at most {} out",
+                    s.derivations, s.generator, s.tokens_in, s.tokens_out
+                ),
+            ));
+        }
         for (kind, uris) in &r.samples {
             pairs.push(("sample", format!("{kind}: {}", uris.join(" "))));
         }

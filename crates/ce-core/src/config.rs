@@ -31,8 +31,8 @@ pub struct Config {
 }
 
 /// `[derive]`: which nodes get derived L0 / L1 layers and which generator writes them
-/// (docs/derive.md). Derivation runs only when `derive` is one of `index.outbox.consumers`
-/// (not yet by default: add it to the list).
+/// (docs/derive.md). Derivation runs while `derive` is one of `index.outbox.consumers` (it
+/// is by default; remove it to keep the projector's fallbacks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeriveConfig {
@@ -402,6 +402,7 @@ impl Default for OutboxConfig {
                 VECTOR_CONSUMER.into(),
                 KEYWORD_CONSUMER.into(),
                 RELATION_CONSUMER.into(),
+                DERIVE_CONSUMER.into(),
             ],
         }
     }
@@ -1195,11 +1196,14 @@ mod tests {
             let err = Config::from_toml(toml).expect_err(toml);
             assert!(err.to_string().contains(key), "{toml}: {err}");
         }
-        let off = Config::default();
-        assert!(
-            off.derived_types().is_empty(),
-            "derive is not a default consumer"
+        assert_eq!(
+            Config::default().derived_types(),
+            [ContextType::Resource, ContextType::Session],
+            "derive is a default consumer, for resources and sessions"
         );
+        let off = Config::from_toml("[index.outbox]\nconsumers = [\"vector\", \"keyword\"]\n")
+            .expect("valid");
+        assert!(off.derived_types().is_empty(), "off without its consumer");
         let on = Config::from_toml(
             "[index.outbox]\nconsumers = [\"vector\", \"derive\"]\n[derive]\ntypes = [\"memory\"]\n",
         )

@@ -25,12 +25,16 @@ use ce_core::{
     IndexProjector, Level,
 };
 use ce_index::worker::compact::{self, Op, Plan};
+use ce_index::worker::dry_run::{DryRunReport, SpendEstimate};
 use ce_index::worker::{OpHandler, OpOutcomes, WorkError};
 use ce_store::derive::{DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite};
 use ce_store::{ClaimedEvent, SourceStore};
 use serde::{Deserialize, Serialize};
 
 use crate::{Budget, Child, DeriveError, DeriveInput, Derived, Extractive, Generator};
+
+/// Dirty nodes a dry run reads per snapshot.
+const DRY_RUN_READ: usize = 256;
 
 /// Settings of the handler.
 #[derive(Debug, Clone)]
@@ -311,6 +315,94 @@ impl DeriveHandler {
             tokens_in: 0,
             tokens_out: 0,
         }
+    }
+
+    /// What draining the first `limit` open dirty keys (by URI) would do, without calling
+    /// the generator or writing anything: nodes to derive, current or not derived, and the
+    /// tokens the generator would spend. A folder whose children are still pending counts
+    /// as one derivation, estimated with its pending children's abstracts at most
+    /// `l0_chars` of their content.
+    pub fn dry_run(&self, limit: usize) -> Result<DryRunReport, WorkError> {
+        let started = std::time::Instant::now();
+        let keys = self.store.dirty_within(&CtxUri::root())?;
+        let truncated = keys.len() > limit;
+        let uris: Vec<CtxUri> = keys.into_iter().take(limit).map(|k| k.uri).collect();
+        let generator: &dyn Generator = if self.over_budget()? {
+            &self.fallback
+        } else {
+            self.generator.as_ref()
+        };
+        let budget = self.settings.budget;
+        let mut actions: BTreeMap<String, u64> = BTreeMap::new();
+        let mut samples: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut spend = SpendEstimate {
+            generator: generator.identity().key(),
+            ..SpendEstimate::default()
+        };
+        for chunk in uris.chunks(DRY_RUN_READ) {
+            for s in self.store.derive_snapshots(chunk)? {
+                let action = match self.estimated_input(&s) {
+                    None => "skip",
+                    Some(input)
+                        if is_current(&s.node, &input.hash(generator.identity(), budget)) =>
+                    {
+                        "unchanged"
+                    }
+                    Some(input) => {
+                        let (tokens_in, tokens_out) = generator.estimate(&input, budget);
+                        spend.derivations += 1;
+                        spend.tokens_in += tokens_in;
+                        spend.tokens_out += tokens_out;
+                        "derive"
+                    }
+                };
+                *actions.entry(action.to_owned()).or_default() += 1;
+                let sample = samples.entry(action.to_owned()).or_default();
+                if action == "derive" && sample.len() < ce_index::worker::dry_run::SAMPLE_SIZE {
+                    sample.push(s.node.uri.to_string());
+                }
+            }
+        }
+        samples.retain(|_, v| !v.is_empty());
+        Ok(DryRunReport {
+            consumer: ce_core::config::DERIVE_CONSUMER.to_owned(),
+            events: uris.len() as u64,
+            through_seq: None,
+            truncated,
+            actions,
+            samples,
+            errors: Vec::new(),
+            valid: true,
+            took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+            spend: Some(spend),
+        })
+    }
+
+    /// [`Self::input`] for an estimate: a folder waiting for its children is estimated
+    /// with their abstracts at most `l0_chars` of their content.
+    fn estimated_input(&self, s: &DeriveSnapshot) -> Option<DeriveInput> {
+        if let Some(input) = self.input(s) {
+            return Some(input);
+        }
+        if !self.settings.types.contains(&s.node.context_type) {
+            return None;
+        }
+        let children = s.children.iter().map(|c| {
+            let mut child = self.child(c);
+            if c.provenance.abstract_origin.is_pending() {
+                child.abstract_text = c
+                    .layers
+                    .content
+                    .chars()
+                    .take(self.settings.budget.l0_chars)
+                    .collect();
+            }
+            child
+        });
+        Some(DeriveInput::Container {
+            content: s.node.layers.content.clone(),
+            children: children.collect(),
+        })
     }
 
     /// The nodes operation `op` derives (a subtree: its open dirty keys).

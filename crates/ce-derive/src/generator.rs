@@ -191,6 +191,12 @@ pub trait Generator: Send + Sync {
         timeout: Duration,
     ) -> Vec<Result<Derived, DeriveError>>;
 
+    /// The tokens one derivation of `input` would spend, `(in, out at most)`, estimated
+    /// without calling anything (the dry run); a generator without a model spends none.
+    fn estimate(&self, _input: &DeriveInput, _budget: Budget) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// How long the generator's provider asked to be left alone (a rate limit's
     /// `Retry-After`); `None` when it may be called.
     fn paused_for(&self) -> Option<Duration> {

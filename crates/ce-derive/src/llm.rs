@@ -317,9 +317,36 @@ impl Generator for LlmGenerator {
             .collect()
     }
 
+    /// The messages' text at about 4 characters per token and 1 per CJK character, plus a
+    /// few per message for the chat framing; the answer at most its JSON of two layers
+    /// within `budget`, capped by `max_tokens`.
+    fn estimate(&self, input: &DeriveInput, budget: Budget) -> (u64, u64) {
+        const PER_MESSAGE: u64 = 4;
+        let tokens_in = self
+            .messages(input, budget)
+            .iter()
+            .map(|m| PER_MESSAGE + approx_tokens(&m.content))
+            .sum();
+        let answer = (budget.l0_chars + budget.l1_chars) as u64 / 4 + 16;
+        (tokens_in, answer.min(u64::from(self.client.max_tokens())))
+    }
+
     fn paused_for(&self) -> Option<Duration> {
         self.client.paused_for()
     }
+}
+
+/// Roughly how many tokens a chat model's tokenizer makes of `text`: one per CJK
+/// character, one per 4 other characters.
+fn approx_tokens(text: &str) -> u64 {
+    let (cjk, other) = text.chars().fold((0u64, 0u64), |(c, o), ch| {
+        if ce_core::text::is_cjk(ch) {
+            (c + 1, o)
+        } else {
+            (c, o + 1)
+        }
+    });
+    cjk + other.div_ceil(4)
 }
 
 #[cfg(test)]

@@ -252,7 +252,12 @@ impl ChatClient {
         self.client.url()
     }
 
-    /// The model asked.
+    /// The most completion tokens a request asks for.
+    pub fn max_tokens(&self) -> u32 {
+        self.config.max_tokens
+    }
+
+    /// The model named in requests.
     pub fn model(&self) -> &str {
         &self.config.model
     }

@@ -437,6 +437,10 @@ pub struct CatAnswer {
     /// level then has no index record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<LevelSource>,
+    /// True when the layer is L0 or L1 and a derivation is due: the derive consumer writes
+    /// it, and search has no record of the level until then (docs/derive.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 impl CatAnswer {
@@ -453,6 +457,7 @@ impl CatAnswer {
             } else {
                 None
             },
+            pending: node.provenance.get(level).is_some_and(|o| o.is_pending()),
             text,
         }
     }

@@ -287,9 +287,12 @@ fn walk(
             return Err(at(dir)(StoreError::RootNotWritable));
         }
     } else {
+        // A missing `.abstract.md` / `.overview.md` is no layer from the client: the replace
+        // drops what a client wrote before and keeps a derived one, so re-importing an
+        // unchanged tree changes nothing.
         let [a, o, c] = layers;
-        req.abstract_text = Some(a.unwrap_or_default());
-        req.overview = Some(o.unwrap_or_default());
+        req.abstract_text = a;
+        req.overview = o;
         req.content = Some(c.unwrap_or_default());
         puts.push(WriteOp::Put {
             uri: uri.clone(),

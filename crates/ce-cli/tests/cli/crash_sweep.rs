@@ -1228,6 +1228,25 @@ impl Serve {
         })
     }
 
+    /// The layers a client wrote: [`Self::layers`] without the L0 / L1 that are derived or
+    /// pending (the derive consumer's, not the workload's; the convergence check compares
+    /// them with the indexes, this one compares the client's writes with the model).
+    fn client_layers(&self, uri: &str, bytes: [u64; 3]) -> Result<Layers> {
+        let mut l = self.layers(uri, bytes)?;
+        if bytes[0] == 0 && bytes[1] == 0 {
+            return Ok(l);
+        }
+        let stat = self.get(&format!("/v1/stat?uri={uri}"))?;
+        let by_client = |layer: &str| stat["provenance"][layer]["origin"] == "user";
+        if !by_client("abstract") {
+            l.abstract_text.clear();
+        }
+        if !by_client("overview") {
+            l.overview.clear();
+        }
+        Ok(l)
+    }
+
     /// The outgoing edges of `uri` in the source.
     fn edges(&self, uri: &str) -> Result<BTreeSet<(String, String, String)>> {
         let r = self.get(&format!("/v1/relations?uri={uri}"))?;
@@ -1260,7 +1279,7 @@ impl Serve {
                 }
                 Some(_) => {
                     m.leaves
-                        .insert(uri.clone(), self.layers(&uri, layer_bytes(&n)?)?);
+                        .insert(uri.clone(), self.client_layers(&uri, layer_bytes(&n)?)?);
                 }
             }
             all.push(uri);
@@ -1268,8 +1287,9 @@ impl Serve {
         for n in self.tree(IMP)? {
             let uri = n["uri"].as_str().context("uri")?.to_owned();
             let bytes = layer_bytes(&n)?;
-            if bytes.iter().any(|b| *b > 0) {
-                m.imported.insert(uri.clone(), self.layers(&uri, bytes)?);
+            let layers = self.client_layers(&uri, bytes)?;
+            if layers != Layers::default() {
+                m.imported.insert(uri.clone(), layers);
             }
             all.push(uri);
         }

@@ -61,8 +61,8 @@ fn demo_json_reports_every_step_and_is_idempotent() {
     let remaining = first["index"]["remaining"].as_array().expect("remaining");
     assert_eq!(
         remaining.len(),
-        3,
-        "vector, keyword, relation: {}",
+        4,
+        "vector, keyword, relation, derive: {}",
         first["index"]
     );
     assert!(
@@ -70,9 +70,16 @@ fn demo_json_reports_every_step_and_is_idempotent() {
             .iter()
             .all(|r| r["pending"] == 0 && r["applied"] == true)
     );
+    // One delivery per event and consumer: the import's events and the derived write-backs.
+    let progress = &first["index"]["progress"];
     assert_eq!(
-        first["index"]["progress"]["succeeded"].as_u64(),
-        first["import"]["events"].as_u64().map(|n| n * 3),
+        progress["succeeded"].as_u64(),
+        progress["events"].as_u64().map(|n| n * 4),
+        "{}",
+        first["index"]
+    );
+    assert!(
+        progress["events"].as_u64() > first["import"]["events"].as_u64(),
         "{}",
         first["index"]
     );
@@ -93,7 +100,8 @@ fn demo_json_reports_every_step_and_is_idempotent() {
             .as_array()
             .expect("consumers")
             .len(),
-        3
+        4,
+        "vector, keyword, relation, derive"
     );
     for key in ["open_ms", "import_ms", "tree_ms"] {
         assert!(first[key].as_f64().is_some_and(|v| v >= 0.0), "{key}");

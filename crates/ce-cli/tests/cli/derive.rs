@@ -2,7 +2,7 @@
 //! derived layers on every node and folder after `ce worker --once`; status shows the derive
 //! consumer; hierarchical search seeds on the folders' roll-ups; a client's layer stays.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::harness::Ce;
 
@@ -191,5 +191,135 @@ fn a_pending_layer_is_not_indexed_until_it_is_derived() {
     assert_eq!(
         (found(&ce, "0"), found(&ce, "1"), found(&ce, "2")),
         (1, 1, 1)
+    );
+}
+
+/// Every URI under `root` (itself included), by `ce ls`, depth first.
+fn walk(ce: &Ce, root: &str) -> Vec<String> {
+    let mut out = vec![root.to_owned()];
+    for child in ce.json(&["ls", root]).as_array().expect("ls") {
+        out.extend(walk(ce, child["uri"].as_str().expect("uri")));
+    }
+    out
+}
+
+#[test]
+fn a_new_document_costs_one_embedding_per_distinct_text() {
+    // A remote embedder that lists every text it embeds, behind the embedding cache.
+    let embeddings = super::fake_embeddings::FakeEmbeddings::start(false);
+    let ce = super::harness::Ce::new();
+    ce.write_config(&embeddings.embedding_config(8));
+    let src = tempfile::tempdir().expect("tmp");
+    write(
+        src.path(),
+        "guides/tea.md",
+        // Longer than the 200 characters of the L0 fallback: a fallback would be new text.
+        "# Tea\n\nGreen tea is brewed at 80 degrees for two minutes. Black tea takes boiling \
+         water and steeps for four. Oolong sits between them, at about 90 degrees.\n\n\
+         ## Storage\n\nKeep the leaves dry, cool and away from light, in a tin that closes \
+         tightly; they lose their aroma within a year.",
+    );
+    write(
+        src.path(),
+        "guides/bread.md",
+        "Bread needs flour, water, salt and yeast. The dough rises for two hours.",
+    );
+    write(src.path(), "notes.md", "Buy more tea leaves on Friday.");
+    ce.ok(&[
+        "import",
+        src.path().to_str().expect("utf-8"),
+        "--into",
+        "ctx://acme/resources/kb",
+    ]);
+    ce.ok(&["worker", "--once"]);
+
+    // What the indexes hold now: every node's L0 / L1 / L2 text, fallbacks applied.
+    let mut current = std::collections::BTreeSet::new();
+    for uri in walk(&ce, "ctx://acme") {
+        for level in ["0", "1", "2"] {
+            let c = ce.json(&["cat", &uri, "--level", level]);
+            let text = c["text"].as_str().expect("text");
+            if !text.is_empty() {
+                current.insert(text.to_owned());
+            }
+        }
+    }
+    let embedded = embeddings.embedded();
+    let distinct: std::collections::BTreeSet<String> = embedded.iter().cloned().collect();
+    assert_eq!(
+        embedded.len(),
+        distinct.len(),
+        "a text was embedded twice: {embedded:#?}"
+    );
+    // Exactly the current texts: no fallback L0 / L1 (cut from L2) was embedded while the
+    // derivation was pending, and every derived layer was embedded once it was written.
+    assert_eq!(distinct, current);
+    let status = ce.json(&["status"]);
+    assert_eq!(status["derive"]["dirty"], 0, "{status}");
+}
+
+#[test]
+fn a_dry_run_counts_the_derivations_and_tokens_before_spending_any() {
+    let ce = Ce::hash("");
+    for (uri, text) in [
+        (
+            "ctx://acme/resources/kb/a",
+            "Alpha is the first letter. It starts the alphabet.",
+        ),
+        (
+            "ctx://acme/resources/kb/b",
+            "Beta comes second. Software is in beta before release.",
+        ),
+    ] {
+        ce.put(uri, text);
+    }
+    // a, b, kb, resources and the account: five open dirty keys; extractive spends nothing.
+    let r = &ce.json(&["worker", "--dry-run", "--consumer", "derive"])[0];
+    assert_eq!(
+        (
+            &r["consumer"],
+            &r["events"],
+            &r["actions"]["derive"],
+            &r["valid"]
+        ),
+        (&json!("derive"), &json!(5), &json!(5), &json!(true)),
+        "{r}"
+    );
+    assert_eq!(
+        r["spend"],
+        json!({"generator": "extractive:1", "derivations": 5, "tokens_in": 0, "tokens_out": 0}),
+        "{r}"
+    );
+    let text = ce.ok(&["worker", "--dry-run", "--consumer", "derive"]);
+    assert!(
+        text.contains("5 derivations by extractive:1: about 0 tokens in"),
+        "{text}"
+    );
+    // Nothing was derived or written.
+    let stat = ce.json(&["stat", "ctx://acme/resources/kb/a"]);
+    assert_eq!(origin(&stat, "abstract"), "pending", "{stat}");
+
+    // With an LLM configured, the estimate counts its prompt tokens; no request is sent (the
+    // endpoint does not exist).
+    ce.write_config(&format!(
+        "{}[derive]\ngenerator = \"llm\"\n[derive.llm]\nbase_url = \"http://127.0.0.1:9\"\n\
+         model = \"m\"\nmax_tokens = 100\n",
+        super::harness::HASH_EMBEDDER
+    ));
+    let r = &ce.json(&["worker", "--dry-run", "--consumer", "derive"])[0];
+    let spend = &r["spend"];
+    assert_eq!(spend["generator"], "llm:1001:m", "{r}");
+    assert_eq!(spend["derivations"], 5, "{r}");
+    assert!(spend["tokens_in"].as_u64() > Some(50), "{r}");
+    assert_eq!(spend["tokens_out"], 500, "at most max_tokens each: {r}");
+
+    // Once drained, nothing is left to derive.
+    ce.write_config(super::harness::HASH_EMBEDDER);
+    ce.ok(&["worker", "--once"]);
+    let r = &ce.json(&["worker", "--dry-run", "--consumer", "derive"])[0];
+    assert_eq!(
+        (&r["events"], &r["spend"]["derivations"]),
+        (&json!(0), &json!(0)),
+        "{r}"
     );
 }

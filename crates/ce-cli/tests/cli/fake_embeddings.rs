@@ -10,7 +10,8 @@
 //!
 //! A refused request refuses every text in it, as a real provider refuses a batch; the
 //! worker splits refused calls until the POISON texts are alone, so only the nodes whose
-//! texts are POISON end dead. [`FakeEmbeddings::requests`] counts every request.
+//! texts are POISON end dead. [`FakeEmbeddings::requests`] counts every request, and
+//! [`FakeEmbeddings::embedded`] lists every text answered with a vector.
 //!
 //! Each connection is served on its own thread, so concurrent requests really overlap; the
 //! server counts a text that arrives while another request carrying the same text is still
@@ -39,6 +40,7 @@ pub const DIM: usize = 16;
 struct Shared {
     in_flight: Mutex<HashSet<String>>,
     seen: Mutex<HashMap<String, usize>>,
+    embedded: Mutex<Vec<String>>,
     overlaps: AtomicUsize,
     requests: AtomicUsize,
     window: Mutex<Window>,
@@ -102,6 +104,11 @@ impl FakeEmbeddings {
     /// arrives before those seconds are over with 429 and the time left.
     pub fn rate_limit_next(&self, secs: u64) {
         self.shared.window.lock().expect("lock").armed = Some(secs);
+    }
+
+    /// Every text answered with a vector, in order of arrival (repeats included).
+    pub fn embedded(&self) -> Vec<String> {
+        self.shared.embedded.lock().expect("lock").clone()
     }
 
     /// Requests answered 429.
@@ -240,6 +247,11 @@ fn answer(texts: &[String], failing: &AtomicBool, state: &Shared) -> (&'static s
             json!({"error": {"message": "try again"}}),
         );
     }
+    state
+        .embedded
+        .lock()
+        .expect("lock")
+        .extend(texts.iter().cloned());
     let data: Vec<Value> = texts
         .iter()
         .enumerate()

@@ -92,25 +92,46 @@ fn ls_of_a_leaf_and_cat_of_an_empty_layer_say_what_is_there() {
     assert!(ls.contains(&format!("ce cat {leaf}")), "{ls}");
     assert_eq!(ce.json(&["ls", leaf]), json!([]));
 
+    // A resource's L0 is derived: until the derive consumer has run, it is pending.
     let (out, err) = ok_both(&ce, &["cat", leaf, "--level", "0"]);
     assert_eq!(out, "", "stdout is the layer exactly as stored");
     assert!(
-        err.contains("L0 (abstract) of ctx://acc/docs/note is empty")
-            && err.contains("search uses the first 200 characters of L2 (content)"),
+        err.contains("L0 (abstract) of ctx://acc/docs/note is not derived yet")
+            && err.contains("search has no L0 record of it until then"),
         "{err}"
     );
     let j = ce.json(&["cat", leaf, "--level", "0"]);
+    assert_eq!(
+        (&j["text"], &j["pending"]),
+        (&json!(""), &json!(true)),
+        "{j}"
+    );
+    // A memory's is not (by default): search uses the fallback.
+    let memory = "ctx://acc/memories/note";
+    ce.put(memory, "a body of text");
+    let (out, err) = ok_both(&ce, &["cat", memory, "--level", "0"]);
+    assert_eq!(out, "", "stdout is the layer exactly as stored");
+    assert!(
+        err.contains("L0 (abstract) of ctx://acc/memories/note is empty")
+            && err.contains("search uses the first 200 characters of L2 (content)"),
+        "{err}"
+    );
+    let j = ce.json(&["cat", memory, "--level", "0"]);
     assert_eq!(j["text"], "");
     assert_eq!(j["fallback"], json!({"level": 2, "max_chars": 200}), "{j}");
+    assert!(j.get("pending").is_none(), "{j}");
     // A layer with text has no note and no fallback.
     let (out, err) = ok_both(&ce, &["cat", leaf]);
     assert_eq!((out.as_str(), err.as_str()), ("a body of text\n", ""));
     assert!(ce.json(&["cat", leaf]).get("fallback").is_none());
-    // A container has no text anywhere.
+    // A container has no content, and its roll-up is pending too.
     let (out, err) = ok_both(&ce, &["cat", "ctx://acc/docs"]);
     assert_eq!(out, "");
     assert!(err.contains("L2 has no fallback"), "{err}");
     let (_, err) = ok_both(&ce, &["cat", "ctx://acc/docs", "--level", "1"]);
+    assert!(err.contains("not derived yet"), "{err}");
+    // A memory folder has no text anywhere.
+    let (_, err) = ok_both(&ce, &["cat", "ctx://acc/memories", "--level", "1"]);
     assert!(err.contains("so is every layer it falls back to"), "{err}");
 }
 
@@ -124,12 +145,13 @@ fn status_without_workers_says_none() {
     assert!(line.contains("none in this process"), "{out}");
 }
 
-/// `worker --once` counts events and deliveries apart (3 consumers: 3 deliveries per event),
+/// `worker --once` counts events and deliveries apart (4 consumers: 4 deliveries per event),
 /// and its progress reaches the final totals on stderr, as text or as JSON lines.
 #[test]
 fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     let ce = Ce::hash("");
-    // 3 events (acc, acc/docs, acc/docs/a), then 1 each: 5 events, 15 deliveries.
+    // 3 events (acc, acc/docs, acc/docs/a), then 1 each, and one derived write-back for each
+    // of the 5 nodes: 10 events, 40 deliveries (vector, keyword, relation, derive).
     ce.put("ctx://acc/docs/a", "alpha");
     ce.put("ctx://acc/docs/b", "beta");
     ce.put("ctx://acc/docs/c", "gamma");
@@ -140,7 +162,7 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     let p = &report["progress"];
     assert_eq!(
         (p["events"].as_u64(), p["succeeded"].as_u64()),
-        (Some(5), Some(15)),
+        (Some(10), Some(40)),
         "{report}"
     );
     let lines: Vec<Value> = stderr
@@ -153,15 +175,16 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     assert_eq!(last["progress"], "worker", "{last}");
     assert_eq!(
         (last["events"].as_u64(), last["succeeded"].as_u64()),
-        (Some(5), Some(15))
+        (Some(10), Some(40))
     );
 
     ce.put("ctx://acc/docs/d", "delta");
     ce.put("ctx://acc/docs/e", "epsilon");
+    // 2 events, and the write-backs of d, e, docs and acc: 6 events, 24 deliveries.
     let (out, err) = ok_both(&ce, &["worker", "--once"]);
-    assert_eq!(kv_line(&out, "events"), "events      2", "{out}");
+    assert_eq!(kv_line(&out, "events"), "events      6", "{out}");
     assert!(
-        kv_line(&out, "deliveries").starts_with("deliveries  6 done, 0 retried, 0 dead"),
+        kv_line(&out, "deliveries").starts_with("deliveries  24 done, 0 retried, 0 dead"),
         "{out}"
     );
     let took = kv_line(&out, "took");
@@ -171,7 +194,7 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     );
     let last = err.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("worker: 2 events, 6 deliveries done, 0 retried, 0 dead"),
+        last.starts_with("worker: 6 events, 24 deliveries done, 0 retried, 0 dead"),
         "{err}"
     );
 }
@@ -311,7 +334,8 @@ fn outbox_list_limit_is_bounded_like_the_http_api() {
         assert_eq!(f.error["code"], "invalid_field", "{bad}: {}", f.error);
     }
     let rows = ce.json(&["outbox", "list", "--limit", "10000"]);
-    assert_eq!(rows.as_array().expect("rows").len(), 6, "{rows}");
+    // Two events (acc, acc/a), one delivery each to vector, keyword, relation, derive.
+    assert_eq!(rows.as_array().expect("rows").len(), 8, "{rows}");
     let server = ce.serve(&[]);
     let (status, body) = server.get("/v1/outbox/list?limit=10001");
     assert_eq!(

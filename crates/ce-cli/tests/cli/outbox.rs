@@ -87,8 +87,8 @@ fn list_show_and_stats_agree() {
     ce.put("ctx://acc/y", "y");
     let all = ce.json(&["outbox", "list"]);
     let rows = all.as_array().expect("array");
-    // Three events, one delivery per consumer.
-    assert_eq!(rows.len(), 9);
+    // Three events, one delivery per consumer (vector, keyword, relation, derive).
+    assert_eq!(rows.len(), 12);
     assert!(rows.iter().all(|r| r["delivery"]["status"] == "pending"));
 
     let first = &rows[0]["event"];
@@ -102,7 +102,7 @@ fn list_show_and_stats_agree() {
         .iter()
         .map(|d| d["consumer"].as_str().expect("consumer"))
         .collect();
-    assert_eq!(consumers, ["keyword", "relation", "vector"]);
+    assert_eq!(consumers, ["derive", "keyword", "relation", "vector"]);
 
     let stats = ce.json(&["outbox", "stats"]);
     for s in stats.as_array().expect("array") {
@@ -168,5 +168,6 @@ fn append_by_hand_validates_then_appends() {
     let evts = events(&ce);
     assert_eq!(evts.last(), Some(&event));
     let shown = ce.json(&["outbox", "show", event["event_id"].as_str().expect("id")]);
-    assert_eq!(shown["deliveries"].as_array().expect("deliveries").len(), 3);
+    // One per consumer: vector, keyword, relation, derive.
+    assert_eq!(shown["deliveries"].as_array().expect("deliveries").len(), 4);
 }

@@ -215,7 +215,9 @@ fn copy_db(from: &Path, to: &Path) {
 /// 5 nodes indexed, the store copied, 20 more indexed, the copy restored: every index has
 /// 20 nodes the source does not (80 % of the vector index's records).
 fn restored_source() -> (Ce, tempfile::TempDir) {
-    let ce = Ce::hash("");
+    // Derivation off: the counts below are the index records of the 25 nodes (the folders'
+    // derived roll-ups would be re-derived after the repair, one more step to wait for).
+    let ce = Ce::hash("[index.outbox]\nconsumers = [\"vector\", \"keyword\", \"relation\"]\n");
     for i in 0..5 {
         ce.put(&format!("ctx://acc/keep/n{i}"), &format!("kept node {i}"));
     }

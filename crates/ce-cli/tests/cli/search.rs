@@ -4,6 +4,11 @@ use serde_json::{Value, json};
 
 use super::harness::Ce;
 
+/// Derivation off: these tests check exact hit lists, lags and delivery counts of the
+/// indexes, to which the folders' derived roll-ups would add hits and events (they have
+/// their own tests: `cli::derive`).
+const NO_DERIVE: &str = "[index.outbox]\nconsumers = [\"vector\", \"keyword\", \"relation\"]\n";
+
 fn uris(r: &Value) -> Vec<&str> {
     r["hits"]
         .as_array()
@@ -25,7 +30,7 @@ fn vector(status: &Value) -> Value {
 
 #[test]
 fn index_then_search_with_filters() {
-    let ce = Ce::hash("");
+    let ce = Ce::hash(NO_DERIVE);
     ce.json(&[
         "put",
         "ctx://acc/users/u1/memories/preferences/theme",
@@ -187,7 +192,7 @@ fn index_then_search_with_filters() {
 
 #[test]
 fn a_model_change_needs_a_reindex_and_gets_one() {
-    let ce = Ce::hash("");
+    let ce = Ce::hash(NO_DERIVE);
     ce.put("ctx://acc/docs/a", "alpha beta gamma");
     ce.json(&["worker", "--once"]);
     assert_eq!(
@@ -196,7 +201,9 @@ fn a_model_change_needs_a_reindex_and_gets_one() {
     );
 
     // Another model: the index no longer fits.
-    ce.write_config("[index.embedding]\nprovider = \"hash\"\ndimensions = 64\n");
+    ce.write_config(&format!(
+        "[index.embedding]\nprovider = \"hash\"\ndimensions = 64\n{NO_DERIVE}"
+    ));
     let s = ce.json(&["status"]);
     assert_eq!(s["ready"], false);
     let why = s["not_ready"][0].as_str().expect("reason");
@@ -344,7 +351,7 @@ fn hierarchical_search_returns_leaves_with_their_path() {
 /// `--server`; once indexed, the line goes away.
 #[test]
 fn a_search_right_after_a_write_says_what_is_not_indexed_yet() {
-    let ce = Ce::hash("");
+    let ce = Ce::hash(NO_DERIVE);
     ce.put("ctx://acc/docs/a", "alpha beta gamma");
     let lag = |r: &Value| -> Vec<(String, u64)> {
         r["lag"]

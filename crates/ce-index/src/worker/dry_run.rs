@@ -30,7 +30,8 @@ pub const SAMPLE_SIZE: usize = 10;
 pub struct DryRunReport {
     /// The consumer.
     pub consumer: String,
-    /// Open deliveries examined (pending, retry-wait and claimed, oldest first).
+    /// Open deliveries examined (pending, retry-wait and claimed, oldest first); for the
+    /// `derive` consumer, the open dirty keys examined (its work list).
     pub events: u64,
     /// Highest sequence examined (`None` when there was nothing to examine).
     pub through_seq: Option<i64>,
@@ -47,6 +48,24 @@ pub struct DryRunReport {
     pub valid: bool,
     /// Time taken.
     pub took_ms: f64,
+    /// What applying would spend on a paid generator (`derive` only; `None` elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend: Option<SpendEstimate>,
+}
+
+/// The tokens a run would spend, estimated before spending any (docs/derive.md, "Dry run").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpendEstimate {
+    /// The generator that would run (`extractive:1`, `llm:…`); the extractive fallback when
+    /// the day's token budget is spent.
+    pub generator: String,
+    /// Nodes the generator would derive (the others are current or not derived).
+    pub derivations: u64,
+    /// Prompt tokens, estimated from the text sent (about 4 characters per token, one per
+    /// CJK character): 0 for a generator without a model.
+    pub tokens_in: u64,
+    /// Completion tokens at most (bounded by the answers' length and `max_tokens`).
+    pub tokens_out: u64,
 }
 
 /// Computes the dry run of `cfg.consumer`'s first `limit` open deliveries against `target`.
@@ -115,6 +134,7 @@ pub fn dry_run(
         valid: errors.is_empty(),
         errors,
         took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+        spend: None,
     })
 }
 

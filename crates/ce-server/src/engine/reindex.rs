@@ -108,7 +108,7 @@ impl Engine {
     pub fn dry_run_consumers(&self) -> Vec<&'static str> {
         self.consumers
             .iter()
-            .filter(|c| c.dry_run_target().is_some())
+            .filter(|c| c.has_dry_run())
             .map(|c| c.registration().name)
             .collect()
     }
@@ -136,7 +136,9 @@ impl Engine {
 
     /// Computes the delta `consumer`'s first `limit` open events would apply to its index,
     /// without claiming, embedding, writing or acknowledging anything (see
-    /// `ce_index::worker::dry_run`); works while the model is missing. The report is recorded
+    /// `ce_index::worker::dry_run`); works while the model is missing. For the derive
+    /// consumer: what a drain would derive and the tokens it would spend (docs/derive.md,
+    /// "Dry run"). The report is recorded
     /// in the data directory: in dry-run mode (`index.worker.dry_run_consumers`) status
     /// reports `dry_run_valid` from it.
     pub fn dry_run(&self, consumer: &str, limit: usize) -> Result<DryRunReport> {
@@ -151,24 +153,29 @@ impl Engine {
                     consumers::names()
                 ),
             })?;
-        let target = slot
-            .dry_run_target()
-            .ok_or_else(|| ServerError::UnsupportedConsumer {
-                name: consumer.into(),
-                reason: format!(
-                    "dry runs cover the consumers {:?}",
-                    self.dry_run_consumers()
-                ),
-            })?;
-        let cfg = WorkerConfig::from_config(&self.config, "dry-run", consumer);
-        let report = ce_index::worker::dry_run::dry_run(
-            &cfg,
-            self.store.as_ref(),
-            target.as_ref(),
-            &IndexProjector::new(self.config.projector),
-            limit,
-        )
-        .map_err(|e| ServerError::failed(format!("dry run of {consumer}"), &e))?;
+        let report = match slot.own_dry_run(&self.store.shared(), limit) {
+            Some(report) => report?,
+            None => {
+                let target =
+                    slot.dry_run_target()
+                        .ok_or_else(|| ServerError::UnsupportedConsumer {
+                            name: consumer.into(),
+                            reason: format!(
+                                "dry runs cover the consumers {:?}",
+                                self.dry_run_consumers()
+                            ),
+                        })?;
+                let cfg = WorkerConfig::from_config(&self.config, "dry-run", consumer);
+                ce_index::worker::dry_run::dry_run(
+                    &cfg,
+                    self.store.as_ref(),
+                    target.as_ref(),
+                    &IndexProjector::new(self.config.projector),
+                    limit,
+                )
+                .map_err(|e| ServerError::failed(format!("dry run of {consumer}"), &e))?
+            }
+        };
         let path = self.dry_run_path(consumer);
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(path.parent().unwrap_or(&self.data_dir))?;

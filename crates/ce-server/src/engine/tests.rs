@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ce_core::config::{KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
+use ce_core::config::{DERIVE_CONSUMER, KEYWORD_CONSUMER, RELATION_CONSUMER, VECTOR_CONSUMER};
 use ce_core::{Classify as _, Config, CtxUri, ErrorCode};
 use ce_retrieval::{SearchMode, SearchRequest};
 use ce_store::{PutRequest, UriVersion};
@@ -14,6 +14,11 @@ use crate::status::{DrainProgress, Validation};
 fn config(extra: &str) -> Config {
     Config::from_toml(&format!("[index.embedding]\nprovider = \"hash\"\n{extra}")).expect("config")
 }
+
+/// The indexes without the derive consumer: for tests that count embeddings, records or
+/// events of the indexes themselves, which derived roll-ups of the folders would add to
+/// (the derive consumer has its own tests: crates/ce-derive/tests, cli::derive).
+const NO_DERIVE: &str = "[index.outbox]\nconsumers = [\"vector\", \"keyword\", \"relation\"]\n";
 
 fn on_demand(dir: &Path, cfg: Config) -> Engine {
     let options = EngineOptions {
@@ -86,7 +91,11 @@ fn drain_indexes_and_search_finds_and_status_reports_no_lag() {
         (crate::status::Validation::AppliedValid, true)
     );
     assert!(report.progress.succeeded >= 2, "{report:?}");
-    assert_eq!(hits(&e, "dark mode everywhere"), ["ctx://acc/docs/a"]);
+    // The document first, then the folders whose derived roll-ups name it.
+    assert_eq!(
+        hits(&e, "dark mode everywhere"),
+        ["ctx://acc/docs/a", "ctx://acc/docs", "ctx://acc"]
+    );
     let s = e.status().expect("status");
     let vector = s
         .consumers
@@ -131,11 +140,14 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     // A long poll interval: only the wake-up hint can make this fast.
     let e = Engine::open_with(
         dir.path(),
-        config("[index.worker]\npoll_interval_ms = 60000\n"),
+        config(&format!(
+            "[index.worker]\npoll_interval_ms = 60000\n{NO_DERIVE}"
+        )),
         options,
     )
     .expect("engine");
-    // Two per consumer with an index.
+    // Two per consumer: vector, keyword, relation (derivation off: the search below
+    // expects the note alone, not the folders' roll-ups).
     assert_eq!(e.running_workers(), 6);
     // Its workers run continuously: a drain is a caller's mistake, not a failure to retry.
     let err = e.drain(&quiet).expect_err("drain while workers run");
@@ -146,7 +158,7 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
     );
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        ce_core::Config::default().index.outbox.consumers,
+        [VECTOR_CONSUMER, KEYWORD_CONSUMER, RELATION_CONSUMER],
         "a worker per configured consumer"
     );
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
@@ -185,7 +197,8 @@ fn moves_reuse_vectors_and_workers_wake_on_writes() {
 #[test]
 fn a_move_asks_the_embedder_for_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let e = on_demand(dir.path(), config(""));
+    // Derivation off: the account's roll-up names the moved folder, so it is new text.
+    let e = on_demand(dir.path(), config(NO_DERIVE));
     put(&e, "ctx://acc/drafts/note", "quarterly planning notes");
     put(&e, "ctx://acc/drafts/other", "something else");
     e.drain(&quiet).expect("drain");
@@ -232,13 +245,13 @@ fn a_move_asks_the_embedder_for_nothing() {
 fn a_model_change_is_not_ready_until_reindexed() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let e = on_demand(dir.path(), config(""));
+        let e = on_demand(dir.path(), config(NO_DERIVE));
         put(&e, "ctx://acc/docs/a", "dark mode everywhere");
         e.put(&u("ctx://acc/docs/empty"), PutRequest::default())
             .expect("put");
         e.drain(&quiet).expect("drain");
     }
-    let e = on_demand(dir.path(), config("dimensions = 64\n"));
+    let e = on_demand(dir.path(), config(&format!("dimensions = 64\n{NO_DERIVE}")));
     let r = e.readiness();
     assert!(!r.ready);
     assert!(
@@ -301,11 +314,11 @@ fn a_missing_model_keeps_nodes_working_and_auto_search_on_keywords() {
     let r = e.readiness();
     assert!(!r.ready);
     assert!(r.reasons[0].contains("scripts/fetch-model.sh"), "{r:?}");
-    // The keyword and relation consumers do not need the model: their workers run.
-    assert_eq!(e.running_workers(), 4);
+    // The keyword, relation and derive consumers do not need the model: their workers run.
+    assert_eq!(e.running_workers(), 6);
     assert_eq!(
         e.status().expect("status").worker_consumers,
-        [KEYWORD_CONSUMER, RELATION_CONSUMER]
+        [KEYWORD_CONSUMER, RELATION_CONSUMER, DERIVE_CONSUMER]
     );
     put(&e, "ctx://acc/docs/a", "still writable");
     assert!(matches!(
@@ -354,12 +367,13 @@ fn a_keyword_reindex_rebuilds_that_index_only() {
     let vector_before = done(&e, VECTOR_CONSUMER);
     let records = e.status().expect("status").keyword_records;
     let report = e.reindex(KEYWORD_CONSUMER).expect("reindex");
-    assert_eq!((report.requeued, report.model.as_ref()), (2, None));
+    // a, b, and the derived roll-ups of ctx://acc/docs and ctx://acc.
+    assert_eq!((report.requeued, report.model.as_ref()), (4, None));
     assert_eq!(Some(report.cleared_records), records);
     assert_eq!(e.status().expect("status").keyword_records, Some(0));
     // The repair went to the keyword consumer only.
     assert_eq!(done(&e, VECTOR_CONSUMER), vector_before);
-    assert_eq!(done(&e, KEYWORD_CONSUMER).1, 2);
+    assert_eq!(done(&e, KEYWORD_CONSUMER).1, 4);
     e.drain(&quiet).expect("drain");
     assert_eq!(e.status().expect("status").keyword_records, records);
     let mut req = SearchRequest::new("refunds");

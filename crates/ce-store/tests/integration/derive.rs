@@ -8,10 +8,13 @@ use ce_store::{PutMode, PutRequest, StoreError};
 
 use crate::common::{Backend, Store, backend_tests, fresh, uri};
 
-/// The default configuration with the derive consumer on.
+/// The default configuration, which has the derive consumer on.
 fn derive_on() -> Config {
-    let mut c = Config::default();
-    c.index.outbox.consumers.push("derive".into());
+    let c = Config::default();
+    assert!(
+        !c.derived_types().is_empty(),
+        "derive is a default consumer"
+    );
     c
 }
 
@@ -296,7 +299,9 @@ fn removing_and_moving_dirty_the_folders_and_carry_the_keys(backend: Backend) {
 }
 
 fn without_the_derive_consumer_nothing_is_pending(backend: Backend) {
-    let (_p, s, _c) = fresh(backend, Config::default());
+    let mut config = Config::default();
+    config.index.outbox.consumers.retain(|c| c != "derive");
+    let (_p, s, _c) = fresh(backend, config);
     put(&s, "ctx://a/resources/n", content("text"));
     let n = s
         .read_node(&uri("ctx://a/resources/n"))

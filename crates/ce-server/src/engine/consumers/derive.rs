@@ -1,7 +1,7 @@
 //! The derive consumer (docs/derive.md): L0 / L1 of the nodes that lack a client's, written
 //! back to the source by [`DeriveHandler`]. It has no index of its own — its "index" is the
-//! source's derived layers and dirty keys — so it has no owner, no dry run and nothing for
-//! the reconciler to compare; a reindex marks every derived node dirty, and a derivation
+//! source's derived layers and dirty keys — so it has no owner and nothing for the
+//! reconciler to compare, and its dry run counts what a drain would derive and spend; a reindex marks every derived node dirty, and a derivation
 //! whose input hash is current is then a no-op, so only a changed generator, model, prompt
 //! or limit re-derives.
 
@@ -13,11 +13,12 @@ use ce_core::{Clock, EventPayload, IndexProjector, SystemClock};
 use ce_derive::{DeriveHandler, DeriveSettings, Generator};
 use ce_embed::{Embedder, ModelIdentity};
 use ce_index::repair::IndexView;
+use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::{NodeStat, SourceStore};
 
 use super::{Consumer, Opening, Registration, context_repair};
-use crate::error::Result;
+use crate::error::{Result, ServerError};
 use crate::status::{DeriveStatus, Status};
 
 pub(super) const REGISTRATION: Registration = Registration {
@@ -86,6 +87,22 @@ impl Consumer for DeriveConsumer {
     ) -> Result<IndexWorker> {
         let handler = self.handler(source.clone());
         Ok(IndexWorker::for_ops(cfg, source, handler))
+    }
+
+    fn own_dry_run(
+        &self,
+        source: &Arc<dyn SourceStore>,
+        limit: usize,
+    ) -> Option<Result<DryRunReport>> {
+        Some(
+            self.handler(source.clone())
+                .dry_run(limit)
+                .map_err(|e| ServerError::failed("dry run of derive", &e)),
+        )
+    }
+
+    fn has_dry_run(&self) -> bool {
+        true
     }
 
     fn repair_event(&self, node: NodeStat, trace_id: &str) -> Option<EventPayload> {

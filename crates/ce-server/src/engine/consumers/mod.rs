@@ -19,6 +19,7 @@ use std::sync::Arc;
 use ce_core::{Config, EVENT_VERSION, EventPayload, UpsertContextPayload, UpsertReason};
 use ce_embed::{CachedEmbedder, Embedder, ModelIdentity};
 use ce_index::repair::IndexView;
+use ce_index::worker::dry_run::DryRunReport;
 use ce_index::worker::target::IndexTarget;
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::{NodeStat, SourceStore};
@@ -91,9 +92,25 @@ pub trait Consumer: Any + Send + Sync {
         projector: ce_core::IndexProjector,
     ) -> Result<IndexWorker>;
 
-    /// The target a dry run computes its delta against (`None`: no dry run).
+    /// The target a dry run computes its delta against (`None`: no delta dry run).
     fn dry_run_target(&self) -> Option<Arc<dyn IndexTarget>> {
         None
+    }
+
+    /// A dry run the consumer computes itself, for a consumer whose work is not a delta
+    /// against an index target (the derive consumer: what a drain would derive and spend);
+    /// `None` when it has no such dry run.
+    fn own_dry_run(
+        &self,
+        _source: &Arc<dyn SourceStore>,
+        _limit: usize,
+    ) -> Option<Result<DryRunReport>> {
+        None
+    }
+
+    /// Whether it has a dry run of either kind.
+    fn has_dry_run(&self) -> bool {
+        self.dry_run_target().is_some()
     }
 
     /// The repair event that rebuilds `node`'s part of the index, if it has one.
