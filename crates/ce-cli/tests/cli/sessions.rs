@@ -222,28 +222,41 @@ fn a_crash_before_publish_or_inside_phase_1_leaves_no_archive_and_no_job() {
     assert_eq!(c["number"], 1);
 }
 
-#[test]
-fn a_crash_mid_extraction_resumes_from_the_saved_archive_without_duplicates() {
+/// Kills `ce worker --once` at `point` of Phase 2, then resumes it after the lease: the
+/// merge happens once, from the candidates saved before the crash.
+fn phase2_crash_resumes(point: &str) {
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = calls.clone();
     let llm = LoopbackServer::start(move |r| {
         seen.fetch_add(1, Ordering::SeqCst);
         scripted(r)
     });
-    let ce = Ce::hash(&llm_config(&llm, FAST_JOBS));
+    let ce = Ce::hash(&llm_config(
+        &llm,
+        &format!("{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n"),
+    ));
     conversation(&ce);
     let c = ce.json(&["session", "commit", S]);
     let job = c["job_id"].as_str().expect("job").to_owned();
     let out = ce
         .command(&["worker", "--once"])
-        .env("CE_FAILPOINT", "session.phase2.after_extract")
+        .env("CE_FAILPOINT", point)
         .output()
         .expect("runs");
-    assert!(!out.status.success(), "killed mid-extraction");
+    assert!(!out.status.success(), "{point}: killed");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(point),
+        "{point}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert!(memories(&ce).is_empty(), "nothing merged before the crash");
+    assert!(
+        memories(&ce).is_empty(),
+        "{point}: nothing merged before the crash"
+    );
     let archive = ce.json(&["stat", &format!("{S}/archives/000001")]);
     assert_eq!(archive["meta"]["archive_extraction"], "extracted");
+    assert_eq!(archive["meta"]["archive_state"], "ready");
     // The killed runner's lease ends; the next runner resumes Phase 2 from the archive.
     std::thread::sleep(Duration::from_secs(16));
     ce.ok(&["worker", "--once"]);
@@ -255,6 +268,18 @@ fn a_crash_mid_extraction_resumes_from_the_saved_archive_without_duplicates() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "no second model call");
     assert_eq!(memories(&ce).len(), 2);
+    let diff = ce.json(&["stat", &format!("{S}/memory_diffs/000001")]);
+    assert_eq!(diff["meta"]["memory_diff_extraction"], "merged");
+}
+
+#[test]
+fn a_crash_mid_extraction_resumes_from_the_saved_archive_without_duplicates() {
+    phase2_crash_resumes("session.phase2.after_extract");
+}
+
+#[test]
+fn a_crash_before_the_merge_transaction_merges_once_on_resume() {
+    phase2_crash_resumes("session.phase2.before_commit");
 }
 
 #[test]
