@@ -262,7 +262,7 @@ pub fn run(cli: &Cli, c: &SessionCommand) -> Result<Rendered> {
     };
     match c {
         SessionCommand::New(a) => {
-            let v = s.new(&parse_uri(&a.uri)?, a.title.clone())?;
+            let v = s.create(&parse_uri(&a.uri)?, a.title.clone())?;
             Rendered::new(&v, view_text(&v))
         }
         SessionCommand::Add(a) => {

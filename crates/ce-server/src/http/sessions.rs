@@ -78,7 +78,7 @@ pub async fn new(
     let uri = wire::uri(&b.uri)?;
     scoped(&s, p, move |e, scope| {
         scope.check_put(&uri, &ce_store::PutRequest::default())?;
-        Ok(e.sessions().new(&uri, b.title)?)
+        Ok(e.sessions().create(&uri, b.title)?)
     })
     .await
 }

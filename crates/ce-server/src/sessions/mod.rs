@@ -239,7 +239,7 @@ impl Sessions<'_> {
 
     /// Creates the session at `uri` (`ctx://A/users/U/sessions/S` or `…/agents/G/…`) with
     /// an optional title; one that exists is `already_exists`.
-    pub fn new(&self, uri: &CtxUri, title: Option<String>) -> Result<SessionView> {
+    pub fn create(&self, uri: &CtxUri, title: Option<String>) -> Result<SessionView> {
         let layout = SessionLayout::of(uri)?;
         let mut meta = Meta::new();
         meta.insert(session_meta::SESSION.into(), true.into());

@@ -168,7 +168,7 @@ fn status(n: &ce_core::ContextNode) -> &str {
 fn conversation_one(t: &T) {
     t.engine
         .sessions()
-        .new(&u(SESSION), Some("planning".into()))
+        .create(&u(SESSION), Some("planning".into()))
         .expect("new");
     t.add("q1", Role::User, "I write all my code in Helix.");
     t.add("a1", Role::Assistant, "Noted, Helix it is.");
@@ -413,8 +413,8 @@ fn without_an_llm_nothing_is_extracted_and_the_diff_says_so(backend: Backend) {
 fn appends_are_idempotent_per_id_and_commits_keep_the_last_messages(backend: Backend) {
     let t = open(backend, None, "[sessions]\nkeep_last = 2\n");
     let s = t.engine.sessions();
-    s.new(&u(SESSION), None).expect("new");
-    let e = s.new(&u(SESSION), None).expect_err("exists");
+    s.create(&u(SESSION), None).expect("new");
+    let e = s.create(&u(SESSION), None).expect_err("exists");
     assert_eq!(e.code(), ErrorCode::AlreadyExists);
     for (i, text) in ["one", "two", "three", "four", "five"].iter().enumerate() {
         t.add(&format!("x{i}"), Role::User, text);

@@ -60,7 +60,7 @@ impl H {
         t.link(A_PLAN, A_U2);
         t.engine
             .sessions()
-            .new(&super::common::u(B_SESSION), None)
+            .create(&super::common::u(B_SESSION), None)
             .expect("b's session");
         t.drain();
         H(t)
