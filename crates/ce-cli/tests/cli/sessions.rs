@@ -343,3 +343,77 @@ fn concurrent_commits_are_serialized_and_a_commit_racing_rm_leaves_no_half_state
     assert!(!gone.status.success(), "the session was removed");
     let _ = commit;
 }
+
+#[test]
+fn the_session_commands_work_with_server_and_the_server_runs_phase_2() {
+    let llm = LoopbackServer::start(scripted);
+    let ce = Ce::hash(&llm_config(&llm, FAST_JOBS));
+    let server = ce.serve(&[]);
+    let remote = |args: &[&str]| -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = ce.remote(&server, &all);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    remote(&["session", "new", S]);
+    let a = remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I use Helix.",
+    ]);
+    assert_eq!(a["created"], true);
+    let again = remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I use Helix.",
+    ]);
+    assert_eq!(again["created"], false);
+    remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q2",
+        "--content",
+        "I live in Lyon.",
+    ]);
+    let c = remote(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    let done = super::harness::eventually(Duration::from_secs(30), || {
+        let j = remote(&["jobs", "show", &job]);
+        (j["state"] == "completed").then_some(j)
+    })
+    .expect("the server ran phase 2");
+    assert_eq!(done["progress"]["counts"]["added"], 2, "{done}");
+    let show = remote(&["session", "show", S]);
+    assert_eq!(show["archives"][0]["state"], "completed", "{show}");
+    let ls = remote(&["session", "ls"]);
+    assert_eq!(ls[0]["uri"], S);
+    let wait = ce.remote(&server, &["session", "commit", S, "--wait"]);
+    assert_eq!(wait.status.code(), Some(2), "--wait is local only");
+    let bad = ce.remote(
+        &server,
+        &["session", "add", S, "--role", "bot", "--content", "x"],
+    );
+    assert!(!bad.status.success());
+    let _ = server.stop();
+}
