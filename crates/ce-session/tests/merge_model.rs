@@ -3,8 +3,9 @@
 //! (the same fact again, under its key or another, reworded or not) and contradictions (a
 //! key's fact replaced by another value). After every commit, the invariants hold over the
 //! owner's memories: MM1 one current memory per slot, MM2 no two current memories saying the
-//! same, MM3 every superseded memory linked from its successor — and the model's truth (the
-//! last value stated per slot) is exactly what the current memories say.
+//! same, MM3 every superseded memory linked from its successor; nothing is lost (every
+//! candidate is held by a memory, current or kept as history); only `add` and `supersede`
+//! create memories; and merging the same commit again changes nothing.
 //!
 //! `CE_PROPTEST_CASES` scales the number of cases; a failure prints its seed.
 
@@ -107,8 +108,6 @@ fn run(commits: &[Vec<Stmt>]) -> Result<(), TestCaseError> {
     let mut store: BTreeMap<CtxUri, MemoryState> = BTreeMap::new();
     // Successor → the memory it supersedes (the `supersedes` edges written).
     let mut links: BTreeMap<CtxUri, CtxUri> = BTreeMap::new();
-    // The model: the last value stated per slot, in order, where the statement was under
-    // its own key with a hint (what a merge can know for sure is a change).
     for (n, batch) in commits.iter().enumerate() {
         let archive = CtxUri::parse(&format!(
             "ctx://acc/users/u/sessions/s/archives/{:06}",
