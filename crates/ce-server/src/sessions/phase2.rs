@@ -12,7 +12,8 @@
 //!    writes the archive's L0/L1 like any node's; otherwise the configured generator
 //!    summarises it here and the layers are written with the completion.
 //! 4. Under a TREE lock on the owner's memories (so two commits of one owner cannot both
-//!    add the same fact), the owner's memories are read from the source of truth, the merge
+//!    add the same fact) and an EXACT lock on the archive (so an `rm` of the session cannot
+//!    interleave), the owner's memories are read from the source of truth, the merge
 //!    is planned, and one transaction writes the memories, their `supersedes` links, the
 //!    `memory_diffs/{N}` node and the archive's completion marker: a crash before it leaves
 //!    nothing half-merged; after it, the marker makes a rerun a no-op.
@@ -359,7 +360,13 @@ impl Sessions<'_> {
         ctx.checkpoint()?;
 
         // The merge and the completion, in one transaction under the owner's memories lock.
-        let lock = [LockRequest::tree(layout.memories())];
+        // The archive's EXACT lock too: an `rm -r` of the session (TREE) waits for the merge,
+        // or the merge, once it has the lock, finds the archive gone and writes nothing (its
+        // diff would otherwise re-create the removed session's folders).
+        let lock = [
+            LockRequest::tree(layout.memories()),
+            LockRequest::exact(archive_uri.clone()),
+        ];
         let now = SystemClock.now_ms();
         let messages = archived_texts(&archive);
         let (diff, outcome) = self.guarded().with_locks(&lock, |fences| {
