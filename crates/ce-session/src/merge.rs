@@ -783,6 +783,59 @@ mod tests {
     }
 
     #[test]
+    fn the_models_change_hint_holds_only_against_memories_it_was_shown() {
+        // Within one commit: Lyon, then Kyoto ("changed" against the Lyon it was shown),
+        // then Lyon again marked "same" against that stale view — the slot now holds the
+        // Kyoto memory this commit wrote, so the similarity decides: Kyoto is superseded,
+        // kept as history, not overwritten.
+        let a1 = "ctx://a/users/u/sessions/s/archives/000001";
+        let (_, all) = run(
+            Vec::new(),
+            a1,
+            &[cand(
+                "profile",
+                "home_city",
+                "The user lives in Lyon",
+                "q1",
+                None,
+            )],
+        );
+        let (p, all) = run(
+            all.values().cloned().collect(),
+            "ctx://a/users/u/sessions/s/archives/000002",
+            &[
+                cand(
+                    "profile",
+                    "home_city",
+                    "The user lives in Kyoto",
+                    "q1",
+                    Some(Change::Changed),
+                ),
+                cand(
+                    "profile",
+                    "home_city",
+                    "The user lives in Lyon",
+                    "q2",
+                    Some(Change::Same),
+                ),
+            ],
+        );
+        assert_eq!(ops(&p), [MergeOp::Supersede, MergeOp::Supersede]);
+        let facts: Vec<(&str, bool)> = all
+            .values()
+            .map(|m| (m.fact.as_str(), m.is_current()))
+            .collect();
+        assert_eq!(
+            facts,
+            [
+                ("The user lives in Lyon", false),
+                ("The user lives in Kyoto", false),
+                ("The user lives in Lyon", true)
+            ]
+        );
+    }
+
+    #[test]
     fn similarity_is_term_overlap() {
         assert!((similarity("The user likes tea", "the user LIKES tea") - 1.0).abs() < 1e-9);
         assert!(similarity("The user likes tea", "Deploys run on Fridays") < 0.2);

@@ -132,6 +132,9 @@ fn a_commit_extracts_memories_that_search_finds_with_the_archive_summary() {
     assert_eq!(c["status"], "committed", "{c}");
     assert_eq!(c["archived"], 3);
     assert_eq!(c["extraction"], "on");
+    let status = ce.json(&["status"]);
+    assert_eq!(status["sessions"]["extraction"], true, "{status}");
+    assert_eq!(status["sessions"]["model"], "scripted");
     let job = c["job_id"].as_str().expect("job id").to_owned();
     ce.ok(&["worker", "--once"]);
     let j = ce.json(&["jobs", "show", &job]);
@@ -216,9 +219,21 @@ fn a_crash_before_publish_or_inside_phase_1_leaves_no_archive_and_no_job() {
         assert_eq!(show["phase1_ready"], 0, "{point}");
         assert!(jobs(&ce).is_empty(), "{point}");
     }
-    // The stale lock of the killed process is taken over; the commit then succeeds.
+    // The stale lock of the killed process is taken over; the commit then succeeds, and
+    // says (as status does) that without an LLM nothing will be extracted.
     let c = ce.json(&["session", "commit", S]);
     assert_eq!(c["status"], "committed", "{c}");
+    assert!(
+        c["extraction"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no LLM is configured"),
+        "{c}"
+    );
+    let status = ce.json(&["status"]);
+    assert_eq!(status["sessions"]["extraction"], false, "{status}");
+    let text = ce.ok(&["status"]);
+    assert!(text.contains("memory extraction off"), "{text}");
     assert_eq!(c["number"], 1);
 }
 
