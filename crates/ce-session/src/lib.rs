@@ -29,4 +29,4 @@ pub use error::SessionError;
 pub use extract::{Candidate, Change, Extraction, Extractor};
 pub use layout::{CATEGORIES, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout};
 pub use merge::{DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, plan_merge, similarity};
-pub use message::{ArchiveState, ExtractionState, Message, Role, transcript};
+pub use message::{ArchiveState, ExtractionState, Message, Role, transcript, transcript_texts};

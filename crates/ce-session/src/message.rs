@@ -121,6 +121,24 @@ pub fn transcript(messages: &[Message]) -> String {
     out
 }
 
+/// The text of each message of a [`transcript`] whose id is one of `ids` (`role: content`),
+/// by id: the evidence excerpts of the memories extracted from it.
+pub fn transcript_texts(
+    transcript: &str,
+    ids: &[String],
+) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for block in transcript.split("\n\n[") {
+        let block = block.strip_prefix('[').unwrap_or(block);
+        if let Some((id, rest)) = block.split_once("] ")
+            && ids.iter().any(|i| i == id)
+        {
+            out.insert(id.to_owned(), rest.to_owned());
+        }
+    }
+    out
+}
+
 /// Where an archive is in its commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -208,5 +226,9 @@ mod tests {
             m("a1", Role::Assistant, "Noted."),
         ]);
         assert_eq!(t, "[q1] user: I use Helix.\n\n[a1] assistant: Noted.");
+        let texts = transcript_texts(&t, &["q1".into(), "a1".into()]);
+        assert_eq!(texts["q1"], "user: I use Helix.");
+        assert_eq!(texts["a1"], "assistant: Noted.");
+        assert!(transcript_texts(&t, &["a1".into()]).get("q1").is_none());
     }
 }

@@ -169,18 +169,6 @@ fn candidates_of(archive: &ContextNode) -> Result<Vec<Candidate>> {
     })
 }
 
-fn archived_texts(archive: &ContextNode) -> BTreeMap<String, String> {
-    // The transcript's blocks are `[id] role: content` (ce_session::transcript).
-    let mut out = BTreeMap::new();
-    for block in archive.layers.content.split("\n\n[") {
-        let block = block.strip_prefix('[').unwrap_or(block);
-        if let Some((id, rest)) = block.split_once("] ") {
-            out.insert(id.to_owned(), rest.to_owned());
-        }
-    }
-    out
-}
-
 fn archived_ids(archive: &ContextNode) -> Vec<String> {
     archive
         .meta
@@ -368,7 +356,8 @@ impl Sessions<'_> {
             LockRequest::exact(archive_uri.clone()),
         ];
         let now = SystemClock.now_ms();
-        let messages = archived_texts(&archive);
+        let messages =
+            ce_session::transcript_texts(&archive.layers.content, &archived_ids(&archive));
         let (diff, outcome) = self.guarded().with_locks(&lock, |fences| {
             let Some(current_archive) = self.store.read_node(&archive_uri)? else {
                 return Ok((None, Phase2Outcome::Gone));
