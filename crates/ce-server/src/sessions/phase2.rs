@@ -18,7 +18,6 @@
 //!    `memory_diffs/{N}` node and the archive's completion marker: a crash before it leaves
 //!    nothing half-merged; after it, the marker makes a rerun a no-op.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ce_core::{
