@@ -432,3 +432,40 @@ fn the_session_commands_work_with_server_and_the_server_runs_phase_2() {
     assert!(!bad.status.success());
     let _ = server.stop();
 }
+
+#[test]
+fn commit_wait_runs_phase_2_in_the_command_and_prints_its_report() {
+    let ce = Ce::hash("");
+    ce.ok(&["session", "new", S]);
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--content",
+        "Deploys run on Fridays.",
+    ]);
+    let out = ce
+        .command(&["--json", "session", "commit", S, "--wait"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["commit"]["status"], "committed", "{v}");
+    assert_eq!(v["phase2"]["outcome"], "completed", "{v}");
+    assert_eq!(v["phase2"]["extraction"], "off", "{v}");
+    assert!(
+        v["phase2"]["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no LLM"),
+        "{v}"
+    );
+    let text = ce.ok(&["session", "commit", S, "--wait"]);
+    assert!(text.contains("skipped"), "nothing left to archive: {text}");
+}
