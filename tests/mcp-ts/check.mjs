@@ -10,7 +10,7 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const [url, keyA, keyB] = process.argv.slice(2);
-const TOOLS = ["search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "status"];
+const TOOLS = ["search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status"];
 
 async function connect(key) {
   const client = new Client({ name: "ce-ts-check", version: "1.0.0" });

@@ -19,7 +19,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-TOOLS = {"search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "status"}
+TOOLS = {"search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status"}
 
 
 def check(cond, what):

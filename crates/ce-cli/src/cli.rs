@@ -177,6 +177,9 @@ pub enum Command {
     /// source of truth (docs/repair.md).
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// Sessions: append messages, commit (archive + memory extraction) (docs/sessions.md).
+    #[command(subcommand)]
+    Session(crate::session::SessionCommand),
     /// Run the HTTP server (API, health, readiness, metrics) with the index workers.
     Serve(ServeArgs),
     /// Run index workers and the job runner against the data directory (without the HTTP

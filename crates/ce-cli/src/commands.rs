@@ -127,6 +127,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         Command::Reindex(a) => reindex(cli, a),
         Command::Jobs(c) => jobs::run(cli, c),
         Command::Repair(c) => repair::run(cli, c),
+        Command::Session(c) => crate::session::run(cli, c),
         Command::Serve(a) => serve(cli, a),
         Command::Worker(a) => worker(cli, a),
         Command::Mcp(a) => {
@@ -196,7 +197,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
 }
 
 /// The data directory and the configuration (`--store` overrides `store.url`).
-fn resolve(cli: &Cli) -> Result<(PathBuf, Config)> {
+pub(crate) fn resolve(cli: &Cli) -> Result<(PathBuf, Config)> {
     let data_dir = cli
         .data_dir
         .clone()
@@ -219,7 +220,7 @@ pub(crate) fn open_store(cli: &Cli) -> Result<Source> {
 /// Opens the store and the path locks (rm, mv and import take them, so they exclude the same
 /// operations of a server or another `ce` sharing the lock provider: the data directory's
 /// lock files, or Redis across hosts).
-fn open_locked(cli: &Cli) -> Result<(Source, LockManager)> {
+pub(crate) fn open_locked(cli: &Cli) -> Result<(Source, LockManager)> {
     let (data_dir, config) = resolve(cli)?;
     // The store first: it creates the data directory, or says why it cannot.
     let store = Source::open(&data_dir, &config)?;

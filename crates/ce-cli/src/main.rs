@@ -24,6 +24,7 @@ mod mcp;
 mod output;
 mod remote;
 mod repair;
+mod session;
 
 use std::process::ExitCode;
 

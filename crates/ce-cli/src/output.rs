@@ -485,6 +485,21 @@ pub fn status(s: &Status) -> String {
                 .map_or_else(|| "off (no derive consumer)".to_owned(), derive_line),
         ),
         (
+            "sessions",
+            if s.sessions.extraction {
+                format!(
+                    "memory extraction on ({}); keep last {}",
+                    s.sessions.model.as_deref().unwrap_or(""),
+                    s.sessions.keep_last
+                )
+            } else {
+                format!(
+                    "memory extraction off: {}; keep last {}",
+                    s.sessions.extraction_off, s.sessions.keep_last
+                )
+            },
+        ),
+        (
             "holds",
             if s.holds.is_empty() {
                 "none".to_owned()

@@ -356,6 +356,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         Command::Reindex(a) => reindex(&c, a, cli.json),
         Command::Jobs(j) => crate::jobs::remote(&c, j),
         Command::Repair(r) => crate::repair::remote(&c, r),
+        Command::Session(s) => crate::session::remote(&c, s),
         Command::Import(_)
         | Command::Export(_)
         | Command::Demo(_)

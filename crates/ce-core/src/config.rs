@@ -28,6 +28,64 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `[derive]`: derived L0 / L1 layers (docs/derive.md).
     pub derive: DeriveConfig,
+    /// `[sessions]`: session commits and memory extraction (docs/sessions.md).
+    pub sessions: SessionsConfig,
+}
+
+/// `[sessions]`: the commit policy and memory extraction (docs/sessions.md). Extraction uses
+/// the chat endpoint of `[derive.llm]` and runs only when it names a model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// Messages a commit leaves live (the newest ones); the others are archived (0..=10000).
+    pub keep_last: u32,
+    /// `auto` (extract memories when `[derive.llm]` names a model) or `off`.
+    pub extraction: String,
+    /// Term overlap (0.3..=1) at or above which two memories say the same (the merge rule).
+    pub similarity_threshold: f64,
+    /// Model answers asked for before an extraction whose answers fail the schema is failed
+    /// (1..=5).
+    pub extraction_attempts: u32,
+    /// Timeout of one extraction call, in seconds (1..=600).
+    pub timeout_seconds: u32,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            keep_last: 0,
+            extraction: "auto".into(),
+            similarity_threshold: 0.75,
+            extraction_attempts: 3,
+            timeout_seconds: 120,
+        }
+    }
+}
+
+impl SessionsConfig {
+    fn validate(&self) -> Result<(), CoreError> {
+        range("sessions.keep_last", self.keep_last, 0, 10_000)?;
+        if !matches!(self.extraction.as_str(), "auto" | "off") {
+            return Err(CoreError::InvalidConfig {
+                key: "sessions.extraction".into(),
+                reason: format!("{:?} is not one of \"auto\", \"off\"", self.extraction),
+            });
+        }
+        range(
+            "sessions.similarity_threshold",
+            self.similarity_threshold,
+            0.3,
+            1.0,
+        )?;
+        range(
+            "sessions.extraction_attempts",
+            self.extraction_attempts,
+            1,
+            5,
+        )?;
+        range("sessions.timeout_seconds", self.timeout_seconds, 1, 600)?;
+        Ok(())
+    }
 }
 
 /// `[derive]`: which nodes get derived L0 / L1 layers and which generator writes them
@@ -853,6 +911,18 @@ impl Config {
         }
     }
 
+    /// Why memory extraction is off, or `None` when it runs: `sessions.extraction = "off"`,
+    /// or no model named in `[derive.llm]`.
+    pub fn extraction_off(&self) -> Option<String> {
+        if self.sessions.extraction == "off" {
+            Some("sessions.extraction is \"off\"".into())
+        } else if self.derive.llm.model.trim().is_empty() {
+            Some("no LLM is configured: [derive.llm] names no model".into())
+        } else {
+            None
+        }
+    }
+
     /// Whether the source of truth is PostgreSQL (`store.url`).
     pub fn store_is_postgres(&self) -> bool {
         is_postgres_url(&self.store.url)
@@ -1112,6 +1182,7 @@ impl Config {
         self.server.validate()?;
         self.jobs.validate()?;
         self.derive.validate()?;
+        self.sessions.validate()?;
         Ok(())
     }
 }

@@ -69,6 +69,18 @@ pub const POINTS: &[(&str, &str)] = &[
         "the server has an answer, before it is sent",
     ),
     (
+        "session.phase1.after_lock",
+        "a session commit holds the session's lock, before it reads and archives",
+    ),
+    (
+        "session.phase2.after_extract",
+        "phase 2 saved the extracted candidates on the archive, before the merge",
+    ),
+    (
+        "session.phase2.before_commit",
+        "phase 2 planned the merge under the memories lock, before its transaction",
+    ),
+    (
         "reconcile.mid",
         "a reconcile compared an index, before it emits its events",
     ),

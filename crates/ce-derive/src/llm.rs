@@ -245,14 +245,7 @@ struct Answer {
 
 /// The JSON object of an answer (a Markdown code fence around it is accepted).
 fn parse_answer(content: &str) -> Result<Answer, DeriveError> {
-    let t = content.trim();
-    let t = t
-        .strip_prefix("```json")
-        .or_else(|| t.strip_prefix("```"))
-        .and_then(|r| r.strip_suffix("```"))
-        .unwrap_or(t)
-        .trim();
-    serde_json::from_str(t).map_err(|e| {
+    serde_json::from_str(ce_llm::json_body(content)).map_err(|e| {
         let shown: String = content.chars().take(200).collect();
         DeriveError::InvalidAnswer(format!(
             "expected {{\"abstract\": …, \"overview\": …}} ({e}); the model answered {shown:?}"

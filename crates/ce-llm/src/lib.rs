@@ -206,6 +206,17 @@ struct AnswerMessage {
     refusal: Option<String>,
 }
 
+/// The JSON body of an answer: `content` trimmed, without a Markdown code fence
+/// (```` ```json … ``` ````) that models often wrap a JSON answer in.
+pub fn json_body(content: &str) -> &str {
+    let t = content.trim();
+    t.strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .and_then(|r| r.strip_suffix("```"))
+        .unwrap_or(t)
+        .trim()
+}
+
 /// A blocking client of one chat-completions endpoint, shared by its callers (its rate-limit
 /// pause is shared too).
 #[derive(Debug)]

@@ -100,21 +100,35 @@ impl Guarded<'_> {
 
     /// Runs `ops` under leases on `reqs`, then releases them.
     fn locked(&self, reqs: &[LockRequest], ops: Vec<WriteOp>) -> Result<WriteOutcome> {
+        let mut out = self.with_locks(reqs, |fences| {
+            ce_core::failpoint::hit("lock.after_acquire");
+            let out = self.store.apply_fenced(fences, ops);
+            ce_core::failpoint::hit("lock.before_release");
+            Ok(out?)
+        })?;
+        Ok(out.remove(0))
+    }
+
+    /// Runs `work` under leases on `reqs` — it reads what it needs and writes with the
+    /// leases' `fences` (`apply_fenced`) — then releases them: a multi-step write whose
+    /// reads must not change before it commits (a session commit's Phase 1).
+    pub fn with_locks<T>(
+        &self,
+        reqs: &[LockRequest],
+        work: impl FnOnce(&[WriteFence]) -> Result<T>,
+    ) -> Result<T> {
         let leases = acquire_all(self.locks, reqs).map_err(|e| match e {
             ServerError::Lock(l) => self.explain_busy(l),
             e => e,
         })?;
-        ce_core::failpoint::hit("lock.after_acquire");
         let fences: Vec<WriteFence> = leases.iter().flat_map(write_fences).collect();
-        let out = self.store.apply_fenced(&fences, ops);
-        ce_core::failpoint::hit("lock.before_release");
+        let out = work(&fences);
         // The write's answer stands whatever the release does: a token left behind goes
         // stale, and the fences already protect what was written.
         for lease in leases {
             release(lease);
         }
-        let mut out = out?;
-        Ok(out.remove(0))
+        out
     }
 
     /// `rm` under TREE (a subtree, or a recursive remove) or EXACT (a leaf). An rm of a path

@@ -7,6 +7,7 @@
 //!   reindex, drain
 //! - [`jobs`]: durable jobs in the engine: the job types' handlers and the job runner
 //! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
+//! - [`sessions`]: sessions, their two-phase commit and the `session-commit` job
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
 //! - [`mcp`]: the MCP server (tools and `ctx://` resources) over stdio and at `/mcp`
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
@@ -21,6 +22,7 @@ pub mod jobs;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
+pub mod sessions;
 pub mod source;
 pub mod status;
 pub mod wire;

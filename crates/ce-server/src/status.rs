@@ -258,6 +258,23 @@ pub struct Status {
     /// Derived layers (`None`: the derive consumer is not configured; docs/derive.md).
     #[serde(default)]
     pub derive: Option<DeriveStatus>,
+    /// Session commits and memory extraction (docs/sessions.md).
+    #[serde(default)]
+    pub sessions: SessionsStatus,
+}
+
+/// `Status::sessions`: whether Phase 2 extracts memories, and why not.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SessionsStatus {
+    /// Whether memory extraction runs.
+    pub extraction: bool,
+    /// Why it does not (empty when it does).
+    pub extraction_off: String,
+    /// The model that extracts, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Messages a commit leaves live.
+    pub keep_last: u32,
 }
 
 /// The derived layers of `Status::derive`.

@@ -6,5 +6,6 @@ mod integration {
     mod locks;
     mod mcp;
     mod openapi;
+    mod sessions;
     mod tenants;
 }

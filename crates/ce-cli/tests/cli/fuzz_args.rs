@@ -248,6 +248,9 @@ fn flags(command: &str) -> &'static [&'static str] {
         "worker" => &["--consumer", "--workers", "--limit"],
         "import" => &["--into"],
         "eval" => &["--corpus", "--queries", "--qrels", "--modes", "--k"],
+        "session new" => &["--title"],
+        "session add" => &["--role", "--content", "--id", "--time-ms", "--parts"],
+        "session commit" => &["--wait"],
         _ => &[],
     }
 }
@@ -261,12 +264,23 @@ fn positionals(command: &str) -> &'static [&'static str] {
         "outbox show" | "jobs show" | "jobs cancel" | "jobs retry" => &["id"],
         "import" => &["dir"],
         "export" => &["uri", "dir"],
+        "session new" | "session add" | "session show" | "session commit" => &["uri"],
         _ => &[],
     }
 }
 
 /// Commands that write nodes: their URIs never address the kept subtree.
-const WRITES: &[&str] = &["put", "rm", "mv", "link", "unlink", "import"];
+const WRITES: &[&str] = &[
+    "put",
+    "rm",
+    "mv",
+    "link",
+    "unlink",
+    "import",
+    "session new",
+    "session add",
+    "session commit",
+];
 
 const COMMANDS: &[&str] = &[
     "put",
@@ -301,6 +315,11 @@ const COMMANDS: &[&str] = &[
     "import",
     "export",
     "eval",
+    "session new",
+    "session add",
+    "session show",
+    "session ls",
+    "session commit",
 ];
 
 /// One random argument vector (without the harness's `--data-dir`).
@@ -393,7 +412,7 @@ fn args(rng: &mut StdRng) -> Vec<String> {
         opts.push(flag.into());
         let boolean = matches!(
             flag,
-            "-r" | "--recursive" | "--no-wait" | "--json" | "--help" | "--" | "-x"
+            "-r" | "--recursive" | "--no-wait" | "--wait" | "--json" | "--help" | "--" | "-x"
         );
         if !boolean && rng.random_bool(0.9) {
             opts.push(value(rng, flag));

@@ -24,5 +24,6 @@ mod repair;
 mod scale;
 mod search;
 mod server;
+mod sessions;
 mod tenants;
 mod worker;

@@ -46,8 +46,44 @@ impl Engine {
         };
         match retriever.search(req) {
             Err(RetrievalError::VectorUnavailable { .. }) => Err(self.not_ready()),
-            r => Ok(r?),
+            r => self.current_memories_first(r?),
         }
+    }
+
+    /// Moves superseded memories (docs/sessions.md) after every other hit, keeping each
+    /// group's order: a superseded memory is still findable ("what was true before"), never
+    /// ahead of its successor. Their status is read from the source in one batch, like the
+    /// hydration (a memory superseded a moment ago is already ranked last).
+    fn current_memories_first(&self, mut r: SearchResponse) -> Result<SearchResponse> {
+        let memories: Vec<ce_core::CtxUri> = r
+            .hits
+            .iter()
+            .filter(|h| h.context_type == ce_core::ContextType::Memory.as_str())
+            .map(|h| h.uri.clone())
+            .collect();
+        if memories.is_empty() {
+            return Ok(r);
+        }
+        let superseded: std::collections::BTreeSet<ce_core::CtxUri> = self
+            .store
+            .read_nodes(&memories)?
+            .into_iter()
+            .filter(|n| {
+                n.meta.get(ce_session::layout::memory_meta::STATUS)
+                    == Some(&serde_json::Value::from(
+                        ce_session::layout::memory_meta::SUPERSEDED,
+                    ))
+            })
+            .map(|n| n.uri)
+            .collect();
+        if !superseded.is_empty() {
+            let (current, old): (Vec<_>, Vec<_>) = r
+                .hits
+                .into_iter()
+                .partition(|h| !superseded.contains(&h.uri));
+            r.hits = current.into_iter().chain(old).collect();
+        }
+        Ok(r)
     }
 
     /// Hierarchical search (see `ce_retrieval::hierarchical_search`); needs the vector side.

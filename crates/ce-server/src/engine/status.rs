@@ -101,6 +101,15 @@ impl Engine {
                 .collect(),
             jobs: self.jobs_status()?,
             derive: None,
+            sessions: {
+                let off = self.config.extraction_off();
+                crate::status::SessionsStatus {
+                    extraction: off.is_none(),
+                    model: off.is_none().then(|| self.config.derive.llm.model.clone()),
+                    extraction_off: off.unwrap_or_default(),
+                    keep_last: self.config.sessions.keep_last,
+                }
+            },
         };
         for c in self.consumers.iter() {
             c.report(&mut status)?;

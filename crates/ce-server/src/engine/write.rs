@@ -30,7 +30,7 @@ impl Engine {
         &self.locks
     }
 
-    fn guarded(&self) -> Guarded<'_> {
+    pub(crate) fn guarded(&self) -> Guarded<'_> {
         Guarded {
             store: self.store.as_ref(),
             locks: &self.locks,

@@ -160,7 +160,7 @@ where
 
 /// Runs `f` on the blocking pool with the caller's [`Scope`] (tenant routes; see
 /// `super::scope` for what a route must check).
-async fn scoped<T, F>(state: &AppState, p: Principal, f: F) -> Answer
+pub(super) async fn scoped<T, F>(state: &AppState, p: Principal, f: F) -> Answer
 where
     T: Serialize + Send + 'static,
     F: FnOnce(&Engine, &Scope<'_>) -> Result<T, ApiError> + Send + 'static,

@@ -28,6 +28,7 @@ pub mod openapi;
 mod params;
 mod repair;
 pub mod scope;
+pub mod sessions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -186,6 +187,33 @@ pub const ROUTES: &[Route] = {
                 .describe("`\"mode\": \"hierarchical\"` answers a `HierarchicalResponse`, \
                     every other mode a `SearchResponse`.")
                 .body(schema::<SearchBody>())
+        },
+        POST "/v1/sessions/new" Tenant => sessions::new {
+            Doc::new("Create a session", json::<crate::sessions::SessionView>())
+                .body(schema::<sessions::NewSessionBody>())
+        },
+        POST "/v1/sessions/add" Tenant => sessions::add {
+            Doc::new("Append a message to a session (idempotent per message id)",
+                json::<crate::sessions::Appended>())
+                .body(schema::<sessions::AddMessageBody>())
+        },
+        GET "/v1/sessions/show" Tenant => sessions::show {
+            Doc::new("A session: its live messages and its archives",
+                json::<crate::sessions::SessionView>())
+                .query(sessions::SHOW)
+        },
+        GET "/v1/sessions/ls" Tenant => sessions::ls {
+            Doc::new("The sessions of an owner or an account",
+                json::<Vec<crate::sessions::SessionEntry>>())
+                .query(sessions::LS)
+        },
+        POST "/v1/sessions/commit" Tenant => sessions::commit {
+            Doc::new("Commit a session: archive its messages and enqueue memory extraction",
+                json::<crate::sessions::CommitOutcome>())
+                .describe("Phase 1 of the two-phase commit: the archive and its \
+                    `session-commit` job are written in one transaction; `status` is \
+                    `skipped` when nothing is beyond the keep-last policy.")
+                .body(schema::<sessions::CommitBody>())
         },
         GET "/v1/outbox/list" Admin => h::outbox_list {
             Doc::new("Outbox deliveries with their events, oldest first", json::<Vec<DeliveryRow>>())

@@ -41,6 +41,7 @@ impl JobRegistry {
             handlers: Vec::new(),
         };
         r.register(ReindexJob);
+        r.register(crate::sessions::phase2::SessionCommitJob);
         r
     }
 
@@ -111,7 +112,7 @@ mod tests {
     #[test]
     fn an_unknown_type_is_an_invalid_field_naming_the_known_ones() {
         let r = JobRegistry::builtin();
-        assert_eq!(r.types(), ["reindex"]);
+        assert_eq!(r.types(), ["reindex", "session-commit"]);
         let e = r
             .validate("summarize", &serde_json::json!({}))
             .expect_err("unknown");

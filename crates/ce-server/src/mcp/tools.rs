@@ -673,6 +673,51 @@ fn forget(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
     written(e, &outcome)
 }
 
+fn session_add_schema() -> Value {
+    object(
+        json!({
+            "uri": {"type": "string", "description": "The session, ctx://ACCOUNT/users/USER/sessions/ID (or ctx://ACCOUNT/agents/AGENT/sessions/ID); created on the first message."},
+            "role": {"type": "string", "enum": ["user", "assistant", "system", "tool"], "description": "Who said it."},
+            "content": {"type": "string", "description": "What was said."},
+            "id": {"type": "string", "description": "Your id of the message (letters, digits, '.', '_', '-'): sending it again does not duplicate the message."},
+        }),
+        &["uri", "role", "content"],
+    )
+}
+
+fn session_add(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    let b: crate::http::sessions::AddMessageBody = args(v)?;
+    let uri = wire::uri(&b.uri)?;
+    let sessions = e.sessions();
+    if e.store().read_node(&uri)?.is_none() {
+        scope.check_put(&uri, &PutRequest::default())?;
+        sessions.create(&uri, None)?;
+    }
+    scope.check_write(&uri)?;
+    to_value(sessions.add(crate::sessions::AddMessage {
+        uri,
+        role: b.role,
+        content: b.content,
+        id: b.id,
+        time_ms: b.time_ms,
+        parts: b.parts,
+    })?)
+}
+
+fn session_commit_schema() -> Value {
+    object(
+        json!({"uri": {"type": "string", "description": "The session to commit, ctx://ACCOUNT/users/USER/sessions/ID."}}),
+        &["uri"],
+    )
+}
+
+fn session_commit(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    let b: crate::http::sessions::CommitBody = args(v)?;
+    let uri = wire::uri(&b.uri)?;
+    scope.check_write(&uri)?;
+    to_value(e.sessions().commit(&uri)?)
+}
+
 fn link_schema() -> Value {
     object(
         json!({
@@ -863,6 +908,26 @@ pub const TOOLS: &[Tool] = &[
         idempotent: true,
         schema: related_schema,
         run: related,
+    },
+    Tool {
+        name: "session_add",
+        title: "Add a message to a session",
+        description: "Append one message of a conversation to a session (created on its first message). Give each message an id so that a retry does not duplicate it. Commit the session with session_commit to turn it into long-term memories.",
+        read_only: false,
+        destructive: false,
+        idempotent: true,
+        schema: session_add_schema,
+        run: session_add,
+    },
+    Tool {
+        name: "session_commit",
+        title: "Commit a session into memory",
+        description: "Archive a session's messages and extract long-term memories from them in the background (facts about the user, preferences, entities, events; merged with the memories already held: restated facts update, changed facts supersede the old ones, which are kept). Answers at once with the job id, or status skipped when there is nothing new. Memories land under ctx://ACCOUNT/users/USER/memories/ and are found by search once extracted; without an LLM configured nothing is extracted and the answer says so.",
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        schema: session_commit_schema,
+        run: session_commit,
     },
     Tool {
         name: "status",

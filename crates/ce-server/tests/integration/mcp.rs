@@ -728,6 +728,34 @@ fn account_a_cannot_reach_account_b_through_any_tool() {
                 let s = h.ok(a, "status", json!({}));
                 hidden(s);
             }
+            "session_add" => {
+                h.fails(
+                    a,
+                    "session_add",
+                    json!({"uri": "ctx://b/users/u1/sessions/planted", "role": "user", "content": "x"}),
+                    "forbidden",
+                );
+                let own = h.ok(
+                    a,
+                    "session_add",
+                    json!({"uri": "ctx://a/users/u1/sessions/chat", "role": "user", "content": "I use Helix", "id": "q1"}),
+                );
+                assert_eq!(own["created"], true, "{own}");
+                let again = h.ok(
+                    a,
+                    "session_add",
+                    json!({"uri": "ctx://a/users/u1/sessions/chat", "role": "user", "content": "I use Helix", "id": "q1"}),
+                );
+                assert_eq!(again["created"], false, "{again}");
+            }
+            "session_commit" => {
+                h.fails(
+                    a,
+                    "session_commit",
+                    json!({"uri": "ctx://b/users/u1/sessions/planted"}),
+                    "forbidden",
+                );
+            }
             other => panic!(
                 "no tenant-isolation case for tool {other}: add one in {}",
                 file!()

@@ -23,6 +23,7 @@ const A_U1: &str = "ctx://a/users/u1/memories/note";
 const A_U2: &str = "ctx://a/users/u2/memories/note";
 const B_SECRET: &str = "ctx://b/docs/secret";
 const B_U1: &str = "ctx://b/users/u1/memories/note";
+const B_SESSION: &str = "ctx://b/users/u1/sessions/chat";
 
 /// The shared fixture, seeded with both accounts' nodes and edges.
 struct H(TestApp);
@@ -57,6 +58,10 @@ impl H {
         t.link(B_SECRET, A_PLAN);
         t.link(A_PLAN, A_U1);
         t.link(A_PLAN, A_U2);
+        t.engine
+            .sessions()
+            .create(&super::common::u(B_SESSION), None)
+            .expect("b's session");
         t.drain();
         H(t)
     }
@@ -430,6 +435,54 @@ fn isolation(h: &H, r: &Route) {
             h.expect(h.post(a, r.path, &body), 403, Some("forbidden"), &what);
             let report = h.expect(h.post(admin, r.path, &body), 200, None, &what);
             assert_eq!(report["emitted"], 0, "{report}");
+        }
+        ("POST", "/v1/sessions/new") => {
+            let body = json!({"uri": "ctx://b/users/u1/sessions/planted"});
+            h.expect(h.post(a, r.path, &body), 403, Some("forbidden"), &what);
+            assert!(!h.exists("ctx://b/users/u1/sessions/planted"));
+            let own = json!({"uri": "ctx://a/users/u1/sessions/own"});
+            h.expect(h.post(a, r.path, &own), 200, None, &what);
+        }
+        ("POST", "/v1/sessions/add") => {
+            let body = json!({"uri": B_SESSION, "role": "user", "content": "planted by a"});
+            h.expect(h.post(a, r.path, &body), 403, Some("forbidden"), &what);
+            let shown = h
+                .get(admin, &format!("/v1/sessions/show?uri={B_SESSION}"))
+                .body;
+            assert_eq!(shown["messages"], json!([]), "{shown}");
+        }
+        ("POST", "/v1/sessions/commit") => {
+            let body = json!({"uri": B_SESSION});
+            h.expect(h.post(a, r.path, &body), 403, Some("forbidden"), &what);
+        }
+        ("GET", "/v1/sessions/show") => {
+            let a_show = h.get(a, &format!("{}?uri={B_SESSION}", r.path));
+            assert!(
+                matches!(a_show.status, 403 | 404),
+                "{what}: {}",
+                a_show.body
+            );
+            h.expect(
+                h.get(admin, &format!("{}?uri={B_SESSION}", r.path)),
+                200,
+                None,
+                &what,
+            );
+        }
+        ("GET", "/v1/sessions/ls") => {
+            let mine = h.expect(h.get(a, r.path), 200, None, &what);
+            assert!(
+                H::uris(&mine).iter().all(|u| u.starts_with("ctx://a/")),
+                "{mine}"
+            );
+            let theirs = h.get(a, &format!("{}?uri=ctx://b", r.path));
+            assert!(
+                matches!(theirs.status, 403 | 404),
+                "{what}: {}",
+                theirs.body
+            );
+            let all = h.expect(h.get(admin, r.path), 200, None, &what);
+            assert!(H::uris(&all).contains(&B_SESSION.to_owned()), "{all}");
         }
         ("GET", "/metrics") => {
             h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);

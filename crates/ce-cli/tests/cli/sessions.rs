@@ -1,0 +1,471 @@
+//! Sessions through the binary (docs/sessions.md): add messages, commit, run Phase 2 with a
+//! loopback chat-completions server, search finds the memory and the archive summary; the
+//! crash-recovery rows of the spec's table as kill -9 failpoints (before publish, inside
+//! the Phase 1 transaction, mid-extraction); two concurrent commits serialized by the lock;
+//! a commit racing an `rm` of the session.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ce_testkit::http::{LoopbackServer, Recorded, Reply};
+use serde_json::{Value, json};
+
+use super::harness::Ce;
+
+const S: &str = "ctx://acme/users/alice/sessions/s1";
+/// The shortest lease (a crashed runner's job is claimable again after it).
+const FAST_JOBS: &str =
+    "[jobs]\nlease_seconds = 15\nheartbeat_seconds = 1\npoll_interval_ms = 50\n";
+
+fn answer(content: &str) -> Reply {
+    Reply::json(
+        200,
+        &json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": "scripted",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}
+        }),
+    )
+}
+
+fn scripted(_: &Recorded) -> Reply {
+    answer(
+        &json!({"memories": [
+            {"category": "preferences", "key": "editor",
+             "fact": "The user writes code in the Helix editor", "evidence": ["q1"],
+             "confidence": 0.9},
+            {"category": "profile", "key": "home_city", "fact": "The user lives in Lyon",
+             "evidence": ["q2"], "confidence": 0.8}
+        ]})
+        .to_string(),
+    )
+}
+
+fn llm_config(server: &LoopbackServer, extra: &str) -> String {
+    format!(
+        "[derive.llm]\nbase_url = \"{}\"\nmodel = \"scripted\"\napi_key_env = \"CE_TEST_NO_KEY\"\n{extra}",
+        server.base_url()
+    )
+}
+
+fn conversation(ce: &Ce) {
+    ce.ok(&["session", "new", S, "--title", "trip planning"]);
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I write all my code in Helix.",
+    ]);
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "assistant",
+        "--id",
+        "a1",
+        "--content",
+        "Noted: Helix.",
+    ]);
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q2",
+        "--content",
+        "I live in Lyon and plan a trip to Kyoto.",
+    ]);
+}
+
+fn memories(ce: &Ce) -> Vec<String> {
+    let out = ce.run(&["--json", "tree", "ctx://acme/users/alice/memories"]);
+    if !out.status.success() {
+        return Vec::new();
+    }
+    let tree: Value = serde_json::from_slice(&out.stdout).expect("json");
+    tree.as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|n| n["meta"]["memory_key"].is_string())
+                .filter_map(|n| n["uri"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn jobs(ce: &Ce) -> Vec<Value> {
+    ce.json(&["jobs", "list", "--type", "session-commit"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_commit_extracts_memories_that_search_finds_with_the_archive_summary() {
+    let llm = LoopbackServer::start(scripted);
+    let ce = Ce::hash(&llm_config(&llm, ""));
+    conversation(&ce);
+    // Retried append: not duplicated.
+    let again = ce.json(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I write all my code in Helix.",
+    ]);
+    assert_eq!(again["created"], false);
+    let c = ce.json(&["session", "commit", S]);
+    assert_eq!(c["status"], "committed", "{c}");
+    assert_eq!(c["archived"], 3);
+    assert_eq!(c["extraction"], "on");
+    let status = ce.json(&["status"]);
+    assert_eq!(status["sessions"]["extraction"], true, "{status}");
+    assert_eq!(status["sessions"]["model"], "scripted");
+    let job = c["job_id"].as_str().expect("job id").to_owned();
+    ce.ok(&["worker", "--once"]);
+    let j = ce.json(&["jobs", "show", &job]);
+    assert_eq!(j["state"], "completed", "{j}");
+    assert_eq!(j["progress"]["counts"]["added"], 2, "{j}");
+    assert_eq!(
+        memories(&ce),
+        [
+            "ctx://acme/users/alice/memories/preferences/editor",
+            "ctx://acme/users/alice/memories/profile/home_city"
+        ]
+    );
+    let show = ce.json(&["session", "show", S]);
+    assert_eq!(show["messages"].as_array().map(Vec::len), Some(0));
+    assert_eq!(show["archives"][0]["state"], "completed");
+    assert!(
+        !show["archives"][0]["summary"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "{show}"
+    );
+    let hits = ce.json(&["search", "Helix editor", "--mode", "keyword"]);
+    let uris: Vec<&str> = hits["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .filter_map(|h| h["uri"].as_str())
+        .collect();
+    assert!(
+        uris.contains(&"ctx://acme/users/alice/memories/preferences/editor"),
+        "{uris:?}"
+    );
+    let hits = ce.json(&["search", "trip Kyoto", "--mode", "keyword"]);
+    assert!(
+        hits["hits"]
+            .as_array()
+            .expect("hits")
+            .iter()
+            .any(|h| h["uri"] == format!("{S}/archives/000001")),
+        "the archive is found: {hits}"
+    );
+    // The human output names the job.
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--content",
+        "one more",
+    ]);
+    let text = ce.ok(&["session", "commit", S]);
+    assert!(text.contains("job"), "{text}");
+    let ls = ce.json(&["session", "ls", "ctx://acme/users/alice"]);
+    assert_eq!(ls[0]["archives"], 2, "{ls}");
+}
+
+#[test]
+fn a_crash_before_publish_or_inside_phase_1_leaves_no_archive_and_no_job() {
+    // A killed holder's lock goes stale after 1 s; the next commit waits for that.
+    let ce = Ce::hash("[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n");
+    conversation(&ce);
+    for point in ["session.phase1.after_lock", "store.before_commit"] {
+        let out = ce
+            .command(&["session", "commit", S])
+            .env("CE_FAILPOINT", point)
+            .output()
+            .expect("runs");
+        assert!(!out.status.success(), "{point}: the process was killed");
+        let show = ce.json(&["session", "show", S]);
+        assert_eq!(
+            show["messages"].as_array().map(Vec::len),
+            Some(3),
+            "{point}: {show}"
+        );
+        assert_eq!(
+            show["archives"].as_array().map(Vec::len),
+            Some(0),
+            "{point}"
+        );
+        assert_eq!(show["phase1_ready"], 0, "{point}");
+        assert!(jobs(&ce).is_empty(), "{point}");
+    }
+    // The stale lock of the killed process is taken over; the commit then succeeds, and
+    // says (as status does) that without an LLM nothing will be extracted.
+    let c = ce.json(&["session", "commit", S]);
+    assert_eq!(c["status"], "committed", "{c}");
+    assert!(
+        c["extraction"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no LLM is configured"),
+        "{c}"
+    );
+    let status = ce.json(&["status"]);
+    assert_eq!(status["sessions"]["extraction"], false, "{status}");
+    let text = ce.ok(&["status"]);
+    assert!(text.contains("memory extraction off"), "{text}");
+    assert_eq!(c["number"], 1);
+}
+
+/// Kills `ce worker --once` at `point` of Phase 2, then resumes it after the lease: the
+/// merge happens once, from the candidates saved before the crash.
+fn phase2_crash_resumes(point: &str) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let llm = LoopbackServer::start(move |r| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        scripted(r)
+    });
+    let ce = Ce::hash(&llm_config(
+        &llm,
+        &format!("{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n"),
+    ));
+    conversation(&ce);
+    let c = ce.json(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    let out = ce
+        .command(&["worker", "--once"])
+        .env("CE_FAILPOINT", point)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success(), "{point}: killed");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(point),
+        "{point}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        memories(&ce).is_empty(),
+        "{point}: nothing merged before the crash"
+    );
+    let archive = ce.json(&["stat", &format!("{S}/archives/000001")]);
+    assert_eq!(archive["meta"]["archive_extraction"], "extracted");
+    assert_eq!(archive["meta"]["archive_state"], "ready");
+    // The killed runner's lease ends; the next runner resumes Phase 2 from the archive.
+    std::thread::sleep(Duration::from_secs(16));
+    ce.ok(&["worker", "--once"]);
+    let j = ce.json(&["jobs", "show", &job]);
+    assert_eq!(j["state"], "completed", "{j}");
+    assert_eq!(
+        j["progress"]["calls"], 0,
+        "the saved candidates were merged: {j}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no second model call");
+    assert_eq!(memories(&ce).len(), 2);
+    let diff = ce.json(&["stat", &format!("{S}/memory_diffs/000001")]);
+    assert_eq!(diff["meta"]["memory_diff_extraction"], "merged");
+}
+
+#[test]
+fn a_crash_mid_extraction_resumes_from_the_saved_archive_without_duplicates() {
+    phase2_crash_resumes("session.phase2.after_extract");
+}
+
+#[test]
+fn a_crash_before_the_merge_transaction_merges_once_on_resume() {
+    phase2_crash_resumes("session.phase2.before_commit");
+}
+
+#[test]
+fn concurrent_commits_are_serialized_and_a_commit_racing_rm_leaves_no_half_state() {
+    let ce = Ce::hash("");
+    conversation(&ce);
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            ce.command(&["--json", "session", "commit", S])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let outs: Vec<Value> = children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().expect("wait");
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            serde_json::from_slice(&o.stdout).expect("json")
+        })
+        .collect();
+    let mut statuses: Vec<&str> = outs.iter().filter_map(|o| o["status"].as_str()).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, ["committed", "skipped"], "{outs:?}");
+    assert_eq!(jobs(&ce).len(), 1);
+    let show = ce.json(&["session", "show", S]);
+    assert_eq!(show["archives"].as_array().map(Vec::len), Some(1));
+
+    // A commit racing an rm of the session: whichever wins, nothing is left half-done.
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--content",
+        "late message",
+    ]);
+    let commit = ce
+        .command(&["--json", "session", "commit", S])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let rm = ce.run(&["rm", "-r", S]);
+    let commit = commit.wait_with_output().expect("wait");
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+    ce.ok(&["worker", "--once"]);
+    for j in jobs(&ce) {
+        assert_eq!(j["state"], "completed", "{j}");
+        let outcome = j["progress"]["outcome"].as_str().unwrap_or("");
+        assert!(matches!(outcome, "completed" | "gone"), "{j}");
+    }
+    let gone = ce.run(&["stat", S]);
+    assert!(!gone.status.success(), "the session was removed");
+    let _ = commit;
+}
+
+#[test]
+fn the_session_commands_work_with_server_and_the_server_runs_phase_2() {
+    let llm = LoopbackServer::start(scripted);
+    let ce = Ce::hash(&llm_config(&llm, FAST_JOBS));
+    let server = ce.serve(&[]);
+    let remote = |args: &[&str]| -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = ce.remote(&server, &all);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    };
+    remote(&["session", "new", S]);
+    let a = remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I use Helix.",
+    ]);
+    assert_eq!(a["created"], true);
+    let again = remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q1",
+        "--content",
+        "I use Helix.",
+    ]);
+    assert_eq!(again["created"], false);
+    remote(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--id",
+        "q2",
+        "--content",
+        "I live in Lyon.",
+    ]);
+    let c = remote(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    let done = super::harness::eventually(Duration::from_secs(30), || {
+        let j = remote(&["jobs", "show", &job]);
+        (j["state"] == "completed").then_some(j)
+    })
+    .expect("the server ran phase 2");
+    assert_eq!(done["progress"]["counts"]["added"], 2, "{done}");
+    let show = remote(&["session", "show", S]);
+    assert_eq!(show["archives"][0]["state"], "completed", "{show}");
+    let ls = remote(&["session", "ls"]);
+    assert_eq!(ls[0]["uri"], S);
+    let wait = ce.remote(&server, &["session", "commit", S, "--wait"]);
+    assert_eq!(wait.status.code(), Some(2), "--wait is local only");
+    let bad = ce.remote(
+        &server,
+        &["session", "add", S, "--role", "bot", "--content", "x"],
+    );
+    assert!(!bad.status.success());
+    let _ = server.stop();
+}
+
+#[test]
+fn commit_wait_runs_phase_2_in_the_command_and_prints_its_report() {
+    let ce = Ce::hash("");
+    ce.ok(&["session", "new", S]);
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        "user",
+        "--content",
+        "Deploys run on Fridays.",
+    ]);
+    let out = ce
+        .command(&["--json", "session", "commit", S, "--wait"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["commit"]["status"], "committed", "{v}");
+    assert_eq!(v["phase2"]["outcome"], "completed", "{v}");
+    assert_eq!(v["phase2"]["extraction"], "off", "{v}");
+    assert!(
+        v["phase2"]["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no LLM"),
+        "{v}"
+    );
+    let text = ce.ok(&["session", "commit", S, "--wait"]);
+    assert!(text.contains("skipped"), "nothing left to archive: {text}");
+}

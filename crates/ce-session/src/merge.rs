@@ -1,0 +1,844 @@
+//! The merge rule (docs/sessions.md, "Merge"): every extracted candidate is compared with
+//! the owner's memories as the source of truth holds them — including those written by
+//! earlier candidates of the same commit — and becomes one of
+//!
+//! | op | when | what is written |
+//! |---|---|---|
+//! | `add` | no memory of its slot, none saying the same | a new memory |
+//! | `update` | its slot restates (or another memory says the same) | the memory, evidence merged |
+//! | `supersede` | its slot's fact changed | a new memory `supersedes` the old, which is kept, marked superseded |
+//! | `noop` | the same fact and evidence are held already | nothing |
+//!
+//! A memory's slot is (category, key). "Says the same" is [`similarity`] at or above the
+//! threshold: a Jaccard overlap of the facts' terms (the keyword index's tokenizer, so stems
+//! and Chinese words), computed on the source's text — deterministic, model-free, and it sees
+//! memories written a moment ago that no index holds yet. Whether a restated slot is the same
+//! fact or a changed one is the model's `change` when it gives one (it saw the existing
+//! memories), else the similarity.
+//!
+//! Invariants ([`check_invariants`], checked by the property test): MM1 no two current
+//! memories of an owner share a slot; MM2 no two current memories say the same; MM3 every
+//! superseded memory names its successor, which exists and `supersedes` it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ce_core::{ContextNode, CtxUri, Meta};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::extract::{Candidate, Change};
+use crate::layout::{CATEGORIES, check_memory_key, memory_meta};
+
+/// The default similarity at or above which two facts say the same.
+pub const DEFAULT_THRESHOLD: f64 = 0.75;
+
+/// One memory, as stored (or as the plan will store it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct MemoryState {
+    /// Its node.
+    pub uri: CtxUri,
+    /// Its category.
+    pub category: String,
+    /// Its slot within the category.
+    pub key: String,
+    /// The fact (L0).
+    pub fact: String,
+    /// Context (L1).
+    #[serde(default)]
+    pub context: String,
+    /// Evidence excerpts (L2).
+    #[serde(default)]
+    pub evidence: String,
+    /// 0..=1.
+    pub confidence: f64,
+    /// The archive of its last change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_archive: Option<String>,
+    /// Every archive that stated it.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// The messages that are its evidence, as `{archive}#{message id}`.
+    #[serde(default)]
+    pub source_messages: Vec<String>,
+    /// The candidates merged into it, as `{archive}#c{index}`.
+    #[serde(default)]
+    pub merged_from: Vec<String>,
+    /// Since when it holds.
+    pub valid_from_ms: i64,
+    /// Until when it held (superseded memories).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until_ms: Option<i64>,
+    /// Its successor, when superseded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<CtxUri>,
+    /// The memory it replaced (its `supersedes` edge), when the plan created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<CtxUri>,
+}
+
+fn meta_str(meta: &Meta, key: &str) -> Option<String> {
+    meta.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn meta_strings(meta: &Meta, key: &str) -> Vec<String> {
+    meta.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl MemoryState {
+    /// The memory a node under `memories/` holds: `memories/{category}/{name}` leaves only. A
+    /// memory a client wrote by hand (no memory meta) counts too — its key is its name, its
+    /// fact its L0 or else its content — so extraction does not duplicate it.
+    pub fn from_node(memories: &CtxUri, node: &ContextNode) -> Option<Self> {
+        let rel = node.uri.relative_to(memories)?;
+        let (category, name) = rel.split_once('/')?;
+        if name.contains('/') || !CATEGORIES.contains(&category) {
+            return None;
+        }
+        let key = meta_str(&node.meta, memory_meta::KEY)
+            .filter(|k| check_memory_key(k).is_ok())
+            .unwrap_or_else(|| name.to_owned());
+        let fact = if node.layers.abstract_text.trim().is_empty() {
+            node.layers
+                .content
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        } else {
+            node.layers.abstract_text.trim().to_owned()
+        };
+        if fact.is_empty() {
+            return None;
+        }
+        let superseded_by = meta_str(&node.meta, memory_meta::SUPERSEDED_BY)
+            .and_then(|u| CtxUri::parse_stored(&u).ok());
+        Some(MemoryState {
+            uri: node.uri.clone(),
+            category: category.to_owned(),
+            key,
+            fact,
+            context: node.layers.overview.clone(),
+            evidence: node.layers.content.clone(),
+            confidence: node
+                .meta
+                .get(memory_meta::CONFIDENCE)
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0),
+            source_archive: meta_str(&node.meta, memory_meta::SOURCE_ARCHIVE),
+            sources: meta_strings(&node.meta, memory_meta::SOURCES),
+            source_messages: meta_strings(&node.meta, memory_meta::SOURCE_MESSAGES),
+            merged_from: meta_strings(&node.meta, memory_meta::MERGED_FROM),
+            valid_from_ms: node
+                .meta
+                .get(memory_meta::VALID_FROM)
+                .and_then(Value::as_i64)
+                .unwrap_or(node.created_at_ms),
+            valid_until_ms: node
+                .meta
+                .get(memory_meta::VALID_UNTIL)
+                .and_then(Value::as_i64),
+            superseded_by,
+            supersedes: None,
+        })
+    }
+
+    /// Whether it is current (not superseded).
+    pub fn is_current(&self) -> bool {
+        self.superseded_by.is_none()
+    }
+
+    /// The meta its node carries (merged over the node's other keys).
+    pub fn meta(&self) -> Meta {
+        let mut m = Meta::new();
+        m.insert(memory_meta::KEY.into(), self.key.clone().into());
+        m.insert(
+            memory_meta::STATUS.into(),
+            if self.is_current() {
+                memory_meta::CURRENT
+            } else {
+                memory_meta::SUPERSEDED
+            }
+            .into(),
+        );
+        m.insert(memory_meta::CONFIDENCE.into(), self.confidence.into());
+        m.insert(
+            memory_meta::SOURCE_ARCHIVE.into(),
+            self.source_archive.clone().map_or(Value::Null, Value::from),
+        );
+        m.insert(memory_meta::SOURCES.into(), self.sources.clone().into());
+        m.insert(
+            memory_meta::SOURCE_MESSAGES.into(),
+            self.source_messages.clone().into(),
+        );
+        m.insert(
+            memory_meta::MERGED_FROM.into(),
+            self.merged_from.clone().into(),
+        );
+        m.insert(memory_meta::VALID_FROM.into(), self.valid_from_ms.into());
+        m.insert(
+            memory_meta::VALID_UNTIL.into(),
+            self.valid_until_ms.map_or(Value::Null, Value::from),
+        );
+        m.insert(
+            memory_meta::SUPERSEDED_BY.into(),
+            self.superseded_by
+                .as_ref()
+                .map_or(Value::Null, |u| Value::from(u.as_str())),
+        );
+        m
+    }
+}
+
+/// English function words left out of [`similarity`]: they make two different facts about
+/// the same thing look alike ("… in the Zed editor" / "… in the Helix editor").
+const FUNCTION_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "has", "have", "in", "is",
+    "it", "its", "of", "on", "or", "that", "the", "this", "to", "was", "with",
+];
+
+/// The terms of `text`, as a set (function words left out).
+fn terms(text: &str) -> BTreeSet<String> {
+    ce_core::text::tokenize(text)
+        .into_iter()
+        .map(|t| t.to_lowercase())
+        .filter(|t| !FUNCTION_WORDS.contains(&t.as_str()))
+        .collect()
+}
+
+/// How much two facts say the same: the Jaccard overlap of their term sets (1: the same
+/// terms; two texts without terms are compared as trimmed, lower-cased strings).
+pub fn similarity(a: &str, b: &str) -> f64 {
+    let (ta, tb) = (terms(a), terms(b));
+    if ta.is_empty() || tb.is_empty() {
+        return f64::from(u8::from(a.trim().to_lowercase() == b.trim().to_lowercase()));
+    }
+    let inter = ta.intersection(&tb).count() as f64;
+    let union = ta.union(&tb).count() as f64;
+    inter / union
+}
+
+/// How much of `fact`'s terms `text` holds (0..=1): which existing memories a conversation
+/// is about, to show them to the model first.
+pub fn relevance(fact: &str, text: &str) -> f64 {
+    let f = terms(fact);
+    if f.is_empty() {
+        return 0.0;
+    }
+    let t = terms(text);
+    f.intersection(&t).count() as f64 / f.len() as f64
+}
+
+/// What the merge did with one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MergeOp {
+    /// A new memory.
+    Add,
+    /// An existing memory updated.
+    Update,
+    /// A new memory replacing an existing one, which is kept and marked superseded.
+    Supersede,
+    /// Nothing to write.
+    Noop,
+}
+
+impl MergeOp {
+    /// The lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MergeOp::Add => "add",
+            MergeOp::Update => "update",
+            MergeOp::Supersede => "supersede",
+            MergeOp::Noop => "noop",
+        }
+    }
+}
+
+/// One line of the memory diff.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DiffEntry {
+    /// What was done.
+    pub op: MergeOp,
+    /// The candidate's index in the extraction.
+    pub candidate: usize,
+    /// The memory written (for `supersede`: the new one; for `noop`: the one that holds it).
+    pub uri: CtxUri,
+    /// The memory before (`update`: the memory; `supersede`: the superseded one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<MemoryState>,
+    /// The memory after (absent for `noop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<MemoryState>,
+    /// Why this op.
+    pub reason: String,
+}
+
+/// What one commit's merge writes.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MergePlan {
+    /// One entry per candidate, in order.
+    pub entries: Vec<DiffEntry>,
+    /// The memories to write, final states, by URI (a memory touched twice is written once).
+    pub writes: BTreeMap<CtxUri, MemoryState>,
+}
+
+/// The inputs of a merge besides the memories and candidates.
+#[derive(Debug, Clone)]
+pub struct MergeContext<'a> {
+    /// The owner's memories folder.
+    pub memories: &'a CtxUri,
+    /// The archive the candidates came from.
+    pub archive: &'a CtxUri,
+    /// The time of the commit (valid-from of new memories).
+    pub now_ms: i64,
+    /// [`similarity`] at or above which two facts say the same.
+    pub threshold: f64,
+    /// The text of each archived message by id (evidence excerpts).
+    pub messages: &'a BTreeMap<String, String>,
+}
+
+struct Work<'a> {
+    ctx: &'a MergeContext<'a>,
+    all: BTreeMap<CtxUri, MemoryState>,
+    /// The memories that existed before this commit (the model saw those).
+    before: BTreeSet<CtxUri>,
+    plan: MergePlan,
+}
+
+/// Candidate `i` of the commit's archive, as memories record what was merged into them.
+fn candidate_id(ctx: &MergeContext<'_>, i: usize) -> String {
+    format!("{}#c{i}", ctx.archive)
+}
+
+/// `id` of the commit's archive, as memories record their evidence.
+fn qualified(ctx: &MergeContext<'_>, id: &str) -> String {
+    format!("{}#{id}", ctx.archive)
+}
+
+fn excerpts(ctx: &MergeContext<'_>, ids: &[String]) -> String {
+    ids.iter()
+        .filter_map(|id| ctx.messages.get(id).map(|t| format!("[{id}] {}", t.trim())))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+impl Work<'_> {
+    fn current(&self) -> impl Iterator<Item = &MemoryState> {
+        self.all.values().filter(|m| m.is_current())
+    }
+
+    fn slot(&self, category: &str, key: &str) -> Option<CtxUri> {
+        self.current()
+            .find(|m| m.category == category && m.key == key)
+            .map(|m| m.uri.clone())
+    }
+
+    /// The current memory saying most nearly what `fact` says, at or above the threshold,
+    /// other than `except`.
+    fn similar(&self, fact: &str, except: Option<&CtxUri>) -> Option<CtxUri> {
+        let mut best: Option<(f64, &CtxUri)> = None;
+        for m in self.current() {
+            if Some(&m.uri) == except {
+                continue;
+            }
+            let s = similarity(fact, &m.fact);
+            if s >= self.ctx.threshold && best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, &m.uri));
+            }
+        }
+        best.map(|(_, u)| u.clone())
+    }
+
+    /// A URI for a new memory of (`category`, `key`) that no memory has.
+    fn fresh_uri(&self, category: &str, key: &str) -> CtxUri {
+        let folder = self
+            .ctx
+            .memories
+            .join(category)
+            .expect("a category is a valid segment");
+        let mut n = 1u32;
+        loop {
+            let name = if n == 1 {
+                key.to_owned()
+            } else {
+                format!("{key}-{n}")
+            };
+            let uri = folder.join(&name).expect("a key is a valid segment");
+            if !self.all.contains_key(&uri) {
+                return uri;
+            }
+            n += 1;
+        }
+    }
+
+    fn write(&mut self, m: MemoryState) {
+        self.plan.writes.insert(m.uri.clone(), m.clone());
+        self.all.insert(m.uri.clone(), m);
+    }
+
+    fn entry(
+        &mut self,
+        op: MergeOp,
+        i: usize,
+        uri: CtxUri,
+        before: Option<MemoryState>,
+        after: Option<MemoryState>,
+        reason: String,
+    ) {
+        self.plan.entries.push(DiffEntry {
+            op,
+            candidate: i,
+            uri,
+            before,
+            after,
+            reason,
+        });
+    }
+
+    fn new_memory(&self, i: usize, c: &Candidate, uri: CtxUri) -> MemoryState {
+        MemoryState {
+            uri,
+            category: c.category.clone(),
+            key: c.key.clone(),
+            fact: c.fact.clone(),
+            context: c.context.clone(),
+            evidence: excerpts(self.ctx, &c.evidence),
+            confidence: c.confidence,
+            source_archive: Some(self.ctx.archive.as_str().to_owned()),
+            sources: vec![self.ctx.archive.as_str().to_owned()],
+            source_messages: c.evidence.iter().map(|e| qualified(self.ctx, e)).collect(),
+            merged_from: vec![candidate_id(self.ctx, i)],
+            valid_from_ms: self.ctx.now_ms,
+            valid_until_ms: None,
+            superseded_by: None,
+            supersedes: None,
+        }
+    }
+
+    /// `target` restated by `c`: evidence and sources merged, the fact reworded unless the
+    /// new wording would say what another memory says; `noop` when nothing is new.
+    fn update(&mut self, i: usize, c: &Candidate, target: CtxUri, why: &str) {
+        let before = self.all[&target].clone();
+        let archive = self.ctx.archive.as_str().to_owned();
+        let new_ids: Vec<String> = c
+            .evidence
+            .iter()
+            .filter(|e| !before.source_messages.contains(&qualified(self.ctx, e)))
+            .cloned()
+            .collect();
+        let same_text = similarity(&c.fact, &before.fact) >= 1.0 || c.fact == before.fact;
+        let context_new = !c.context.is_empty() && !before.context.contains(&c.context);
+        // Its messages were merged into this memory already: a rewording of the same
+        // evidence is no new information.
+        let mut after = before.clone();
+        after.merged_from.push(candidate_id(self.ctx, i));
+        if new_ids.is_empty() && !context_new {
+            // Nothing new to say: only the record that this candidate is held here is kept.
+            self.write(after);
+            self.entry(
+                MergeOp::Noop,
+                i,
+                target,
+                None,
+                None,
+                format!("{why}; its evidence is held already"),
+            );
+            return;
+        }
+        if !same_text && self.similar(&c.fact, Some(&target)).is_none() {
+            after.fact = c.fact.clone();
+        }
+        if context_new {
+            after.context = if after.context.is_empty() {
+                c.context.clone()
+            } else {
+                format!("{}\n\n{}", after.context, c.context)
+            };
+        }
+        let more = excerpts(self.ctx, &new_ids);
+        if !more.is_empty() && !after.evidence.contains(&more) {
+            after.evidence = if after.evidence.is_empty() {
+                more
+            } else {
+                format!("{}\n\n{more}", after.evidence)
+            };
+        }
+        for id in &new_ids {
+            after.source_messages.push(qualified(self.ctx, id));
+        }
+        if !after.sources.contains(&archive) {
+            after.sources.push(archive.clone());
+        }
+        after.source_archive = Some(archive);
+        after.confidence = after.confidence.max(c.confidence);
+        self.write(after.clone());
+        self.entry(
+            MergeOp::Update,
+            i,
+            target,
+            Some(before),
+            Some(after),
+            why.to_owned(),
+        );
+    }
+
+    fn supersede(&mut self, i: usize, c: &Candidate, old: CtxUri) {
+        let before = self.all[&old].clone();
+        let uri = self.fresh_uri(&c.category, &c.key);
+        let mut new = self.new_memory(i, c, uri.clone());
+        new.supersedes = Some(old.clone());
+        let mut retired = before.clone();
+        retired.superseded_by = Some(uri.clone());
+        retired.valid_until_ms = Some(self.ctx.now_ms);
+        self.write(retired);
+        self.write(new.clone());
+        self.entry(
+            MergeOp::Supersede,
+            i,
+            uri,
+            Some(before),
+            Some(new),
+            format!(
+                "{}/{} changed: the old memory is kept, marked superseded",
+                c.category, c.key
+            ),
+        );
+    }
+
+    /// The memory (current or superseded) candidate `i` of this archive was merged into
+    /// before (a repeated merge of the same candidates).
+    fn already_holds(&self, i: usize) -> Option<CtxUri> {
+        let id = candidate_id(self.ctx, i);
+        self.all
+            .values()
+            .find(|m| m.merged_from.contains(&id))
+            .map(|m| m.uri.clone())
+    }
+
+    fn merge(&mut self, i: usize, c: &Candidate) {
+        if let Some(m) = self.already_holds(i) {
+            self.entry(
+                MergeOp::Noop,
+                i,
+                m,
+                None,
+                None,
+                "this candidate was merged already".into(),
+            );
+            return;
+        }
+        let slot = self.slot(&c.category, &c.key);
+        match slot {
+            Some(s) => {
+                let sim = similarity(&c.fact, &self.all[&s].fact);
+                // The model's `change` is relative to the memories it was shown: against a
+                // memory this commit wrote, only the similarity decides.
+                let change = c.change.filter(|_| self.before.contains(&s));
+                let same = match change {
+                    // A "change" to the very same words is a restatement.
+                    Some(Change::Changed) => sim >= 1.0,
+                    Some(Change::Same) => true,
+                    None => sim >= self.ctx.threshold,
+                };
+                if same {
+                    self.update(i, c, s, "restates the memory of its slot");
+                } else if let Some(other) = self.similar(&c.fact, Some(&s)) {
+                    // The new fact is held by another memory already: it is restated there
+                    // rather than written twice.
+                    self.update(i, c, other, "the new fact is held by another memory");
+                } else {
+                    self.supersede(i, c, s);
+                }
+            }
+            None => match self.similar(&c.fact, None) {
+                Some(m) => self.update(i, c, m, "says what an existing memory says"),
+                None => {
+                    let uri = self.fresh_uri(&c.category, &c.key);
+                    let new = self.new_memory(i, c, uri.clone());
+                    self.write(new.clone());
+                    self.entry(MergeOp::Add, i, uri, None, Some(new), "a new memory".into());
+                }
+            },
+        }
+    }
+}
+
+/// Plans the merge of `candidates` into `existing` (the owner's memories, current and
+/// superseded, as the source holds them), in candidate order.
+pub fn plan_merge(
+    ctx: &MergeContext<'_>,
+    existing: Vec<MemoryState>,
+    candidates: &[Candidate],
+) -> MergePlan {
+    let mut w = Work {
+        ctx,
+        before: existing.iter().map(|m| m.uri.clone()).collect(),
+        all: existing.into_iter().map(|m| (m.uri.clone(), m)).collect(),
+        plan: MergePlan::default(),
+    };
+    for (i, c) in candidates.iter().enumerate() {
+        w.merge(i, c);
+    }
+    w.plan
+}
+
+/// Applies `plan`'s writes to `memories` (a model of the store).
+pub fn apply_plan(memories: &mut BTreeMap<CtxUri, MemoryState>, plan: &MergePlan) {
+    for (u, m) in &plan.writes {
+        memories.insert(u.clone(), m.clone());
+    }
+}
+
+/// The invariants MM1–MM3 over an owner's memories; the first violation found.
+pub fn check_invariants(
+    memories: &BTreeMap<CtxUri, MemoryState>,
+    threshold: f64,
+    supersedes: &BTreeMap<CtxUri, CtxUri>,
+) -> Result<(), String> {
+    let current: Vec<&MemoryState> = memories.values().filter(|m| m.is_current()).collect();
+    for (i, a) in current.iter().enumerate() {
+        for b in &current[i + 1..] {
+            if a.category == b.category && a.key == b.key {
+                return Err(format!("MM1: {} and {} share a slot", a.uri, b.uri));
+            }
+            if similarity(&a.fact, &b.fact) >= threshold {
+                return Err(format!(
+                    "MM2: {} ({:?}) and {} ({:?}) say the same",
+                    a.uri, a.fact, b.uri, b.fact
+                ));
+            }
+        }
+    }
+    for m in memories.values() {
+        if let Some(s) = &m.superseded_by {
+            if !memories.contains_key(s) {
+                return Err(format!("MM3: {} is superseded by a missing {s}", m.uri));
+            }
+            if supersedes.get(s) != Some(&m.uri) {
+                return Err(format!("MM3: {s} does not link {} as superseded", m.uri));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(s: &str) -> CtxUri {
+        CtxUri::parse(s).expect("uri")
+    }
+
+    fn cand(category: &str, key: &str, fact: &str, ev: &str, change: Option<Change>) -> Candidate {
+        Candidate {
+            category: category.into(),
+            key: key.into(),
+            fact: fact.into(),
+            context: String::new(),
+            evidence: vec![ev.into()],
+            confidence: 0.8,
+            change,
+        }
+    }
+
+    fn run(
+        existing: Vec<MemoryState>,
+        archive: &str,
+        candidates: &[Candidate],
+    ) -> (MergePlan, BTreeMap<CtxUri, MemoryState>) {
+        let mem = u("ctx://a/users/u/memories");
+        let arch = u(archive);
+        let msgs: BTreeMap<String, String> = [("q1", "I use Helix"), ("q2", "now I use Zed")]
+            .into_iter()
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            .collect();
+        let ctx = MergeContext {
+            memories: &mem,
+            archive: &arch,
+            now_ms: 1000,
+            threshold: DEFAULT_THRESHOLD,
+            messages: &msgs,
+        };
+        let mut all: BTreeMap<CtxUri, MemoryState> = existing
+            .iter()
+            .map(|m| (m.uri.clone(), m.clone()))
+            .collect();
+        let plan = plan_merge(&ctx, existing, candidates);
+        apply_plan(&mut all, &plan);
+        (plan, all)
+    }
+
+    fn ops(p: &MergePlan) -> Vec<MergeOp> {
+        p.entries.iter().map(|e| e.op).collect()
+    }
+
+    #[test]
+    fn duplicates_within_one_commit_are_merged_and_a_restatement_updates() {
+        let a1 = "ctx://a/users/u/sessions/s/archives/000001";
+        let editor = cand(
+            "preferences",
+            "editor",
+            "The user edits code in Helix",
+            "q1",
+            None,
+        );
+        let (p, all) = run(Vec::new(), a1, &[editor.clone(), editor.clone()]);
+        assert_eq!(ops(&p), [MergeOp::Add, MergeOp::Noop]);
+        let m = &all[&u("ctx://a/users/u/memories/preferences/editor")];
+        assert_eq!(m.evidence, "[q1] I use Helix");
+        // A second commit restating it: update (a new source), not add.
+        let (p2, all2) = run(
+            all.values().cloned().collect(),
+            "ctx://a/users/u/sessions/s/archives/000002",
+            &[cand(
+                "preferences",
+                "editor",
+                "The user edits code in Helix",
+                "q1",
+                Some(Change::Same),
+            )],
+        );
+        assert_eq!(ops(&p2), [MergeOp::Update]);
+        assert_eq!(all2.len(), 1);
+        assert_eq!(all2.values().next().expect("one").sources.len(), 2);
+    }
+
+    #[test]
+    fn a_changed_fact_supersedes_and_keeps_the_old_memory_linked() {
+        let a1 = "ctx://a/users/u/sessions/s/archives/000001";
+        let (_, all) = run(
+            Vec::new(),
+            a1,
+            &[cand(
+                "preferences",
+                "editor",
+                "The user edits code in Helix",
+                "q1",
+                None,
+            )],
+        );
+        let (p, all) = run(
+            all.values().cloned().collect(),
+            "ctx://a/users/u/sessions/s/archives/000002",
+            &[cand(
+                "preferences",
+                "editor",
+                "The user switched to Zed",
+                "q2",
+                Some(Change::Changed),
+            )],
+        );
+        assert_eq!(ops(&p), [MergeOp::Supersede]);
+        let old = &all[&u("ctx://a/users/u/memories/preferences/editor")];
+        let new = &all[&u("ctx://a/users/u/memories/preferences/editor-2")];
+        assert_eq!(old.superseded_by.as_ref(), Some(&new.uri));
+        assert_eq!(new.supersedes.as_ref(), Some(&old.uri));
+        assert_eq!(old.valid_until_ms, Some(1000));
+        let links: BTreeMap<CtxUri, CtxUri> = all
+            .values()
+            .filter_map(|m| m.supersedes.clone().map(|s| (m.uri.clone(), s)))
+            .collect();
+        check_invariants(&all, DEFAULT_THRESHOLD, &links).expect("invariants");
+    }
+
+    #[test]
+    fn a_fact_under_another_key_that_says_the_same_updates_instead_of_adding() {
+        let a1 = "ctx://a/users/u/sessions/s/archives/000001";
+        let (p, all) = run(
+            Vec::new(),
+            a1,
+            &[
+                cand(
+                    "profile",
+                    "home_city",
+                    "The user lives in Lyon, France",
+                    "q1",
+                    None,
+                ),
+                cand(
+                    "profile",
+                    "residence",
+                    "The user lives in Lyon, France",
+                    "q2",
+                    None,
+                ),
+            ],
+        );
+        assert_eq!(ops(&p), [MergeOp::Add, MergeOp::Update]);
+        assert_eq!(all.len(), 1);
+        assert_eq!(
+            all.values().next().expect("one").source_messages,
+            [format!("{a1}#q1"), format!("{a1}#q2")]
+        );
+    }
+
+    #[test]
+    fn the_models_change_hint_holds_only_against_memories_it_was_shown() {
+        // Within one commit: Lyon, then Kyoto ("changed" against the Lyon it was shown),
+        // then Lyon again marked "same" against that stale view — the slot now holds the
+        // Kyoto memory this commit wrote, so the similarity decides: Kyoto is superseded,
+        // kept as history, not overwritten.
+        let a1 = "ctx://a/users/u/sessions/s/archives/000001";
+        let (_, all) = run(
+            Vec::new(),
+            a1,
+            &[cand(
+                "profile",
+                "home_city",
+                "The user lives in Lyon",
+                "q1",
+                None,
+            )],
+        );
+        let (p, all) = run(
+            all.values().cloned().collect(),
+            "ctx://a/users/u/sessions/s/archives/000002",
+            &[
+                cand(
+                    "profile",
+                    "home_city",
+                    "The user lives in Kyoto",
+                    "q1",
+                    Some(Change::Changed),
+                ),
+                cand(
+                    "profile",
+                    "home_city",
+                    "The user lives in Lyon",
+                    "q2",
+                    Some(Change::Same),
+                ),
+            ],
+        );
+        assert_eq!(ops(&p), [MergeOp::Supersede, MergeOp::Supersede]);
+        let facts: Vec<(&str, bool)> = all
+            .values()
+            .map(|m| (m.fact.as_str(), m.is_current()))
+            .collect();
+        assert_eq!(
+            facts,
+            [
+                ("The user lives in Lyon", false),
+                ("The user lives in Kyoto", false),
+                ("The user lives in Lyon", true)
+            ]
+        );
+    }
+
+    #[test]
+    fn similarity_is_term_overlap() {
+        assert!((similarity("The user likes tea", "the user LIKES tea") - 1.0).abs() < 1e-9);
+        assert!(similarity("The user likes tea", "Deploys run on Fridays") < 0.2);
+        assert!(similarity("用户喜欢喝绿茶", "用户喜欢喝绿茶") >= 1.0);
+    }
+}
