@@ -28,6 +28,32 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `[derive]`: derived L0 / L1 layers (docs/derive.md).
     pub derive: DeriveConfig,
+    /// `[ingest]`: knowledge bases and their inputs (docs/ingestion.md).
+    pub ingest: IngestConfig,
+}
+
+/// `[ingest]`: what the ingestion workflow may read (docs/ingestion.md, "Sources").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Absolute directories under which an HTTP request (`POST /v1/kb/{base}/items`) may add
+    /// local paths of the server's machine; empty (the default): none, only URLs and notes.
+    /// The local CLI (`ce kb add` without `--server`) reads any path its user can.
+    pub allowed_paths: Vec<String>,
+}
+
+impl IngestConfig {
+    fn validate(&self) -> Result<(), CoreError> {
+        for (i, p) in self.allowed_paths.iter().enumerate() {
+            if !std::path::Path::new(p).is_absolute() {
+                return Err(CoreError::InvalidConfig {
+                    key: format!("ingest.allowed_paths[{i}]"),
+                    reason: format!("{p:?} is not an absolute path"),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[derive]`: which nodes get derived L0 / L1 layers and which generator writes them
@@ -905,6 +931,7 @@ impl Config {
 
     /// Checks every value against spec §12.4 (and our own keys' ranges).
     pub fn validate(&self) -> Result<(), CoreError> {
+        self.ingest.validate()?;
         let w = &self.index.worker;
         range(
             "index.worker.poll_interval_ms",

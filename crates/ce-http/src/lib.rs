@@ -400,3 +400,108 @@ mod tests {
         assert!(!format!("{c:?}").contains("sk-secret"));
     }
 }
+
+/// A document fetched with [`get`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fetched {
+    /// The URL it was finally read from (after redirects).
+    pub url: String,
+    /// Its `Content-Type` header, if any.
+    pub content_type: Option<String>,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// Why a [`get`] failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GetError {
+    /// The exchange failed (as for the JSON clients).
+    Failure(Failure),
+    /// The body is longer than the limit (declared or as read); not retryable.
+    TooLarge {
+        /// The limit.
+        max_bytes: u64,
+    },
+    /// The content type is not one `accept` allows; not retryable.
+    ContentType {
+        /// The type the server declared.
+        content_type: String,
+    },
+}
+
+/// Gets `url` (HTTP or HTTPS, redirects followed): its body, at most `max_bytes` long, when
+/// the answer is 2xx and `accept` allows its content type (a missing one is passed as
+/// `None`); `timeout` bounds the whole exchange. A declared length over the limit is refused
+/// before the body is read.
+pub fn get(
+    url: &str,
+    timeout: Duration,
+    max_bytes: u64,
+    accept: &dyn Fn(Option<&str>) -> bool,
+) -> Result<Fetched, GetError> {
+    let client = JsonClient::new(url.to_owned(), None);
+    let resp = client
+        .agent
+        .get(url)
+        .config()
+        .timeout_global(Some(timeout))
+        .build()
+        .call()
+        .map_err(|e| GetError::Failure(client.transport(e, timeout)));
+    let mut resp = resp?;
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let content_type = header("content-type");
+    let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    let final_url = ureq::ResponseExt::get_uri(&resp).to_string();
+    if !(200..=299).contains(&status) {
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_vec()
+            .unwrap_or_default();
+        return Err(GetError::Failure(if status == 429 {
+            Failure::RateLimited {
+                retry_after: retry_after(resp.headers(), SystemTime::now()),
+                message: format!("{url} answered 429: {}", snippet(&body)),
+            }
+        } else {
+            Failure::Status {
+                status,
+                message: format!("{url} answered {status}: {}", snippet(&body)),
+                retryable: status == 408 || status >= 500,
+            }
+        }));
+    }
+    if !accept(content_type.as_deref()) {
+        return Err(GetError::ContentType {
+            content_type: content_type.unwrap_or_default(),
+        });
+    }
+    if length.is_some_and(|n| n > max_bytes) {
+        return Err(GetError::TooLarge { max_bytes });
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(max_bytes.saturating_add(1))
+        .read_to_vec()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => GetError::TooLarge { max_bytes },
+            e => GetError::Failure(client.transport(e, timeout)),
+        })?;
+    if body.len() as u64 > max_bytes {
+        return Err(GetError::TooLarge { max_bytes });
+    }
+    Ok(Fetched {
+        url: final_url,
+        content_type,
+        body,
+    })
+}

@@ -34,6 +34,9 @@ pub enum ServerError {
     /// A path lock was busy, lost, or its provider failed.
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// An input no parser reads, or one that cannot be parsed (an item's error).
+    #[error(transparent)]
+    Ingest(#[from] ce_ingest::IngestError),
     /// The engine cannot serve this yet (model missing, index bound to another model).
     #[error("not ready: {reason}")]
     NotReady {
@@ -173,6 +176,7 @@ impl Classify for ServerError {
             ServerError::Derive(e) => e.code(),
             ServerError::Retrieval(e) => e.code(),
             ServerError::Lock(e) => e.code(),
+            ServerError::Ingest(e) => e.code(),
             ServerError::NotReady { code, .. } => *code,
             ServerError::UnsupportedConsumer { .. } => ErrorCode::InvalidField,
             ServerError::ConsumerOwned { .. } => ErrorCode::InvalidConfig,
@@ -196,6 +200,7 @@ impl Classify for ServerError {
             ServerError::Derive(e) => e.is_retryable(),
             ServerError::Retrieval(e) => e.is_retryable(),
             ServerError::Lock(e) => e.is_retryable(),
+            ServerError::Ingest(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
             ServerError::Failed { retryable, .. } => *retryable,
             ServerError::JobStopped { stop, .. } => stop.is_retryable(),

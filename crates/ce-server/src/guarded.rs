@@ -100,6 +100,17 @@ impl Guarded<'_> {
 
     /// Runs `ops` under leases on `reqs`, then releases them.
     fn locked(&self, reqs: &[LockRequest], ops: Vec<WriteOp>) -> Result<WriteOutcome> {
+        Ok(self.apply_locked(reqs, ops)?.remove(0))
+    }
+
+    /// Runs the batch `ops` in one transaction under leases on `reqs`, written with their
+    /// fencing tokens, then releases them; every op's outcome (e.g. a knowledge base's
+    /// mutations under its TREE lock).
+    pub fn apply_locked(
+        &self,
+        reqs: &[LockRequest],
+        ops: Vec<WriteOp>,
+    ) -> Result<Vec<WriteOutcome>> {
         let leases = acquire_all(self.locks, reqs).map_err(|e| match e {
             ServerError::Lock(l) => self.explain_busy(l),
             e => e,
@@ -113,8 +124,7 @@ impl Guarded<'_> {
         for lease in leases {
             release(lease);
         }
-        let mut out = out?;
-        Ok(out.remove(0))
+        Ok(out?)
     }
 
     /// `rm` under TREE (a subtree, or a recursive remove) or EXACT (a leaf). An rm of a path

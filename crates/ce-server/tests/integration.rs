@@ -3,6 +3,7 @@
 mod integration {
     mod common;
     mod fuzz;
+    mod kb;
     mod locks;
     mod mcp;
     mod openapi;

@@ -41,6 +41,10 @@ impl JobRegistry {
             handlers: Vec::new(),
         };
         r.register(ReindexJob);
+        r.register(crate::kb::handlers::PrepareRoot);
+        r.register(crate::kb::handlers::IndexDocuments);
+        r.register(crate::kb::handlers::DeleteSubtree);
+        r.register(crate::kb::handlers::ReindexSubtree);
         r
     }
 
@@ -111,7 +115,16 @@ mod tests {
     #[test]
     fn an_unknown_type_is_an_invalid_field_naming_the_known_ones() {
         let r = JobRegistry::builtin();
-        assert_eq!(r.types(), ["reindex"]);
+        assert_eq!(
+            r.types(),
+            [
+                "reindex",
+                "kb-prepare-root",
+                "kb-index-documents",
+                "kb-delete-subtree",
+                "kb-reindex-subtree"
+            ]
+        );
         let e = r
             .validate("summarize", &serde_json::json!({}))
             .expect_err("unknown");
