@@ -1,7 +1,7 @@
 //! A parsed, chunked document as the node writes of its item (docs/ingestion.md, "Nodes"):
 //! a document that fits one chunk is one node (L2: its text); a longer one is a document node
 //! (L2 empty; its L0/L1 roll up from its chunks) with one child `chunk-NNNN` per chunk (L2:
-//! the chunk's text). Meta is deterministic — no times — so writing an unchanged input again
+//! the chunk's text). Meta is deterministic — no times, no item ids — so writing an unchanged input again
 //! changes no node and appends no event; chunk nodes a shorter version no longer has are
 //! removed in the same batch.
 
@@ -91,8 +91,8 @@ pub fn document_ops(
     existing_children: &[CtxUri],
 ) -> Result<Vec<WriteOp>> {
     let kb = json!({
+        // No item id: a re-synced directory's entries get new items for the same nodes.
         "base": item.base,
-        "item": item.id,
         "source": src.origin,
         "format": doc.format.as_str(),
         "language": doc.language,
