@@ -15,13 +15,15 @@
 //! Two passes complete the picture: the start-up recovery scan re-enqueues the cleanup of
 //! leftover `deleting` roots (e.g. after a delete job went dead), and the settle pass
 //! moves `embedding` items to `completed` once every configured consumer has applied the
-//! events of their commit (the import holds' `applied_through`), and `processing`
-//! containers to `completed` once all their children are terminal.
+//! events of their commit (the import holds' `applied_through`), `processing` containers to
+//! `completed` once all their children are terminal, and fails an active item whose stage
+//! job ended without moving it on (cancelled by hand, dead after a panic), so that nothing
+//! stays active without a durable job.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use ce_core::{Classify as _, CoreError, CtxUri};
+use ce_core::{Classify as _, CoreError, CtxUri, ErrorCode};
 use ce_store::kb::{fold_roots, subtree_of};
 use ce_store::{
     BaseStatus, ItemKind, ItemStatus, JobSpec, KbItem, KbOp, KnowledgeBase, StoreError, WriteOp,
@@ -450,6 +452,26 @@ impl Engine {
                 moved += 1;
             }
         }
+        // Orphans: an active item whose stage's job ended without moving it on (cancelled by
+        // hand, or dead after a panic) would wait forever; it fails, naming the job.
+        for (status, stage) in [
+            (ItemStatus::Idle, Stage::Index),
+            (ItemStatus::Reading, Stage::Index),
+            (ItemStatus::Preparing, Stage::Prepare),
+        ] {
+            for item in self.store().kb_items_in(status)? {
+                let key = super::job_key(&item.base, &item.id, stage);
+                if self.store().jobs().live_job(&key)?.is_some() {
+                    continue;
+                }
+                let Some(base) = base_of(self, &item.base) else {
+                    continue;
+                };
+                if self.fail_orphan(&base, &item, stage)? {
+                    moved += 1;
+                }
+            }
+        }
         for item in self.store().kb_items_in(ItemStatus::Processing)? {
             let Some(base) = base_of(self, &item.base) else {
                 continue;
@@ -464,6 +486,44 @@ impl Engine {
             }
         }
         Ok(moved)
+    }
+
+    /// Fails an active `item` whose `stage` job is gone, unless it moved on meanwhile.
+    fn fail_orphan(&self, base: &KnowledgeBase, item: &KbItem, stage: Stage) -> Result<bool> {
+        let refuse = ItemStatus::ALL
+            .into_iter()
+            .filter(|s| *s != item.status)
+            .collect();
+        let error = ce_store::ItemError {
+            code: ErrorCode::StateTransition.as_str().to_owned(),
+            message: format!(
+                "its {} job ended without finishing it (cancelled, or dead); `ce kb reindex` \
+                 runs it again",
+                stage.job_type()
+            ),
+        };
+        let ops = vec![
+            WriteOp::Kb(KbOp::Guard {
+                base: base.name.clone(),
+                item: item.id.clone(),
+                refuse,
+            }),
+            WriteOp::Kb(KbOp::SetStatus {
+                base: base.name.clone(),
+                item: item.id.clone(),
+                status: ItemStatus::Failed,
+                error: Some(error),
+            }),
+        ];
+        match self.kb_write(base, ops) {
+            Ok(_) => {
+                warn!(base = %base.name, item = %item.id, "item failed: its job is gone");
+                Ok(true)
+            }
+            Err(e) if is_stale(&e) => Ok(false),
+            Err(e) if e.is_retryable() => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Moves `item` from `from` to `completed`, unless it changed meanwhile.
