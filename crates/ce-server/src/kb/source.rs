@@ -146,9 +146,7 @@ pub fn url_file_name(url: &str) -> Option<String> {
     let path = no_scheme.split(['?', '#']).next().unwrap_or("");
     let mut segs = path.split('/');
     let _host = segs.next();
-    segs.filter(|s| !s.is_empty())
-        .next_back()
-        .map(str::to_owned)
+    segs.rfind(|s| !s.is_empty()).map(str::to_owned)
 }
 
 /// The host of a URL.
