@@ -322,6 +322,67 @@ pub fn snippet(body: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn page(status: u16, content_type: &str, body: &str, delay_ms: u64) -> loopback::Reply {
+        loopback::Reply {
+            status,
+            headers: vec![("Content-Type".into(), content_type.into())],
+            body: body.into(),
+            delay: (delay_ms > 0).then(|| Duration::from_millis(delay_ms)),
+        }
+    }
+
+    fn text_only(ct: Option<&str>) -> bool {
+        ct.is_some_and(|c| c.starts_with("text/"))
+    }
+
+    #[test]
+    fn get_reads_a_page_within_its_limits_and_classifies_every_refusal() {
+        let server = loopback::LoopbackServer::start(|r| match r.path.as_str() {
+            "/page" => page(200, "text/html", "<p>hello</p>", 0),
+            "/big" => page(200, "text/plain", &"x".repeat(2048), 0),
+            "/png" => page(200, "image/png", "binary", 0),
+            "/slow" => page(200, "text/plain", "late", 1500),
+            "/down" => page(503, "text/plain", "maintenance", 0),
+            _ => page(404, "text/plain", "no such page", 0),
+        });
+        let url = |p: &str| format!("{}{p}", server.base_url());
+        let t = Duration::from_secs(5);
+        let ok = get(&url("/page"), t, 1024, &text_only).expect("page");
+        assert_eq!(ok.body, b"<p>hello</p>");
+        assert_eq!(ok.content_type.as_deref(), Some("text/html"));
+        assert!(ok.url.ends_with("/page"), "{}", ok.url);
+        assert_eq!(
+            get(&url("/big"), t, 1024, &text_only),
+            Err(GetError::TooLarge { max_bytes: 1024 })
+        );
+        assert_eq!(
+            get(&url("/png"), t, 1024, &text_only),
+            Err(GetError::ContentType {
+                content_type: "image/png".into()
+            })
+        );
+        match get(&url("/slow"), Duration::from_millis(300), 1024, &text_only) {
+            Err(GetError::Failure(Failure::Timeout { .. })) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        match get(&url("/down"), t, 1024, &text_only) {
+            Err(GetError::Failure(Failure::Status {
+                status: 503,
+                retryable: true,
+                ..
+            })) => {}
+            other => panic!("expected a retryable 503, got {other:?}"),
+        }
+        match get(&url("/missing"), t, 1024, &text_only) {
+            Err(GetError::Failure(Failure::Status {
+                status: 404,
+                retryable: false,
+                message,
+            })) => assert!(message.contains("no such page"), "{message}"),
+            other => panic!("expected a permanent 404, got {other:?}"),
+        }
+    }
+
     #[test]
     fn urls_accept_a_base_with_or_without_v1() {
         for base in [

@@ -147,6 +147,20 @@ impl Engine {
         Ok(base)
     }
 
+    /// Drops the hits that lie in the subtree of a `deleting` item (spec: search excludes
+    /// deleted items from the moment of the delete, before the cleanup job removes their
+    /// nodes).
+    pub fn kb_hide_deleting(&self, hits: &mut Vec<ce_retrieval::SearchHit>) -> Result<()> {
+        if hits.is_empty() {
+            return Ok(());
+        }
+        let gone = self.store().kb_deleting_roots()?;
+        if !gone.is_empty() {
+            hits.retain(|h| !gone.iter().any(|g| h.uri.is_within(&g.node_uri)));
+        }
+        Ok(())
+    }
+
     /// Every base, by name.
     pub fn kb_bases(&self) -> Result<Vec<KnowledgeBase>> {
         Ok(self.store().kb_bases()?)

@@ -477,10 +477,13 @@ fn the_recovery_scan_finishes_a_delete_whose_job_is_gone(backend: Backend) {
         },
     );
     assert!(e.store().read_node(&item.node_uri).expect("read").is_some());
+    assert_eq!(keyword(e, "quarterly planning"), [item.node_uri.clone()]);
     let d = e
         .kb_delete_items("notes", std::slice::from_ref(&item.id))
         .expect("delete");
     // The cleanup job is lost (here: cancelled before it ran, as a dead job would be).
+    // Invisible to search at once, while its nodes still wait for the cleanup.
+    assert!(keyword(e, "quarterly planning").is_empty());
     e.cancel_job(&d.jobs[0]).expect("cancel");
     assert_eq!(
         e.store().kb_item("notes", &item.id).expect("row").status,
