@@ -208,6 +208,9 @@ fn index(
     })))
 }
 
+/// The most entries one directory item is expanded into.
+pub const MAX_DIRECTORY_ENTRIES: usize = 10_000;
+
 /// `kb-prepare-root`: expands a directory into child items (files and directories,
 /// hidden entries skipped) and schedules each, in one transaction under the base's lock
 /// with the stale guard; the directory becomes `processing`. Nodes under the directory that
@@ -293,6 +296,17 @@ fn prepare(
             continue;
         }
         entries.push((name, path, is_dir));
+        if entries.len() > MAX_DIRECTORY_ENTRIES {
+            return Err(ServerError::Failed {
+                context,
+                code: ErrorCode::PayloadTooLarge,
+                retryable: false,
+                message: format!(
+                    "more than {MAX_DIRECTORY_ENTRIES} entries: add its sub-directories \
+                     one by one"
+                ),
+            });
+        }
     }
     entries.sort();
     ctx.checkpoint()?;
