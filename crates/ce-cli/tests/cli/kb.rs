@@ -301,3 +301,65 @@ fn over_the_server_notes_are_indexed_and_local_paths_need_an_allowed_root() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("allowed_paths"), "{err}");
 }
+
+#[test]
+fn a_crash_at_any_commit_of_a_delete_leaves_the_mark_and_its_job_together() {
+    // Crash after the n-th committed source write of `ce kb rm-items` (n = 1: a write of
+    // the engine's start; then the mark and its job; then the cleanup's first step): the
+    // `deleting` mark is durable exactly when its cleanup job is — one transaction — and a
+    // later process finishes a pending cleanup.
+    let mut saw_intent = false;
+    for n in 1..=3 {
+        // The dead process's base lock goes stale after a second; the retry is quick.
+        let ce = Ce::hash(
+            "[lock]\nlock_expire_secs = 1.0\n[jobs]\nretry_base_seconds = 1\npoll_interval_ms = 50\n",
+        );
+        ce.json(&["kb", "create", "docs"]);
+        let added = ce.json(&[
+            "kb",
+            "add",
+            "docs",
+            "--note",
+            "The quarterly planning notes.",
+        ]);
+        let id = added["items"][0]["id"].as_str().expect("id").to_owned();
+        let uri = added["items"][0]["node_uri"]
+            .as_str()
+            .expect("uri")
+            .to_owned();
+        let out = ce
+            .command(&["kb", "rm-items", "docs", &id])
+            .env("CE_FAILPOINT", format!("store.after_commit:{n}"))
+            .output()
+            .expect("ce runs");
+        assert!(
+            !out.status.success(),
+            "n={n}: the failpoint aborts the process"
+        );
+        let status = ce.json(&["kb", "status", "docs"]);
+        let deleting = status["counts"]["deleting"].as_u64().expect("count");
+        let jobs = ce.json(&["jobs", "list", "--type", "kb-delete-subtree"]);
+        let jobs = jobs.as_array().expect("jobs");
+        assert_eq!(
+            deleting == 1,
+            jobs.len() == 1,
+            "n={n}: mark and job together: {status} {jobs:?}"
+        );
+        if deleting == 1 {
+            saw_intent = true;
+            assert_eq!(
+                items(&status),
+                Vec::<Value>::new(),
+                "n={n}: invisible at once"
+            );
+        }
+        if jobs.first().is_some_and(|j| j["state"] == "pending") {
+            std::thread::sleep(Duration::from_millis(1200));
+            ce.json(&["worker", "--once"]);
+            let status = ce.json(&["kb", "status", "docs"]);
+            assert_eq!(status["counts"]["deleting"], 0, "n={n}: {status}");
+            ce.fail(&["stat", &uri], 3);
+        }
+    }
+    assert!(saw_intent, "some crash point fell after the mark's commit");
+}
