@@ -363,3 +363,29 @@ fn a_crash_at_any_commit_of_a_delete_leaves_the_mark_and_its_job_together() {
     }
     assert!(saw_intent, "some crash point fell after the mark's commit");
 }
+
+#[test]
+fn without_the_model_the_command_stops_and_says_the_items_wait_for_the_indexes() {
+    let ce = Ce::new();
+    ce.write_config("[index.embedding]\nmodel_dir = \"/nonexistent/model\"\n");
+    ce.json(&["kb", "create", "docs"]);
+    let added = ce.json(&[
+        "kb",
+        "add",
+        "docs",
+        "--note",
+        "Notes about the retrospective.",
+    ]);
+    assert_eq!(added["progress"]["finished"], false, "{added}");
+    assert_eq!(added["progress"]["by_status"]["embedding"], 1, "{added}");
+    let waiting = added["waiting"].as_str().expect("waiting");
+    assert!(
+        waiting.contains("not ready") || waiting.contains("cannot be updated"),
+        "{waiting}"
+    );
+    // The item stays embedding, durable, for a process that can index it.
+    let status = ce.json(&["kb", "status", "docs"]);
+    assert_eq!(status["counts"]["embedding"], 1, "{status}");
+    let human = ce.ok(&["kb", "add", "docs", "--note", "another one"]);
+    assert!(human.contains("stopped before the end"), "{human}");
+}

@@ -130,6 +130,24 @@ impl Engine {
                 });
             }
             if drained == 0 && settled == 0 {
+                let embedding = p
+                    .by_status
+                    .get(&ItemStatus::Embedding)
+                    .copied()
+                    .unwrap_or(0);
+                let readiness = self.readiness();
+                if embedding > 0 && p.jobs_open == 0 && !readiness.ready {
+                    // A consumer that cannot run here (no model, another model's index)
+                    // would keep them embedding: say so rather than wait forever.
+                    return Ok(KbFollowed {
+                        progress: p,
+                        waiting: Some(format!(
+                            "{embedding} items wait for the indexes, which are not ready \
+                             here: {}",
+                            readiness.reasons.join("; ")
+                        )),
+                    });
+                }
                 std::thread::sleep(poll);
             }
         }
