@@ -229,6 +229,7 @@ pub fn run(cli: &Cli, c: &KbCommand) -> Result<Rendered> {
                 let f = engine.kb_follow(&a.base, &j.roots, &j.jobs, &|p| {
                     print_progress(p, cli.json, "kb add")
                 })?;
+                let r = refreshed(r, engine.kb_status(&a.base, None)?.items);
                 let out = Followed {
                     entry: &r,
                     progress: &f.progress,
@@ -282,6 +283,16 @@ fn follow_local(
     Rendered::new(&out, jobs_text(j, Some(&f)))
 }
 
+/// `r` with its items as they are now (`current`: the base's visible items).
+fn refreshed(mut r: AddResult, current: Vec<KbItem>) -> AddResult {
+    for i in &mut r.items {
+        if let Some(now) = current.iter().find(|c| c.id == i.id) {
+            *i = now.clone();
+        }
+    }
+    r
+}
+
 /// Runs `c` against the server of `client`.
 pub fn remote(client: &Client, c: &KbCommand, json: bool) -> Result<Rendered> {
     match c {
@@ -323,6 +334,8 @@ pub fn remote(client: &Client, c: &KbCommand, json: bool) -> Result<Rendered> {
                 jobs: r.jobs.clone(),
             };
             let p = poll_remote(client, &a.base, &j, json, "kb add")?;
+            let now: KbStatus = decode(&client.get(&format!("/v1/kb/{}/status", a.base), &[])?)?;
+            let r = refreshed(r, now.items);
             let f = KbFollowed {
                 progress: p,
                 waiting: None,

@@ -477,7 +477,10 @@ fn the_recovery_scan_finishes_a_delete_whose_job_is_gone(backend: Backend) {
         },
     );
     assert!(e.store().read_node(&item.node_uri).expect("read").is_some());
-    assert_eq!(keyword(e, "quarterly planning"), [item.node_uri.clone()]);
+    assert_eq!(
+        keyword(e, "quarterly planning"),
+        std::slice::from_ref(&item.node_uri)
+    );
     let d = e
         .kb_delete_items("notes", std::slice::from_ref(&item.id))
         .expect("delete");
