@@ -211,18 +211,40 @@ impl Engine {
                 "give at least one path, url or note".into(),
             ));
         }
-        let mut taken: BTreeSet<CtxUri> = self
-            .store()
-            .kb_items(name)?
-            .into_iter()
+        let all = self.store().kb_items(name)?;
+        let mut taken: BTreeSet<CtxUri> = all
+            .iter()
             .filter(|i| i.parent_id.is_none())
-            .map(|i| i.node_uri)
+            .map(|i| i.node_uri.clone())
             .collect();
         let now = self.store().clock().now_ms();
         let mut items = Vec::with_capacity(inputs.len());
+        let mut fresh = Vec::new();
+        let mut resync = Vec::new();
         for (n, input) in inputs.into_iter().enumerate() {
             let id = new_item_id();
             let (kind, source, node_name) = preflight(&input, n, &id)?;
+            // Re-adding an input the base has (same kind and source, a visible top-level
+            // item) is a re-sync of that item, not a second copy: reindexed when its subtree
+            // is terminal (an unchanged input then appends no event), left to its running
+            // work otherwise.
+            if let Some(old) = all.iter().find(|i| {
+                i.parent_id.is_none()
+                    && i.kind == kind
+                    && i.source == source
+                    && i.status != ItemStatus::Deleting
+            }) {
+                if !items.iter().any(|i: &KbItem| i.id == old.id) {
+                    if subtree_of(&all, &old.id)
+                        .iter()
+                        .all(|i| i.status.is_terminal())
+                    {
+                        resync.push(old.id.clone());
+                    }
+                    items.push(old.clone());
+                }
+                continue;
+            }
             let fallback = format!("item-{id}");
             let node_uri = unique_node(&base.root, &node_name, &fallback, &taken);
             taken.insert(node_uri.clone());
@@ -240,20 +262,41 @@ impl Engine {
                 updated_at_ms: now,
             };
             item.status = schedule_item(&item, None).0;
+            fresh.push(item.clone());
             items.push(item);
         }
-        let mut ops: Vec<WriteOp> = items
+        let mut ops: Vec<WriteOp> = fresh
             .iter()
             .map(|i| WriteOp::Kb(KbOp::InsertItem(i.clone())))
             .collect();
         ops.extend(
-            items
+            fresh
                 .iter()
                 .map(|i| WriteOp::Enqueue(schedule_item(i, None).1)),
         );
-        let out = self.kb_write(&base, ops)?;
+        for r in &resync {
+            ops.extend(reindex_ops(name, &all, r));
+        }
+        if ops.is_empty() {
+            return Ok(AddResult {
+                items,
+                jobs: Vec::new(),
+            });
+        }
+        let out = self.kb_write(&base, ops).map_err(|e| {
+            if is_stale(&e) {
+                refused(name, format!("an item changed meanwhile ({e}); try again"))
+            } else {
+                e
+            }
+        })?;
         let jobs = out.into_iter().filter_map(|o| o.job_id).collect();
-        info!(base = name, items = items.len(), "knowledge items added");
+        info!(
+            base = name,
+            new = fresh.len(),
+            resynced = resync.len(),
+            "knowledge items added"
+        );
         Ok(AddResult { items, jobs })
     }
 
@@ -309,10 +352,6 @@ impl Engine {
         }
         let all = self.store().kb_items(name)?;
         let roots = fold_roots(&all, ids);
-        let not_terminal: Vec<ItemStatus> = ItemStatus::ALL
-            .into_iter()
-            .filter(|s| !s.is_terminal())
-            .collect();
         let mut ops = Vec::new();
         for r in &roots {
             let sub = subtree_of(&all, r);
@@ -334,20 +373,7 @@ impl Engine {
                     ),
                 ));
             }
-            ops.extend(sub.iter().map(|i| {
-                WriteOp::Kb(KbOp::Guard {
-                    base: name.to_owned(),
-                    item: i.id.clone(),
-                    refuse: not_terminal.clone(),
-                })
-            }));
-            ops.push(WriteOp::Enqueue(
-                KbJob {
-                    base: name.to_owned(),
-                    item: Some(r.clone()),
-                }
-                .spec(Stage::Reindex, None),
-            ));
+            ops.extend(reindex_ops(name, &all, r));
         }
         let out = self.kb_write(&base, ops).map_err(|e| {
             if is_stale(&e) {
@@ -566,6 +592,34 @@ impl Engine {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The reindex of `root` (whose subtree the caller found terminal): a stale guard per item
+/// of the subtree refusing any non-terminal status — the entry's check, repeated in the
+/// transaction — and the `kb-reindex-subtree` job.
+fn reindex_ops(base: &str, all: &[KbItem], root: &str) -> Vec<WriteOp> {
+    let not_terminal: Vec<ItemStatus> = ItemStatus::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .collect();
+    let mut ops: Vec<WriteOp> = subtree_of(all, root)
+        .iter()
+        .map(|i| {
+            WriteOp::Kb(KbOp::Guard {
+                base: base.to_owned(),
+                item: i.id.clone(),
+                refuse: not_terminal.clone(),
+            })
+        })
+        .collect();
+    ops.push(WriteOp::Enqueue(
+        KbJob {
+            base: base.to_owned(),
+            item: Some(root.to_owned()),
+        }
+        .spec(Stage::Reindex, None),
+    ));
+    ops
 }
 
 /// The kind, source and node name of one input (its shape only: what the source holds is

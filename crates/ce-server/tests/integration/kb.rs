@@ -409,15 +409,16 @@ fn reindex_is_refused_while_anything_in_the_subtree_is_active(backend: Backend) 
         .len(),
         jobs_before
     );
-    // Adding the same directory again is a new item (its own node name), not a collision.
+    // Adding the same directory again while it is prepared is that item, with no new job.
     let second = e.kb_add("docs", vec![path(src.path())]).expect("add again");
-    assert_ne!(second.items[0].node_uri, added.items[0].node_uri);
+    assert_eq!(second.items[0].id, root);
+    assert!(second.jobs.is_empty(), "{second:?}");
     finish(
         e,
         "docs",
         &KbJobs {
-            roots: vec![root.clone(), second.items[0].id.clone()],
-            jobs: [added.jobs, second.jobs].concat(),
+            roots: vec![root.clone()],
+            jobs: added.jobs,
         },
     );
     // Unknown ids refuse the batch too.
@@ -566,9 +567,30 @@ fn a_rerun_of_index_documents_converges_on_the_same_nodes(backend: Backend) {
         e.store().kb_item("docs", &item.id).expect("item").status,
         ItemStatus::Completed
     );
-    // Adding the same file again is a second item of its own (guide_1.md).
+    // Re-adding the unchanged file is a re-sync of its item: a reindex, and no event.
     let again = e.kb_add("docs", vec![path(&file)]).expect("add again");
-    assert_eq!(again.items[0].node_uri.name(), "guide_1.md");
+    assert_eq!(again.items[0].id, item.id);
+    assert_eq!(again.jobs.len(), 1, "{again:?}");
+    finish(
+        e,
+        "docs",
+        &KbJobs {
+            roots: vec![item.id.clone()],
+            jobs: again.jobs.clone(),
+        },
+    );
+    assert_eq!(
+        event_count(e),
+        before,
+        "re-adding an unchanged input appends no event"
+    );
+    // Another file of the same name is another item, named guide_1.md.
+    let other = tempfile::tempdir().expect("other");
+    std::fs::copy(&file, other.path().join("guide.md")).expect("copy");
+    let second = e
+        .kb_add("docs", vec![path(&other.path().join("guide.md"))])
+        .expect("add other");
+    assert_eq!(second.items[0].node_uri.name(), "guide_1.md");
 }
 
 fn urls_are_fetched_with_content_type_checks_and_failures_stay_per_item(backend: Backend) {
