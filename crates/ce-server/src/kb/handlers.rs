@@ -14,8 +14,7 @@ use ce_core::{Classify, CoreError, CtxUri, ErrorCode};
 use ce_ingest::{Hint, TokenCount};
 use ce_store::kb::subtree_of;
 use ce_store::{
-    ItemError, ItemKind, ItemStatus, Job, JobFilter, JobState, KbItem, KbOp, KnowledgeBase,
-    StoreError, WriteOp,
+    ItemError, ItemKind, ItemStatus, Job, KbItem, KbOp, KnowledgeBase, StoreError, WriteOp,
 };
 use serde_json::{Value, json};
 use tracing::{info, warn};
@@ -384,34 +383,21 @@ fn prepare(
 /// Cancels the live jobs of `items` (pending / failed ones at once; a running one at its
 /// next checkpoint, where its stale guard would refuse the commit anyway) other than `me`.
 fn cancel_jobs_of(engine: &Engine, base: &str, items: &[String], me: &str) -> Result<usize> {
-    let keys: BTreeSet<String> = items
-        .iter()
-        .flat_map(|i| {
-            [Stage::Prepare, Stage::Index, Stage::Reindex].map(|s| super::job_key(base, i, s))
-        })
-        .collect();
     let mut n = 0;
-    for job_type in [super::PREPARE_JOB, super::INDEX_JOB, super::REINDEX_JOB] {
-        for state in [
-            JobState::Pending,
-            JobState::Delayed,
-            JobState::Failed,
-            JobState::Running,
-        ] {
-            let jobs = engine.list_jobs(&JobFilter {
-                state: Some(state),
-                job_type: Some(job_type.into()),
-                parent_job_id: None,
-                limit: ce_store::MAX_LIST_LIMIT as usize,
-            })?;
-            for j in jobs {
-                if j.id != me && j.idempotency_key.as_ref().is_some_and(|k| keys.contains(k)) {
-                    match engine.cancel_job(&j.id) {
-                        Ok(_) => n += 1,
-                        Err(ServerError::Store(StoreError::JobTransition { .. })) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+    for item in items {
+        for stage in [Stage::Prepare, Stage::Index, Stage::Reindex] {
+            let key = super::job_key(base, item, stage);
+            let Some(job) = engine.store().jobs().live_job(&key)? else {
+                continue;
+            };
+            if job.id == me {
+                continue;
+            }
+            match engine.cancel_job(&job.id) {
+                Ok(_) => n += 1,
+                // It ended meanwhile.
+                Err(ServerError::Store(StoreError::JobTransition { .. })) => {}
+                Err(e) => return Err(e),
             }
         }
     }
