@@ -159,6 +159,10 @@ fn a_directory_of_real_files_is_added_followed_and_searchable() {
         .and_then(|i| i["id"].as_str())
         .expect("root")
         .to_owned();
+    let sub = ce.json(&["kb", "status", "docs", "--item", &root]);
+    assert_eq!(sub["total"], 8, "the directory's subtree: {sub}");
+    let f = ce.fail(&["kb", "status", "docs", "--item", "ffff"], 3);
+    assert_eq!(f.error["code"], "not_found", "{:?}", f.error);
     let r = ce.json(&["kb", "reindex", "docs", &root]);
     assert_eq!(r["progress"]["finished"], true, "{r}");
     let events_after = ce
