@@ -322,3 +322,31 @@ def test_both_clients_have_the_same_operations_with_the_same_signatures() -> Non
     assert sync == asynchronous
     assert {"put", "search", "hierarchical_search", "wait_until_indexed", "reindex"} <= set(sync)
     assert all(inspect.iscoroutinefunction(getattr(AsyncClient, n)) for n in asynchronous)
+
+
+def test_knowledge_bases(admin: Client) -> None:
+    import time
+    import uuid
+
+    name = f"kb-{uuid.uuid4().hex[:12]}"
+    base = admin.kb_create(name, account="pykb", settings={"max_tokens": 128, "overlap_tokens": 16, "min_tokens": 32})
+    assert base["root"] == f"ctx://pykb/resources/{name}"
+    assert name in [b["name"] for b in admin.kb_list()]
+    added = admin.kb_add(name, notes=["The launch checklist lives in the operations runbook."])
+    roots = [i["id"] for i in added["items"]]
+    deadline = time.monotonic() + 60
+    while True:
+        p = admin.kb_progress(name, roots=roots, jobs=added["jobs"])
+        if p["finished"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (p["finished"], p["done"], p["failed"]) == (True, 1, 0), p
+    status = admin.kb_status(name)
+    assert status["counts"]["completed"] == 1 and status["items"][0]["kind"] == "note"
+    with pytest.raises(InvalidInputError) as refused:
+        admin.kb_add(name, paths=["/etc/passwd"])
+    assert refused.value.code == "invalid_field"
+    gone = admin.kb_delete_items(name, roots)
+    assert gone["roots"] == roots
+    assert admin.kb_status(name)["items"] == []
+    admin.kb_remove(name)

@@ -12,6 +12,7 @@ use crate::bench_pipeline::BenchPipelineArgs;
 use crate::bench_retrieval::BenchRetrievalArgs;
 use crate::eval::EvalArgs;
 use crate::jobs::JobsCommand;
+use crate::kb::KbCommand;
 use crate::repair::RepairCommand;
 
 /// ContextEngine: a context database for AI agents.
@@ -173,6 +174,10 @@ pub enum Command {
     /// Durable jobs: list, show, cancel, retry (docs/jobs.md).
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Knowledge bases: add files, directories, URLs and notes, and index them
+    /// (docs/ingestion.md).
+    #[command(subcommand)]
+    Kb(KbCommand),
     /// Repair jobs: requeue or force-done dead deliveries; reconcile the indexes with the
     /// source of truth (docs/repair.md).
     #[command(subcommand)]

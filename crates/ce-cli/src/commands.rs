@@ -126,6 +126,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
         }
         Command::Reindex(a) => reindex(cli, a),
         Command::Jobs(c) => jobs::run(cli, c),
+        Command::Kb(c) => crate::kb::run(cli, c),
         Command::Repair(c) => repair::run(cli, c),
         Command::Session(c) => crate::session::run(cli, c),
         Command::Serve(a) => serve(cli, a),

@@ -20,6 +20,7 @@ mod demo;
 mod error;
 mod eval;
 mod jobs;
+mod kb;
 mod mcp;
 mod output;
 mod remote;

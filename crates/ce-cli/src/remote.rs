@@ -355,6 +355,7 @@ pub fn run(cli: &Cli, url: &str) -> Result<Rendered> {
         )),
         Command::Reindex(a) => reindex(&c, a, cli.json),
         Command::Jobs(j) => crate::jobs::remote(&c, j),
+        Command::Kb(k) => crate::kb::remote(&c, k, cli.json),
         Command::Repair(r) => crate::repair::remote(&c, r),
         Command::Session(s) => crate::session::remote(&c, s),
         Command::Import(_)

@@ -30,6 +30,8 @@ pub struct Config {
     pub derive: DeriveConfig,
     /// `[sessions]`: session commits and memory extraction (docs/sessions.md).
     pub sessions: SessionsConfig,
+    /// `[ingest]`: knowledge bases and their inputs (docs/ingestion.md).
+    pub ingest: IngestConfig,
 }
 
 /// `[sessions]`: the commit policy and memory extraction (docs/sessions.md). Extraction uses
@@ -84,6 +86,30 @@ impl SessionsConfig {
             5,
         )?;
         range("sessions.timeout_seconds", self.timeout_seconds, 1, 600)?;
+        Ok(())
+    }
+}
+
+/// `[ingest]`: what the ingestion workflow may read (docs/ingestion.md, "Sources").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Absolute directories under which an HTTP request (`POST /v1/kb/{base}/items`) may add
+    /// local paths of the server's machine; empty (the default): none, only URLs and notes.
+    /// The local CLI (`ce kb add` without `--server`) reads any path its user can.
+    pub allowed_paths: Vec<String>,
+}
+
+impl IngestConfig {
+    fn validate(&self) -> Result<(), CoreError> {
+        for (i, p) in self.allowed_paths.iter().enumerate() {
+            if !std::path::Path::new(p).is_absolute() {
+                return Err(CoreError::InvalidConfig {
+                    key: format!("ingest.allowed_paths[{i}]"),
+                    reason: format!("{p:?} is not an absolute path"),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -1183,6 +1209,7 @@ impl Config {
         self.jobs.validate()?;
         self.derive.validate()?;
         self.sessions.validate()?;
+        self.ingest.validate()?;
         Ok(())
     }
 }

@@ -23,6 +23,7 @@ pub mod from_config;
 pub mod hash;
 pub mod local;
 pub mod openai;
+pub mod tokens;
 
 pub use cache::{CacheStats, CacheTotals, CachedEmbedder, EmbeddingCache};
 pub use ce_http::RateLimitPause;
@@ -33,6 +34,7 @@ pub use from_config::{CACHE_FILE, build, build_cached, build_provider, local_mod
 pub use hash::HashEmbedder;
 pub use local::{LocalEmbedder, default_model_dir};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
+pub use tokens::TokenCounter;
 
 /// Which vector space an embedding belongs to. Vectors of two identities never mix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]

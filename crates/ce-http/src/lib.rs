@@ -322,6 +322,67 @@ pub fn snippet(body: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn page(status: u16, content_type: &str, body: &str, delay_ms: u64) -> loopback::Reply {
+        loopback::Reply {
+            status,
+            headers: vec![("Content-Type".into(), content_type.into())],
+            body: body.into(),
+            delay: (delay_ms > 0).then(|| Duration::from_millis(delay_ms)),
+        }
+    }
+
+    fn text_only(ct: Option<&str>) -> bool {
+        ct.is_some_and(|c| c.starts_with("text/"))
+    }
+
+    #[test]
+    fn get_reads_a_page_within_its_limits_and_classifies_every_refusal() {
+        let server = loopback::LoopbackServer::start(|r| match r.path.as_str() {
+            "/page" => page(200, "text/html", "<p>hello</p>", 0),
+            "/big" => page(200, "text/plain", &"x".repeat(2048), 0),
+            "/png" => page(200, "image/png", "binary", 0),
+            "/slow" => page(200, "text/plain", "late", 1500),
+            "/down" => page(503, "text/plain", "maintenance", 0),
+            _ => page(404, "text/plain", "no such page", 0),
+        });
+        let url = |p: &str| format!("{}{p}", server.base_url());
+        let t = Duration::from_secs(5);
+        let ok = get(&url("/page"), t, 1024, &text_only).expect("page");
+        assert_eq!(ok.body, b"<p>hello</p>");
+        assert_eq!(ok.content_type.as_deref(), Some("text/html"));
+        assert!(ok.url.ends_with("/page"), "{}", ok.url);
+        assert_eq!(
+            get(&url("/big"), t, 1024, &text_only),
+            Err(GetError::TooLarge { max_bytes: 1024 })
+        );
+        assert_eq!(
+            get(&url("/png"), t, 1024, &text_only),
+            Err(GetError::ContentType {
+                content_type: "image/png".into()
+            })
+        );
+        match get(&url("/slow"), Duration::from_millis(300), 1024, &text_only) {
+            Err(GetError::Failure(Failure::Timeout { .. })) => {}
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        match get(&url("/down"), t, 1024, &text_only) {
+            Err(GetError::Failure(Failure::Status {
+                status: 503,
+                retryable: true,
+                ..
+            })) => {}
+            other => panic!("expected a retryable 503, got {other:?}"),
+        }
+        match get(&url("/missing"), t, 1024, &text_only) {
+            Err(GetError::Failure(Failure::Status {
+                status: 404,
+                retryable: false,
+                message,
+            })) => assert!(message.contains("no such page"), "{message}"),
+            other => panic!("expected a permanent 404, got {other:?}"),
+        }
+    }
+
     #[test]
     fn urls_accept_a_base_with_or_without_v1() {
         for base in [
@@ -399,4 +460,109 @@ mod tests {
         let c = JsonClient::new("http://x/v1/embeddings".into(), Some("sk-secret".into()));
         assert!(!format!("{c:?}").contains("sk-secret"));
     }
+}
+
+/// A document fetched with [`get`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fetched {
+    /// The URL it was finally read from (after redirects).
+    pub url: String,
+    /// Its `Content-Type` header, if any.
+    pub content_type: Option<String>,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// Why a [`get`] failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GetError {
+    /// The exchange failed (as for the JSON clients).
+    Failure(Failure),
+    /// The body is longer than the limit (declared or as read); not retryable.
+    TooLarge {
+        /// The limit.
+        max_bytes: u64,
+    },
+    /// The content type is not one `accept` allows; not retryable.
+    ContentType {
+        /// The type the server declared.
+        content_type: String,
+    },
+}
+
+/// Gets `url` (HTTP or HTTPS, redirects followed): its body, at most `max_bytes` long, when
+/// the answer is 2xx and `accept` allows its content type (a missing one is passed as
+/// `None`); `timeout` bounds the whole exchange. A declared length over the limit is refused
+/// before the body is read.
+pub fn get(
+    url: &str,
+    timeout: Duration,
+    max_bytes: u64,
+    accept: &dyn Fn(Option<&str>) -> bool,
+) -> Result<Fetched, GetError> {
+    let client = JsonClient::new(url.to_owned(), None);
+    let resp = client
+        .agent
+        .get(url)
+        .config()
+        .timeout_global(Some(timeout))
+        .build()
+        .call()
+        .map_err(|e| GetError::Failure(client.transport(e, timeout)));
+    let mut resp = resp?;
+    let status = resp.status().as_u16();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let content_type = header("content-type");
+    let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    let final_url = ureq::ResponseExt::get_uri(&resp).to_string();
+    if !(200..=299).contains(&status) {
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_vec()
+            .unwrap_or_default();
+        return Err(GetError::Failure(if status == 429 {
+            Failure::RateLimited {
+                retry_after: retry_after(resp.headers(), SystemTime::now()),
+                message: format!("{url} answered 429: {}", snippet(&body)),
+            }
+        } else {
+            Failure::Status {
+                status,
+                message: format!("{url} answered {status}: {}", snippet(&body)),
+                retryable: status == 408 || status >= 500,
+            }
+        }));
+    }
+    if !accept(content_type.as_deref()) {
+        return Err(GetError::ContentType {
+            content_type: content_type.unwrap_or_default(),
+        });
+    }
+    if length.is_some_and(|n| n > max_bytes) {
+        return Err(GetError::TooLarge { max_bytes });
+    }
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(max_bytes.saturating_add(1))
+        .read_to_vec()
+        .map_err(|e| match e {
+            ureq::Error::BodyExceedsLimit(_) => GetError::TooLarge { max_bytes },
+            e => GetError::Failure(client.transport(e, timeout)),
+        })?;
+    if body.len() as u64 > max_bytes {
+        return Err(GetError::TooLarge { max_bytes });
+    }
+    Ok(Fetched {
+        url: final_url,
+        content_type,
+        body,
+    })
 }

@@ -40,7 +40,8 @@ impl Recorded {
 pub struct Reply {
     /// The status code.
     pub status: u16,
-    /// Extra headers (`Content-Type: application/json` and `Content-Length` are always sent).
+    /// Extra headers (`Content-Length` is always sent, `Content-Type: application/json` unless
+    /// one is given here).
     pub headers: Vec<(String, String)>,
     /// The body.
     pub body: String,
@@ -166,11 +167,18 @@ fn serve_connection(stream: TcpStream, s: &Shared) {
             std::thread::sleep(d);
         }
         let mut out = format!(
-            "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            "HTTP/1.1 {} {}\r\nContent-Length: {}\r\n",
             reply.status,
             reason(reply.status),
             reply.body.len()
         );
+        if !reply
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            out.push_str("Content-Type: application/json\r\n");
+        }
         for (k, v) in &reply.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
         }

@@ -37,6 +37,9 @@ pub enum ServerError {
     /// A session operation or memory extraction failed (docs/sessions.md).
     #[error(transparent)]
     Session(#[from] ce_session::SessionError),
+    /// An input no parser reads, or one that cannot be parsed (an item's error).
+    #[error(transparent)]
+    Ingest(#[from] ce_ingest::IngestError),
     /// The engine cannot serve this yet (model missing, index bound to another model).
     #[error("not ready: {reason}")]
     NotReady {
@@ -177,6 +180,7 @@ impl Classify for ServerError {
             ServerError::Retrieval(e) => e.code(),
             ServerError::Lock(e) => e.code(),
             ServerError::Session(e) => e.code(),
+            ServerError::Ingest(e) => e.code(),
             ServerError::NotReady { code, .. } => *code,
             ServerError::UnsupportedConsumer { .. } => ErrorCode::InvalidField,
             ServerError::ConsumerOwned { .. } => ErrorCode::InvalidConfig,
@@ -201,6 +205,7 @@ impl Classify for ServerError {
             ServerError::Retrieval(e) => e.is_retryable(),
             ServerError::Lock(e) => e.is_retryable(),
             ServerError::Session(e) => e.is_retryable(),
+            ServerError::Ingest(e) => e.is_retryable(),
             ServerError::NotReady { code, .. } => *code == ErrorCode::Unavailable,
             ServerError::Failed { retryable, .. } => *retryable,
             ServerError::JobStopped { stop, .. } => stop.is_retryable(),

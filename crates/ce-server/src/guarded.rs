@@ -100,13 +100,23 @@ impl Guarded<'_> {
 
     /// Runs `ops` under leases on `reqs`, then releases them.
     fn locked(&self, reqs: &[LockRequest], ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        let mut out = self.with_locks(reqs, |fences| {
+        Ok(self.apply_locked(reqs, ops)?.remove(0))
+    }
+
+    /// Runs the batch `ops` in one transaction under leases on `reqs`, written with their
+    /// fencing tokens, then releases them; every op's outcome (e.g. a knowledge base's
+    /// mutations under its TREE lock).
+    pub fn apply_locked(
+        &self,
+        reqs: &[LockRequest],
+        ops: Vec<WriteOp>,
+    ) -> Result<Vec<WriteOutcome>> {
+        self.with_locks(reqs, |fences| {
             ce_core::failpoint::hit("lock.after_acquire");
             let out = self.store.apply_fenced(fences, ops);
             ce_core::failpoint::hit("lock.before_release");
             Ok(out?)
-        })?;
-        Ok(out.remove(0))
+        })
     }
 
     /// Runs `work` under leases on `reqs` — it reads what it needs and writes with the

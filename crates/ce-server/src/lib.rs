@@ -6,6 +6,7 @@
 //!   (embedded or pgvector), `IndexWorker`s with wake-up hints — plus search, status,
 //!   reindex, drain
 //! - [`jobs`]: durable jobs in the engine: the job types' handlers and the job runner
+//! - [`kb`]: the ingestion workflow: knowledge bases, items and their jobs
 //! - [`guarded`]: rm / mv / import under path locks, shared by the server and the local CLI
 //! - [`sessions`]: sessions, their two-phase commit and the `session-commit` job
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
@@ -19,6 +20,7 @@ pub mod error;
 pub mod guarded;
 pub mod http;
 pub mod jobs;
+pub mod kb;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;

@@ -568,3 +568,32 @@ mod tests {
         assert!(serde_json::from_str::<PutBody>(r#"{"uri":"ctx://a","bogus":1}"#).is_err());
     }
 }
+
+/// `POST /v1/kb/{base}/items`: the inputs to add.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KbAddBody {
+    /// Each exactly one of `path` (server-side, under `[ingest].allowed_paths`), `url`,
+    /// `note`.
+    pub inputs: Vec<crate::kb::KbInput>,
+}
+
+/// `POST /v1/kb/{base}/items/rm` and `POST /v1/kb/{base}/reindex`: the items.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KbItemsBody {
+    /// Item ids (nested ones fold into their selected ancestor).
+    pub items: Vec<String>,
+}
+
+/// `POST /v1/kb/{base}/progress`: what to report on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KbProgressBody {
+    /// Items whose subtrees are followed.
+    #[serde(default)]
+    pub roots: Vec<String>,
+    /// Jobs that must have ended.
+    #[serde(default)]
+    pub jobs: Vec<String>,
+}

@@ -3,6 +3,8 @@
 mod integration {
     mod common;
     mod fuzz;
+    mod kb;
+    mod kb_model;
     mod locks;
     mod mcp;
     mod openapi;

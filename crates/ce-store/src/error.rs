@@ -129,6 +129,41 @@ pub enum StoreError {
         /// What was refused.
         reason: &'static str,
     },
+    /// A knowledge base or item that does not exist.
+    #[error("{what} {id} not found")]
+    KbNotFound {
+        /// `knowledge base` or `item`.
+        what: &'static str,
+        /// Its name, or `base/item`.
+        id: String,
+    },
+    /// A knowledge base whose name or root is taken.
+    #[error("knowledge base {name} or one at {root} already exists")]
+    KbExists {
+        /// The name asked for.
+        name: String,
+        /// The root asked for.
+        root: CtxUri,
+    },
+    /// The stale guard of a knowledge-base write: the item is gone or in a status that
+    /// refuses the write; the whole batch was written nothing.
+    #[error("item {base}/{item} is {}: the write was skipped", status.map_or("gone", |s| s.as_str()))]
+    KbStale {
+        /// The base.
+        base: String,
+        /// The item.
+        item: String,
+        /// Its status (`None`: gone).
+        status: Option<crate::kb::ItemStatus>,
+    },
+    /// A knowledge-base operation its entry guard refuses.
+    #[error("knowledge base {base}: refused: {reason}")]
+    KbRefused {
+        /// The base.
+        base: String,
+        /// Why.
+        reason: String,
+    },
     /// A derived deletion (an import's prune) over the delete-safety limits.
     #[error(
         "large delete refused: {0}; check that the source is complete, then pass --allow-large-delete"
@@ -259,8 +294,12 @@ impl Classify for StoreError {
             StoreError::NodeNotFound { .. }
             | StoreError::RelationNotFound { .. }
             | StoreError::EventNotFound { .. }
-            | StoreError::JobNotFound { .. } => ErrorCode::NotFound,
-            StoreError::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+            | StoreError::JobNotFound { .. }
+            | StoreError::KbNotFound { .. } => ErrorCode::NotFound,
+            StoreError::AlreadyExists { .. } | StoreError::KbExists { .. } => {
+                ErrorCode::AlreadyExists
+            }
+            StoreError::KbStale { .. } | StoreError::KbRefused { .. } => ErrorCode::StateTransition,
             StoreError::VersionConflict { .. } => ErrorCode::VersionConflict,
             StoreError::NotEmpty { .. } => ErrorCode::NotEmpty,
             StoreError::InvalidMove { .. } => ErrorCode::InvalidMove,
@@ -320,6 +359,10 @@ impl Classify for StoreError {
             | StoreError::RelationNotFound { .. }
             | StoreError::EventNotFound { .. }
             | StoreError::JobNotFound { .. }
+            | StoreError::KbNotFound { .. }
+            | StoreError::KbExists { .. }
+            | StoreError::KbStale { .. }
+            | StoreError::KbRefused { .. }
             | StoreError::JobTransition { .. }
             | StoreError::AlreadyExists { .. }
             | StoreError::VersionConflict { .. }

@@ -7,6 +7,7 @@
 //!
 //! - [`model`]: requests, answers and the backend traits
 //! - [`jobs`]: durable workflow jobs (the same queue rules as the outbox, `queue.rs`)
+//! - [`kb`]: knowledge bases and their items (the ingestion workflow's durable rows)
 //! - [`plan`]: pure write planning shared by backends (merge rules, versions, moves)
 //! - [`sqlite`]: the embedded backend (SQLite, WAL)
 //! - [`postgres`]: the scale backend (PostgreSQL), same schema semantics
@@ -15,6 +16,7 @@
 pub mod derive;
 pub mod error;
 pub mod jobs;
+pub mod kb;
 pub mod layout;
 pub mod model;
 mod outbox;
@@ -31,6 +33,7 @@ pub use jobs::{
     ClaimedJob, Enqueued, Heartbeat, Job, JobClaim, JobCount, JobFailure, JobFilter, JobSpec,
     JobState, JobStore, MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES, TypeSlots,
 };
+pub use kb::{BaseStatus, ItemError, ItemKind, ItemStatus, KbItem, KbOp, KbStore, KnowledgeBase};
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow,
@@ -43,11 +46,19 @@ pub use sqlite::SqliteStore;
 /// Everything a backend provides: one transactional store for nodes, relations, outbox and
 /// jobs.
 pub trait SourceStore:
-    ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore + DeriveStore
+    ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore + DeriveStore + KbStore
 {
 }
 
-impl<T: ContextFs + RelationStore + OutboxStore + HoldStore + OwnerStore + JobStore + DeriveStore>
-    SourceStore for T
+impl<
+    T: ContextFs
+        + RelationStore
+        + OutboxStore
+        + HoldStore
+        + OwnerStore
+        + JobStore
+        + DeriveStore
+        + KbStore,
+> SourceStore for T
 {
 }

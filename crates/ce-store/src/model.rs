@@ -224,6 +224,11 @@ pub enum WriteOp {
     /// the batch commits. Its outcome's `job_id` is the new job, or the non-terminal one
     /// holding the idempotency key (then `changed` is false); `uri` is the root.
     Enqueue(crate::jobs::JobSpec),
+    /// A knowledge-base write ([`crate::kb::KbOp`]) in the batch's transaction: item rows,
+    /// the nodes they own and the jobs that follow commit together. A failed check (e.g.
+    /// the stale guard) fails the whole batch. Its outcome's `changed` says whether it
+    /// changed anything; `uri` is the root.
+    Kb(crate::kb::KbOp),
     /// [`crate::JobStore::complete`] in the batch's transaction, so a handler's source writes
     /// and the end of its job commit together: a claim that is no longer live fails the whole
     /// batch with its claim conflict, writing nothing. Its outcome's `job_id` is the job,

@@ -83,7 +83,7 @@ pub(crate) trait ReadTx {
 
 /// Row writes inside one source write transaction, which may enqueue and complete jobs too
 /// ([`WriteOp::Enqueue`], [`WriteOp::CompleteJob`]).
-pub(crate) trait WriteTx: ReadTx + JobTx {
+pub(crate) trait WriteTx: ReadTx + JobTx + crate::kb::rows::KbTx {
     /// Inserts or overwrites a node row and clears its tombstone.
     fn insert_node(&mut self, n: &ContextNode) -> Result<()>;
     /// Tombstones and deletes `uri` and its descendants; returns how many were deleted.
@@ -466,6 +466,14 @@ fn apply_op(
         WriteOp::CompleteJob { claim, result } => {
             let (job, changed) = machine::complete(tx, &claim, result, now)?;
             Ok(job_outcome(job.id, changed))
+        }
+        WriteOp::Kb(op) => {
+            let changed = crate::kb::logic::apply(tx, op, now)?;
+            Ok(WriteOutcome {
+                changed,
+                job_id: None,
+                ..job_outcome(String::new(), changed)
+            })
         }
     }
 }

@@ -476,6 +476,90 @@ def start_reindex(consumer: Optional[str] = None) -> Call[t.JobQueued]:
     return Call("POST", "/v1/reindex", body=_some(consumer=consumer, no_wait=True))
 
 
+# --- knowledge bases (admin key; docs/ingestion.md) ----------------------------------------
+
+
+def _kb_path(base: str, action: str = "") -> str:
+    return f"/v1/kb/{quote(base, safe='')}{action}"
+
+
+def kb_create(
+    name: str,
+    *,
+    root: Optional[str] = None,
+    account: Optional[str] = None,
+    settings: Optional[Dict[str, int]] = None,
+) -> Call[t.KnowledgeBase]:
+    """Creates a knowledge base (``POST /v1/kb/create``): its root defaults to
+    ``ctx://{account}/resources/{name}``; ``settings`` are its chunk options
+    (``max_tokens``, ``overlap_tokens``, ``min_tokens``)."""
+    return Call(
+        "POST",
+        "/v1/kb/create",
+        body=_some(name=name, root=root, account=account, settings=settings),
+    )
+
+
+def kb_list() -> Call[List[t.KnowledgeBase]]:
+    """Every knowledge base (``GET /v1/kb``)."""
+    return Call("GET", "/v1/kb")
+
+
+def kb_status(base: str, *, item: Optional[str] = None) -> Call[t.KbStatus]:
+    """A base's visible items by status, with their errors (``GET /v1/kb/{base}/status``);
+    ``item``: that item and its subtree only."""
+    return Call("GET", _kb_path(base, "/status"), _some(item=item))
+
+
+def kb_add(
+    base: str,
+    *,
+    urls: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    paths: Sequence[str] = (),
+) -> Call[t.KbAddResult]:
+    """Adds URLs, notes and (server-side, under ``[ingest].allowed_paths``) paths
+    (``POST /v1/kb/{base}/items``); answers once the items and their first jobs exist —
+    :meth:`kb_progress` follows the work."""
+    inputs = (
+        [{"url": u} for u in urls]
+        + [{"note": n} for n in notes]
+        + [{"path": p} for p in paths]
+    )
+    return Call("POST", _kb_path(base, "/items"), body={"inputs": inputs})
+
+
+def kb_delete_items(base: str, items: Sequence[str]) -> Call[t.KbJobs]:
+    """Deletes items with their subtrees (``POST /v1/kb/{base}/items/rm``): invisible at
+    once, removed by a cleanup job."""
+    return Call("POST", _kb_path(base, "/items/rm"), body={"items": list(items)})
+
+
+def kb_reindex(base: str, items: Sequence[str]) -> Call[t.KbJobs]:
+    """Reindexes items (``POST /v1/kb/{base}/reindex``); a ``state_transition``
+    :class:`~contextengine.ConflictError` unless every item of their subtrees is completed
+    or failed."""
+    return Call("POST", _kb_path(base, "/reindex"), body={"items": list(items)})
+
+
+def kb_remove(base: str) -> Call[t.KbJobs]:
+    """Removes a base with all its items and nodes (``POST /v1/kb/{base}/rm``)."""
+    return Call("POST", _kb_path(base, "/rm"))
+
+
+def kb_progress(
+    base: str, *, roots: Sequence[str] = (), jobs: Sequence[str] = ()
+) -> Call[t.KbProgress]:
+    """Where the work of ``roots``' subtrees and of ``jobs`` stands
+    (``POST /v1/kb/{base}/progress``): ``finished`` once the jobs ended and every item is
+    completed or failed."""
+    return Call(
+        "POST",
+        _kb_path(base, "/progress"),
+        body={"roots": list(roots), "jobs": list(jobs)},
+    )
+
+
 # --- waiting for the indexes -------------------------------------------------------------
 
 Step = Union[Call[Any], float]

@@ -188,6 +188,14 @@ class Client:
     retry_job = _blocking(ops.retry_job)
     reindex = _blocking(ops.reindex)
     start_reindex = _blocking(ops.start_reindex)
+    kb_create = _blocking(ops.kb_create)
+    kb_list = _blocking(ops.kb_list)
+    kb_status = _blocking(ops.kb_status)
+    kb_add = _blocking(ops.kb_add)
+    kb_delete_items = _blocking(ops.kb_delete_items)
+    kb_reindex = _blocking(ops.kb_reindex)
+    kb_remove = _blocking(ops.kb_remove)
+    kb_progress = _blocking(ops.kb_progress)
 
 
 class AsyncClient:
@@ -285,3 +293,11 @@ class AsyncClient:
     retry_job = _awaitable(ops.retry_job)
     reindex = _awaitable(ops.reindex)
     start_reindex = _awaitable(ops.start_reindex)
+    kb_create = _awaitable(ops.kb_create)
+    kb_list = _awaitable(ops.kb_list)
+    kb_status = _awaitable(ops.kb_status)
+    kb_add = _awaitable(ops.kb_add)
+    kb_delete_items = _awaitable(ops.kb_delete_items)
+    kb_reindex = _awaitable(ops.kb_reindex)
+    kb_remove = _awaitable(ops.kb_remove)
+    kb_progress = _awaitable(ops.kb_progress)

@@ -26,6 +26,12 @@ __all__ = [
     "JobCount",
     "JobQueued",
     "JobsStatus",
+    "KbAddResult",
+    "KbItem",
+    "KbJobs",
+    "KbProgress",
+    "KbStatus",
+    "KnowledgeBase",
     "ConsumerStats",
     "ConsumerStatus",
     "NodeStat",
@@ -376,3 +382,67 @@ class ReindexAnswer(TypedDict):
     model: Optional[Dict[str, Any]]
     took_ms: float
     job_id: str
+
+
+class KnowledgeBase(TypedDict):
+    """A knowledge base (``kb_create``, ``kb_list``; ``docs/ingestion.md``)."""
+
+    name: str
+    root: str
+    settings: Dict[str, Any]
+    status: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class KbItem(TypedDict):
+    """An item: one input and the nodes it produced, with its durable status."""
+
+    base: str
+    id: str
+    parent_id: Optional[str]
+    kind: str
+    source: str
+    node_uri: str
+    status: str
+    error: Optional[Dict[str, str]]
+    through_seq: Optional[int]
+    created_at_ms: int
+    updated_at_ms: int
+
+
+class KbStatus(TypedDict):
+    """A base and its visible items by status (``kb_status``)."""
+
+    base: KnowledgeBase
+    counts: Dict[str, int]
+    done: int
+    total: int
+    items: List[KbItem]
+    token_counter: str
+
+
+class KbAddResult(TypedDict):
+    """The new items and their first jobs (``kb_add``)."""
+
+    items: List[KbItem]
+    jobs: List[str]
+
+
+class KbJobs(TypedDict):
+    """The folded roots and the jobs an entry enqueued (``kb_delete_items``, ``kb_reindex``,
+    ``kb_remove``)."""
+
+    roots: List[str]
+    jobs: List[str]
+
+
+class KbProgress(TypedDict):
+    """Where an entry's work stands (``kb_progress``)."""
+
+    done: int
+    total: int
+    failed: int
+    by_status: Dict[str, int]
+    jobs_open: int
+    finished: bool

@@ -10,6 +10,7 @@ mod first_use;
 mod fuzz_args;
 mod harness;
 mod jobs;
+mod kb;
 mod kill_server;
 mod layout;
 mod mcp;

@@ -69,6 +69,10 @@ impl Engine {
             &self.locks.with_wait(Duration::ZERO),
             &consumers,
         );
+        // Knowledge items whose commits are now applied complete here too.
+        if let Err(e) = self.kb_settle() {
+            warn!(error = %e, "knowledge items not settled");
+        }
         let now = self.store.clock().now_ms();
         let served = self.served_consumers();
         let remaining = self.consumer_statuses(now, |c| served.contains(&c))?;

@@ -52,7 +52,7 @@ mod failpoint;
 pub mod holds;
 pub mod listen;
 pub mod owner;
-mod periodic;
+pub(crate) mod periodic;
 mod pool;
 mod reindex;
 pub mod repair;
@@ -128,6 +128,8 @@ pub struct Engine {
     next_worker: AtomicU64,
     /// The job registry, and the job runner while it runs ([`crate::jobs`]).
     pub(crate) jobs: crate::jobs::Jobs,
+    /// The ingestion workflow's state ([`crate::kb`]).
+    pub(crate) kb: crate::kb::KbRuntime,
 }
 
 impl std::fmt::Debug for Engine {
@@ -198,6 +200,7 @@ impl Engine {
             worker_locks: Mutex::new(Vec::new()),
             next_worker: AtomicU64::new(0),
             jobs: crate::jobs::Jobs::default(),
+            kb: crate::kb::KbRuntime::default(),
         };
         engine.bind()?;
         if engine.options.run_workers {

@@ -46,7 +46,12 @@ impl Engine {
         };
         match retriever.search(req) {
             Err(RetrievalError::VectorUnavailable { .. }) => Err(self.not_ready()),
-            r => self.current_memories_first(r?),
+            r => {
+                let mut r = r?;
+                // Deleted knowledge items are invisible at once, before their cleanup.
+                self.kb_hide_deleting(&mut r.hits)?;
+                self.current_memories_first(r)
+            }
         }
     }
 

@@ -24,6 +24,7 @@ pub mod auth;
 mod error;
 pub(crate) mod handlers;
 mod jobs;
+mod kb;
 pub mod openapi;
 mod params;
 mod repair;
@@ -252,6 +253,47 @@ pub const ROUTES: &[Route] = {
         POST "/v1/jobs/{id}/retry" Admin => jobs::retry {
             Doc::new("Retry a failed, cancelled or dead job", json::<Job>())
                 .optional_body(schema::<jobs::NoFields>())
+        },
+        GET "/v1/kb" Admin => kb::list {
+            Doc::new("The knowledge bases", json::<Vec<ce_store::KnowledgeBase>>())
+                .query(h::NONE)
+        },
+        POST "/v1/kb/create" Admin => kb::create {
+            Doc::new("Create a knowledge base", json::<ce_store::KnowledgeBase>())
+                .body(schema::<crate::kb::CreateBase>())
+        },
+        GET "/v1/kb/{base}" Admin => kb::show {
+            Doc::new("A knowledge base and its items by status", json::<crate::kb::KbStatus>())
+                .query(h::NONE)
+        },
+        GET "/v1/kb/{base}/status" Admin => kb::status {
+            Doc::new("A knowledge base's items by status, with their errors",
+                json::<crate::kb::KbStatus>())
+                .query(kb::STATUS)
+        },
+        POST "/v1/kb/{base}/rm" Admin => kb::remove {
+            Doc::new("Remove a knowledge base with its items and nodes (a cleanup job)",
+                json::<crate::kb::KbJobs>())
+        },
+        POST "/v1/kb/{base}/items" Admin => kb::add {
+            Doc::new("Add files, directories, URLs and notes (rows and first jobs)",
+                json::<crate::kb::AddResult>())
+                .describe("Local paths only under `[ingest].allowed_paths` of the server.")
+                .body(schema::<crate::wire::KbAddBody>())
+        },
+        POST "/v1/kb/{base}/items/rm" Admin => kb::remove_items {
+            Doc::new("Delete items: invisible at once, removed by a cleanup job",
+                json::<crate::kb::KbJobs>())
+                .body(schema::<crate::wire::KbItemsBody>())
+        },
+        POST "/v1/kb/{base}/reindex" Admin => kb::reindex {
+            Doc::new("Reindex completed or failed items", json::<crate::kb::KbJobs>())
+                .body(schema::<crate::wire::KbItemsBody>())
+        },
+        POST "/v1/kb/{base}/progress" Admin => kb::progress {
+            Doc::new("Progress of items and jobs of an entry",
+                json::<crate::kb::follow::KbProgress>())
+                .body(schema::<crate::wire::KbProgressBody>())
         },
         POST "/v1/repair/dead" Admin => repair::dead {
             Doc::new("Count, requeue or force-finish dead deliveries", json::<DeadRepairReport>())

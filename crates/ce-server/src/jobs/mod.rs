@@ -178,6 +178,8 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
             *slot = Some(runner::Runner::start(self));
+            drop(slot);
+            crate::kb::start_background(self);
         }
     }
 
@@ -190,6 +192,7 @@ impl Engine {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(r) = runner {
+            crate::kb::stop_background(self);
             r.stop();
         }
     }

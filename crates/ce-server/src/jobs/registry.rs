@@ -42,6 +42,10 @@ impl JobRegistry {
         };
         r.register(ReindexJob);
         r.register(crate::sessions::phase2::SessionCommitJob);
+        r.register(crate::kb::handlers::PrepareRoot);
+        r.register(crate::kb::handlers::IndexDocuments);
+        r.register(crate::kb::handlers::DeleteSubtree);
+        r.register(crate::kb::handlers::ReindexSubtree);
         r
     }
 
@@ -112,7 +116,17 @@ mod tests {
     #[test]
     fn an_unknown_type_is_an_invalid_field_naming_the_known_ones() {
         let r = JobRegistry::builtin();
-        assert_eq!(r.types(), ["reindex", "session-commit"]);
+        assert_eq!(
+            r.types(),
+            [
+                "reindex",
+                "session-commit",
+                "kb-prepare-root",
+                "kb-index-documents",
+                "kb-delete-subtree",
+                "kb-reindex-subtree"
+            ]
+        );
         let e = r
             .validate("summarize", &serde_json::json!({}))
             .expect_err("unknown");

@@ -195,7 +195,7 @@ impl Engine {
 
     /// Claims the due jobs once (up to the types' concurrency) and runs them, each on its
     /// own thread, until all of them end.
-    pub(super) fn run_claimable_jobs(&self) -> Result<JobsRun> {
+    pub(crate) fn run_claimable_jobs(&self) -> Result<JobsRun> {
         let (slots, capacity) = self.job_slots();
         let mut run = JobsRun::default();
         if capacity == 0 {

@@ -386,6 +386,24 @@ fn isolation(h: &H, r: &Route) {
             let queued = json!({"consumer": "keyword", "no_wait": true});
             h.expect(h.post(a, r.path, &queued), 403, Some("forbidden"), &what);
         }
+        ("GET" | "POST", path) if path.starts_with("/v1/kb") => {
+            // Knowledge bases are admin only (they read the server's files and URLs): a
+            // tenant key can neither see one of account b's nor add to it.
+            let path = path.replace("{base}", "b-docs");
+            let send = |key| match r.method.as_str() {
+                "GET" => h.get(key, &path),
+                _ => h.post(
+                    key,
+                    &path,
+                    &json!({"inputs": [{"note": "x"}], "items": ["i"]}),
+                ),
+            };
+            h.expect(send(a), 403, Some("forbidden"), &what);
+            if path == "/v1/kb" {
+                let bases = h.expect(send(admin), 200, None, &what);
+                assert!(bases.is_array(), "{bases}");
+            }
+        }
         ("GET", "/v1/jobs") => {
             h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);
             let jobs = h.expect(h.get(admin, r.path), 200, None, &what);

@@ -541,6 +541,10 @@ macro_rules! impl_job_store {
             fn job_counts(&self) -> $crate::Result<Vec<$crate::jobs::JobCount>> {
                 self.read_jobs($crate::jobs::machine::counts)
             }
+
+            fn live_job(&self, key: &str) -> $crate::Result<Option<$crate::jobs::Job>> {
+                self.read_jobs(|tx| Ok(tx.job_by_key(key)?.map(|s| s.job)))
+            }
         }
     };
 }

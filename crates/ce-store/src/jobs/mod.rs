@@ -302,4 +302,6 @@ pub trait JobStore: Send + Sync {
     fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>>;
     /// Counts by type and state (states with no job omitted).
     fn job_counts(&self) -> Result<Vec<JobCount>>;
+    /// The non-terminal job holding idempotency key `key`, if any.
+    fn live_job(&self, key: &str) -> Result<Option<Job>>;
 }

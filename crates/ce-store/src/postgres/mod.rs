@@ -28,6 +28,7 @@
 mod failure;
 mod holds;
 mod jobs;
+mod kb;
 mod outbox;
 mod owners;
 pub mod pool;

@@ -162,6 +162,35 @@ const MIGRATIONS: &[&str] = &[
         discarded   BIGINT NOT NULL
     );
     "#,
+    // 6: knowledge bases and their items (SQLite migration 7, docs/ingestion.md).
+    r#"
+    CREATE TABLE knowledge_bases (
+        name       TEXT COLLATE "C" PRIMARY KEY,
+        root_uri   TEXT COLLATE "C" NOT NULL UNIQUE,
+        settings   TEXT NOT NULL,
+        status     TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE TABLE kb_items (
+        base          TEXT COLLATE "C" NOT NULL,
+        id            TEXT COLLATE "C" NOT NULL,
+        parent_id     TEXT COLLATE "C",
+        kind          TEXT NOT NULL,
+        source        TEXT NOT NULL,
+        node_uri      TEXT COLLATE "C" NOT NULL,
+        status        TEXT NOT NULL,
+        error_code    TEXT,
+        error_message TEXT,
+        through_seq   BIGINT,
+        created_at    BIGINT NOT NULL,
+        updated_at    BIGINT NOT NULL,
+        PRIMARY KEY (base, id)
+    );
+    CREATE UNIQUE INDEX kb_items_by_node ON kb_items (node_uri);
+    CREATE INDEX kb_items_by_parent ON kb_items (base, parent_id, id);
+    CREATE INDEX kb_items_by_status ON kb_items (status, base, id);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -14,6 +14,7 @@
 
 mod holds;
 mod jobs;
+mod kb;
 mod outbox;
 mod owners;
 mod rows;

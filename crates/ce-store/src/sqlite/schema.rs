@@ -176,6 +176,38 @@ const MIGRATIONS: &[&str] = &[
         discarded   INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 7: knowledge bases and their items (docs/ingestion.md "Workflow"). An item's status is
+    // its durable lifecycle (never derived from its jobs); through_seq is the last journal
+    // sequence of the commit of its nodes (embedding -> completed once every consumer has
+    // applied it). Items of a base are unique by the node they own.
+    r#"
+    CREATE TABLE knowledge_bases (
+        name       TEXT PRIMARY KEY,
+        root_uri   TEXT NOT NULL UNIQUE,
+        settings   TEXT NOT NULL,
+        status     TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE kb_items (
+        base          TEXT NOT NULL,
+        id            TEXT NOT NULL,
+        parent_id     TEXT,
+        kind          TEXT NOT NULL,
+        source        TEXT NOT NULL,
+        node_uri      TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        error_code    TEXT,
+        error_message TEXT,
+        through_seq   INTEGER,
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        PRIMARY KEY (base, id)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX kb_items_by_node ON kb_items (node_uri);
+    CREATE INDEX kb_items_by_parent ON kb_items (base, parent_id, id);
+    CREATE INDEX kb_items_by_status ON kb_items (status, base, id);
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

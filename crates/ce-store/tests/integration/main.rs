@@ -13,6 +13,7 @@ mod fs;
 mod jobs_concurrency;
 mod jobs_model;
 mod jobs_ops;
+mod kb;
 mod outbox_concurrency;
 mod outbox_model;
 mod outbox_ops;

@@ -1,0 +1,155 @@
+//! Following an entry's work to its end (`ce kb add` / `rm-items` / `reindex` without
+//! `--no-wait`): it is done when the entry's jobs have ended and every item of its roots'
+//! subtrees is terminal (or gone). Locally the follower does the work itself meanwhile —
+//! claims the due jobs, drains the deliveries, settles the items — as `ce worker --once`
+//! would; whatever it leaves (it was interrupted, or the consumers cannot index) is durable
+//! and continues in `ce serve` / `ce worker`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ce_store::ItemStatus;
+use ce_store::kb::subtree_of;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::Result;
+
+/// Where an entry's work stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct KbProgress {
+    /// Items of the followed subtrees that are completed or failed.
+    pub done: u64,
+    /// Items of the followed subtrees.
+    pub total: u64,
+    /// Of them, failed.
+    pub failed: u64,
+    /// Items by status.
+    pub by_status: BTreeMap<ItemStatus, u64>,
+    /// The entry's jobs not ended yet.
+    pub jobs_open: u64,
+    /// Whether everything has ended.
+    pub finished: bool,
+}
+
+/// How a local follow ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct KbFollowed {
+    /// The last progress.
+    pub progress: KbProgress,
+    /// Why it stopped before the end (the rest continues in `ce serve` / `ce worker`).
+    pub waiting: Option<String>,
+}
+
+impl Engine {
+    /// The progress of `roots`' subtrees in `base` and of `jobs`.
+    pub fn kb_progress(&self, base: &str, roots: &[String], jobs: &[String]) -> Result<KbProgress> {
+        let all = self.store().kb_items(base)?;
+        let mut p = KbProgress::default();
+        for r in roots {
+            for i in subtree_of(&all, r) {
+                p.total += 1;
+                *p.by_status.entry(i.status).or_default() += 1;
+                if i.status.is_terminal() {
+                    p.done += 1;
+                }
+                if i.status == ItemStatus::Failed {
+                    p.failed += 1;
+                }
+            }
+        }
+        for j in jobs {
+            match self.job(j) {
+                Ok(job) if !job.state.is_terminal() => p.jobs_open += 1,
+                Ok(_) => {}
+                // A job of a removed base may be gone with nothing left to wait for.
+                Err(_) => {}
+            }
+        }
+        p.finished = p.jobs_open == 0 && p.done == p.total;
+        Ok(p)
+    }
+
+    /// Does the work of `roots` / `jobs` here until it has ended, calling `on_change` at each
+    /// change of progress; stops early (with the reason) when the deliveries cannot be
+    /// drained here (no consumer ready) while items wait for them.
+    pub fn kb_follow(
+        &self,
+        base: &str,
+        roots: &[String],
+        jobs: &[String],
+        on_change: &dyn Fn(&KbProgress),
+    ) -> Result<KbFollowed> {
+        let poll = Duration::from_millis(self.config().jobs.poll_interval_ms.min(200));
+        let mut last: Option<KbProgress> = None;
+        loop {
+            let p = self.kb_progress(base, roots, jobs)?;
+            if last.as_ref() != Some(&p) {
+                on_change(&p);
+                last = Some(p.clone());
+            }
+            if p.finished {
+                return Ok(KbFollowed {
+                    progress: p,
+                    waiting: None,
+                });
+            }
+            let ran = if self.config().jobs.enabled {
+                self.run_claimable_jobs()?.ran
+            } else {
+                0
+            };
+            if ran > 0 {
+                continue;
+            }
+            let drained = match self.drain(&|_| {}) {
+                Ok(r) => r.progress.claimed,
+                Err(e) => {
+                    let embedding = p
+                        .by_status
+                        .get(&ItemStatus::Embedding)
+                        .copied()
+                        .unwrap_or(0);
+                    if embedding > 0 && p.jobs_open == 0 {
+                        return Ok(KbFollowed {
+                            progress: p,
+                            waiting: Some(format!(
+                                "{embedding} items wait for the indexes, which cannot be \
+                                 updated here: {e}"
+                            )),
+                        });
+                    }
+                    0
+                }
+            };
+            let settled = self.kb_settle()?;
+            if !self.config().jobs.enabled && p.jobs_open > 0 && drained == 0 && settled == 0 {
+                return Ok(KbFollowed {
+                    progress: p,
+                    waiting: Some("jobs.enabled is false: no job runs here".into()),
+                });
+            }
+            if drained == 0 && settled == 0 {
+                let embedding = p
+                    .by_status
+                    .get(&ItemStatus::Embedding)
+                    .copied()
+                    .unwrap_or(0);
+                let readiness = self.readiness();
+                if embedding > 0 && p.jobs_open == 0 && !readiness.ready {
+                    // A consumer that cannot run here (no model, another model's index)
+                    // would keep them embedding: say so rather than wait forever.
+                    return Ok(KbFollowed {
+                        progress: p,
+                        waiting: Some(format!(
+                            "{embedding} items wait for the indexes, which are not ready \
+                             here: {}",
+                            readiness.reasons.join("; ")
+                        )),
+                    });
+                }
+                std::thread::sleep(poll);
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The knowledge-base tables on SQLite ([`KbTx`]); what the ops mean is
+//! `crate::kb::logic`'s.
+
+use rusqlite::{Row, params};
+
+use super::SqliteStore;
+use super::rows::SqlTx;
+use crate::error::Result;
+use crate::kb::rows::{
+    BASE_COLUMNS, ITEM_COLUMNS, KbTx, base_from, base_settings, error_columns, item_from,
+};
+use crate::kb::{BaseStatus, ItemStatus, KbItem, KnowledgeBase};
+
+impl SqlTx<'_> {
+    fn kb_rows<T>(
+        &self,
+        sql: &str,
+        p: impl rusqlite::Params,
+        decode: fn(&Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query(p)?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(decode(r)?);
+        }
+        Ok(out)
+    }
+}
+
+fn base_row(r: &Row<'_>) -> Result<KnowledgeBase> {
+    base_from(r)
+}
+
+fn item_row(r: &Row<'_>) -> Result<KbItem> {
+    item_from(r)
+}
+
+impl KbTx for SqlTx<'_> {
+    fn kb_insert_base(&mut self, b: &KnowledgeBase) -> Result<bool> {
+        let n = self
+            .conn
+            .prepare_cached(&format!(
+                "INSERT INTO knowledge_bases ({BASE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT DO NOTHING"
+            ))?
+            .execute(params![
+                b.name,
+                b.root.as_str(),
+                base_settings(b)?,
+                b.status.as_str(),
+                b.created_at_ms,
+                b.updated_at_ms
+            ])?;
+        Ok(n == 1)
+    }
+
+    fn kb_base(&mut self, name: &str) -> Result<Option<KnowledgeBase>> {
+        Ok(self
+            .kb_rows(
+                &format!("SELECT {BASE_COLUMNS} FROM knowledge_bases WHERE name = ?1"),
+                [name],
+                base_row,
+            )?
+            .pop())
+    }
+
+    fn kb_bases(&mut self) -> Result<Vec<KnowledgeBase>> {
+        self.kb_rows(
+            &format!("SELECT {BASE_COLUMNS} FROM knowledge_bases ORDER BY name"),
+            [],
+            base_row,
+        )
+    }
+
+    fn kb_set_base_status(&mut self, name: &str, status: BaseStatus, now: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE knowledge_bases SET status = ?2, updated_at = ?3 WHERE name = ?1",
+            )?
+            .execute(params![name, status.as_str(), now])?;
+        Ok(())
+    }
+
+    fn kb_delete_base(&mut self, name: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM knowledge_bases WHERE name = ?1")?
+            .execute([name])?;
+        Ok(())
+    }
+
+    fn kb_insert_item(&mut self, i: &KbItem) -> Result<bool> {
+        let (code, message) = error_columns(i);
+        let n = self
+            .conn
+            .prepare_cached(&format!(
+                "INSERT INTO kb_items ({ITEM_COLUMNS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT DO NOTHING"
+            ))?
+            .execute(params![
+                i.base,
+                i.id,
+                i.parent_id,
+                i.kind.as_str(),
+                i.source,
+                i.node_uri.as_str(),
+                i.status.as_str(),
+                code,
+                message,
+                i.through_seq,
+                i.created_at_ms,
+                i.updated_at_ms
+            ])?;
+        Ok(n == 1)
+    }
+
+    fn kb_item(&mut self, base: &str, id: &str) -> Result<Option<KbItem>> {
+        Ok(self
+            .kb_rows(
+                &format!("SELECT {ITEM_COLUMNS} FROM kb_items WHERE base = ?1 AND id = ?2"),
+                [base, id],
+                item_row,
+            )?
+            .pop())
+    }
+
+    fn kb_items(&mut self, base: &str) -> Result<Vec<KbItem>> {
+        self.kb_rows(
+            &format!("SELECT {ITEM_COLUMNS} FROM kb_items WHERE base = ?1 ORDER BY id"),
+            [base],
+            item_row,
+        )
+    }
+
+    fn kb_children(&mut self, base: &str, parent: &str) -> Result<Vec<KbItem>> {
+        self.kb_rows(
+            &format!(
+                "SELECT {ITEM_COLUMNS} FROM kb_items WHERE base = ?1 AND parent_id = ?2 ORDER BY id"
+            ),
+            [base, parent],
+            item_row,
+        )
+    }
+
+    fn kb_in_status(&mut self, status: ItemStatus) -> Result<Vec<KbItem>> {
+        self.kb_rows(
+            &format!("SELECT {ITEM_COLUMNS} FROM kb_items WHERE status = ?1 ORDER BY base, id"),
+            [status.as_str()],
+            item_row,
+        )
+    }
+
+    fn kb_update_item(&mut self, i: &KbItem) -> Result<()> {
+        let (code, message) = error_columns(i);
+        self.conn
+            .prepare_cached(
+                "UPDATE kb_items SET status = ?3, error_code = ?4, error_message = ?5,
+                 through_seq = ?6, updated_at = ?7 WHERE base = ?1 AND id = ?2",
+            )?
+            .execute(params![
+                i.base,
+                i.id,
+                i.status.as_str(),
+                code,
+                message,
+                i.through_seq,
+                i.updated_at_ms
+            ])?;
+        Ok(())
+    }
+
+    fn kb_delete_item(&mut self, base: &str, id: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM kb_items WHERE base = ?1 AND id = ?2")?
+            .execute([base, id])?;
+        Ok(())
+    }
+
+    fn kb_max_seq(&mut self) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT coalesce(max(seq), 0) FROM events")?
+            .query_row([], |r| r.get(0))?)
+    }
+}
+
+impl SqliteStore {
+    /// A read snapshot of the knowledge-base tables.
+    fn read_kb<T>(&self, f: impl FnOnce(&mut dyn KbTx) -> Result<T>) -> Result<T> {
+        let consumers = &self.config.index.outbox.consumers;
+        self.read(|conn| f(&mut SqlTx { conn, consumers }))
+    }
+}
+
+crate::kb::logic::impl_kb_store!(SqliteStore);
