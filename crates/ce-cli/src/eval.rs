@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ce_core::config::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
+use ce_core::config::{DERIVE_CONSUMER, KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_core::uri::RESERVED_SEGMENTS;
 use ce_core::{Config, CoreError, CtxUri, Level};
 use ce_embed::Embedder as _;
@@ -1299,6 +1299,10 @@ pub enum Layout {
     /// The standard BEIR document text: `title + " " + text` as the L2 content, the one
     /// text published BEIR baselines embed and index; only L2 is searched.
     Beir,
+    /// The BEIR document text as the L2 content and L0 / L1 derived from it by the `derive`
+    /// consumer (docs/derive.md), every level searched: what derived layers add to the
+    /// `beir` layout.
+    Derived,
 }
 
 impl Layout {
@@ -1307,6 +1311,7 @@ impl Layout {
         match self {
             Layout::Layered => "layered",
             Layout::Beir => "beir",
+            Layout::Derived => "derived",
         }
     }
 
@@ -1322,7 +1327,7 @@ impl Layout {
                     ..PutRequest::default()
                 }
             }
-            Layout::Beir => PutRequest {
+            Layout::Beir | Layout::Derived => PutRequest {
                 content: Some(beir_text(doc)),
                 ..PutRequest::default()
             },
@@ -1332,7 +1337,7 @@ impl Layout {
     /// The level searches are restricted to (`None`: every level).
     pub fn level(self) -> Option<Level> {
         match self {
-            Layout::Layered => None,
+            Layout::Layered | Layout::Derived => None,
             Layout::Beir => Some(Level::L2),
         }
     }
@@ -1345,8 +1350,9 @@ impl std::str::FromStr for Layout {
         match s {
             "layered" => Ok(Layout::Layered),
             "beir" => Ok(Layout::Beir),
+            "derived" => Ok(Layout::Derived),
             other => Err(CliError::Usage(format!(
-                "--layout {other:?} is not one of \"layered\", \"beir\""
+                "--layout {other:?} is not one of \"layered\", \"beir\", \"derived\""
             ))),
         }
     }
@@ -1457,6 +1463,9 @@ impl EvalOutput {
         let layout = match self.layout {
             Layout::Layered => "layered (title as L0, text as L2, every level searched)",
             Layout::Beir => "beir (title and text as one L2 text, L2 searched)",
+            Layout::Derived => {
+                "derived (title and text as one L2 text, L0 / L1 derived from it, every level searched)"
+            }
         };
         let kept = if self.data_dir_kept {
             "kept"
@@ -1772,16 +1781,18 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
     check_modes(&names)?;
     let mut run_file = args.run_file.as_deref().map(RunFile::create).transpose()?;
 
-    // The indexes the modes read: keyword first (seconds), then vector (embedding).
-    let consumers: Vec<&str> = [KEYWORD_CONSUMER, VECTOR_CONSUMER]
+    // The indexes the modes read: keyword first (seconds), then vector (embedding); in the
+    // derived layout, the derivation before them.
+    let derives = (layout == Layout::Derived).then_some(DERIVE_CONSUMER);
+    let consumers: Vec<&str> = derives
         .into_iter()
-        .filter(|c| {
+        .chain([KEYWORD_CONSUMER, VECTOR_CONSUMER].into_iter().filter(|c| {
             modes.iter().any(|m| match m {
                 SearchMode::Keyword => *c == KEYWORD_CONSUMER,
                 SearchMode::Vector => *c == VECTOR_CONSUMER,
                 SearchMode::Hybrid => true,
             })
-        })
+        }))
         .collect();
     let dir = match data_dir {
         Some(d) => WorkDir::Kept(d.to_owned()),
@@ -1847,12 +1858,17 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
 
     let t = Instant::now();
     let mut indexes = vec![build_index(&engine, consumers[0], &progress)?];
-    for consumer in &consumers[1..] {
-        // The next index is built by an engine serving every index (the earlier ones have
-        // nothing left to do), which then also serves the searches.
+    for (i, consumer) in consumers.iter().enumerate().skip(1) {
+        // The next index is built by an engine serving it and the earlier ones (which have
+        // nothing left to do), the last one by an engine serving every index, which then
+        // also serves the searches.
         engine.shutdown();
         drop(engine);
-        engine = open(&[])?;
+        engine = if i + 1 == consumers.len() {
+            open(&[])?
+        } else {
+            open(&consumers[..=i])?
+        };
         indexes.push(build_index(&engine, consumer, &progress)?);
     }
     let index_ms = ms(t.elapsed());

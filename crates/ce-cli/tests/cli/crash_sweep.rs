@@ -1330,12 +1330,17 @@ impl Serve {
             records += projected.len() as u64;
             for (level, text) in &projected {
                 for mode in ["vector", "keyword"] {
+                    // The node's own record among the best hits of its subtree: a folder's
+                    // roll-up restates its children's abstracts, so a child can rank first.
                     let r = self.post(
                         "/v1/search",
                         &json!({"query": text, "mode": mode, "level": level,
-                                "subtree": uri, "top_k": 1}),
+                                "subtree": uri, "top_k": 10}),
                     )?;
-                    let hit = &r["hits"][0];
+                    let own = r["hits"]
+                        .as_array()
+                        .and_then(|hits| hits.iter().find(|h| h["uri"] == uri));
+                    let hit = own.unwrap_or(&Value::Null);
                     let exact = mode == "keyword" || hit["score"].as_f64() >= Some(0.999);
                     ensure!(
                         hit["uri"] == uri

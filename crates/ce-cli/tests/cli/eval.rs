@@ -255,6 +255,41 @@ fn eval_reports_progress_timings_and_a_trec_run_and_reuses_its_data_dir() {
     assert_eq!(layered["indexes"][0]["deliveries"], 300, "{layered}");
 }
 
+/// `--layout derived`: the documents' L0 / L1 are derived (and indexed) before the indexes
+/// the modes read are built, each on its own.
+#[test]
+fn the_derived_layout_derives_before_it_indexes() {
+    let ce = Ce::hash("");
+    let sets = ce_small();
+    let (r, stderr) = eval_json(
+        &ce,
+        &eval_args(&sets, &["--modes", "keyword", "--layout", "derived"]),
+    );
+    assert_eq!(r["layout"], "derived", "{r}");
+    let indexes: Vec<(&str, u64)> = r["indexes"]
+        .as_array()
+        .expect("indexes")
+        .iter()
+        .map(|i| {
+            (
+                i["index"].as_str().unwrap_or(""),
+                i["deliveries"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        indexes.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        ["derive", "keyword"],
+        "{r}"
+    );
+    // The keyword index applies the writes and the derived write-backs.
+    assert!(indexes[1].1 > 300, "{r}");
+    assert!(stderr.contains("indexing derive"), "{stderr}");
+    assert!(mode(&r, "keyword")["ndcg"].as_f64() > Some(0.8), "{r}");
+    let tea = ce.json(&["stat", "ctx://eval/resources/d001"]);
+    assert_eq!(tea["provenance"]["abstract"]["origin"], "derived", "{tea}");
+}
+
 #[test]
 fn without_a_data_dir_eval_works_in_a_temporary_one() {
     let dir = tempfile::tempdir().expect("tmp");

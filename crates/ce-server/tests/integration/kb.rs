@@ -116,6 +116,8 @@ fn event_count(e: &Engine) -> usize {
         .unwrap_or(0)
 }
 
+/// The documents a keyword search finds (the folders' derived roll-ups, which restate their
+/// children's abstracts, left out).
 fn keyword(e: &Engine, q: &str) -> Vec<CtxUri> {
     let mut req = SearchRequest::new(q);
     req.mode = Some(SearchMode::Keyword);
@@ -123,6 +125,7 @@ fn keyword(e: &Engine, q: &str) -> Vec<CtxUri> {
         .expect("search")
         .hits
         .into_iter()
+        .filter(|h| h.kind == ce_core::NodeKind::Leaf)
         .map(|h| h.uri)
         .collect()
 }
