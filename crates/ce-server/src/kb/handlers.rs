@@ -50,15 +50,18 @@ fn load(
     }
 }
 
-fn guard(item: &KbItem) -> WriteOp {
+/// The final stale guard of a write about `item`: it still exists and is in none of
+/// `refuse` (else the whole batch writes nothing).
+pub(super) fn guard(item: &KbItem, refuse: Vec<ItemStatus>) -> WriteOp {
     WriteOp::Kb(KbOp::Guard {
         base: item.base.clone(),
         item: item.id.clone(),
-        refuse: vec![ItemStatus::Deleting],
+        refuse,
     })
 }
 
-fn set_status(item: &KbItem, status: ItemStatus, error: Option<ItemError>) -> WriteOp {
+/// Sets `item`'s status and error.
+pub(super) fn set_status(item: &KbItem, status: ItemStatus, error: Option<ItemError>) -> WriteOp {
     WriteOp::Kb(KbOp::SetStatus {
         base: item.base.clone(),
         item: item.id.clone(),
@@ -82,7 +85,7 @@ fn fail_item(engine: &Engine, base: &KnowledgeBase, item: &KbItem, e: &ServerErr
     match engine.kb_write(
         base,
         vec![
-            guard(item),
+            guard(item, vec![ItemStatus::Deleting]),
             set_status(item, ItemStatus::Failed, Some(error)),
         ],
     ) {
@@ -167,7 +170,10 @@ fn index(
     if item.status == ItemStatus::Idle {
         engine.kb_write(
             base,
-            vec![guard(item), set_status(item, ItemStatus::Reading, None)],
+            vec![
+                guard(item, vec![ItemStatus::Deleting]),
+                set_status(item, ItemStatus::Reading, None),
+            ],
         )?;
     }
     ctx.report(json!({"stage": "reading", "item": item.id}));
@@ -192,7 +198,7 @@ fn index(
         Err(StoreError::NodeNotFound { .. }) => Vec::new(),
         Err(e) => return Err(e.into()),
     };
-    let mut ops = vec![guard(item)];
+    let mut ops = vec![guard(item, vec![ItemStatus::Deleting])];
     ops.extend(document_ops(item, &src, &doc, &chunking, &children)?);
     let nodes = ops.len() - 1;
     ops.push(set_status(item, ItemStatus::Embedding, None));
@@ -355,7 +361,7 @@ fn prepare(
         }
         ce_core::safety::DeleteSafety::check(removed, scope).map_err(StoreError::from)?;
     }
-    let mut ops = vec![guard(item)];
+    let mut ops = vec![guard(item, vec![ItemStatus::Deleting])];
     ops.extend(
         children
             .iter()
@@ -532,7 +538,7 @@ impl JobHandler for ReindexSubtree {
             .map(|i| i.id.clone())
             .collect();
         let (status, spec) = schedule_item(&item, Some(&job.id));
-        let mut ops = vec![guard(&item)];
+        let mut ops = vec![guard(&item, vec![ItemStatus::Deleting])];
         if !descendants.is_empty() {
             ops.push(WriteOp::Kb(KbOp::DeleteItems {
                 base: p.base.clone(),

@@ -30,6 +30,7 @@ use ce_store::{
 };
 use tracing::{info, warn};
 
+use super::handlers::{guard, set_status};
 use super::nodes::segment_for;
 use super::source::{MAX_NOTE_BYTES, check_url, url_file_name, url_host};
 use super::{
@@ -543,17 +544,8 @@ impl Engine {
             ),
         };
         let ops = vec![
-            WriteOp::Kb(KbOp::Guard {
-                base: base.name.clone(),
-                item: item.id.clone(),
-                refuse,
-            }),
-            WriteOp::Kb(KbOp::SetStatus {
-                base: base.name.clone(),
-                item: item.id.clone(),
-                status: ItemStatus::Failed,
-                error: Some(error),
-            }),
+            guard(item, refuse),
+            set_status(item, ItemStatus::Failed, Some(error)),
         ];
         match self.kb_write(base, ops) {
             Ok(_) => {
@@ -570,17 +562,8 @@ impl Engine {
     fn settle_one(&self, base: &KnowledgeBase, item: &KbItem, from: ItemStatus) -> Result<bool> {
         let refuse = ItemStatus::ALL.into_iter().filter(|s| *s != from).collect();
         let ops = vec![
-            WriteOp::Kb(KbOp::Guard {
-                base: base.name.clone(),
-                item: item.id.clone(),
-                refuse,
-            }),
-            WriteOp::Kb(KbOp::SetStatus {
-                base: base.name.clone(),
-                item: item.id.clone(),
-                status: ItemStatus::Completed,
-                error: None,
-            }),
+            guard(item, refuse),
+            set_status(item, ItemStatus::Completed, None),
         ];
         match self.kb_write(base, ops) {
             Ok(_) => Ok(true),
