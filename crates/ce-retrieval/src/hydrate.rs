@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ce_core::{ContextNode, CtxUri, IndexRecord};
+use ce_core::{ContextNode, CtxUri, IndexRecord, LayerOrigin, Level};
 use ce_index::keyword::KeywordHit;
 use ce_index::vector::VectorHit;
 use ce_store::SourceStore;
@@ -44,6 +44,17 @@ pub(crate) fn indexed_version(record: &IndexRecord) -> Option<u64> {
 }
 
 /// The source's current nodes for a set of candidates: one batched read.
+/// Whether `node`'s record of `level` is a derived roll-up: an L0 / L1 the derive consumer
+/// wrote for a node with no content of its own (a folder; docs/derive.md).
+pub(crate) fn is_rollup(node: &ContextNode, level: Level) -> bool {
+    level != Level::L2
+        && node.layers.content.is_empty()
+        && node
+            .provenance
+            .get(level)
+            .is_some_and(|o| matches!(o, LayerOrigin::Derived(_)))
+}
+
 pub(crate) struct Current {
     nodes: BTreeMap<CtxUri, ContextNode>,
 }
@@ -94,6 +105,10 @@ impl Current {
     /// The current candidates of `candidates` (best first), one per node: each node's best
     /// current record and its score, in order; and how many candidates were dropped as stale.
     /// Stops once `limit` nodes are found (drops are counted among the candidates examined).
+    ///
+    /// The flat modes rank with this, and it passes over the records of a folder's derived
+    /// roll-up ([`is_rollup`]): a roll-up restates its children's abstracts, so it would
+    /// outrank the very documents it names. Hierarchical search seeds on roll-ups itself.
     pub(crate) fn rank<'c, H: Scored>(
         &self,
         candidates: &'c [H],
@@ -107,10 +122,14 @@ impl Current {
                 break;
             }
             let r = c.record();
-            if self.of(r).is_none() {
-                dropped += 1;
-            } else if seen.insert(&r.uri) {
-                out.push((r, c.score()));
+            match self.of(r) {
+                None => dropped += 1,
+                Some(node) if is_rollup(node, r.level) => {}
+                Some(_) => {
+                    if seen.insert(&r.uri) {
+                        out.push((r, c.score()));
+                    }
+                }
             }
         }
         (out, dropped)

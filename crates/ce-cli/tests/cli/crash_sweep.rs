@@ -1328,10 +1328,22 @@ impl Serve {
             let bytes = layer_bytes(&n)?;
             let projected = projected_levels(&self.layers(uri, bytes)?);
             records += projected.len() as u64;
-            for (level, text) in &projected {
+            // A folder's derived roll-up is indexed but not a flat-search hit (hierarchical
+            // search seeds on it): its records are counted, not searched for.
+            let stat = if bytes[2] == 0 {
+                Some(self.get(&format!("/v1/stat?uri={uri}"))?)
+            } else {
+                None
+            };
+            let rollup = |level: u8| {
+                let layer = if level == 0 { "abstract" } else { "overview" };
+                stat.as_ref()
+                    .is_some_and(|s| s["provenance"][layer]["origin"] == "derived")
+            };
+            for (level, text) in projected.iter().filter(|(l, _)| !rollup(*l)) {
                 for mode in ["vector", "keyword"] {
-                    // The node's own record among the best hits of its subtree: a folder's
-                    // roll-up restates its children's abstracts, so a child can rank first.
+                    // The node's own record among the best hits of its subtree (a child
+                    // whose text is a part of the node's can rank first).
                     let r = self.post(
                         "/v1/search",
                         &json!({"query": text, "mode": mode, "level": level,

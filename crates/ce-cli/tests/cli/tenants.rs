@@ -84,7 +84,7 @@ fn a_key_of_account_a_cannot_read_or_search_account_b() {
     let a = Some(KEY_A);
     let found = hits(&ok(a, &["search", query]));
     assert!(!found.is_empty());
-    // a's nodes only, its account root's derived roll-up included.
+    // a's nodes only (its account node included).
     assert!(
         found
             .iter()

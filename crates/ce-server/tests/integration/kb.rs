@@ -116,8 +116,6 @@ fn event_count(e: &Engine) -> usize {
         .unwrap_or(0)
 }
 
-/// The documents a keyword search finds (the folders' derived roll-ups, which restate their
-/// children's abstracts, left out).
 fn keyword(e: &Engine, q: &str) -> Vec<CtxUri> {
     let mut req = SearchRequest::new(q);
     req.mode = Some(SearchMode::Keyword);
@@ -125,7 +123,6 @@ fn keyword(e: &Engine, q: &str) -> Vec<CtxUri> {
         .expect("search")
         .hits
         .into_iter()
-        .filter(|h| h.kind == ce_core::NodeKind::Leaf)
         .map(|h| h.uri)
         .collect()
 }

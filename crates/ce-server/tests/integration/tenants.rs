@@ -325,14 +325,14 @@ fn isolation(h: &H, r: &Route) {
             let hits = h.expect(h.search(KEY_A, json!({"query": q})), 200, None, &what);
             let hits = search_uris(&hits);
             assert!(!hits.is_empty());
-            // Account a's nodes, its root's derived roll-up included.
+            // Account a's nodes only (its account node included).
             assert!(
                 hits.iter()
                     .all(|u| u.starts_with("ctx://a/") || u == "ctx://a"),
                 "{hits:?}"
             );
             let every = h.expect(h.search(KEY_ADMIN, json!({"query": q})), 200, None, &what);
-            // The admin key sees b's secret (beside the folders whose roll-ups name it).
+            // The admin key sees b's secret.
             assert!(search_uris(&every).iter().any(|u| u == B_SECRET), "{every}");
             let theirs = h.expect(h.search(KEY_B, json!({"query": q})), 200, None, &what);
             assert!(
@@ -353,7 +353,7 @@ fn isolation(h: &H, r: &Route) {
             let tree = json!({"query": q, "mode": "hierarchical"});
             let hits = h.expect(h.search(KEY_A, tree.clone()), 200, None, &what);
             let hits = search_uris(&hits);
-            // Account a's nodes, its root's derived roll-up included.
+            // Account a's nodes only (its account node included).
             assert!(
                 hits.iter()
                     .all(|u| u.starts_with("ctx://a/") || u == "ctx://a"),
