@@ -414,11 +414,19 @@ fn the_session_commands_work_with_server_and_the_server_runs_phase_2() {
     let c = remote(&["session", "commit", S]);
     let job = c["job_id"].as_str().expect("job").to_owned();
     // Generous: the server's runner shares two cores with the rest of the suite in CI.
+    let last = std::cell::RefCell::new(Value::Null);
     let done = super::harness::eventually(Duration::from_secs(90), || {
         let j = remote(&["jobs", "show", &job]);
+        *last.borrow_mut() = j.clone();
         (j["state"] == "completed").then_some(j)
     })
-    .expect("the server ran phase 2");
+    .unwrap_or_else(|| {
+        panic!(
+            "the server did not run phase 2: {}\n{}",
+            last.borrow(),
+            server.log()
+        )
+    });
     assert_eq!(done["progress"]["counts"]["added"], 2, "{done}");
     let show = remote(&["session", "show", S]);
     assert_eq!(show["archives"][0]["state"], "completed", "{show}");

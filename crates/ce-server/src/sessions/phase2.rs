@@ -138,10 +138,30 @@ impl JobHandler for SessionCommitJob {
 
     fn run(&self, engine: &Engine, job: &Job, ctx: &JobContext<'_>) -> Result<Option<Value>> {
         let (p, layout) = SessionCommitPayload::parse(&job.payload)?;
-        let report = engine.sessions().phase2(&layout, p.archive, ctx)?;
+        let report = engine
+            .sessions()
+            .phase2(&layout, p.archive, ctx)
+            .map_err(rerun_after_a_newer_archive)?;
         let v = serde_json::to_value(&report)
             .map_err(|e| ServerError::Internal(format!("encoding the phase 2 report: {e}")))?;
         Ok(Some(v))
+    }
+}
+
+/// A version conflict on the archive means it changed while this run read it — the
+/// derive consumer writing its L0 / L1 back, or another run of the job. The run is
+/// retryable: the next one starts from the archive's saved state (its candidates included),
+/// so it repeats no model call and writes nothing twice.
+fn rerun_after_a_newer_archive(e: ServerError) -> ServerError {
+    if e.code() != ErrorCode::VersionConflict {
+        return e;
+    }
+    ServerError::Failed {
+        context: "phase 2 of the session commit (the archive changed meanwhile; it runs again)"
+            .into(),
+        code: ErrorCode::VersionConflict,
+        retryable: true,
+        message: e.to_string(),
     }
 }
 
