@@ -194,15 +194,6 @@ fn a_pending_layer_is_not_indexed_until_it_is_derived() {
     );
 }
 
-/// Every URI under `root` (itself included), by `ce ls`, depth first.
-fn walk(ce: &Ce, root: &str) -> Vec<String> {
-    let mut out = vec![root.to_owned()];
-    for child in ce.json(&["ls", root]).as_array().expect("ls") {
-        out.extend(walk(ce, child["uri"].as_str().expect("uri")));
-    }
-    out
-}
-
 #[test]
 fn a_new_document_costs_one_embedding_per_distinct_text() {
     // A remote embedder that lists every text it embeds, behind the embedding cache.
@@ -235,9 +226,11 @@ fn a_new_document_costs_one_embedding_per_distinct_text() {
 
     // What the indexes hold now: every node's L0 / L1 / L2 text, fallbacks applied.
     let mut current = std::collections::BTreeSet::new();
-    for uri in walk(&ce, "ctx://acme") {
+    let tree = ce.json(&["tree", "ctx://acme"]);
+    for node in tree.as_array().expect("tree") {
+        let uri = node["uri"].as_str().expect("uri");
         for level in ["0", "1", "2"] {
-            let c = ce.json(&["cat", &uri, "--level", level]);
+            let c = ce.json(&["cat", uri, "--level", level]);
             let text = c["text"].as_str().expect("text");
             if !text.is_empty() {
                 current.insert(text.to_owned());
