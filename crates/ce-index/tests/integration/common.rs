@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -389,11 +389,12 @@ impl Env {
             .expect("dead")
     }
 
-    /// Advances time over leases and backoffs while worker threads run, until `done` holds;
-    /// after 2,000 rounds and at least a minute, panics with `what` and the outbox
-    /// statistics (a loaded 2-core machine can take more than the rounds' 10 s to let the
-    /// workers finish their claims).
-    pub fn settle(&self, what: &str, done: impl Fn() -> bool) {
+    /// Advances time over backoffs and expired leases while `running`'s threads work, until
+    /// `done` holds: by 31 s while no thread is inside a batch, else by 2 s, so a batch that
+    /// is merely slow (a loaded machine, a PostgreSQL round trip) keeps its lease through its
+    /// heartbeats and leases expire only by the injected jumps and dead claims. After 2,000
+    /// rounds and at least a minute, panics with `what` and the outbox statistics.
+    pub fn settle(&self, running: &Running, what: &str, done: impl Fn() -> bool) {
         let started = std::time::Instant::now();
         let mut rounds = 0;
         while !done() {
@@ -404,7 +405,12 @@ impl Env {
                 self.store.stats()
             );
             std::thread::sleep(Duration::from_millis(5));
-            self.clock.advance(31_000);
+            let step = if running.working.load(Ordering::SeqCst) == 0 {
+                31_000
+            } else {
+                2_000
+            };
+            self.clock.advance(step);
         }
     }
 
@@ -444,6 +450,8 @@ pub fn worker_config(id: &str, consumer: &str) -> WorkerConfig {
 /// Worker threads, each running batches of 16 in a loop until [`Running::stop`].
 pub struct Running {
     stop: Arc<AtomicBool>,
+    /// Threads inside `run_once` (claiming, applying or acknowledging a batch).
+    working: Arc<AtomicUsize>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -451,20 +459,28 @@ impl Running {
     /// Starts a thread per worker.
     pub fn start(workers: &[Arc<IndexWorker>]) -> Running {
         let stop = Arc::new(AtomicBool::new(false));
+        let working = Arc::new(AtomicUsize::new(0));
         let threads = workers
             .iter()
             .map(|w| {
-                let (w, stop) = (w.clone(), stop.clone());
+                let (w, stop, working) = (w.clone(), stop.clone(), working.clone());
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::SeqCst) {
-                        if w.run_once(16).map(|r| r.claimed).unwrap_or(0) == 0 {
+                        working.fetch_add(1, Ordering::SeqCst);
+                        let claimed = w.run_once(16).map(|r| r.claimed).unwrap_or(0);
+                        working.fetch_sub(1, Ordering::SeqCst);
+                        if claimed == 0 {
                             std::thread::sleep(Duration::from_millis(1));
                         }
                     }
                 })
             })
             .collect();
-        Running { stop, threads }
+        Running {
+            stop,
+            working,
+            threads,
+        }
     }
 
     /// Stops every thread and waits for it.

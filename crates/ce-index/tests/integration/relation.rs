@@ -264,6 +264,7 @@ fn converge(backend: Backend, seed: u64, index: Arc<dyn RelationIndex>, what: &s
     random_writes(&env, &mut rng, 300, true);
     flaky.faults.store(false, Ordering::SeqCst);
     env.settle(
+        &running,
         &format!("{what}: seed {seed}: outbox did not drain"),
         || env.open_deliveries(None) == 0,
     );
