@@ -26,7 +26,7 @@ use ce_core::uri::RESERVED_SEGMENTS;
 use ce_core::{Config, CoreError, CtxUri, Level};
 use ce_embed::Embedder as _;
 use ce_index::vector::SearchFilter;
-use ce_retrieval::{SearchMode, SearchRequest};
+use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
 use ce_server::status::DrainProgress;
 use ce_server::{Engine, EngineOptions, ServerError, Source};
 use ce_store::{PutRequest, WriteOp};
@@ -326,23 +326,45 @@ pub fn doc_uri_segment(id: &str) -> String {
 pub struct DocUris {
     uris: Vec<CtxUri>,
     ids: HashMap<CtxUri, String>,
+    folders: Vec<CtxUri>,
+    folder_set: HashSet<CtxUri>,
 }
 
 impl DocUris {
-    /// Maps every document of `corpus` to `base/<doc_uri_segment(id)>`. Fails only when a
-    /// URI would exceed the URI length limit.
-    pub fn new(base: &CtxUri, corpus: &[BeirDoc]) -> Result<Self> {
+    /// Maps every document of `corpus` to `base/<doc_uri_segment(id)>`, or with a
+    /// `folder_size` of n > 0 to `base/<folder>/<doc_uri_segment(id)>`, the documents in
+    /// corpus order n to a folder ([`folder_segment`]): BEIR corpora have no folders, and a
+    /// corpus grouped by topic in its order (as `eval/ce-small` is, ten per topic) gets
+    /// one folder per topic, for hierarchical search to descend into. Fails only when a URI
+    /// would exceed the URI length limit.
+    pub fn new(base: &CtxUri, corpus: &[BeirDoc], folder_size: usize) -> Result<Self> {
         let mut uris = Vec::with_capacity(corpus.len());
         let mut ids = HashMap::with_capacity(corpus.len());
-        for doc in corpus {
-            let uri = base
+        let mut folders = Vec::new();
+        for (i, doc) in corpus.iter().enumerate() {
+            let parent = match folder_size {
+                0 => base.clone(),
+                n => {
+                    if i % n == 0 {
+                        folders.push(base.join(&folder_segment(i / n)).map_err(CoreError::from)?);
+                    }
+                    folders.last().expect("pushed at i % n == 0").clone()
+                }
+            };
+            let uri = parent
                 .join(&doc_uri_segment(&doc.id))
                 .map_err(CoreError::from)?;
             ids.insert(uri.clone(), doc.id.clone());
             uris.push(uri);
         }
         debug_assert_eq!(ids.len(), uris.len(), "doc_uri_segment is injective");
-        Ok(DocUris { uris, ids })
+        let folder_set = folders.iter().cloned().collect();
+        Ok(DocUris {
+            uris,
+            ids,
+            folders,
+            folder_set,
+        })
     }
 
     /// The node URI of each document, in corpus order.
@@ -350,10 +372,26 @@ impl DocUris {
         &self.uris
     }
 
+    /// The folders the documents are grouped in, in order (none without a folder size).
+    pub fn folders(&self) -> &[CtxUri] {
+        &self.folders
+    }
+
     /// The document stored at `uri`; `None` for a node that is not a document of the corpus.
     pub fn doc_id(&self, uri: &CtxUri) -> Option<&str> {
         self.ids.get(uri).map(String::as_str)
     }
+
+    /// Whether `uri` is one of [`DocUris::folders`].
+    pub fn is_folder(&self, uri: &CtxUri) -> bool {
+        self.folder_set.contains(uri)
+    }
+}
+
+/// The name of the `i`-th folder (from 0) of a `--folder-size` layout: `group-0001`, … A
+/// folder and a document never share a parent, so the names cannot collide.
+pub fn folder_segment(i: usize) -> String {
+    format!("group-{:04}", i + 1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1116,6 +1154,7 @@ mod tests {
         let uris = DocUris::new(
             &CtxUri::parse("ctx://eval/resources").expect("valid"),
             &data.corpus,
+            0,
         )
         .expect("every id maps to a uri");
         assert_eq!(uris.uris().len(), 300);
@@ -1257,7 +1296,7 @@ mod tests {
                 text: "t".into(),
             })
             .collect();
-        let uris = DocUris::new(&base, &corpus).expect("valid");
+        let uris = DocUris::new(&base, &corpus, 0).expect("valid");
         assert_eq!(uris.uris().len(), 3);
         for (doc, uri) in corpus.iter().zip(uris.uris()) {
             assert_eq!(uris.doc_id(uri), Some(doc.id.as_str()));
@@ -1270,9 +1309,48 @@ mod tests {
             text: String::new(),
         }];
         assert!(matches!(
-            DocUris::new(&base, &too_long),
+            DocUris::new(&base, &too_long, 0),
             Err(CliError::Core(CoreError::InvalidUri(_)))
         ));
+    }
+
+    #[test]
+    fn a_folder_size_groups_documents_in_corpus_order() {
+        let base = CtxUri::parse("ctx://eval/resources").expect("valid");
+        let corpus: Vec<BeirDoc> = (1..=7)
+            .map(|i| BeirDoc {
+                id: format!("d{i}"),
+                title: String::new(),
+                text: "t".into(),
+            })
+            .collect();
+        let uris = DocUris::new(&base, &corpus, 3).expect("valid");
+        let folders: Vec<&str> = uris.folders().iter().map(CtxUri::as_str).collect();
+        assert_eq!(
+            folders,
+            [
+                "ctx://eval/resources/group-0001",
+                "ctx://eval/resources/group-0002",
+                "ctx://eval/resources/group-0003"
+            ]
+        );
+        let groups: Vec<usize> = uris
+            .uris()
+            .iter()
+            .map(|u| {
+                let parent = u.parent().expect("below a folder");
+                uris.folders()
+                    .iter()
+                    .position(|f| *f == parent)
+                    .expect("a folder")
+                    + 1
+            })
+            .collect();
+        assert_eq!(groups, [1, 1, 1, 2, 2, 2, 3]);
+        for (doc, uri) in corpus.iter().zip(uris.uris()) {
+            assert_eq!(uris.doc_id(uri), Some(doc.id.as_str()));
+        }
+        assert_eq!(uris.doc_id(&uris.folders()[0]), None);
     }
 }
 
@@ -1358,6 +1436,52 @@ impl std::str::FromStr for Layout {
     }
 }
 
+/// A mode `ce eval` evaluates: a flat search mode, or hierarchical search (its default
+/// parameters) over the same vector index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalMode {
+    /// `vector`, `keyword` or `hybrid`.
+    Flat(SearchMode),
+    /// `hierarchical`: seeds on L0 records (the folders' roll-ups when derived), descends.
+    Hierarchical,
+}
+
+impl EvalMode {
+    /// The name on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalMode::Flat(m) => m.as_str(),
+            EvalMode::Hierarchical => ce_server::wire::HIERARCHICAL_MODE,
+        }
+    }
+
+    /// Whether this mode reads the index of `consumer`.
+    fn reads(self, consumer: &str) -> bool {
+        match self {
+            EvalMode::Flat(SearchMode::Keyword) => consumer == KEYWORD_CONSUMER,
+            EvalMode::Flat(SearchMode::Vector) | EvalMode::Hierarchical => {
+                consumer == VECTOR_CONSUMER
+            }
+            EvalMode::Flat(SearchMode::Hybrid) => true,
+        }
+    }
+}
+
+impl std::str::FromStr for EvalMode {
+    type Err = CliError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if s == ce_server::wire::HIERARCHICAL_MODE {
+            return Ok(EvalMode::Hierarchical);
+        }
+        s.parse().map(EvalMode::Flat).map_err(|_| {
+            CliError::Usage(format!(
+                "mode {s:?} is not one of \"vector\", \"keyword\", \"hybrid\", \"hierarchical\""
+            ))
+        })
+    }
+}
+
 /// BEIR's document text: title and text joined by a space, trimmed (as BEIR's dense
 /// retrieval models encode `title + " " + text`).
 pub fn beir_text(doc: &BeirDoc) -> String {
@@ -1376,7 +1500,7 @@ pub struct EvalArgs {
     /// BEIR qrels (TSV: query-id, corpus-id, score; header optional)
     #[arg(long, value_name = "FILE")]
     pub qrels: PathBuf,
-    /// Modes to evaluate, comma-separated
+    /// Modes to evaluate, comma-separated: `vector`, `keyword`, `hybrid`, `hierarchical`
     #[arg(
         long,
         value_name = "M,..",
@@ -1391,6 +1515,11 @@ pub struct EvalArgs {
     /// text, searched at L2 only, as published BEIR baselines index them)
     #[arg(long, value_name = "L", default_value = "layered")]
     pub layout: String,
+    /// Documents per folder: 0 stores the corpus flat under one folder; N > 0 puts the
+    /// documents, in corpus order, N to a folder (`group-0001`, …), so hierarchical search
+    /// has folders to descend into (`eval/ce-small` is in topic groups of 10)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub folder_size: usize,
     /// Write every query's ranking to FILE as a TREC run (`qid Q0 docid rank score run_tag`,
     /// run tag `ce-<mode>`)
     #[arg(long, value_name = "FILE")]
@@ -1445,6 +1574,8 @@ pub struct EvalOutput {
     pub quality: EvalReport,
     /// How documents became nodes.
     pub layout: Layout,
+    /// Documents per folder (0: flat).
+    pub folder_size: usize,
     /// The data directory the corpus was indexed in.
     pub data_dir: String,
     /// Whether it is kept (`--data-dir`) or was a temporary one, now removed.
@@ -1472,8 +1603,12 @@ impl EvalOutput {
         } else {
             "temporary, removed"
         };
+        let folders = match self.folder_size {
+            0 => String::new(),
+            n => format!(", {n} documents per folder"),
+        };
         let mut out = format!(
-            "layout {layout}; data directory {} ({kept})\n",
+            "layout {layout}{folders}; data directory {} ({kept})\n",
             self.data_dir
         );
         out.push_str(&format!(
@@ -1642,21 +1777,33 @@ fn write_corpus(
     progress: &Progress,
 ) -> Result<u64> {
     let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
-    let stale: Vec<WriteOp> = if store.read_node(&base)?.is_some() {
-        store
-            .ls(&base)?
-            .into_iter()
-            .filter(|n| uris.doc_id(&n.uri).is_none())
-            .map(|n| WriteOp::Rm {
-                uri: n.uri,
-                recursive: true,
-                expect_version: None,
-                trace_id: None,
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // What the base holds that is neither a document nor a folder of this layout, and what
+    // this layout's folders hold that is not one of their documents.
+    let mut stale = Vec::new();
+    if store.read_node(&base)?.is_some() {
+        for n in store.ls(&base)? {
+            if uris.is_folder(&n.uri) {
+                stale.extend(
+                    store
+                        .ls(&n.uri)?
+                        .into_iter()
+                        .filter(|c| uris.doc_id(&c.uri).is_none())
+                        .map(|c| c.uri),
+                );
+            } else if uris.doc_id(&n.uri).is_none() {
+                stale.push(n.uri);
+            }
+        }
+    }
+    let stale: Vec<WriteOp> = stale
+        .into_iter()
+        .map(|uri| WriteOp::Rm {
+            uri,
+            recursive: true,
+            expect_version: None,
+            trace_id: None,
+        })
+        .collect();
     if !stale.is_empty() {
         progress.say(format_args!(
             "removing {} nodes of another corpus under {EVAL_BASE}",
@@ -1772,10 +1919,10 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
         )));
     }
     let layout: Layout = args.layout.parse()?;
-    let modes: Vec<SearchMode> = args
+    let modes: Vec<EvalMode> = args
         .modes
         .iter()
-        .map(|m| m.parse::<SearchMode>().map_err(CliError::from))
+        .map(|m| m.parse())
         .collect::<Result<_>>()?;
     let names: Vec<String> = modes.iter().map(|m| m.as_str().to_owned()).collect();
     check_modes(&names)?;
@@ -1786,13 +1933,11 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
     let derives = (layout == Layout::Derived).then_some(DERIVE_CONSUMER);
     let consumers: Vec<&str> = derives
         .into_iter()
-        .chain([KEYWORD_CONSUMER, VECTOR_CONSUMER].into_iter().filter(|c| {
-            modes.iter().any(|m| match m {
-                SearchMode::Keyword => *c == KEYWORD_CONSUMER,
-                SearchMode::Vector => *c == VECTOR_CONSUMER,
-                SearchMode::Hybrid => true,
-            })
-        }))
+        .chain(
+            [KEYWORD_CONSUMER, VECTOR_CONSUMER]
+                .into_iter()
+                .filter(|c| modes.iter().any(|m| m.reads(c))),
+        )
         .collect();
     let dir = match data_dir {
         Some(d) => WorkDir::Kept(d.to_owned()),
@@ -1838,8 +1983,14 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
             },
         )
     };
+    let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
+    let uris = DocUris::new(&base, &data.corpus, args.folder_size)?;
+    let folders = match uris.folders().len() {
+        0 => String::new(),
+        n => format!(" in {n} folders"),
+    };
     progress.say(format_args!(
-        "writing {} documents ({} layout) into {}",
+        "writing {} documents{folders} ({} layout) into {}",
         data.corpus.len(),
         layout.as_str(),
         dir.path().display()
@@ -1847,8 +1998,6 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
 
     let t = Instant::now();
     let mut engine = open(&consumers[..1])?;
-    let base = CtxUri::parse(EVAL_BASE).map_err(CoreError::from)?;
-    let uris = DocUris::new(&base, &data.corpus)?;
     let changed = write_corpus(engine.store(), &data, &uris, layout, &progress)?;
     let write_ms = ms(t.elapsed());
     progress.say(format_args!(
@@ -1880,16 +2029,36 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
         ..SearchFilter::default()
     };
     let mut search = |mode: &str, query: &str, n: usize| -> Result<Vec<(String, f32)>> {
+        let mode: EvalMode = mode.parse()?;
         let req = SearchRequest {
-            mode: Some(mode.parse()?),
+            mode: match mode {
+                EvalMode::Flat(m) => Some(m),
+                EvalMode::Hierarchical => None,
+            },
             top_k: n,
             filter: filter.clone(),
             ..SearchRequest::new(query)
         };
-        let hits = engine.search(&req)?.hits;
+        let hits: Vec<(CtxUri, f32)> = match mode {
+            EvalMode::Flat(_) => engine
+                .search(&req)?
+                .hits
+                .into_iter()
+                .map(|h| (h.uri, h.score))
+                .collect(),
+            EvalMode::Hierarchical => engine
+                .hierarchical(&HierarchicalRequest {
+                    search: req,
+                    params: HierarchicalParams::default(),
+                })?
+                .hits
+                .into_iter()
+                .map(|h| (h.uri, h.score))
+                .collect(),
+        };
         Ok(hits
             .iter()
-            .filter_map(|h| uris.doc_id(&h.uri).map(|id| (id.to_owned(), h.score)))
+            .filter_map(|(uri, score)| uris.doc_id(uri).map(|id| (id.to_owned(), *score)))
             .collect())
     };
     let mut on_query = |q: &QueryRun<'_>| -> Result<()> {
@@ -1912,6 +2081,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
     Ok(EvalOutput {
         quality,
         layout,
+        folder_size: args.folder_size,
         data_dir: dir.path().display().to_string(),
         data_dir_kept: matches!(dir, WorkDir::Kept(_)),
         run_file,

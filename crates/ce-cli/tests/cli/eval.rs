@@ -290,6 +290,65 @@ fn the_derived_layout_derives_before_it_indexes() {
     assert_eq!(tea["provenance"]["abstract"]["origin"], "derived", "{tea}");
 }
 
+/// `--folder-size 10`: the topic groups of ce-small become folders, the derived layout rolls
+/// them up, and hierarchical search descends from their roll-ups to the documents; a rerun
+/// of the kept data directory without folders moves every document back flat.
+#[test]
+fn hierarchical_search_descends_from_derived_folder_roll_ups() {
+    let ce = Ce::hash("");
+    let sets = ce_small();
+    let (r, _) = eval_json(
+        &ce,
+        &eval_args(
+            &sets,
+            &[
+                "--modes",
+                "hierarchical,vector",
+                "--layout",
+                "derived",
+                "--folder-size",
+                "10",
+            ],
+        ),
+    );
+    assert_eq!(r["folder_size"], 10, "{r}");
+    let children = |uri: &str| -> Vec<String> {
+        ce.json(&["ls", uri])
+            .as_array()
+            .unwrap_or_else(|| panic!("ls {uri}"))
+            .iter()
+            .map(|e| e["uri"].as_str().expect("uri").to_owned())
+            .collect()
+    };
+    let folders = children("ctx://eval/resources");
+    assert_eq!(folders.len(), 30, "{folders:?}");
+    assert_eq!(folders[0], "ctx://eval/resources/group-0001");
+    assert_eq!(
+        children(&folders[0]).last().map(String::as_str),
+        Some("ctx://eval/resources/group-0001/d010")
+    );
+    let group = ce.json(&["stat", &folders[0]]);
+    assert_eq!(
+        group["provenance"]["abstract"]["origin"], "derived",
+        "{group}"
+    );
+    // Every query is answered by documents, found through their folders.
+    let h = mode(&r, "hierarchical");
+    assert!(h["recall_100"].as_f64() > Some(0.5), "{r}");
+    assert!(h["ndcg"].as_f64() > Some(0.2), "{r}");
+
+    // The same data directory, flat: the folders and their roll-ups go, the documents stay.
+    let (r, _) = eval_json(
+        &ce,
+        &eval_args(&sets, &["--modes", "keyword", "--layout", "derived"]),
+    );
+    assert_eq!(r["folder_size"], 0, "{r}");
+    let flat = children("ctx://eval/resources");
+    assert_eq!(flat.len(), 300, "{:?}", &flat[..3]);
+    assert!(flat.iter().all(|u| !u.contains("group-")), "{flat:?}");
+    assert!(mode(&r, "keyword")["ndcg"].as_f64() > Some(0.8), "{r}");
+}
+
 #[test]
 fn without_a_data_dir_eval_works_in_a_temporary_one() {
     let dir = tempfile::tempdir().expect("tmp");
