@@ -123,7 +123,10 @@ pub struct DeriveSnapshot {
     pub key: DirtyKey,
     /// The node.
     pub node: ContextNode,
-    /// Its children, by URI.
+    /// Its children, by URI, each with its L2 content cut to `projector.l0_fallback_chars`
+    /// characters: a folder's derivation reads only its children's L0 (fallbacks applied),
+    /// and a folder waiting for pending children is read again as each of them comes by —
+    /// with whole contents, 100 children of 5 KB made that 500 KB a read.
     pub children: Vec<ContextNode>,
 }
 
@@ -376,6 +379,7 @@ fn fenced_write(
 pub(crate) fn derive_snapshots(
     tx: &mut dyn ReadTx,
     uris: &[CtxUri],
+    l0_fallback_chars: usize,
 ) -> Result<Vec<DeriveSnapshot>> {
     let mut out = Vec::new();
     for uri in uris {
@@ -385,7 +389,7 @@ pub(crate) fn derive_snapshots(
         let Some(node) = tx.node(uri)? else {
             continue;
         };
-        let children = tx.children(uri)?;
+        let children = tx.children_cut(uri, l0_fallback_chars)?;
         out.push(DeriveSnapshot {
             key,
             node,

@@ -19,6 +19,15 @@ pub(crate) const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, 
      abstract, overview, content, meta, version, content_hash, relation_version, created_at, \
      updated_at, trace_id, provenance";
 
+/// [`NODE_COLUMNS`] with the L2 content cut to its first `param` characters (SQLite and
+/// PostgreSQL `substr` count characters, as [`ce_core::projector::truncate_chars`] does).
+pub(crate) fn node_columns_cut(param: &str) -> String {
+    NODE_COLUMNS.replace(
+        " content,",
+        &format!(" substr(content, 1, {param}) AS content,"),
+    )
+}
+
 /// A node's typed columns decoded from their stored text.
 pub(crate) type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
 

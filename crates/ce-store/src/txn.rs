@@ -66,6 +66,10 @@ pub(crate) trait ReadTx {
     fn count_children(&mut self, uri: &CtxUri) -> Result<u64>;
     /// The nodes whose parent is `uri`, by URI.
     fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+    /// [`ReadTx::children`] with each child's L2 content cut to its first `content_chars`
+    /// characters (at least 1, so an empty content stays the only empty one): for reads that
+    /// need a child's L0 with its fallbacks and nothing more.
+    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>>;
     /// `uri` and its descendants, by URI.
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
     /// Edges from (`EdgeEnd::From`) or into (`EdgeEnd::To`) `uri`, ordered by
@@ -855,7 +859,8 @@ macro_rules! impl_source_traits {
                 &self,
                 uris: &[ce_core::CtxUri],
             ) -> $crate::Result<Vec<$crate::derive::DeriveSnapshot>> {
-                self.read_source(|tx| $crate::derive::derive_snapshots(tx, uris))
+                let cut = self.config.projector.l0_fallback_chars;
+                self.read_source(|tx| $crate::derive::derive_snapshots(tx, uris, cut))
             }
 
             fn dirty_within(

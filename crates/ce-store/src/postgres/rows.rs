@@ -9,7 +9,7 @@ use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql
 use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::{NODE_COLUMNS, dirty_key, subtree_bounds};
+use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, subtree_bounds};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
@@ -53,6 +53,21 @@ impl ReadTx for PgTx<'_, '_> {
             .query(
                 &format!("SELECT {NODE_COLUMNS} FROM nodes WHERE parent_uri = $1 ORDER BY uri"),
                 &[&uri.as_str()],
+            )?
+            .iter()
+            .map(node_from_row)
+            .collect()
+    }
+
+    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>> {
+        let chars = content_chars.clamp(1, i32::MAX as usize) as i32;
+        self.tx
+            .query(
+                &format!(
+                    "SELECT {} FROM nodes WHERE parent_uri = $1 ORDER BY uri",
+                    node_columns_cut("$2::integer")
+                ),
+                &[&uri.as_str(), &chars],
             )?
             .iter()
             .map(node_from_row)

@@ -11,7 +11,7 @@ use super::{
 use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::dirty_key;
+use crate::shared::{dirty_key, node_columns_cut};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
@@ -62,6 +62,16 @@ impl ReadTx for SqlTx<'_> {
             "SELECT {NODE_COLUMNS} FROM nodes WHERE parent_uri = ?1 ORDER BY uri"
         ))?;
         let rows = stmt.query_map([uri.as_str()], node_from_row)?;
+        rows.map(|r| r?).collect()
+    }
+
+    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {} FROM nodes WHERE parent_uri = ?1 ORDER BY uri",
+            node_columns_cut("?2")
+        ))?;
+        let chars = content_chars.clamp(1, i64::MAX as usize) as i64;
+        let rows = stmt.query_map(params![uri.as_str(), chars], node_from_row)?;
         rows.map(|r| r?).collect()
     }
 

@@ -311,7 +311,49 @@ fn without_the_derive_consumer_nothing_is_pending(backend: Backend) {
     assert_eq!(s.count_dirty().expect("count"), 0);
 }
 
+fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: Backend) {
+    let mut config = derive_on();
+    config.projector.l0_fallback_chars = 5;
+    let (_p, s, _c) = fresh(backend, config.clone());
+    // Multi-byte characters: the cut counts characters, as the projector's fallback does.
+    put(
+        &s,
+        "ctx://a/resources/f/long",
+        content("ünïcödé text that goes on"),
+    );
+    put(&s, "ctx://a/resources/f/short", content("abc"));
+    let folder = uri("ctx://a/resources/f");
+    let snaps = s.derive_snapshots(&[folder.clone()]).expect("snapshots");
+    assert_eq!(snaps.len(), 1);
+    let contents: Vec<&str> = snaps[0]
+        .children
+        .iter()
+        .map(|c| c.layers.content.as_str())
+        .collect();
+    assert_eq!(contents, ["ünïcö", "abc"]);
+    // What the folder's derivation reads of a child is its L0 with fallbacks: unchanged.
+    let projector = ce_core::IndexProjector::new(config.projector);
+    for (cut, full) in snaps[0].children.iter().zip(["long", "short"]) {
+        let whole = s
+            .read_node(&uri(&format!("ctx://a/resources/f/{full}")))
+            .expect("read")
+            .expect("node");
+        assert_eq!(
+            whole.layers.content.len() > cut.layers.content.len(),
+            full == "long"
+        );
+        assert_eq!(cut.content_hash, whole.content_hash);
+        assert_eq!(
+            projector.level_text(cut, Level::L0),
+            projector.level_text(&whole, Level::L0)
+        );
+    }
+    // The snapshot's node itself is whole.
+    assert_eq!(snaps[0].node.uri, folder);
+}
+
 backend_tests!(
+    a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback,
     a_put_marks_its_node_and_new_ancestors_pending_and_dirty,
     a_write_back_lands_once_and_climbs_to_the_parent,
     a_write_back_older_than_the_inputs_is_discarded,
