@@ -323,7 +323,9 @@ fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: 
     );
     put(&s, "ctx://a/resources/f/short", content("abc"));
     let folder = uri("ctx://a/resources/f");
-    let snaps = s.derive_snapshots(&[folder.clone()]).expect("snapshots");
+    let snaps = s
+        .derive_snapshots(std::slice::from_ref(&folder))
+        .expect("snapshots");
     assert_eq!(snaps.len(), 1);
     let contents: Vec<&str> = snaps[0]
         .children
