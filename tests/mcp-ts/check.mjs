@@ -1,16 +1,20 @@
 // ContextEngine's MCP server through the official TypeScript SDK over Streamable HTTP.
 //
-//     node tests/mcp-ts/check.mjs URL KEY_A KEY_B
+//     node tests/mcp-ts/check.mjs URL KEY_A KEY_B KEY_ADMIN
 //
 // Lists the tools, calls each one, checks results and errors and tenant isolation between
-// two API keys; a write is searched for once `status` says the indexes caught up. Exits
-// non-zero on the first failed check. Driven by crates/ce-cli/tests/cli/mcp.rs.
+// two API keys; a write is searched for once `status` says the indexes caught up. The
+// knowledge-base tools as the admin: a note added to a base, followed until completed and
+// found by search; a path outside `[ingest].allowed_paths` and bad arguments get typed
+// errors; a tenant key is refused. Exits non-zero on the first failed check. Driven by
+// crates/ce-cli/tests/cli/mcp.rs.
 import assert from "node:assert/strict";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
-const [url, keyA, keyB] = process.argv.slice(2);
-const TOOLS = ["search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status"];
+const [url, keyA, keyB, keyAdmin] = process.argv.slice(2);
+const TOOLS = ["search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status",
+  "kb_list", "kb_create", "kb_add", "kb_status", "kb_remove_items", "kb_reindex"];
 
 async function connect(key) {
   const client = new Client({ name: "ce-ts-check", version: "1.0.0" });
@@ -97,6 +101,42 @@ const rb = await ok(a, "read", { uris: ["ctx://b/docs/ts-secret"] });
 assert.equal(rb.nodes[0].error.code, "not_found");
 await fails(b, "write", { uri: note, content: "overwritten" }, "forbidden");
 await fails(a, "search", { query: "bravo", subtree: "ctx://b" }, "forbidden");
+// Knowledge bases: admin only.
+assert.match(await fails(a, "kb_list", {}, "forbidden"), /admin/);
+await fails(a, "kb_add", { base: "ts-kb", inputs: [{ note: "planted" }] }, "forbidden");
+const adm = await connect(keyAdmin);
+const kbRoot = "ctx://a/resources/ts-kb";
+const base = await ok(adm, "kb_create", { name: "ts-kb", root: kbRoot });
+assert.equal(base.root, kbRoot);
+assert.match(
+  await fails(adm, "kb_add", { base: "ts-kb", inputs: [{ path: "/etc/hostname" }] }, "invalid_field"),
+  /allowed_paths/,
+);
+assert.match(await fails(adm, "kb_add", { base: "ts-kb", inputs: "a note" }, "invalid_field"), /`inputs`/);
+await fails(adm, "kb_status", { base: "no-such-base" }, "not_found");
+const added = await ok(adm, "kb_add", {
+  base: "ts-kb",
+  inputs: [{ note: "Blobfish live in the deep sea off Australia at high pressure.", name: "blobfish" }],
+});
+assert.equal(added.items.length, 1);
+const deadline = Date.now() + 60000;
+let st;
+for (;;) {
+  st = await ok(adm, "kb_status", { base: "ts-kb" });
+  if (st.total === 1 && st.done === 1) break;
+  assert.ok(Date.now() < deadline, `kb item never finished: ${JSON.stringify(st)}`);
+  await new Promise((r) => setTimeout(r, 200));
+}
+assert.equal(st.counts.completed, 1, JSON.stringify(st));
+assert.equal(st.items[0].node_uri, `${kbRoot}/blobfish`);
+const fish = await ok(adm, "search", { query: "blobfish deep sea", mode: "keyword", subtree: kbRoot });
+assert.ok(fish.hits.some((h) => h.uri.startsWith(`${kbRoot}/blobfish`)), JSON.stringify(fish));
+const bases = await ok(adm, "kb_list", {});
+assert.equal(bases.bases.find((x) => x.name === "ts-kb").counts.completed, 1, JSON.stringify(bases));
+await ok(adm, "kb_remove_items", { base: "ts-kb", items: [added.items[0].id] });
+const gone = await ok(adm, "search", { query: "blobfish deep sea", mode: "keyword", subtree: kbRoot });
+assert.ok(!gone.hits.some((h) => h.uri.startsWith(`${kbRoot}/blobfish`)), JSON.stringify(gone));
+await adm.close();
 await a.close();
 await b.close();
 // A wrong key never gets in.

@@ -1,10 +1,14 @@
 """ContextEngine's MCP server through the official Python SDK (`mcp`, tests/requirements.txt).
 
-    python3 tests/mcp/check_mcp.py stdio ROOT COMMAND [ARGS...]   # e.g. local ce --data-dir D mcp
-    python3 tests/mcp/check_mcp.py http URL KEY_A KEY_B
+    python3 tests/mcp/check_mcp.py stdio ROOT DOC COMMAND [ARGS...]   # e.g. local F ce --data-dir D mcp
+    python3 tests/mcp/check_mcp.py http URL KEY_A KEY_B KEY_ADMIN DOC
 
 Lists the tools, calls each one, checks results and errors, and (http) tenant isolation
 between two API keys. A write is searched for once `status` says the indexes caught up.
+The knowledge-base tools (admin only): a note and the file DOC (under the server's
+`[ingest].allowed_paths`) added to a base, followed until completed, found by search, one
+removed and gone from search at once; bad inputs get typed errors. DOC `-` (stdio): the
+caller is a tenant, and the kb tools must answer `forbidden`.
 Exits non-zero on the first failed check. Driven by crates/ce-cli/tests/cli/mcp.rs.
 """
 
@@ -19,7 +23,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-TOOLS = {"search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status"}
+TOOLS = {"search", "read", "list", "tree", "write", "edit", "move", "forget", "link", "related", "session_add", "session_commit", "status",
+         "kb_list", "kb_create", "kb_add", "kb_status", "kb_remove_items", "kb_reindex"}
 
 
 def check(cond, what):
@@ -128,14 +133,81 @@ async def exercise(s, root):
     return note
 
 
-async def stdio(root, command):
+async def search_uris(s, query, subtree):
+    found = await ok(s, "search", {"query": query, "mode": "keyword", "subtree": subtree})
+    return [h["uri"] for h in found["hits"]]
+
+
+async def exercise_kb(s, root, doc):
+    """The knowledge-base tools as the admin, below `root`; `doc` a file the server may read."""
+    kb_root = f"{root}/resources/sdk-py"
+    base = await ok(s, "kb_create", {"name": "sdk-py", "root": kb_root})
+    check(base["root"] == kb_root and base["status"] == "active", f"kb_create: {base}")
+    await fails(s, "kb_create", {"name": "sdk-py", "root": kb_root}, "already_exists")
+    # Bad inputs: typed tool errors naming what is wrong, nothing added.
+    msg = await fails(s, "kb_add", {"base": "sdk-py", "inputs": [{"path": "/etc/passwd"}]}, "invalid_field")
+    check("allowed_paths" in msg, msg)
+    await fails(s, "kb_add", {"base": "sdk-py", "inputs": [{"note": "x", "url": "https://example.com"}]},
+                "invalid_field")
+    msg = await fails(s, "kb_add", {"base": "sdk-py", "inputs": []}, "invalid_field")
+    check("`inputs`" in msg, msg)
+    await fails(s, "kb_add", {"base": "no-such-base", "inputs": [{"note": "x"}]}, "not_found")
+    added = await ok(s, "kb_add", {"base": "sdk-py", "inputs": [
+        {"note": "Narwhals grow a single spiral tusk up to three metres long.", "name": "narwhal"},
+        {"path": doc}]})
+    ids = [i["id"] for i in added["items"]]
+    check(len(ids) == 2 and len(added["jobs"]) == 2, f"kb_add: {added}")
+    deadline = time.monotonic() + 60
+    while True:
+        st = await ok(s, "kb_status", {"base": "sdk-py"})
+        if st["total"] == 2 and st["done"] == 2:
+            break
+        check(time.monotonic() < deadline, f"kb items never finished: {st}")
+        await asyncio.sleep(0.2)
+    check(st["counts"]["completed"] == 2, f"kb items not completed: {st}")
+    failed = await ok(s, "kb_status", {"base": "sdk-py", "status": "failed"})
+    check(failed["items"] == [] and failed["items_matched"] == 0, f"kb_status failed: {failed}")
+    narwhal = f"{kb_root}/narwhal"
+    hits = await search_uris(s, "narwhals spiral tusk", kb_root)
+    check(any(u.startswith(narwhal) for u in hits), f"the note is not found: {hits}")
+    hits = await search_uris(s, "pangolins armoured scales", kb_root)
+    check(any(u.startswith(f"{kb_root}/pangolin.md") for u in hits), f"the file is not found: {hits}")
+    listed = await ok(s, "kb_list", {})
+    mine = [b for b in listed["bases"] if b["name"] == "sdk-py"]
+    check(mine and mine[0]["counts"]["completed"] == 2, f"kb_list: {listed}")
+    # Removed: gone from search at once.
+    rm = await ok(s, "kb_remove_items", {"base": "sdk-py", "items": [ids[0]]})
+    check(rm["roots"] == [ids[0]], f"kb_remove_items: {rm}")
+    hits = await search_uris(s, "narwhals spiral tusk", kb_root)
+    check(not any(u.startswith(narwhal) for u in hits), f"a removed item is still found: {hits}")
+    await fails(s, "kb_reindex", {"base": "sdk-py", "items": ["no-such-item"]}, "not_found")
+    await fails(s, "kb_status", {"base": "sdk-py", "status": "sideways"}, "invalid_field")
+
+
+async def kb_forbidden(s):
+    """A tenant key: every knowledge-base tool is refused."""
+    msg = await fails(s, "kb_list", {}, "forbidden")
+    check("admin" in msg, msg)
+    await fails(s, "kb_create", {"name": "mine"}, "forbidden")
+    await fails(s, "kb_add", {"base": "sdk-py", "inputs": [{"note": "planted"}]}, "forbidden")
+    await fails(s, "kb_status", {"base": "sdk-py"}, "forbidden")
+
+
+async def stdio(root, doc, command):
     async with session_stdio(command) as s:
         await exercise(s, f"ctx://{root}")
+        if doc == "-":
+            await kb_forbidden(s)
+        else:
+            await exercise_kb(s, f"ctx://{root}", doc)
 
 
-async def http(url, key_a, key_b):
+async def http(url, key_a, key_b, key_admin, doc):
     async with session_http(url, key_a) as a:
         note = await exercise(a, "ctx://a")
+        await kb_forbidden(a)
+    async with session_http(url, key_admin) as admin:
+        await exercise_kb(admin, "ctx://a", doc)
     async with session_http(url, key_b) as b:
         await ok(b, "write", {"uri": "ctx://b/docs/secret", "abstract": "bravo confidential merger"})
         await wait_indexed(b)
@@ -162,9 +234,9 @@ async def http(url, key_a, key_b):
 def main():
     mode = sys.argv[1]
     if mode == "stdio":
-        asyncio.run(stdio(sys.argv[2], sys.argv[3:]))
+        asyncio.run(stdio(sys.argv[2], sys.argv[3], sys.argv[4:]))
     else:
-        asyncio.run(http(sys.argv[2], sys.argv[3], sys.argv[4]))
+        asyncio.run(http(*sys.argv[2:7]))
     print(f"mcp python sdk ({mode}): ok")
 
 

@@ -339,6 +339,10 @@ def test_knowledge_bases(admin: Client) -> None:
     assert (p["finished"], p["done"], p["failed"]) == (True, 1, 0), p
     status = admin.kb_status(name)
     assert status["counts"]["completed"] == 1 and status["items"][0]["kind"] == "note"
+    report = admin.status()["kb"]
+    mine = [b for b in report["bases"] if b["name"] == name]
+    assert mine and mine[0]["counts"]["completed"] == 1 and mine[0]["recent_failures"] == [], report
+    assert "kb-index-documents" in report["active_jobs"], report
     with pytest.raises(InvalidInputError) as refused:
         admin.kb_add(name, paths=["/etc/passwd"])
     assert refused.value.code == "invalid_field"

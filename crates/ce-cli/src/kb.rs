@@ -477,9 +477,11 @@ fn bases_text(bases: &[KnowledgeBase]) -> String {
     table(&["NAME", "ROOT", "STATUS", "CREATED"], &rows)
 }
 
-fn counts_line(s: &KbStatus) -> String {
-    let parts: Vec<String> = s
-        .counts
+/// Items by status, the zeros left out (`3 completed, 1 failed`; `no items`).
+pub(crate) fn counts_line(
+    counts: &std::collections::BTreeMap<ce_store::ItemStatus, u64>,
+) -> String {
+    let parts: Vec<String> = counts
         .iter()
         .filter(|(_, n)| **n > 0)
         .map(|(st, n)| format!("{n} {}", st.as_str()))
@@ -494,7 +496,7 @@ fn counts_line(s: &KbStatus) -> String {
 fn show_text(s: &KbStatus) -> String {
     let mut text = base_text(&s.base);
     text.push_str(&kv(&[
-        ("items", counts_line(s)),
+        ("items", counts_line(&s.counts)),
         ("done", format!("{}/{}", s.done, s.total)),
         ("token_counter", s.token_counter.clone()),
     ]));
@@ -525,7 +527,7 @@ fn status_text(s: &KbStatus) -> String {
     let mut text = format!(
         "{}: {} ({}/{} done)\n",
         s.base.name,
-        counts_line(s),
+        counts_line(&s.counts),
         s.done,
         s.total
     );

@@ -499,6 +499,7 @@ pub fn status(s: &Status) -> String {
                 )
             },
         ),
+        ("knowledge_bases", kb_line(&s.kb)),
         (
             "holds",
             if s.holds.is_empty() {
@@ -556,7 +557,68 @@ pub fn status(s: &Status) -> String {
             ));
         }
     }
+    if !s.kb.bases.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> =
+            s.kb.bases
+                .iter()
+                .map(|b| {
+                    vec![
+                        b.name.clone(),
+                        b.status.as_str().to_owned(),
+                        crate::kb::counts_line(&b.counts),
+                    ]
+                })
+                .collect();
+        out.push_str(&table(&["BASE", "STATUS", "ITEMS"], &rows));
+        for b in &s.kb.bases {
+            for f in &b.recent_failures {
+                out.push_str(&format!(
+                    "{}: item {} ({}) failed at {}: {}: {}\n",
+                    b.name,
+                    f.id,
+                    f.node_uri,
+                    rfc3339(f.at_ms),
+                    f.error.code,
+                    one_line(&f.error.message, 200)
+                ));
+            }
+        }
+    }
     out
+}
+
+/// The `knowledge_bases` line of `ce status`: bases, items under way and failed, and the
+/// workflow's jobs not ended.
+fn kb_line(k: &ce_server::status::KnowledgeStatus) -> String {
+    if k.bases.is_empty() {
+        return "none".to_owned();
+    }
+    let count = |pick: fn(ce_store::ItemStatus) -> bool| -> u64 {
+        k.bases
+            .iter()
+            .flat_map(|b| b.counts.iter())
+            .filter(|(st, _)| pick(**st))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let jobs: Vec<String> = k
+        .active_jobs
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(t, n)| format!("{n} {t}"))
+        .collect();
+    format!(
+        "{} ({} items under way, {} failed); jobs under way: {}",
+        k.bases.len(),
+        count(ce_store::ItemStatus::is_active),
+        count(|st| st == ce_store::ItemStatus::Failed),
+        if jobs.is_empty() {
+            "none".to_owned()
+        } else {
+            jobs.join(", ")
+        }
+    )
 }
 
 /// A progress line of a drain: events and their deliveries (one per consumer) separately.

@@ -261,6 +261,21 @@ pub struct Status {
     /// Session commits and memory extraction (docs/sessions.md).
     #[serde(default)]
     pub sessions: SessionsStatus,
+    /// Knowledge bases and their jobs (docs/ingestion.md).
+    #[serde(default)]
+    pub kb: KnowledgeStatus,
+}
+
+/// `Status::kb`: every knowledge base's items by status with its latest failures, and the
+/// knowledge-base jobs under way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct KnowledgeStatus {
+    /// Every base, by name: items by status, and its most recent failures (at most
+    /// [`crate::kb::STATUS_FAILURES`], newest first).
+    pub bases: Vec<ce_store::KbOverview>,
+    /// Knowledge-base jobs not ended (pending, delayed, running, waiting to retry) per job
+    /// type, every type listed.
+    pub active_jobs: std::collections::BTreeMap<String, u64>,
 }
 
 /// `Status::sessions`: whether Phase 2 extracts memories, and why not.

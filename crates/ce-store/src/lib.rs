@@ -33,7 +33,10 @@ pub use jobs::{
     ClaimedJob, Enqueued, Heartbeat, Job, JobClaim, JobCount, JobFailure, JobFilter, JobSpec,
     JobState, JobStore, MAX_IDEMPOTENCY_KEY_CHARS, MAX_JOB_PAYLOAD_BYTES, TypeSlots,
 };
-pub use kb::{BaseStatus, ItemError, ItemKind, ItemStatus, KbItem, KbOp, KbStore, KnowledgeBase};
+pub use kb::{
+    BaseStatus, ItemError, ItemKind, ItemStatus, KbFailure, KbItem, KbOp, KbOverview, KbStore,
+    KnowledgeBase,
+};
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow,

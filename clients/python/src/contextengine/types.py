@@ -27,11 +27,14 @@ __all__ = [
     "JobQueued",
     "JobsStatus",
     "KbAddResult",
+    "KbFailure",
     "KbItem",
     "KbJobs",
     "KbProgress",
+    "KbOverview",
     "KbStatus",
     "KnowledgeBase",
+    "KnowledgeStatus",
     "ConsumerStats",
     "ConsumerStatus",
     "NodeStat",
@@ -324,6 +327,7 @@ class Status(TypedDict, total=False):
     embed_cache: EmbedCache
     holds: List[Dict[str, Any]]
     jobs: JobsStatus
+    kb: KnowledgeStatus
 
 
 class Health(TypedDict):
@@ -420,6 +424,34 @@ class KbStatus(TypedDict):
     total: int
     items: List[KbItem]
     token_counter: str
+
+
+class KbFailure(TypedDict):
+    """A failed item in ``status`` (``kb.bases[].recent_failures``)."""
+
+    id: str
+    kind: str
+    node_uri: str
+    error: Dict[str, str]
+    at_ms: int
+
+
+class KbOverview(TypedDict):
+    """A base in ``status``: its items by status and its latest failures, newest first."""
+
+    name: str
+    root: str
+    status: str
+    counts: Dict[str, int]
+    recent_failures: List[KbFailure]
+
+
+class KnowledgeStatus(TypedDict):
+    """The ``kb`` section of ``status``: every base, and the workflow's jobs not ended per
+    type."""
+
+    bases: List[KbOverview]
+    active_jobs: Dict[str, int]
 
 
 class KbAddResult(TypedDict):

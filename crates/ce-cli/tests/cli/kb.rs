@@ -125,6 +125,37 @@ fn a_directory_of_real_files_is_added_followed_and_searchable() {
         human.contains("parse_error") && human.contains("6 completed"),
         "{human}"
     );
+    // `ce status`: the base's items by status and its failures, newest first.
+    let s = ce.json(&["status"]);
+    let docs = &s["kb"]["bases"][0];
+    assert_eq!(docs["name"], "docs", "{s}");
+    assert_eq!(
+        (
+            docs["counts"]["completed"].as_u64(),
+            docs["counts"]["failed"].as_u64()
+        ),
+        (Some(6), Some(2)),
+        "{s}"
+    );
+    let codes: std::collections::BTreeSet<&str> = docs["recent_failures"]
+        .as_array()
+        .expect("failures")
+        .iter()
+        .map(|f| f["error"]["code"].as_str().expect("code"))
+        .collect();
+    assert_eq!(
+        codes,
+        ["parse_error", "unsupported_format"].into_iter().collect(),
+        "{s}"
+    );
+    assert_eq!(s["kb"]["active_jobs"]["kb-index-documents"], 0, "{s}");
+    let human = ce.ok(&["status"]);
+    assert!(
+        human.contains("knowledge_bases  1 (0 items under way, 2 failed)")
+            && human.contains("6 completed, 2 failed")
+            && human.contains("parse_error"),
+        "{human}"
+    );
 
     // Searchable chunks, hydrated from the source.
     let k = ce.json(&[
@@ -193,6 +224,9 @@ fn a_directory_of_real_files_is_added_followed_and_searchable() {
         "--no-wait",
     ]);
     let note = queued["items"][0]["id"].as_str().expect("id").to_owned();
+    let s = ce.json(&["status"]);
+    assert_eq!(s["kb"]["active_jobs"]["kb-index-documents"], 1, "{s}");
+    assert_eq!(s["kb"]["bases"][0]["counts"]["idle"], 1, "{s}");
     let f = ce.fail(&["kb", "reindex", "docs", &note], 4);
     assert_eq!(f.error["code"], "state_transition", "{:?}", f.error);
 

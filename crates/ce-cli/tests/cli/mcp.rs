@@ -4,23 +4,46 @@
 //! (`@modelcontextprotocol/sdk`, `tests/mcp-ts/package-lock.json`) over Streamable HTTP.
 //! The scripts (`tests/mcp/check_mcp.py`, `tests/mcp-ts/check.mjs`) call every tool, check
 //! results, typed errors and tenant isolation between two keys, and search for a write once
-//! `status` says it is indexed. A missing interpreter or package fails the test.
+//! `status` says it is indexed; as the admin they add a note and a file to a knowledge base
+//! and find them once `kb_status` says they are completed. A missing interpreter or package
+//! fails the test.
 
-use super::harness::{CE, Ce, external, python};
+use super::harness::{CE, Ce, HASH_EMBEDDER, external, python};
 
 const KEY_A: &str = "mcp-key-of-account-a-0001";
 const KEY_B: &str = "mcp-key-of-account-b-0001";
+const KEY_ADMIN: &str = "mcp-key-of-the-admin-0001";
 
-fn two_accounts() -> Ce {
-    Ce::hash(&format!(
+/// A data directory whose `[ingest].allowed_paths` is its `docs/`, holding one Markdown file
+/// (its path returned), plus `extra` configuration.
+fn with_docs(extra: &str) -> (Ce, String) {
+    let ce = Ce::new();
+    let docs = ce.data_dir().join("docs");
+    std::fs::create_dir(&docs).expect("docs");
+    let file = docs.join("pangolin.md");
+    std::fs::write(
+        &file,
+        "# Pangolins\n\nPangolins curl into a ball of armoured scales when threatened.\n",
+    )
+    .expect("doc");
+    ce.write_config(&format!(
+        "{HASH_EMBEDDER}[ingest]\nallowed_paths = [\"{}\"]\n{extra}",
+        docs.display()
+    ));
+    (ce, file.to_str().expect("utf-8 path").to_owned())
+}
+
+fn two_accounts() -> (Ce, String) {
+    with_docs(&format!(
         "[[server.api_keys]]\nkey = \"{KEY_A}\"\naccount_id = \"a\"\n\
-         [[server.api_keys]]\nkey = \"{KEY_B}\"\naccount_id = \"b\"\n"
+         [[server.api_keys]]\nkey = \"{KEY_B}\"\naccount_id = \"b\"\n\
+         [[server.api_keys]]\nkey = \"{KEY_ADMIN}\"\nadmin = true\n"
     ))
 }
 
 #[test]
 fn python_sdk_over_stdio() {
-    let ce = Ce::hash("");
+    let (ce, doc) = with_docs("");
     let dir = ce.data_dir().to_str().expect("utf-8 path").to_owned();
     let out = external(
         &python(),
@@ -28,6 +51,7 @@ fn python_sdk_over_stdio() {
             "tests/mcp/check_mcp.py",
             "stdio",
             "local",
+            &doc,
             CE,
             "--data-dir",
             &dir,
@@ -40,11 +64,19 @@ fn python_sdk_over_stdio() {
 
 #[test]
 fn python_sdk_over_http_and_through_the_stdio_bridge() {
-    let ce = two_accounts();
+    let (ce, doc) = two_accounts();
     let server = ce.serve(&[]);
     let out = external(
         &python(),
-        &["tests/mcp/check_mcp.py", "http", &server.url, KEY_A, KEY_B],
+        &[
+            "tests/mcp/check_mcp.py",
+            "http",
+            &server.url,
+            KEY_A,
+            KEY_B,
+            KEY_ADMIN,
+            &doc,
+        ],
         &[],
     );
     assert!(out.contains("mcp python sdk (http): ok"), "{out}");
@@ -55,6 +87,7 @@ fn python_sdk_over_http_and_through_the_stdio_bridge() {
             "tests/mcp/check_mcp.py",
             "stdio",
             "a/bridge",
+            "-",
             CE,
             "--server",
             &server.url,
@@ -71,11 +104,17 @@ fn python_sdk_over_http_and_through_the_stdio_bridge() {
 
 #[test]
 fn typescript_sdk_over_http() {
-    let ce = two_accounts();
+    let (ce, _doc) = two_accounts();
     let server = ce.serve(&[]);
     let out = external(
         "node",
-        &["tests/mcp-ts/check.mjs", &server.url, KEY_A, KEY_B],
+        &[
+            "tests/mcp-ts/check.mjs",
+            &server.url,
+            KEY_A,
+            KEY_B,
+            KEY_ADMIN,
+        ],
         &[],
     );
     assert!(out.contains("mcp typescript sdk (http): ok"), "{out}");

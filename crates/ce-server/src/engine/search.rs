@@ -49,7 +49,7 @@ impl Engine {
             r => {
                 let mut r = r?;
                 // Deleted knowledge items are invisible at once, before their cleanup.
-                self.kb_hide_deleting(&mut r.hits)?;
+                self.kb_hide_deleting(&mut r.hits, |h| &h.uri)?;
                 self.current_memories_first(r)
             }
         }
@@ -106,11 +106,10 @@ impl Engine {
             index: vector.index().as_ref(),
             consumer: vector.registration().name,
         };
-        Ok(ce_retrieval::hierarchical_search(
-            self.store.as_ref(),
-            side,
-            req,
-        )?)
+        let mut r = ce_retrieval::hierarchical_search(self.store.as_ref(), side, req)?;
+        // As in flat search: deleted knowledge items are invisible at once.
+        self.kb_hide_deleting(&mut r.hits, |h| &h.uri)?;
+        Ok(r)
     }
 
     /// The edges of a node from the relation index, each checked against the source of

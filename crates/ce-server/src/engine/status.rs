@@ -100,6 +100,7 @@ impl Engine {
                 })
                 .collect(),
             jobs: self.jobs_status()?,
+            kb: Default::default(),
             derive: None,
             sessions: {
                 let off = self.config.extraction_off();
@@ -111,6 +112,7 @@ impl Engine {
                 }
             },
         };
+        status.kb = self.kb_report(&status.jobs.counts)?;
         for c in self.consumers.iter() {
             c.report(&mut status)?;
         }

@@ -37,9 +37,9 @@ fn base(p: P) -> Result<String, ApiError> {
     })
 }
 
-/// Refuses a local path outside `[ingest].allowed_paths` (none by default): an HTTP caller
-/// must not make the server read its own files at will.
-fn check_paths(allowed: &[String], inputs: &[KbInput]) -> Result<(), ApiError> {
+/// Refuses a local path outside `[ingest].allowed_paths` (none by default): an HTTP or MCP
+/// caller must not make the server read its own files at will.
+pub(crate) fn check_paths(allowed: &[String], inputs: &[KbInput]) -> Result<(), ApiError> {
     for i in inputs {
         let Some(p) = &i.path else { continue };
         let path = FsPath::new(p);

@@ -24,7 +24,7 @@ pub mod auth;
 mod error;
 pub(crate) mod handlers;
 mod jobs;
-mod kb;
+pub(crate) mod kb;
 pub mod openapi;
 mod params;
 mod repair;

@@ -262,6 +262,12 @@ pub struct KbStatus {
     pub token_counter: String,
 }
 
+/// Failures per base the status report shows (`ce status`, `GET /v1/status`, `kb_list`).
+pub const STATUS_FAILURES: usize = 5;
+
+/// The job types of the workflow.
+pub const JOB_TYPES: [&str; 4] = [PREPARE_JOB, INDEX_JOB, DELETE_JOB, REINDEX_JOB];
+
 /// How often the settle pass runs beside a job runner.
 pub const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -323,6 +329,23 @@ impl Engine {
         self.kb
             .counter
             .get_or_init(|| TokenCounter::for_config(&self.config().index.embedding))
+    }
+
+    /// The knowledge-base section of the status report: every base's overview (one grouped
+    /// count and the latest failures, [`STATUS_FAILURES`] per base) and, from `jobs` (the
+    /// report's job counts), the workflow's jobs not ended.
+    pub fn kb_report(&self, jobs: &[ce_store::JobCount]) -> Result<crate::status::KnowledgeStatus> {
+        let mut active_jobs: BTreeMap<String, u64> =
+            JOB_TYPES.iter().map(|t| ((*t).to_owned(), 0)).collect();
+        for c in jobs.iter().filter(|c| !c.state.is_terminal()) {
+            if let Some(n) = active_jobs.get_mut(&c.job_type) {
+                *n += c.count;
+            }
+        }
+        Ok(crate::status::KnowledgeStatus {
+            bases: self.store().kb_overview(STATUS_FAILURES)?,
+            active_jobs,
+        })
     }
 
     /// Applies `ops` in one transaction under the TREE lock of `base`'s root (base

@@ -148,16 +148,20 @@ impl Engine {
         Ok(base)
     }
 
-    /// Drops the hits that lie in the subtree of a `deleting` item (spec: search excludes
-    /// deleted items from the moment of the delete, before the cleanup job removes their
-    /// nodes).
-    pub fn kb_hide_deleting(&self, hits: &mut Vec<ce_retrieval::SearchHit>) -> Result<()> {
+    /// Drops the hits (`uri_of`: a hit's node) that lie in the subtree of a `deleting` item
+    /// (spec: search excludes deleted items from the moment of the delete, before the
+    /// cleanup job removes their nodes). Flat and hierarchical search both call it.
+    pub fn kb_hide_deleting<T>(
+        &self,
+        hits: &mut Vec<T>,
+        uri_of: impl Fn(&T) -> &CtxUri,
+    ) -> Result<()> {
         if hits.is_empty() {
             return Ok(());
         }
         let gone = self.store().kb_deleting_roots()?;
         if !gone.is_empty() {
-            hits.retain(|h| !gone.iter().any(|g| h.uri.is_within(&g.node_uri)));
+            hits.retain(|h| !gone.iter().any(|g| uri_of(h).is_within(&g.node_uri)));
         }
         Ok(())
     }

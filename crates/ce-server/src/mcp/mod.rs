@@ -173,7 +173,8 @@ impl ServerHandler for CeMcp {
              (L0), an overview (L1) and full content (L2). Use `search` to find context (set \
              max_tokens to get one block within a budget), `read` to open nodes, `list` and \
              `tree` to browse, `write` / `edit` to remember, `status` to see when writes are \
-             searchable.",
+             searchable. With an admin key, `kb_create` / `kb_add` index files, URLs and notes \
+             into a knowledge base and `kb_status` follows them.",
         )
     }
 

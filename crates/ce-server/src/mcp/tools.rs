@@ -4,8 +4,9 @@
 //! Every function runs on the blocking pool with the caller's [`Scope`] and goes through
 //! the same checks as the HTTP route it mirrors (`check_put`, `check_rm`, `check_mv`,
 //! `check_link`, `check_read`, `retain`; search through the route's own
-//! `handlers::run_search`). Arguments are checked against the tool's schema first, so a bad
-//! argument is an `invalid_field` error naming it.
+//! `handlers::run_search`; the knowledge-base tools are admin-only like their routes, and
+//! `kb_add` checks paths with the route's `check_paths`). Arguments are checked against the
+//! tool's schema first, so a bad argument is an `invalid_field` error naming it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use ce_core::{CtxUri, DeliveryStatus, ErrorCode, IndexProjector, Level};
 use ce_index::relation::Direction;
 use ce_retrieval::{DEFAULT_RELATED_LIMIT, MAX_RELATED_LIMIT, MAX_TOP_K, RelatedRequest};
-use ce_store::{NodeStat, PutMode, PutRequest, WriteOutcome};
+use ce_store::{ItemStatus, NodeStat, PutMode, PutRequest, WriteOutcome};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -23,7 +24,9 @@ use crate::engine::Engine;
 use crate::http::ApiError;
 use crate::http::Principal;
 use crate::http::handlers::{SearchAnswer, on_blocking_pool, run_search};
+use crate::http::kb::check_paths;
 use crate::http::scope::Scope;
+use crate::kb::{CreateBase, KbInput};
 use crate::wire::{self, CatAnswer, LinkBody, MvBody, PutBody, RmBody, SearchBody};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -43,6 +46,8 @@ pub struct Tool {
     pub destructive: bool,
     /// Calling it twice with the same arguments changes nothing more.
     pub idempotent: bool,
+    /// It may reach beyond the database (a knowledge base's URLs).
+    pub open_world: bool,
     schema: fn() -> Value,
     run: Run,
 }
@@ -70,7 +75,7 @@ impl Tool {
             .read_only(self.read_only)
             .destructive(self.destructive)
             .idempotent(self.idempotent)
-            .open_world(false);
+            .open_world(self.open_world);
         rmcp::model::Tool::new(self.name, self.description, Arc::new(schema))
             .with_title(self.title)
             .with_annotations(annotations)
@@ -807,6 +812,169 @@ fn status(e: &Engine, _scope: &Scope<'_>, _v: Value) -> Result<Value> {
     }))
 }
 
+// ---- Knowledge bases (admin only, as their HTTP routes) --------------------------------
+
+fn base_prop() -> Value {
+    json!({"type": "string", "description": "The knowledge base's name (see kb_list)."})
+}
+
+fn item_ids_prop(what: &str) -> Value {
+    json!({"type": "array", "items": {"type": "string", "description": "An item id (from kb_add or kb_status)."},
+           "minItems": 1, "description": format!("The items to {what} (ids; an item inside a selected directory folds into it).")})
+}
+
+/// The statuses an item can be listed in (`deleting` ones are invisible).
+fn visible_statuses() -> Vec<&'static str> {
+    ItemStatus::ALL
+        .into_iter()
+        .filter(|s| *s != ItemStatus::Deleting)
+        .map(ItemStatus::as_str)
+        .collect()
+}
+
+fn kb_list_schema() -> Value {
+    object(json!({}), &[])
+}
+
+fn kb_list(e: &Engine, scope: &Scope<'_>, _v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    to_value(e.kb_report(&e.jobs_status()?.counts)?)
+}
+
+fn kb_create_schema() -> Value {
+    object(
+        json!({
+            "name": {"type": "string", "description": "Its name: 1 to 64 of a-z, 0-9, '_' and '-', starting with a letter or digit."},
+            "root": uri_prop("The subtree its documents live under (default ctx://ACCOUNT/resources/NAME; not both root and account)"),
+            "account": {"type": "string", "description": "The account of the default root (default: default)."},
+            "settings": described("Chunking, in tokens of the embedding model (fixed at creation).", object(json!({
+                "max_tokens": {"type": "integer", "minimum": 16, "maximum": 8192, "description": "The most tokens of one chunk."},
+                "overlap_tokens": {"type": "integer", "minimum": 0, "description": "Tokens a chunk repeats from the previous chunk of its section."},
+                "min_tokens": {"type": "integer", "minimum": 0, "description": "Sections smaller than this merge with a neighbour."},
+            }), &[])),
+        }),
+        &["name"],
+    )
+}
+
+fn kb_create(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    to_value(e.kb_create(args::<CreateBase>(v)?)?)
+}
+
+fn kb_add_schema() -> Value {
+    let input = object(
+        json!({
+            "path": {"type": "string", "description": "An absolute path of a file or directory on the server, under its [ingest].allowed_paths."},
+            "url": {"type": "string", "description": "An http:// or https:// URL the server fetches."},
+            "note": {"type": "string", "description": "Inline text to index (at most 1 MiB)."},
+            "name": {"type": "string", "description": "The node name of a note (default note-XXXXXXXX)."},
+        }),
+        &[],
+    );
+    object(
+        json!({
+            "base": base_prop(),
+            "inputs": {"type": "array", "items": described("Exactly one of path, url or note (name only with note).", input),
+                       "minItems": 1, "description": "What to add."},
+        }),
+        &["base", "inputs"],
+    )
+}
+
+#[derive(Deserialize)]
+struct KbAddArgs {
+    base: String,
+    inputs: Vec<KbInput>,
+}
+
+fn kb_add(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    let a: KbAddArgs = args(v)?;
+    check_paths(&e.config().ingest.allowed_paths, &a.inputs)?;
+    to_value(e.kb_add(&a.base, a.inputs)?)
+}
+
+/// Items `kb_status` lists unless told otherwise.
+const KB_STATUS_ITEMS: usize = 100;
+
+fn kb_status_schema() -> Value {
+    object(
+        json!({
+            "base": base_prop(),
+            "item": {"type": "string", "description": "Only this item and what was expanded from it (an item id)."},
+            "status": {"type": "string", "enum": visible_statuses(), "description": "Only items in this status (failed: the errors)."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "At most this many items listed (default 100); counts cover all."},
+        }),
+        &["base"],
+    )
+}
+
+#[derive(Deserialize)]
+struct KbStatusArgs {
+    base: String,
+    #[serde(default)]
+    item: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+fn kb_status(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    let a: KbStatusArgs = args(v)?;
+    let status = a
+        .status
+        .as_deref()
+        .map(str::parse::<ItemStatus>)
+        .transpose()?;
+    let mut s = e.kb_status(&a.base, a.item.as_deref())?;
+    if let Some(st) = status {
+        s.items.retain(|i| i.status == st);
+    }
+    let matched = s.items.len();
+    s.items.truncate(a.limit.unwrap_or(KB_STATUS_ITEMS));
+    let listed = s.items.len();
+    let mut v = to_value(s)?;
+    v["items_matched"] = json!(matched);
+    v["truncated"] = json!(listed < matched);
+    Ok(v)
+}
+
+fn kb_items_schema(what: &str) -> Value {
+    object(
+        json!({"base": base_prop(), "items": item_ids_prop(what)}),
+        &["base", "items"],
+    )
+}
+
+fn kb_remove_items_schema() -> Value {
+    kb_items_schema("delete")
+}
+
+fn kb_reindex_schema() -> Value {
+    kb_items_schema("read and index again")
+}
+
+#[derive(Deserialize)]
+struct KbItemsArgs {
+    base: String,
+    items: Vec<String>,
+}
+
+fn kb_remove_items(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    let a: KbItemsArgs = args(v)?;
+    to_value(e.kb_delete_items(&a.base, &a.items)?)
+}
+
+fn kb_reindex(e: &Engine, scope: &Scope<'_>, v: Value) -> Result<Value> {
+    scope.principal().require_admin()?;
+    let a: KbItemsArgs = args(v)?;
+    to_value(e.kb_reindex_items(&a.base, &a.items)?)
+}
+
 /// Every tool the server offers.
 pub const TOOLS: &[Tool] = &[
     Tool {
@@ -816,6 +984,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: search_schema,
         run: search,
     },
@@ -826,6 +995,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: read_schema,
         run: read,
     },
@@ -836,6 +1006,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: list_schema,
         run: list,
     },
@@ -846,6 +1017,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: tree_schema,
         run: tree,
     },
@@ -856,6 +1028,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: true,
         idempotent: false,
+        open_world: false,
         schema: write_schema,
         run: write,
     },
@@ -866,6 +1039,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: true,
         idempotent: false,
+        open_world: false,
         schema: edit_schema,
         run: edit,
     },
@@ -876,6 +1050,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: true,
         idempotent: false,
+        open_world: false,
         schema: move_schema,
         run: move_,
     },
@@ -886,6 +1061,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: true,
         idempotent: true,
+        open_world: false,
         schema: forget_schema,
         run: forget,
     },
@@ -896,6 +1072,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: link_schema,
         run: link,
     },
@@ -906,6 +1083,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: related_schema,
         run: related,
     },
@@ -916,6 +1094,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: session_add_schema,
         run: session_add,
     },
@@ -926,6 +1105,7 @@ pub const TOOLS: &[Tool] = &[
         read_only: false,
         destructive: false,
         idempotent: false,
+        open_world: false,
         schema: session_commit_schema,
         run: session_commit,
     },
@@ -936,7 +1116,112 @@ pub const TOOLS: &[Tool] = &[
         read_only: true,
         destructive: false,
         idempotent: true,
+        open_world: false,
         schema: status_schema,
         run: status,
     },
+    Tool {
+        name: "kb_list",
+        title: "List knowledge bases",
+        description: "The knowledge bases: each one's name, root (the subtree its documents are indexed under), items counted by status and its latest failures with their errors, plus the knowledge-base jobs under way. Admin only.",
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+        schema: kb_list_schema,
+        run: kb_list,
+    },
+    Tool {
+        name: "kb_create",
+        title: "Create a knowledge base",
+        description: "Create a knowledge base: a subtree (default ctx://ACCOUNT/resources/NAME) into which files, URLs and notes are parsed, chunked and indexed so that search finds them. Give root or account, not both; settings sets the chunk sizes (fixed at creation). Fails with already_exists if the name is taken. Admin only.",
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+        schema: kb_create_schema,
+        run: kb_create,
+    },
+    Tool {
+        name: "kb_add",
+        title: "Add documents to a knowledge base",
+        description: "Add inputs to a knowledge base, each exactly one of path (a file or directory on the server, under its [ingest].allowed_paths), url (http or https) or note (inline text). Answers at once with the new items and their job ids; the server reads, parses, chunks and indexes them in the background. Poll kb_status until the items are completed (or failed, with an error), then search within the base's root. Adding an input the base already has re-syncs it instead of copying it. Admin only.",
+        read_only: false,
+        destructive: false,
+        idempotent: true,
+        open_world: true,
+        schema: kb_add_schema,
+        run: kb_add,
+    },
+    Tool {
+        name: "kb_status",
+        title: "A knowledge base's items",
+        description: "A knowledge base's items by status (idle, preparing, processing, reading, embedding: under way; completed; failed, with its error) and each item's id, source and node; done and total say how far indexing is. Narrow to one item (with what was expanded from it) or one status (failed: the errors); at most limit items are listed. Admin only.",
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+        schema: kb_status_schema,
+        run: kb_status,
+    },
+    Tool {
+        name: "kb_remove_items",
+        title: "Remove items from a knowledge base",
+        description: "Delete items from a knowledge base (a directory with everything expanded from it): they vanish from search and kb_status at once, and a background job removes their nodes. Cannot be undone. Admin only.",
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+        open_world: false,
+        schema: kb_remove_items_schema,
+        run: kb_remove_items,
+    },
+    Tool {
+        name: "kb_reindex",
+        title: "Reindex knowledge-base items",
+        description: "Read, parse and index items again (their files or pages changed, or to retry failed ones); a directory is listed again, and nodes of files gone from it are removed. Accepted only when every item concerned is completed or failed, else state_transition. Inputs that did not change change nothing. Admin only.",
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+        open_world: true,
+        schema: kb_reindex_schema,
+        run: kb_reindex,
+    },
 ];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The property names of `schema` (a tool's, or one generated from a type).
+    fn props(schema: &Value) -> BTreeSet<String> {
+        schema["properties"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn of<T: schemars::JsonSchema>() -> BTreeSet<String> {
+        props(&serde_json::to_value(schemars::schema_for!(T)).expect("schema"))
+    }
+
+    #[test]
+    fn kb_tool_schemas_name_exactly_the_fields_of_the_requests_they_fill() {
+        let create = kb_create_schema();
+        assert_eq!(props(&create), of::<CreateBase>());
+        assert_eq!(
+            props(&create["properties"]["settings"]),
+            of::<crate::kb::KbSettings>()
+        );
+        let add = kb_add_schema();
+        assert_eq!(
+            props(&add["properties"]["inputs"]["items"]),
+            of::<KbInput>()
+        );
+        let mut items = of::<crate::wire::KbItemsBody>();
+        items.insert("base".into());
+        assert_eq!(props(&kb_remove_items_schema()), items);
+        assert_eq!(props(&kb_reindex_schema()), items);
+    }
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ce_core::{Classify as _, Config, CtxUri, ErrorCode};
 use ce_http::loopback::{LoopbackServer, Reply};
-use ce_retrieval::{SearchMode, SearchRequest};
+use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
 use ce_server::kb::{CreateBase, KbInput, KbJobs, KbSettings};
 use ce_server::{Engine, EngineOptions};
 use ce_store::{ItemKind, ItemStatus, JobFilter, JobState, KbItem, KbOp, WriteOp};
@@ -23,6 +23,8 @@ ce_testkit::backend_tests!(
     delete_while_indexing_is_refused_by_the_stale_guard,
     reindex_is_refused_while_anything_in_the_subtree_is_active,
     the_recovery_scan_finishes_a_delete_whose_job_is_gone,
+    a_deleting_item_vanishes_from_flat_and_hierarchical_search_at_once,
+    the_status_report_counts_items_per_base_with_failures_and_active_jobs,
     a_rerun_of_index_documents_converges_on_the_same_nodes,
     urls_are_fetched_with_content_type_checks_and_failures_stay_per_item,
 );
@@ -511,6 +513,169 @@ fn the_recovery_scan_finishes_a_delete_whose_job_is_gone(backend: Backend) {
     let r = e.kb_remove("notes").expect("rm");
     finish(e, "notes", &r);
     assert!(e.kb_bases().expect("bases").is_empty());
+}
+
+/// The URIs hierarchical search finds for `q` below `subtree`.
+fn hierarchical(e: &Engine, q: &str, subtree: &CtxUri) -> Vec<CtxUri> {
+    let mut search = SearchRequest::new(q);
+    search.filter.subtree = Some(subtree.clone());
+    let req = HierarchicalRequest {
+        search,
+        params: HierarchicalParams::default(),
+    };
+    e.hierarchical(&req)
+        .expect("hierarchical search")
+        .hits
+        .into_iter()
+        .map(|h| h.uri)
+        .collect()
+}
+
+fn a_deleting_item_vanishes_from_flat_and_hierarchical_search_at_once(backend: Backend) {
+    let kb = open(backend);
+    let e = &kb.engine;
+    create(e, "notes", 256);
+    let note = |text: &str, name: &str| KbInput {
+        note: Some(text.into()),
+        name: Some(name.into()),
+        ..KbInput::default()
+    };
+    let added = e
+        .kb_add(
+            "notes",
+            vec![
+                note(
+                    "Narwhal tusks are long spiral teeth of the arctic whale.",
+                    "narwhal",
+                ),
+                note(
+                    "Walrus tusks are long ivory teeth of the arctic walrus.",
+                    "walrus",
+                ),
+            ],
+        )
+        .expect("add");
+    let roots: Vec<String> = added.items.iter().map(|i| i.id.clone()).collect();
+    finish(
+        e,
+        "notes",
+        &KbJobs {
+            roots,
+            jobs: added.jobs,
+        },
+    );
+    let (narwhal, walrus) = (&added.items[0], &added.items[1]);
+    let base = e.store().kb_base("notes").expect("base").root;
+    let found = hierarchical(e, "arctic tusks teeth", &base);
+    for i in [narwhal, walrus] {
+        assert!(
+            found.iter().any(|u| u.is_within(&i.node_uri)),
+            "{} before the delete: {found:?}",
+            i.node_uri
+        );
+    }
+    // Marked deleting; its cleanup job has not run (no runner here): the nodes are still in
+    // the source and the indexes, and neither search may show them.
+    let d = e
+        .kb_delete_items("notes", std::slice::from_ref(&narwhal.id))
+        .expect("delete");
+    assert_eq!(
+        e.store().kb_item("notes", &narwhal.id).expect("row").status,
+        ItemStatus::Deleting
+    );
+    assert!(
+        e.store()
+            .read_node(&narwhal.node_uri)
+            .expect("read")
+            .is_some()
+    );
+    let found = hierarchical(e, "arctic tusks teeth", &base);
+    assert!(
+        !found.iter().any(|u| u.is_within(&narwhal.node_uri)),
+        "a deleting item in hierarchical search: {found:?}"
+    );
+    assert!(
+        found.iter().any(|u| u.is_within(&walrus.node_uri)),
+        "the other item stays: {found:?}"
+    );
+    assert!(
+        !keyword(e, "narwhal tusks")
+            .iter()
+            .any(|u| u.is_within(&narwhal.node_uri))
+    );
+    finish(
+        e,
+        "notes",
+        &KbJobs {
+            roots: vec![narwhal.id.clone()],
+            jobs: d.jobs,
+        },
+    );
+    assert!(
+        e.store()
+            .read_node(&narwhal.node_uri)
+            .expect("read")
+            .is_none()
+    );
+}
+
+fn the_status_report_counts_items_per_base_with_failures_and_active_jobs(backend: Backend) {
+    let kb = open(backend);
+    let e = &kb.engine;
+    let report = || e.status().expect("status").kb;
+    assert!(report().bases.is_empty());
+    create(e, "notes", 256);
+    create(e, "empty", 256);
+    let missing = kb._dir.path().join("no-such-file.md");
+    let added = e
+        .kb_add(
+            "notes",
+            vec![
+                KbInput {
+                    note: Some("Tapirs forage along the riverbank at night.".into()),
+                    ..KbInput::default()
+                },
+                path(&missing),
+            ],
+        )
+        .expect("add");
+    let r = report();
+    assert_eq!(
+        r.bases.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
+        ["empty", "notes"]
+    );
+    assert!(r.bases[0].counts.values().all(|&n| n == 0));
+    assert_eq!(r.bases[1].counts[&ItemStatus::Idle], 2, "{r:?}");
+    assert_eq!(r.active_jobs[ce_server::kb::INDEX_JOB], 2, "{r:?}");
+    assert_eq!(r.active_jobs[ce_server::kb::DELETE_JOB], 0);
+    finish(
+        e,
+        "notes",
+        &KbJobs {
+            roots: added.items.iter().map(|i| i.id.clone()).collect(),
+            jobs: added.jobs,
+        },
+    );
+    let r = report();
+    let notes = &r.bases[1];
+    assert_eq!(notes.counts[&ItemStatus::Completed], 1, "{r:?}");
+    assert_eq!(notes.counts[&ItemStatus::Failed], 1, "{r:?}");
+    assert_eq!(notes.recent_failures.len(), 1, "{r:?}");
+    let failed = &notes.recent_failures[0];
+    assert_eq!(failed.id, added.items[1].id);
+    assert_eq!(failed.node_uri, added.items[1].node_uri);
+    assert!(
+        failed.error.message.contains("no-such-file.md"),
+        "{failed:?}"
+    );
+    assert!(r.active_jobs.values().all(|&n| n == 0), "{r:?}");
+    // The JSON of `GET /v1/status` / `ce status --json` carries it under `kb`.
+    let json = serde_json::to_value(e.status().expect("status")).expect("json");
+    assert_eq!(json["kb"]["bases"][1]["counts"]["failed"], 1, "{json}");
+    assert_eq!(
+        json["kb"]["bases"][1]["recent_failures"][0]["error"]["code"],
+        failed.error.code.as_str()
+    );
 }
 
 fn a_rerun_of_index_documents_converges_on_the_same_nodes(backend: Backend) {

@@ -1,6 +1,7 @@
 //! The MCP endpoint `/mcp` in-process, with raw JSON-RPC: both protocol revisions (stateless
 //! `2026-07-28`, `2025-11-25` with initialize and a session), every tool's results and typed
-//! errors, the plain-schema walk, and the tenant-isolation walk over [`TOOLS`] (a new tool
+//! errors, the knowledge-base tools end to end (added, indexed, found, removed from search at
+//! once), the plain-schema walk, and the tenant-isolation walk over [`TOOLS`] (a new tool
 //! without a case fails).
 
 use axum::body::Body;
@@ -326,11 +327,26 @@ fn every_tool_schema_is_plain_and_annotated() {
         ] {
             assert!(a[hint].is_boolean(), "{name}: {hint}");
         }
-        assert_eq!(a["openWorldHint"], false);
+        // Only the tools that fetch a knowledge base's URLs reach beyond the database.
+        assert_eq!(
+            a["openWorldHint"] == true,
+            ["kb_add", "kb_reindex"].contains(&name),
+            "{name}"
+        );
         let read_only = a["readOnlyHint"] == true;
         assert_eq!(
             read_only,
-            ["search", "read", "list", "tree", "related", "status"].contains(&name),
+            [
+                "search",
+                "read",
+                "list",
+                "tree",
+                "related",
+                "status",
+                "kb_list",
+                "kb_status"
+            ]
+            .contains(&name),
             "{name}"
         );
     }
@@ -594,6 +610,18 @@ fn tools_answer_results_and_typed_errors() {
 fn account_a_cannot_reach_account_b_through_any_tool() {
     let h = H::new();
     let a = KEY_A;
+    // A knowledge base of account b's, with one note (created by the admin).
+    h.ok(
+        KEY_ADMIN,
+        "kb_create",
+        json!({"name": "bdocs", "account": "b"}),
+    );
+    let added = h.ok(
+        KEY_ADMIN,
+        "kb_add",
+        json!({"base": "bdocs", "inputs": [{"note": "bravo kb note"}]}),
+    );
+    let b_item = added["items"][0]["id"].as_str().expect("item").to_owned();
     let hidden = |res: Value| {
         let text = res.to_string();
         assert!(
@@ -746,6 +774,47 @@ fn account_a_cannot_reach_account_b_through_any_tool() {
                     "forbidden",
                 );
             }
+            // Admin only, as the knowledge-base routes: a tenant key gets forbidden (the
+            // base below exists, so nothing is told apart by not_found).
+            "kb_list" => {
+                let m = h.fails(a, "kb_list", json!({}), "forbidden");
+                assert!(m.contains("admin"), "{m}");
+            }
+            "kb_create" => {
+                h.fails(
+                    a,
+                    "kb_create",
+                    json!({"name": "mine", "account": "a"}),
+                    "forbidden",
+                );
+            }
+            "kb_add" => {
+                h.fails(
+                    a,
+                    "kb_add",
+                    json!({"base": "bdocs", "inputs": [{"note": "planted"}]}),
+                    "forbidden",
+                );
+            }
+            "kb_status" => {
+                h.fails(a, "kb_status", json!({"base": "bdocs"}), "forbidden");
+            }
+            "kb_remove_items" => {
+                h.fails(
+                    a,
+                    "kb_remove_items",
+                    json!({"base": "bdocs", "items": [b_item.clone()]}),
+                    "forbidden",
+                );
+            }
+            "kb_reindex" => {
+                h.fails(
+                    a,
+                    "kb_reindex",
+                    json!({"base": "bdocs", "items": [b_item.clone()]}),
+                    "forbidden",
+                );
+            }
             other => panic!(
                 "no tenant-isolation case for tool {other}: add one in {}",
                 file!()
@@ -768,9 +837,247 @@ fn account_a_cannot_reach_account_b_through_any_tool() {
     let top = h.rpc(a, "resources/list", json!({}));
     hidden(top);
     // Nothing of b changed.
+    let st = h.ok(KEY_ADMIN, "kb_status", json!({"base": "bdocs"}));
+    assert_eq!(st["total"], 1, "{st}");
+    assert_eq!(st["items"][0]["id"], b_item.as_str());
     let theirs = h.ok(KEY_B, "read", json!({"uris": [B_SECRET]}));
     assert_eq!(
         theirs["nodes"][0]["text"],
         "bravo confidential merger plans in detail"
     );
+}
+
+/// Hits' URIs of an MCP search for `query` in `mode` below `subtree`.
+fn found(h: &H, query: &str, mode: &str, subtree: &str) -> Vec<String> {
+    let r = h.ok(
+        KEY_ADMIN,
+        "search",
+        json!({"query": query, "mode": mode, "subtree": subtree}),
+    );
+    uris(&r, "hits")
+}
+
+#[test]
+fn knowledge_base_tools_index_find_and_remove_items() {
+    let docs = tempfile::tempdir().expect("docs");
+    let allowed = docs.path().display().to_string();
+    let file = docs.path().join("capybara.md");
+    std::fs::write(
+        &file,
+        "# Capybaras\n\nCapybaras graze on riverbank grasses at dusk.\n",
+    )
+    .expect("file");
+    let outside = tempfile::tempdir().expect("outside");
+    let stray = outside.path().join("stray.md");
+    std::fs::write(&stray, "not to be read").expect("stray");
+    let h = H::with(&format!("[ingest]\nallowed_paths = [\"{allowed}\"]\n"));
+    let k = KEY_ADMIN;
+    let empty = h.ok(k, "kb_list", json!({}));
+    assert_eq!(empty["bases"], json!([]), "{empty}");
+    assert_eq!(empty["active_jobs"]["kb-index-documents"], 0, "{empty}");
+
+    let base = h.ok(k, "kb_create", json!({"name": "docs", "account": "a"}));
+    assert_eq!(base["root"], "ctx://a/resources/docs");
+    let root = "ctx://a/resources/docs";
+    h.fails(
+        k,
+        "kb_create",
+        json!({"name": "docs", "account": "a"}),
+        "already_exists",
+    );
+    let m = h.fails(k, "kb_create", json!({"name": "Bad Name"}), "invalid_field");
+    assert!(m.contains("name"), "{m}");
+    let m = h.fails(
+        k,
+        "kb_create",
+        json!({"name": "x", "settings": {"max_tokens": 4}}),
+        "invalid_field",
+    );
+    assert!(m.contains("max_tokens"), "{m}");
+
+    // Bad inputs: each refused with a typed error, nothing added.
+    let m = h.fails(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": [{"path": stray.display().to_string()}]}),
+        "invalid_field",
+    );
+    assert!(m.contains("allowed_paths") && m.contains(&allowed), "{m}");
+    let m = h.fails(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": [{"path": format!("{allowed}/../stray.md")}]}),
+        "invalid_field",
+    );
+    assert!(m.contains("allowed_paths"), "{m}");
+    h.fails(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": [{"note": "a", "url": "https://example.com"}]}),
+        "invalid_field",
+    );
+    let m = h.fails(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": []}),
+        "invalid_field",
+    );
+    assert!(m.contains("`inputs`"), "{m}");
+    let m = h.fails(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": [{"text": "x"}]}),
+        "invalid_field",
+    );
+    assert!(m.contains("`inputs[0].text`"), "{m}");
+    h.fails(
+        k,
+        "kb_add",
+        json!({"base": "nope", "inputs": [{"note": "x"}]}),
+        "not_found",
+    );
+    assert_eq!(h.ok(k, "kb_status", json!({"base": "docs"}))["total"], 0);
+
+    // A file under allowed_paths and a note: added, then indexed by the jobs.
+    let added = h.ok(
+        k,
+        "kb_add",
+        json!({"base": "docs", "inputs": [
+            {"path": file.display().to_string()},
+            {"note": "Okapis browse on forest leaves in the Congo.", "name": "okapi"}]}),
+    );
+    let items = added["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "{added}");
+    let id = |i: usize| items[i]["id"].as_str().expect("id").to_owned();
+    let (file_item, note_item) = (id(0), id(1));
+    assert_eq!(items[0]["kind"], "file");
+    assert_eq!(items[1]["node_uri"], "ctx://a/resources/docs/okapi");
+    let jobs: Vec<String> = added["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| j.as_str().expect("job").to_owned())
+        .collect();
+    assert_eq!(jobs.len(), 2);
+    let listed = h.ok(k, "kb_list", json!({}));
+    assert_eq!(listed["active_jobs"]["kb-index-documents"], 2, "{listed}");
+    let under_way = h.ok(k, "kb_status", json!({"base": "docs"}));
+    assert_eq!(under_way["done"], 0, "{under_way}");
+    assert_eq!(under_way["counts"]["idle"], 2, "{under_way}");
+    let roots = [file_item.clone(), note_item.clone()];
+    let f =
+        h.0.engine
+            .kb_follow("docs", &roots, &jobs, &|_| {})
+            .expect("follow");
+    assert!(f.progress.finished, "{f:?}");
+
+    let st = h.ok(k, "kb_status", json!({"base": "docs"}));
+    assert_eq!(
+        (st["done"].clone(), st["total"].clone()),
+        (json!(2), json!(2))
+    );
+    assert_eq!(st["counts"]["completed"], 2, "{st}");
+    assert_eq!(st["truncated"], false);
+    let failed = h.ok(k, "kb_status", json!({"base": "docs", "status": "failed"}));
+    assert_eq!(failed["items"], json!([]));
+    assert_eq!(failed["items_matched"], 0);
+    let one = h.ok(k, "kb_status", json!({"base": "docs", "limit": 1}));
+    assert_eq!(one["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        (one["items_matched"].clone(), one["truncated"].clone()),
+        (json!(2), json!(true))
+    );
+    h.fails(
+        k,
+        "kb_status",
+        json!({"base": "docs", "status": "deleting"}),
+        "invalid_field",
+    );
+    h.fails(
+        k,
+        "kb_status",
+        json!({"base": "docs", "item": "nope"}),
+        "not_found",
+    );
+    let listed = h.ok(k, "kb_list", json!({}));
+    assert_eq!(listed["bases"][0]["name"], "docs");
+    assert_eq!(listed["bases"][0]["counts"]["completed"], 2, "{listed}");
+    assert_eq!(listed["active_jobs"]["kb-index-documents"], 0, "{listed}");
+
+    // Findable by search: flat and hierarchical.
+    let file_node = format!("{root}/capybara.md");
+    let okapi = format!("{root}/okapi");
+    let within = |hits: &[String], node: &str| hits.iter().any(|u| u.starts_with(node));
+    assert!(within(
+        &found(&h, "capybaras graze riverbank", "keyword", root),
+        &file_node
+    ));
+    assert!(within(
+        &found(&h, "okapis browse forest leaves", "hybrid", root),
+        &okapi
+    ));
+    assert!(within(
+        &found(&h, "okapis browse forest leaves", "hierarchical", root),
+        &okapi
+    ));
+
+    // Removed: gone from every search mode and the status at once, before the cleanup job.
+    let rm = h.ok(
+        k,
+        "kb_remove_items",
+        json!({"base": "docs", "items": [note_item.clone()]}),
+    );
+    assert_eq!(rm["roots"], json!([note_item.clone()]));
+    for mode in ["keyword", "vector", "hybrid", "hierarchical"] {
+        let hits = found(&h, "okapis browse forest leaves", mode, root);
+        assert!(!within(&hits, &okapi), "{mode}: {hits:?}");
+    }
+    let st = h.ok(k, "kb_status", json!({"base": "docs"}));
+    assert_eq!(st["total"], 1, "{st}");
+    assert_eq!(st["counts"]["deleting"], 1, "{st}");
+    h.fails(
+        k,
+        "kb_remove_items",
+        json!({"base": "docs", "items": ["nope"]}),
+        "not_found",
+    );
+
+    // Reindex: accepted for a terminal item (asking again before it ran is the same job),
+    // refused for unknown ones; the unchanged file stays findable.
+    let again = h.ok(
+        k,
+        "kb_reindex",
+        json!({"base": "docs", "items": [file_item.clone()]}),
+    );
+    let jobs: Vec<String> = again["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| j.as_str().expect("job").to_owned())
+        .collect();
+    assert_eq!(jobs.len(), 1, "{again}");
+    let twice = h.ok(
+        k,
+        "kb_reindex",
+        json!({"base": "docs", "items": [file_item.clone()]}),
+    );
+    assert_eq!(twice["jobs"], again["jobs"], "one job for both");
+    h.fails(
+        k,
+        "kb_reindex",
+        json!({"base": "docs", "items": ["nope"]}),
+        "not_found",
+    );
+    let f =
+        h.0.engine
+            .kb_follow("docs", &[file_item.clone(), note_item], &jobs, &|_| {})
+            .expect("follow");
+    assert!(f.progress.finished, "{f:?}");
+    let st = h.ok(k, "kb_status", json!({"base": "docs"}));
+    assert_eq!(st["counts"]["completed"], 1, "{st}");
+    assert_eq!(st["counts"]["deleting"], 0, "the cleanup ran: {st}");
+    assert!(within(
+        &found(&h, "capybaras graze riverbank", "keyword", root),
+        &file_node
+    ));
 }

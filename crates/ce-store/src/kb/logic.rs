@@ -4,7 +4,10 @@
 use ce_core::{CoreError, Millis};
 
 use super::rows::KbTx;
-use super::{BaseStatus, ItemStatus, KbItem, KbOp, KnowledgeBase, base_not_found, check_base_name};
+use super::{
+    BaseStatus, ItemStatus, KbFailure, KbItem, KbOp, KbOverview, KnowledgeBase, base_not_found,
+    check_base_name,
+};
 use crate::error::{Result, StoreError};
 
 /// The stale error of `item` (missing, or in `status`).
@@ -163,6 +166,47 @@ pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
     }
 }
 
+/// [`super::KbStore::kb_overview`] over one snapshot: the bases, the grouped counts, and the
+/// ranked failures.
+pub(crate) fn overview(tx: &mut dyn KbTx, failures_per_base: usize) -> Result<Vec<KbOverview>> {
+    let mut out: Vec<KbOverview> = tx
+        .kb_bases()?
+        .into_iter()
+        .map(|b| KbOverview {
+            name: b.name,
+            root: b.root,
+            status: b.status,
+            counts: ItemStatus::ALL.into_iter().map(|s| (s, 0)).collect(),
+            recent_failures: Vec::new(),
+        })
+        .collect();
+    let slot = |out: &mut Vec<KbOverview>, base: &str| out.iter().position(|o| o.name == base);
+    for (base, status, n) in tx.kb_status_counts()? {
+        let status: ItemStatus = status
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("knowledge base row: bad status: {e}")))?;
+        if let Some(i) = slot(&mut out, &base) {
+            out[i].counts.insert(status, u64::try_from(n).unwrap_or(0));
+        }
+    }
+    if failures_per_base > 0 {
+        let limit = i64::try_from(failures_per_base).unwrap_or(i64::MAX);
+        for item in tx.kb_recent_failures(limit)? {
+            let (Some(i), Some(error)) = (slot(&mut out, &item.base), item.error) else {
+                continue;
+            };
+            out[i].recent_failures.push(KbFailure {
+                id: item.id,
+                kind: item.kind,
+                node_uri: item.node_uri,
+                error,
+                at_ms: item.updated_at_ms,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Implements [`super::KbStore`] for a backend type that has
 /// `fn read_kb<T>(&self, f: impl FnOnce(&mut dyn KbTx) -> Result<T>) -> Result<T>`.
 macro_rules! impl_kb_store {
@@ -210,6 +254,13 @@ macro_rules! impl_kb_store {
                         .cloned()
                         .collect())
                 })
+            }
+
+            fn kb_overview(
+                &self,
+                failures_per_base: usize,
+            ) -> $crate::Result<Vec<$crate::kb::KbOverview>> {
+                self.read_kb(|tx| $crate::kb::logic::overview(tx, failures_per_base))
             }
         }
     };

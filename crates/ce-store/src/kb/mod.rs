@@ -10,6 +10,7 @@
 //! writes nothing (the final stale guard). What an op means is written once in `logic.rs`
 //! over the row primitives of `rows.rs` each backend implements.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use ce_core::{CoreError, CtxUri, Millis};
@@ -257,6 +258,38 @@ pub struct KbItem {
     pub updated_at_ms: Millis,
 }
 
+/// A base's items counted by status, with its most recent failures: what the status report
+/// shows of it ([`KbStore::kb_overview`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct KbOverview {
+    /// The base's name.
+    pub name: String,
+    /// Its root.
+    pub root: CtxUri,
+    /// Its lifecycle.
+    pub status: BaseStatus,
+    /// Its items by status, every status listed (zeros included; `deleting` counts the
+    /// invisible ones still being removed).
+    pub counts: BTreeMap<ItemStatus, u64>,
+    /// Its most recently failed items, newest first (bounded by the caller).
+    pub recent_failures: Vec<KbFailure>,
+}
+
+/// A failed item of [`KbOverview`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct KbFailure {
+    /// The item.
+    pub id: String,
+    /// Its kind.
+    pub kind: ItemKind,
+    /// The node it owns.
+    pub node_uri: CtxUri,
+    /// Why it failed.
+    pub error: ItemError,
+    /// When it failed (its last change).
+    pub at_ms: Millis,
+}
+
 /// The longest base name.
 pub const MAX_BASE_NAME: usize = 64;
 
@@ -357,6 +390,9 @@ pub trait KbStore: Send + Sync {
     /// The roots of deleting subtrees of every base: deleting items whose parent is not
     /// deleting (the start-up recovery scan re-enqueues their cleanup).
     fn kb_deleting_roots(&self) -> Result<Vec<KbItem>>;
+    /// Every base with its items counted by status (one grouped query) and its last
+    /// `failures_per_base` failures, from one read snapshot.
+    fn kb_overview(&self, failures_per_base: usize) -> Result<Vec<KbOverview>>;
 }
 
 /// The error of a base that is not there.

@@ -43,6 +43,26 @@ pub(crate) trait KbTx {
     fn kb_delete_item(&mut self, base: &str, id: &str) -> Result<()>;
     /// The last journal sequence written so far (0 for none).
     fn kb_max_seq(&mut self) -> Result<i64>;
+    /// Items per base and status, as `(base, status, count)` (one grouped query).
+    fn kb_status_counts(&mut self) -> Result<Vec<(String, String, i64)>>;
+    /// Failed items, at most `per_base` per base: by base, newest first within a base.
+    fn kb_recent_failures(&mut self, per_base: i64) -> Result<Vec<KbItem>>;
+}
+
+/// The grouped count behind [`KbTx::kb_status_counts`] (the same SQL on both dialects).
+pub(crate) const STATUS_COUNTS_SQL: &str =
+    "SELECT base, status, count(*) FROM kb_items GROUP BY base, status ORDER BY base, status";
+
+/// The query behind [`KbTx::kb_recent_failures`], `{limit}` its one parameter's placeholder:
+/// the failed rows (along `kb_items_by_status`) ranked per base by their last change.
+pub(crate) fn recent_failures_sql(limit: &str) -> String {
+    format!(
+        "SELECT {ITEM_COLUMNS} FROM (
+             SELECT {ITEM_COLUMNS}, row_number() OVER
+                 (PARTITION BY base ORDER BY updated_at DESC, id DESC) AS rank
+             FROM kb_items WHERE status = 'failed'
+         ) AS failed WHERE rank <= {limit} ORDER BY base, updated_at DESC, id DESC"
+    )
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {

@@ -7,7 +7,8 @@ use super::PgStore;
 use super::rows::PgTx;
 use crate::error::Result;
 use crate::kb::rows::{
-    BASE_COLUMNS, ITEM_COLUMNS, KbTx, base_from, base_settings, error_columns, item_from,
+    BASE_COLUMNS, ITEM_COLUMNS, KbTx, STATUS_COUNTS_SQL, base_from, base_settings, error_columns,
+    item_from, recent_failures_sql,
 };
 use crate::kb::{BaseStatus, ItemStatus, KbItem, KnowledgeBase};
 
@@ -176,6 +177,16 @@ impl KbTx for PgTx<'_, '_> {
             .tx
             .query_one("SELECT coalesce(max(seq), 0) FROM events", &[])?
             .try_get(0)?)
+    }
+
+    fn kb_status_counts(&mut self) -> Result<Vec<(String, String, i64)>> {
+        self.kb_rows(STATUS_COUNTS_SQL, &[], |r| {
+            Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+        })
+    }
+
+    fn kb_recent_failures(&mut self, per_base: i64) -> Result<Vec<KbItem>> {
+        self.kb_rows(&recent_failures_sql("$1"), &[&per_base], item_row)
     }
 }
 

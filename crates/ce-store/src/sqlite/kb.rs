@@ -7,7 +7,8 @@ use super::SqliteStore;
 use super::rows::SqlTx;
 use crate::error::Result;
 use crate::kb::rows::{
-    BASE_COLUMNS, ITEM_COLUMNS, KbTx, base_from, base_settings, error_columns, item_from,
+    BASE_COLUMNS, ITEM_COLUMNS, KbTx, STATUS_COUNTS_SQL, base_from, base_settings, error_columns,
+    item_from, recent_failures_sql,
 };
 use crate::kb::{BaseStatus, ItemStatus, KbItem, KnowledgeBase};
 
@@ -182,6 +183,16 @@ impl KbTx for SqlTx<'_> {
             .conn
             .prepare_cached("SELECT coalesce(max(seq), 0) FROM events")?
             .query_row([], |r| r.get(0))?)
+    }
+
+    fn kb_status_counts(&mut self) -> Result<Vec<(String, String, i64)>> {
+        self.kb_rows(STATUS_COUNTS_SQL, [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+    }
+
+    fn kb_recent_failures(&mut self, per_base: i64) -> Result<Vec<KbItem>> {
+        self.kb_rows(&recent_failures_sql("?1"), [per_base], item_row)
     }
 }
 

@@ -17,6 +17,7 @@ backend_tests!(
     each_op_checks_its_preconditions_and_a_failed_check_writes_nothing,
     subtrees_are_marked_deleting_and_deleted_leaves_first,
     the_stale_guard_fails_the_whole_batch_nodes_and_jobs_included,
+    the_overview_counts_items_by_base_and_status_and_keeps_the_latest_failures,
 );
 
 fn base(name: &str) -> KnowledgeBase {
@@ -451,5 +452,98 @@ fn the_stale_guard_fails_the_whole_batch_nodes_and_jobs_included(backend: Backen
         .expect("jobs")
         .len(),
         1
+    );
+}
+
+fn the_overview_counts_items_by_base_and_status_and_keeps_the_latest_failures(backend: Backend) {
+    let (_p, s, clock) = common::fresh(backend, Config::default());
+    tree(s.as_ref());
+    kb(
+        s.as_ref(),
+        vec![
+            KbOp::CreateBase(base("empty")),
+            KbOp::CreateBase(base("notes")),
+            KbOp::InsertItem(item("notes", "n1", None, ItemKind::Note, "n1")),
+        ],
+    )
+    .expect("more bases");
+    // docs: d1, d3 and f fail one after the other (f last), d2 completes, d stays idle;
+    // notes: its one item is deleting.
+    let fail = |id: &str, code: &str| {
+        clock.advance(1000);
+        kb(
+            s.as_ref(),
+            vec![KbOp::SetStatus {
+                base: "docs".into(),
+                item: id.into(),
+                status: ItemStatus::Failed,
+                error: Some(ItemError {
+                    code: code.into(),
+                    message: format!("{id} went wrong"),
+                }),
+            }],
+        )
+        .expect("fail");
+    };
+    fail("d1", "parse_error");
+    fail("d3", "unsupported_format");
+    fail("f", "upstream");
+    kb(
+        s.as_ref(),
+        vec![KbOp::SetStatus {
+            base: "docs".into(),
+            item: "d2".into(),
+            status: ItemStatus::Completed,
+            error: None,
+        }],
+    )
+    .expect("complete");
+    kb(
+        s.as_ref(),
+        vec![KbOp::MarkDeleting {
+            base: "notes".into(),
+            root: "n1".into(),
+        }],
+    )
+    .expect("delete");
+
+    let all = s.kb_overview(2).expect("overview");
+    let names: Vec<&str> = all.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["docs", "empty", "notes"]);
+    let count = |o: &ce_store::KbOverview, st: ItemStatus| o.counts[&st];
+    let docs = &all[0];
+    assert_eq!(
+        docs.counts.len(),
+        ItemStatus::ALL.len(),
+        "every status listed"
+    );
+    assert_eq!(count(docs, ItemStatus::Failed), 3);
+    assert_eq!(count(docs, ItemStatus::Completed), 1);
+    assert_eq!(count(docs, ItemStatus::Idle), 1, "d");
+    assert_eq!(docs.counts.values().sum::<u64>(), 5);
+    // The two most recent failures, newest first.
+    let failed: Vec<(&str, &str)> = docs
+        .recent_failures
+        .iter()
+        .map(|f| (f.id.as_str(), f.error.code.as_str()))
+        .collect();
+    assert_eq!(failed, [("f", "upstream"), ("d3", "unsupported_format")]);
+    assert_eq!(docs.recent_failures[0].error.message, "f went wrong");
+    assert_eq!(docs.recent_failures[0].kind, ItemKind::File);
+    assert_eq!(
+        docs.recent_failures[0].node_uri,
+        uri("ctx://acct/resources/docs/f.md")
+    );
+    assert!(docs.recent_failures[0].at_ms > docs.recent_failures[1].at_ms);
+    assert!(all[1].counts.values().all(|&n| n == 0), "{:?}", all[1]);
+    assert!(all[1].recent_failures.is_empty());
+    assert_eq!(count(&all[2], ItemStatus::Deleting), 1);
+    assert_eq!(all[2].counts.values().sum::<u64>(), 1);
+    // No failures asked for: counts only.
+    assert!(
+        s.kb_overview(0)
+            .expect("overview")
+            .iter()
+            .all(|o| o.recent_failures.is_empty())
     );
 }
