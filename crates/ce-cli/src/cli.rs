@@ -577,6 +577,9 @@ pub enum BenchCommand {
     /// cold and for no-op, 1 % text, 1 % metadata and 1 % delete re-imports (wall seconds,
     /// texts embedded, sizes on disk).
     Ingest(BenchIngestArgs),
+    /// Sessions: append throughput and latency, Phase 1 commit latency at 1,000-message
+    /// sessions, Phase 2 cost with a loopback LLM, and duplicates and recall of planted facts.
+    Sessions(crate::bench_sessions::BenchSessionsArgs),
 }
 
 /// `ce bench locks`.

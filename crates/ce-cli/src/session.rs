@@ -159,18 +159,15 @@ fn view_text(v: &SessionView) -> String {
 }
 
 fn appended_text(a: &Appended) -> String {
+    let created = match (&a.archive, a.created) {
+        (_, true) => "yes".to_owned(),
+        (Some(archive), false) => format!("no (appended before, archived in {archive})"),
+        (None, false) => "no (appended before)".to_owned(),
+    };
     kv(&[
         ("message", a.uri.to_string()),
         ("seq", a.seq.to_string()),
-        (
-            "created",
-            if a.created {
-                "yes"
-            } else {
-                "no (appended before)"
-            }
-            .to_owned(),
-        ),
+        ("created", created),
     ])
 }
 

@@ -71,6 +71,12 @@ pub mod archive_meta {
     pub const JOB: &str = "archive_job_key";
 }
 
+/// How many of a session's newest archives an append with a client message id looks in
+/// before appending: a retried append whose message was archived meanwhile is recognised
+/// when one of these holds it (older archives are not read, so each new message costs at
+/// most this many metadata reads).
+pub const RETRY_ARCHIVES: u64 = 4;
+
 /// Meta keys of a memory node.
 pub mod memory_meta {
     /// The memory's slot within its category (the model's `key`).

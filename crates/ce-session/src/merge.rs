@@ -229,12 +229,27 @@ pub fn similarity(a: &str, b: &str) -> f64 {
 /// How much of `fact`'s terms `text` holds (0..=1): which existing memories a conversation
 /// is about, to show them to the model first.
 pub fn relevance(fact: &str, text: &str) -> f64 {
+    relevance_to(fact, &terms(text))
+}
+
+fn relevance_to(fact: &str, text_terms: &BTreeSet<String>) -> f64 {
     let f = terms(fact);
     if f.is_empty() {
         return 0.0;
     }
+    f.intersection(text_terms).count() as f64 / f.len() as f64
+}
+
+/// `memories` ordered by [`relevance`] to `text`, most relevant first (ties by URI). The text
+/// is tokenized once: a transcript is long and the memories many.
+pub fn by_relevance<'a>(memories: &[&'a MemoryState], text: &str) -> Vec<&'a MemoryState> {
     let t = terms(text);
-    f.intersection(&t).count() as f64 / f.len() as f64
+    let mut scored: Vec<(f64, &MemoryState)> = memories
+        .iter()
+        .map(|m| (relevance_to(&m.fact, &t), *m))
+        .collect();
+    scored.sort_by(|(a, ma), (b, mb)| b.total_cmp(a).then_with(|| ma.uri.cmp(&mb.uri)));
+    scored.into_iter().map(|(_, m)| m).collect()
 }
 
 /// What the merge did with one candidate.
@@ -833,6 +848,40 @@ mod tests {
                 ("The user lives in Lyon", true)
             ]
         );
+    }
+
+    #[test]
+    fn memories_are_ordered_by_relevance_to_the_text() {
+        let m = |name: &str, fact: &str| MemoryState {
+            uri: u(&format!("ctx://a/users/u/memories/profile/{name}")),
+            category: "profile".into(),
+            key: name.into(),
+            fact: fact.into(),
+            context: String::new(),
+            evidence: String::new(),
+            confidence: 1.0,
+            source_archive: None,
+            sources: Vec::new(),
+            source_messages: Vec::new(),
+            merged_from: Vec::new(),
+            valid_from_ms: 0,
+            valid_until_ms: None,
+            superseded_by: None,
+            supersedes: None,
+        };
+        let (a, b, c) = (
+            m("a", "Deploys run on Fridays"),
+            m("b", "The user lives in Lyon"),
+            m("c", "The user lives in Kyoto"),
+        );
+        let text = "[q1] user: I moved, I live in Kyoto now, not Lyon";
+        let order: Vec<&str> = by_relevance(&[&a, &b, &c], text)
+            .iter()
+            .map(|m| m.key.as_str())
+            .collect();
+        // b and c hold every term; ties by URI; a none.
+        assert_eq!(order, ["b", "c", "a"]);
+        assert!(relevance(&c.fact, text) > relevance(&a.fact, text));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Runs the built `ce` against a fresh data directory per test.
 
 mod bad_input;
+mod bench_sessions;
 mod crash_sweep;
 mod demo;
 mod derive;

@@ -20,9 +20,10 @@ pub mod phase2;
 use ce_core::{Clock as _, ContextNode, CoreError, CtxUri, Meta, SystemClock};
 use ce_lock::LockRequest;
 use ce_session::layout::{
-    SessionLayout, archive_meta, check_message_id, generated_message_id, session_meta,
+    RETRY_ARCHIVES, SessionLayout, archive_meta, check_message_id, generated_message_id,
+    session_meta,
 };
-use ce_session::{ArchiveState, ExtractionState, Message, Role, SessionError};
+use ce_session::{ArchiveState, ExtractionState, Message, Role, SessionError, transcript_texts};
 use ce_store::{PutMode, PutRequest, StoreError, WriteOp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -94,6 +95,18 @@ pub struct Appended {
     pub seq: u64,
     /// False when the id was appended before (a retry): nothing was written.
     pub created: bool,
+    /// When the retried message was archived meanwhile: the archive holding it (`uri` no
+    /// longer exists). Only the session's newest `RETRY_ARCHIVES` archives are looked in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<CtxUri>,
+}
+
+/// A message found in one of a session's newest archives.
+struct ArchivedMessage {
+    archive: CtxUri,
+    seq: u64,
+    /// `role: content`, as the transcript holds it.
+    text: String,
 }
 
 /// One archive of a session, as `show` lists it.
@@ -289,33 +302,47 @@ impl Sessions<'_> {
             let session = read_session(self, &layout)?;
             if let Some(id) = &req.id {
                 let uri = layout.message(id)?;
+                let conflict = |role_differs: bool, content_differs: bool| {
+                    let what = if role_differs {
+                        "role"
+                    } else if content_differs {
+                        "content"
+                    } else {
+                        return Ok(());
+                    };
+                    Err(SessionError::MessageConflict {
+                        session: layout.session().to_string(),
+                        id: id.clone(),
+                        what,
+                    })
+                };
                 if let Some(m) = self
                     .store
                     .read_node(&uri)?
                     .as_ref()
                     .and_then(Message::from_node)
                 {
-                    let what = if m.role != req.role {
-                        Some("role")
-                    } else if m.content != req.content {
-                        Some("content")
-                    } else {
-                        None
-                    };
-                    if let Some(what) = what {
-                        return Err(SessionError::MessageConflict {
-                            session: layout.session().to_string(),
-                            id: id.clone(),
-                            what,
-                        }
-                        .into());
-                    }
+                    conflict(m.role != req.role, m.content != req.content)?;
                     return Ok(Appended {
                         session: layout.session().clone(),
                         uri,
                         id: id.clone(),
                         seq: m.seq,
                         created: false,
+                        archive: None,
+                    });
+                }
+                if let Some(a) = self.archived_message(&layout, &session, id)? {
+                    // The transcript holds `role: content` (content trimmed).
+                    let (role, content) = a.text.split_once(": ").unwrap_or(("", &a.text));
+                    conflict(role != req.role.to_string(), content != req.content.trim())?;
+                    return Ok(Appended {
+                        session: layout.session().clone(),
+                        uri,
+                        id: id.clone(),
+                        seq: a.seq,
+                        created: false,
+                        archive: Some(a.archive),
                     });
                 }
             }
@@ -361,10 +388,52 @@ impl Sessions<'_> {
                 id,
                 seq,
                 created: true,
+                archive: None,
             })
         })?;
         self.woke();
         Ok(out)
+    }
+
+    /// Message `id` in one of the session's newest [`RETRY_ARCHIVES`] archives (read newest
+    /// first, metadata only until one lists the id; then its transcript).
+    fn archived_message(
+        &self,
+        layout: &SessionLayout,
+        session: &ContextNode,
+        id: &str,
+    ) -> Result<Option<ArchivedMessage>> {
+        let next = meta_u64(&session.meta, session_meta::NEXT_ARCHIVE, 1);
+        for n in (next.saturating_sub(RETRY_ARCHIVES).max(1)..next).rev() {
+            let uri = layout.archive(n);
+            let stat = match self.store.stat(&uri) {
+                Ok(s) => s,
+                Err(StoreError::NodeNotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let Some(pos) = stat
+                .meta
+                .get(archive_meta::MESSAGE_IDS)
+                .and_then(Value::as_array)
+                .and_then(|ids| ids.iter().position(|v| v.as_str() == Some(id)))
+            else {
+                continue;
+            };
+            let Some(node) = self.store.read_node(&uri)? else {
+                continue;
+            };
+            let text = transcript_texts(&node.layers.content, &[id.to_owned()])
+                .remove(id)
+                .unwrap_or_default();
+            // Phase 1 archives a run of consecutive messages, in order.
+            let seq = meta_u64(&stat.meta, archive_meta::FIRST_SEQ, 1) + pos as u64;
+            return Ok(Some(ArchivedMessage {
+                archive: uri,
+                seq,
+                text,
+            }));
+        }
+        Ok(None)
     }
 
     /// The session with its live messages and its archives.

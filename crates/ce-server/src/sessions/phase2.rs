@@ -27,7 +27,7 @@ use ce_derive::{Budget, DeriveInput, Extractive, Generator as _};
 use ce_llm::{ChatClient, ChatConfig};
 use ce_lock::LockRequest;
 use ce_session::layout::{DIFF_OF, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout, archive_meta};
-use ce_session::merge::relevance;
+use ce_session::merge::by_relevance;
 use ce_session::{
     ArchiveState, Candidate, DiffCounts, ExtractionState, Extractor, MemoryDiff, MemoryState,
     MergeContext, plan_merge,
@@ -319,14 +319,12 @@ impl Sessions<'_> {
             }
             (_, None) => {
                 let existing = owner_memories(self, layout)?;
-                let mut current: Vec<&MemoryState> =
+                let current: Vec<&MemoryState> =
                     existing.iter().filter(|m| m.is_current()).collect();
                 let text = &archive.layers.content;
-                current.sort_by(|a, b| {
-                    relevance(&b.fact, text)
-                        .total_cmp(&relevance(&a.fact, text))
-                        .then_with(|| a.uri.cmp(&b.uri))
-                });
+                // The transcript is tokenized once (it used to be per comparison: seconds
+                // per 1,000-message archive, growing with the memories).
+                let current = by_relevance(&current, text);
                 let x = self
                     .extractor()?
                     .extract(text, &archived_ids(&archive), &current)?;

@@ -49,25 +49,35 @@ fn conversation(r: &Recorded) -> String {
         .to_owned()
 }
 
-/// A scripted extractor: it answers from what the conversation says.
+/// The id of the first message of `conv` that mentions `needle`.
+fn id_of(conv: &str, needle: &str) -> String {
+    conv.split("\n\n")
+        .find(|b| b.contains(needle))
+        .and_then(|b| b.trim_start().strip_prefix('[')?.split_once(']'))
+        .map(|(id, _)| id.to_owned())
+        .unwrap_or_default()
+}
+
+/// A scripted extractor: it answers from what the conversation says, citing the messages
+/// that say it.
 fn scripted(r: &Recorded) -> Reply {
     let text = conversation(r);
     let conv = text.split("Conversation:").nth(1).unwrap_or("");
     let mut memories = Vec::new();
     if conv.contains("Helix") {
         memories.push(json!({"category": "preferences", "key": "editor",
-            "fact": "The user writes code in the Helix editor", "evidence": ["q1"],
+            "fact": "The user writes code in the Helix editor", "evidence": [id_of(conv, "Helix")],
             "confidence": 0.9, "change": "same"}));
     }
     if conv.contains("Lyon") {
         memories.push(json!({"category": "profile", "key": "home_city",
             "fact": "The user lives in Lyon", "context": "mentioned while planning a trip",
-            "evidence": ["q2"], "confidence": 0.8}));
+            "evidence": [id_of(conv, "Lyon")], "confidence": 0.8}));
     }
     if conv.contains("switched to Zed") {
         memories.push(json!({"category": "preferences", "key": "editor",
-            "fact": "The user writes code in the Zed editor", "evidence": ["q1"],
-            "confidence": 0.9, "change": "changed"}));
+            "fact": "The user writes code in the Zed editor",
+            "evidence": [id_of(conv, "switched to Zed")], "confidence": 0.9, "change": "changed"}));
     }
     answer(&json!({ "memories": memories }).to_string())
 }
@@ -240,7 +250,7 @@ fn a_restated_fact_updates_and_a_contradiction_supersedes(backend: Backend) {
     conversation_one(&t);
     t.commit();
     // Restated in a second commit: an update (a second source), not a second memory.
-    t.add("q1", Role::User, "Helix is still my editor.");
+    t.add("q3", Role::User, "Helix is still my editor.");
     let r = t.commit();
     assert_eq!((r.counts.added, r.counts.updated), (0, 1), "{r:?}");
     let m = t.memories();
@@ -251,7 +261,7 @@ fn a_restated_fact_updates_and_a_contradiction_supersedes(backend: Backend) {
         Some(2)
     );
     // Contradicted: the new memory supersedes the old one, which is kept and linked.
-    t.add("q1", Role::User, "I switched to Zed last week.");
+    t.add("q4", Role::User, "I switched to Zed last week.");
     let r = t.commit();
     assert_eq!(r.counts.superseded, 1, "{r:?}");
     let m = t.memories();
@@ -507,7 +517,7 @@ fn search_ranks_a_superseded_memory_after_its_successor(backend: Backend) {
     let t = open(backend, Some(&llm), "");
     conversation_one(&t);
     t.commit();
-    t.add("q1", Role::User, "I switched to Zed last week.");
+    t.add("q4", Role::User, "I switched to Zed last week.");
     t.commit();
     t.engine
         .drain(&|_: &ce_server::status::DrainProgress| {})
@@ -523,6 +533,52 @@ fn search_ranks_a_superseded_memory_after_its_successor(backend: Backend) {
     }
 }
 
+fn a_retried_append_of_an_archived_message_is_recognised(backend: Backend) {
+    let t = open(backend, None, "");
+    let s = t.engine.sessions();
+    s.create(&u(SESSION), None).expect("new");
+    t.add("q1", Role::User, "I write all my code in Helix.");
+    t.add("q2", Role::User, "  I live in Lyon.  ");
+    let add = |id: &str, content: &str| {
+        s.add(AddMessage {
+            uri: u(SESSION),
+            role: Role::User,
+            content: content.into(),
+            id: Some(id.into()),
+            time_ms: None,
+            parts: None,
+        })
+    };
+    s.commit(&u(SESSION)).expect("commit");
+    // The client retries after the commit archived its message: recognised, not appended.
+    let again = add("q2", "  I live in Lyon.  ").expect("retry");
+    assert!(!again.created, "{again:?}");
+    assert_eq!(again.seq, 2);
+    assert_eq!(
+        again.archive.as_ref().map(ce_core::CtxUri::as_str),
+        Some(format!("{SESSION}/archives/000001").as_str())
+    );
+    // The same id with other content is a conflict, as for a live message.
+    let clash = add("q1", "I write all my code in Vim.").expect_err("clash");
+    assert_eq!(clash.code(), ErrorCode::AlreadyExists, "{clash}");
+    let view = s.show(&u(SESSION)).expect("show");
+    assert!(
+        view.messages.is_empty(),
+        "nothing appended: {:?}",
+        view.messages
+    );
+    assert_eq!(view.next_seq, 3);
+    // Older than the newest RETRY_ARCHIVES archives, an id is no longer looked for.
+    for i in 0..ce_session::layout::RETRY_ARCHIVES {
+        t.add(&format!("later{i}"), Role::User, "more");
+        s.commit(&u(SESSION)).expect("commit");
+        let r = add("q1", "I write all my code in Helix.").expect("retry");
+        let recognised = !r.created;
+        let expected = i + 1 < ce_session::layout::RETRY_ARCHIVES;
+        assert_eq!(recognised, expected, "after {} more archives: {r:?}", i + 1);
+    }
+}
+
 backend_tests!(
     a_scripted_conversation_yields_its_memories_and_diff,
     a_restated_fact_updates_and_a_contradiction_supersedes,
@@ -532,4 +588,5 @@ backend_tests!(
     without_an_llm_nothing_is_extracted_and_the_diff_says_so,
     appends_are_idempotent_per_id_and_commits_keep_the_last_messages,
     search_ranks_a_superseded_memory_after_its_successor,
+    a_retried_append_of_an_archived_message_is_recognised,
 );
