@@ -287,6 +287,7 @@ pub struct CachedEmbedder {
     cache: Arc<EmbeddingCache>,
     model_key: String,
     counters: Counters,
+    in_flight: InFlight,
 }
 
 impl std::fmt::Debug for CachedEmbedder {
@@ -309,6 +310,7 @@ impl CachedEmbedder {
             cache,
             model_key,
             counters: Counters::default(),
+            in_flight: InFlight::default(),
         }
     }
 
@@ -338,6 +340,163 @@ impl CachedEmbedder {
     /// The cache.
     pub fn cache(&self) -> &Arc<EmbeddingCache> {
         &self.cache
+    }
+}
+
+impl CachedEmbedder {
+    /// The cached vector of each key (`None`: not cached, or the cache failed).
+    fn cached(&self, dim: usize, keys: &[String]) -> Vec<Option<Vec<f32>>> {
+        match self.cache.get_many(&self.model_key, dim, keys) {
+            Ok(found) => found,
+            Err(_) => {
+                self.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+                vec![None; keys.len()]
+            }
+        }
+    }
+
+    /// Embeds the distinct texts of `slots` with the provider in one call, checks the
+    /// answer, caches it and fills `vectors`.
+    fn embed_into(
+        &self,
+        slots: &[usize],
+        keys: &[String],
+        distinct_texts: &[&str],
+        vectors: &mut [Option<Vec<f32>>],
+        timeout: Duration,
+    ) -> Result<(), EmbedError> {
+        let c = &self.counters;
+        let dim = self.inner.identity().dimension;
+        let texts: Vec<&str> = slots.iter().map(|&s| distinct_texts[s]).collect();
+        c.provider_calls.fetch_add(1, Ordering::Relaxed);
+        let fresh = self.inner.embed_texts(&texts, timeout)?;
+        if fresh.len() != texts.len() {
+            return Err(EmbedError::InvalidResponse(format!(
+                "{} returned {} vectors for {} texts",
+                self.model_key,
+                fresh.len(),
+                texts.len()
+            )));
+        }
+        if let Some(bad) = fresh.iter().find(|v| v.len() != dim) {
+            return Err(EmbedError::InvalidResponse(format!(
+                "{} returned a {}-dimensional vector, expected {dim}",
+                self.model_key,
+                bad.len()
+            )));
+        }
+        c.texts_embedded
+            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        let entries: Vec<(&str, &[f32])> = slots
+            .iter()
+            .zip(&fresh)
+            .map(|(&s, v)| (keys[s].as_str(), v.as_slice()))
+            .collect();
+        if self.cache.put_many(&self.model_key, &entries).is_err() {
+            c.cache_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        for (&s, v) in slots.iter().zip(fresh) {
+            vectors[s] = Some(v);
+        }
+        Ok(())
+    }
+}
+
+/// One text being embedded by some call: done once its vector is cached (or the call
+/// gave up).
+#[derive(Default)]
+struct Flight {
+    done: Mutex<bool>,
+    finished: std::sync::Condvar,
+}
+
+impl Flight {
+    /// Waits until the flight is done or `deadline` passes.
+    fn wait_until(&self, deadline: std::time::Instant) {
+        let mut done = self
+            .done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*done {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return;
+            }
+            done = match self.finished.wait_timeout(done, deadline - now) {
+                Ok((d, _)) => d,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+}
+
+/// The texts (by cache key) being embedded right now by calls of one [`CachedEmbedder`]:
+/// concurrent workers that miss the cache on the same text embed it once (the other waits
+/// for it, then reads the cache), so a text is never paid for twice.
+#[derive(Default)]
+struct InFlight {
+    flights: Mutex<std::collections::HashMap<String, Arc<Flight>>>,
+}
+
+/// The flights a call owns: ended (done, removed, waiters woken) when dropped, whether
+/// the embedding succeeded or not.
+struct Owned<'a> {
+    in_flight: &'a InFlight,
+    keys: Vec<(String, Arc<Flight>)>,
+    /// The slots of the owned keys.
+    slots: Vec<usize>,
+}
+
+impl InFlight {
+    /// Takes the flights of `misses` (`(slot, key)`) no other call has; returns them and the
+    /// flights to wait for.
+    fn claim<'k>(
+        &self,
+        misses: impl Iterator<Item = (usize, &'k String)>,
+    ) -> (Owned<'_>, Vec<(usize, Arc<Flight>)>) {
+        let mut flights = self
+            .flights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut owned = Owned {
+            in_flight: self,
+            keys: Vec::new(),
+            slots: Vec::new(),
+        };
+        let mut waits = Vec::new();
+        for (slot, key) in misses {
+            match flights.get(key) {
+                Some(f) => waits.push((slot, f.clone())),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    flights.insert(key.clone(), f.clone());
+                    owned.keys.push((key.clone(), f));
+                    owned.slots.push(slot);
+                }
+            }
+        }
+        (owned, waits)
+    }
+}
+
+impl Drop for Owned<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut flights = self
+            .in_flight
+            .flights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, flight) in self.keys.drain(..) {
+            flights.remove(&key);
+            *flight
+                .done
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+            flight.finished.notify_all();
+        }
     }
 }
 
@@ -380,53 +539,36 @@ impl Embedder for CachedEmbedder {
             slot_of.push(slot);
         }
 
-        let mut vectors: Vec<Option<Vec<f32>>> =
-            match self.cache.get_many(&self.model_key, dim, &keys) {
-                Ok(found) => found,
-                Err(_) => {
-                    c.cache_errors.fetch_add(1, Ordering::Relaxed);
-                    vec![None; keys.len()]
-                }
-            };
-        let miss_slots: Vec<usize> = (0..keys.len()).filter(|&s| vectors[s].is_none()).collect();
-        c.hits
-            .fetch_add((keys.len() - miss_slots.len()) as u64, Ordering::Relaxed);
-        c.misses
-            .fetch_add(miss_slots.len() as u64, Ordering::Relaxed);
-
-        if !miss_slots.is_empty() {
-            let miss_texts: Vec<&str> = miss_slots.iter().map(|&s| distinct_texts[s]).collect();
-            c.provider_calls.fetch_add(1, Ordering::Relaxed);
-            let fresh = self.inner.embed_texts(&miss_texts, timeout)?;
-            if fresh.len() != miss_texts.len() {
-                return Err(EmbedError::InvalidResponse(format!(
-                    "{} returned {} vectors for {} texts",
-                    self.model_key,
-                    fresh.len(),
-                    miss_texts.len()
-                )));
+        let mut vectors = self.cached(dim, &keys);
+        let misses: Vec<usize> = (0..keys.len()).filter(|&s| vectors[s].is_none()).collect();
+        // Misses another call is embedding right now are waited for, not embedded again.
+        let (owned, waits) = self.in_flight.claim(misses.iter().map(|&s| (s, &keys[s])));
+        if !owned.slots.is_empty() {
+            self.embed_into(&owned.slots, &keys, &distinct_texts, &mut vectors, timeout)?;
+        }
+        drop(owned);
+        if !waits.is_empty() {
+            let deadline = std::time::Instant::now() + timeout;
+            for (_, flight) in &waits {
+                flight.wait_until(deadline);
             }
-            if let Some(bad) = fresh.iter().find(|v| v.len() != dim) {
-                return Err(EmbedError::InvalidResponse(format!(
-                    "{} returned a {}-dimensional vector, expected {dim}",
-                    self.model_key,
-                    bad.len()
-                )));
+            let waited: Vec<usize> = waits.iter().map(|(s, _)| *s).collect();
+            let waited_keys: Vec<String> = waited.iter().map(|&s| keys[s].clone()).collect();
+            for (&s, v) in waited.iter().zip(self.cached(dim, &waited_keys)) {
+                vectors[s] = v;
             }
-            c.texts_embedded
-                .fetch_add(fresh.len() as u64, Ordering::Relaxed);
-            let entries: Vec<(&str, &[f32])> = miss_slots
-                .iter()
-                .zip(&fresh)
-                .map(|(&s, v)| (keys[s].as_str(), v.as_slice()))
+            // The other call failed (or the cache did): embed what is still missing here.
+            let left: Vec<usize> = waited
+                .into_iter()
+                .filter(|&s| vectors[s].is_none())
                 .collect();
-            if self.cache.put_many(&self.model_key, &entries).is_err() {
-                c.cache_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            for (&s, v) in miss_slots.iter().zip(fresh) {
-                vectors[s] = Some(v);
+            if !left.is_empty() {
+                self.embed_into(&left, &keys, &distinct_texts, &mut vectors, timeout)?;
             }
         }
+        c.hits
+            .fetch_add((keys.len() - misses.len()) as u64, Ordering::Relaxed);
+        c.misses.fetch_add(misses.len() as u64, Ordering::Relaxed);
 
         slot_of
             .iter()
@@ -442,6 +584,107 @@ impl Embedder for CachedEmbedder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hashing embedder, slowed down, recording every text it embeds; fails its first
+    /// `fail_first` calls.
+    struct Slow {
+        inner: crate::hash::HashEmbedder,
+        texts: Mutex<Vec<String>>,
+        fail_first: AtomicU64,
+    }
+
+    impl Embedder for Slow {
+        fn identity(&self) -> &ModelIdentity {
+            self.inner.identity()
+        }
+
+        fn embed_texts(&self, texts: &[&str], t: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
+            std::thread::sleep(Duration::from_millis(150));
+            self.texts
+                .lock()
+                .expect("texts")
+                .extend(texts.iter().map(|t| (*t).to_owned()));
+            let failing = self.fail_first.load(Ordering::SeqCst) > 0;
+            if failing {
+                self.fail_first.fetch_sub(1, Ordering::SeqCst);
+                return Err(EmbedError::Provider {
+                    status: Some(503),
+                    message: "injected".into(),
+                    retryable: true,
+                });
+            }
+            self.inner.embed_texts(texts, t)
+        }
+    }
+
+    fn slow(fail_first: u64) -> (Arc<Slow>, Arc<CachedEmbedder>) {
+        let inner = Arc::new(Slow {
+            inner: crate::hash::HashEmbedder::new(8),
+            texts: Mutex::new(Vec::new()),
+            fail_first: AtomicU64::new(fail_first),
+        });
+        let cache = Arc::new(EmbeddingCache::open_in_memory().expect("open"));
+        (inner.clone(), Arc::new(CachedEmbedder::new(inner, cache)))
+    }
+
+    /// `n` threads embed `texts` at the same moment; their answers.
+    fn at_once(
+        e: &Arc<CachedEmbedder>,
+        n: usize,
+        texts: &'static [&'static str],
+    ) -> Vec<Result<Vec<Vec<f32>>, EmbedError>> {
+        let barrier = Arc::new(std::sync::Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                let (e, barrier) = (e.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    e.embed_texts(texts, Duration::from_secs(10))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect()
+    }
+
+    #[test]
+    fn concurrent_misses_of_one_text_embed_it_once() {
+        let (inner, e) = slow(0);
+        let answers = at_once(&e, 4, &["same text", "other"]);
+        let first = answers[0].as_ref().expect("embedded").clone();
+        for a in &answers {
+            assert_eq!(a.as_ref().expect("embedded"), &first);
+        }
+        let mut embedded = inner.texts.lock().expect("texts").clone();
+        embedded.sort();
+        assert_eq!(embedded, ["other", "same text"]);
+        assert_eq!(e.stats().texts_embedded, 2);
+    }
+
+    #[test]
+    fn a_failed_flight_is_embedded_again_by_its_waiter() {
+        // The first call fails (whichever thread owns the text): the other, waiting for
+        // it, embeds the text itself instead of failing or hanging.
+        let (inner, e) = slow(1);
+        let answers = at_once(&e, 2, &["t"]);
+        assert_eq!(
+            answers.iter().filter(|a| a.is_err()).count(),
+            1,
+            "{answers:?}"
+        );
+        assert_eq!(
+            answers.iter().filter(|a| a.is_ok()).count(),
+            1,
+            "{answers:?}"
+        );
+        assert_eq!(inner.texts.lock().expect("texts").len(), 2);
+        // Nothing is left in flight: the next call reads the cache.
+        assert!(e.in_flight.flights.lock().expect("flights").is_empty());
+        assert!(e.embed_texts(&["t"], Duration::from_secs(1)).is_ok());
+        assert_eq!(inner.texts.lock().expect("texts").len(), 2);
+    }
 
     #[test]
     fn text_key_is_sha256_hex() {
