@@ -357,38 +357,54 @@ fn kb_phase(
 }
 
 /// The texts the vector consumer embeds for the base's nodes (L0/L1/L2 records, fallbacks
-/// applied), each once, in URI and level order.
-fn projected_texts(ce: &Ce, base_uri: &CtxUri) -> anyhow::Result<Vec<String>> {
+/// applied), each once, grouped by node in URI order.
+fn projected_texts(ce: &Ce, base_uri: &CtxUri) -> anyhow::Result<Vec<Vec<String>>> {
     let (_, config) = crate::commands::resolve(&ce.cli(&["status"])?)
         .map_err(|e| anyhow::anyhow!("the bench configuration: {e}"))?;
     let projector = IndexProjector::new(config.projector);
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for node in ce.store()?.read_subtree(base_uri)? {
+        let mut texts = Vec::new();
         for r in projector.build_context_records(&node).records {
             if seen.insert(r.text.clone()) {
-                out.push(r.text);
+                texts.push(r.text);
             }
+        }
+        if !texts.is_empty() {
+            out.push(texts);
         }
     }
     Ok(out)
 }
 
 /// The configured provider itself (no cache, no pipeline) on an evenly spread sample of
-/// `texts` (at most `limit`), in batches of `index.embedding.batch_size`.
-fn raw_model(config: &ce_core::Config, texts: &[String], limit: usize) -> anyhow::Result<Value> {
-    if texts.is_empty() || limit == 0 {
+/// whole nodes of `nodes` (every text of a sampled node, so short and long levels keep their
+/// proportions; about `limit` texts), in batches of `index.embedding.batch_size`.
+fn raw_model(
+    config: &ce_core::Config,
+    nodes: &[Vec<String>],
+    limit: usize,
+) -> anyhow::Result<Value> {
+    let total: usize = nodes.iter().map(Vec::len).sum();
+    if total == 0 || limit == 0 {
         return Ok(json!({"texts": 0}));
     }
     let provider = ce_embed::build_provider(&config.index.embedding)?;
-    let stride = texts.len().div_ceil(limit).max(1);
-    let sample: Vec<&str> = texts.iter().step_by(stride).map(String::as_str).collect();
+    let stride = total.div_ceil(limit).max(1);
+    let sample: Vec<&str> = nodes
+        .iter()
+        .step_by(stride)
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let texts = total;
     let batch = config.index.embedding.batch_size as usize;
     eprintln!(
         "bench: raw provider {} on {} of the cold phase's {} texts, batches of {batch}",
         provider.identity().key(),
         sample.len(),
-        texts.len()
+        texts
     );
     let t = Instant::now();
     let mut calls = 0usize;
@@ -404,7 +420,7 @@ fn raw_model(config: &ce_core::Config, texts: &[String], limit: usize) -> anyhow
     Ok(json!({
         "provider": provider.identity().key(),
         "texts": sample.len(),
-        "of_cold_texts": texts.len(),
+        "of_cold_texts": texts,
         "mean_chars": round(chars as f64 / sample.len() as f64, 1),
         "calls": calls,
         "seconds": round(secs, 3),
