@@ -575,7 +575,9 @@ pub enum BenchCommand {
     Derive(crate::bench_derive::BenchDeriveArgs),
     /// The user's ingest path: `ce import` of generated documents then `ce worker --once`,
     /// cold and for no-op, 1 % text, 1 % metadata and 1 % delete re-imports (wall seconds,
-    /// texts embedded, sizes on disk).
+    /// texts embedded, sizes on disk); with `--source kb`, generated Markdown, HTML, PDF and
+    /// code files through `ce kb add` (cold, no-op, 1 % edited, 1 % deleted), parser MB/s
+    /// per format, and the pipeline against the raw model.
     Ingest(BenchIngestArgs),
     /// Sessions: append throughput and latency, Phase 1 commit latency at 1,000-message
     /// sessions, Phase 2 cost with a loopback LLM, and duplicates and recall of planted facts.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ce_core::rfc3339;
 use ce_server::kb::follow::{KbFollowed, KbProgress};
 use ce_server::kb::{AddResult, CreateBase, KbInput, KbJobs, KbSettings, KbStatus};
+use ce_server::status::EmbedCacheCounters;
 use ce_server::wire::{KbAddBody, KbItemsBody};
 use ce_store::{KbItem, KnowledgeBase};
 use clap::{Args, Subcommand};
@@ -189,6 +190,14 @@ struct Followed<'a, T: Serialize> {
     progress: &'a KbProgress,
     /// Why the command stopped before the end (the rest continues in the background).
     waiting: Option<&'a str>,
+    /// What this process embedded meanwhile (local work only; absent with `--server`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    embed: Option<EmbedCacheCounters>,
+}
+
+/// The embedding counters of the work `engine` did here.
+fn embedded(engine: &ce_server::Engine) -> Option<EmbedCacheCounters> {
+    engine.embedder().ok().map(|e| e.stats().into())
 }
 
 /// Runs `c` against the data directory.
@@ -234,6 +243,7 @@ pub fn run(cli: &Cli, c: &KbCommand) -> Result<Rendered> {
                     entry: &r,
                     progress: &f.progress,
                     waiting: f.waiting.as_deref(),
+                    embed: embedded(&engine),
                 };
                 Rendered::new(&out, added_text(&r, Some(&f)))
             }
@@ -279,6 +289,7 @@ fn follow_local(
         entry: j,
         progress: &f.progress,
         waiting: f.waiting.as_deref(),
+        embed: embedded(engine),
     };
     Rendered::new(&out, jobs_text(j, Some(&f)))
 }
@@ -344,6 +355,7 @@ pub fn remote(client: &Client, c: &KbCommand, json: bool) -> Result<Rendered> {
                 entry: &r,
                 progress: &f.progress,
                 waiting: None,
+                embed: None,
             };
             Rendered::new(&out, added_text(&r, Some(&f)))
         }
@@ -384,6 +396,7 @@ fn follow_remote(
         entry: j,
         progress: &f.progress,
         waiting: None,
+        embed: None,
     };
     Rendered::new(&out, jobs_text(j, Some(&f)))
 }

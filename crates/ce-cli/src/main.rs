@@ -8,8 +8,10 @@
 //! report progress on stderr in both modes (JSON lines with `--json`, the error object last).
 
 mod bench;
+mod bench_corpus;
 mod bench_derive;
 mod bench_ingest;
+mod bench_kb;
 mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;

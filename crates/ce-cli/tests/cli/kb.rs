@@ -3,7 +3,8 @@
 //! searchable; `ce kb status`, `rm-items`, `reindex` and `rm`; a process killed -9 in the
 //! middle of `kb-index-documents` (the job's lease expires, another process reruns it, and
 //! the nodes are written once); and the same over `--server`, where local paths are refused
-//! unless `[ingest].allowed_paths` allows them.
+//! unless `[ingest].allowed_paths` allows them. Last, `ce bench ingest --source kb` on a
+//! small generated corpus, with the invariants of its phases.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -428,4 +429,114 @@ fn without_the_model_the_command_stops_and_says_the_items_wait_for_the_indexes()
     assert_eq!(status["counts"]["embedding"], 1, "{status}");
     let human = ce.ok(&["kb", "add", "docs", "--note", "another one"]);
     assert!(human.contains("stopped before the end"), "{human}");
+}
+
+/// A phase's figure as a number.
+fn figure(bench: &Value, phase: &str, key: &str) -> u64 {
+    bench["phases"][phase][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("phases.{phase}.{key} is not a count: {bench:#}"))
+}
+
+#[test]
+fn bench_ingest_kb_measures_every_phase_with_its_invariants() {
+    let ce = Ce::new();
+    let work = ce.data_dir().display().to_string();
+    let b = ce.json(&[
+        "bench",
+        "ingest",
+        "--source",
+        "kb",
+        "--docs",
+        "40",
+        "--embedder",
+        "hash",
+        "--work-dir",
+        &work,
+        "--raw-texts",
+        "200",
+    ]);
+    assert_eq!(
+        (b["source"].as_str(), b["docs"].as_u64()),
+        (Some("kb"), Some(40))
+    );
+    let files: u64 = ["md", "html", "pdf", "rs", "py"]
+        .iter()
+        .map(|k| b["corpus"][*k]["files"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(files, 40, "{b:#}");
+
+    // Cold: every item completed, every file embedded through the model's calls.
+    let cold = &b["phases"]["cold"];
+    assert_eq!(cold["items"]["failed"], 0, "{cold}");
+    assert_eq!(cold["items"]["completed"], cold["items_total"], "{cold}");
+    // 40 files and their directories (corpus, g00, s00).
+    assert_eq!(cold["items_total"], 43, "{cold}");
+    assert!(figure(&b, "cold", "texts_embedded") >= 40, "{cold}");
+    assert!(figure(&b, "cold", "embedder_calls") >= 1, "{cold}");
+    assert!(figure(&b, "cold", "events") >= 40, "{cold}");
+    assert_eq!(figure(&b, "cold", "lag_events"), 0, "{cold}");
+
+    // No-op re-add: nothing embedded, nothing appended, the same nodes.
+    assert_eq!(figure(&b, "noop", "texts_embedded"), 0, "{b:#}");
+    assert_eq!(figure(&b, "noop", "embedder_calls"), 0, "{b:#}");
+    assert_eq!(figure(&b, "noop", "events"), 0, "{b:#}");
+    assert_eq!(figure(&b, "noop", "nodes"), figure(&b, "cold", "nodes"));
+
+    // 1 % edited (one file, one section): only its changed texts are embedded again.
+    let edit = &b["phases"]["edit_1pct"];
+    assert_eq!(edit["edited_files"], 1, "{edit}");
+    let embedded = figure(&b, "edit_1pct", "texts_embedded");
+    assert!(embedded > 0, "{edit}");
+    assert!(
+        embedded <= figure(&b, "edit_1pct", "edited_files_texts"),
+        "{edit}"
+    );
+    assert!(figure(&b, "edit_1pct", "events") > 0, "{edit}");
+
+    // 1 % deleted: exactly the deleted file's nodes are gone, nothing embedded.
+    let deleted = figure(&b, "delete_1pct", "deleted_files_nodes");
+    assert!(deleted >= 1, "{b:#}");
+    assert_eq!(
+        figure(&b, "edit_1pct", "nodes") - figure(&b, "delete_1pct", "nodes"),
+        deleted,
+        "{b:#}"
+    );
+    assert_eq!(figure(&b, "delete_1pct", "texts_embedded"), 0, "{b:#}");
+    assert_eq!(b["phases"]["delete_1pct"]["items"]["failed"], 0, "{b:#}");
+
+    // Parser throughput of every format, and the chunker's.
+    for k in ["md", "html", "pdf", "rs", "py", "chunk"] {
+        let mbs = b["parsers"][k]["mb_per_s"].as_f64().unwrap_or(0.0);
+        assert!(mbs > 0.0, "parsers.{k}: {}", b["parsers"]);
+    }
+    assert!(
+        b["parsers"]["chunk"]["chunks"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        b["parsers"]
+    );
+
+    // The raw provider on the cold phase's texts, and the ratio (no target for hash).
+    assert!(
+        b["raw_model"]["texts"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        b["raw_model"]
+    );
+    assert!(b["ratio"].as_f64().unwrap_or(0.0) > 0.0, "{b:#}");
+    assert!(
+        b["targets"]["model_ratio_met"].is_null(),
+        "{}",
+        b["targets"]
+    );
+    // The work directory is removed.
+    let left: Vec<_> = std::fs::read_dir(ce.data_dir())
+        .expect("read")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("ce-bench-ingest-")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -6,7 +6,7 @@
 //! and continues in `ce serve` / `ce worker`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ce_store::ItemStatus;
 use ce_store::kb::subtree_of;
@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
 use crate::error::Result;
+
+/// How long a local follow runs jobs between two reads of its progress.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// Where an entry's work stands.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -94,8 +97,18 @@ impl Engine {
                     waiting: None,
                 });
             }
+            // Jobs for up to PROGRESS_EVERY before the progress is read again: reading it
+            // (every item of the base) after each claim would make following quadratic.
             let ran = if self.config().jobs.enabled {
-                self.run_claimable_jobs()?.ran
+                let until = Instant::now() + PROGRESS_EVERY;
+                let mut ran = 0;
+                loop {
+                    let r = self.run_claimable_jobs()?.ran;
+                    ran += r;
+                    if r == 0 || Instant::now() >= until {
+                        break ran;
+                    }
+                }
             } else {
                 0
             };

@@ -517,11 +517,19 @@ impl Engine {
                 }
             }
         }
+        // Each base's items read once per pass (not once per directory: a base of 10,000
+        // files has a hundred directories processing at once).
+        let mut items_of: BTreeMap<String, Vec<KbItem>> = BTreeMap::new();
         for item in self.store().kb_items_in(ItemStatus::Processing)? {
             let Some(base) = base_of(self, &item.base) else {
                 continue;
             };
-            let children = self.store().kb_items(&item.base)?;
+            let children = match items_of.entry(item.base.clone()) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(self.store().kb_items(&item.base)?)
+                }
+            };
             let all_done = children
                 .iter()
                 .filter(|c| c.parent_id.as_deref() == Some(&item.id))

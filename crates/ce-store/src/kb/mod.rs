@@ -412,12 +412,21 @@ pub(crate) fn item_not_found(base: &str, id: &str) -> StoreError {
 }
 
 /// Every item of `items` within the subtree of `root` (itself first), in breadth order.
+/// Linear in `items` (a base of 10,000 files is followed by calling this in a loop).
 pub fn subtree_of<'a>(items: &'a [KbItem], root: &str) -> Vec<&'a KbItem> {
+    let mut children: std::collections::HashMap<&str, Vec<&KbItem>> =
+        std::collections::HashMap::new();
+    for c in items {
+        if let Some(p) = c.parent_id.as_deref() {
+            children.entry(p).or_default().push(c);
+        }
+    }
     let mut out: Vec<&KbItem> = items.iter().filter(|i| i.id == root).collect();
     let mut i = 0;
     while i < out.len() {
-        let id = out[i].id.clone();
-        out.extend(items.iter().filter(|c| c.parent_id.as_deref() == Some(&id)));
+        if let Some(cs) = children.get(out[i].id.as_str()) {
+            out.extend(cs.iter().copied());
+        }
         i += 1;
     }
     out
