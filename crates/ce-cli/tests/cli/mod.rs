@@ -27,4 +27,5 @@ mod search;
 mod server;
 mod sessions;
 mod tenants;
+mod ui;
 mod worker;
