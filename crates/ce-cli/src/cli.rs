@@ -577,6 +577,9 @@ pub enum BenchCommand {
     /// cold and for no-op, 1 % text, 1 % metadata and 1 % delete re-imports (wall seconds,
     /// texts embedded, sizes on disk).
     Ingest(BenchIngestArgs),
+    /// The web console's tree page on a large account: p50/p95 of the API calls of its first
+    /// screen (and of opening a node) over loopback HTTP, and the size of the embedded assets.
+    Ui(crate::bench_ui::BenchUiArgs),
 }
 
 /// `ce bench locks`.

@@ -14,6 +14,7 @@ mod bench_locks;
 mod bench_pipeline;
 mod bench_retrieval;
 mod bench_scale;
+mod bench_ui;
 mod cli;
 mod commands;
 mod demo;

@@ -393,6 +393,32 @@ pub fn serve(
     options: &ServeOptions,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
+    serve_with(engine, metrics, options, on_listening, shutdown_signal())
+}
+
+/// [`serve`] until `stop` is set (checked every 50 ms) instead of a signal: for a process that
+/// serves its own engine for a while (`ce bench ui`).
+pub fn serve_until(
+    engine: Arc<Engine>,
+    options: &ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<()> {
+    let stopped = async move {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    serve_with(engine, None, options, on_listening, stopped)
+}
+
+fn serve_with(
+    engine: Arc<Engine>,
+    metrics: Option<Metrics>,
+    options: &ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let io = |context: &str| {
         let context = context.to_owned();
         move |source| ServerError::Io { context, source }
@@ -450,7 +476,7 @@ pub fn serve(
         }
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
-                shutdown_signal().await;
+                stop.await;
                 // Open MCP streams would hold the graceful shutdown forever.
                 cancel.cancel();
             })
