@@ -149,14 +149,9 @@ impl Current {
                 });
                 continue;
             }
-            match self.of(r) {
-                Some(node) if is_rollup(node, r.level) => {}
-                Some(_) => {
-                    if seen.insert(&r.uri) {
-                        out.push((r, c.score()));
-                    }
-                }
-                None => {}
+            // Current (checked above): a roll-up is passed over, a node counted once.
+            if self.of(r).is_some_and(|node| !is_rollup(node, r.level)) && seen.insert(&r.uri) {
+                out.push((r, c.score()));
             }
         }
         (out, dropped)
