@@ -582,6 +582,9 @@ pub enum BenchCommand {
     /// Sessions: append throughput and latency, Phase 1 commit latency at 1,000-message
     /// sessions, Phase 2 cost with a loopback LLM, and duplicates and recall of planted facts.
     Sessions(crate::bench_sessions::BenchSessionsArgs),
+    /// The web console's tree page on a large account: p50/p95 of the API calls of its first
+    /// screen (and of opening a node) over loopback HTTP, and the size of the embedded assets.
+    Ui(crate::bench_ui::BenchUiArgs),
 }
 
 /// `ce bench locks`.

@@ -194,6 +194,13 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
                 json,
             })
         }
+        Command::Bench(BenchCommand::Ui(args)) => {
+            let json = crate::bench_ui::run_ui(args).map_err(CliError::Other)?;
+            Ok(Rendered {
+                human: output::json_text(&json),
+                json,
+            })
+        }
         Command::Bench(BenchCommand::Locks(args)) => {
             let json = bench_locks::run_locks(args).map_err(CliError::Other)?;
             Ok(Rendered {

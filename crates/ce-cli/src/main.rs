@@ -17,6 +17,7 @@ mod bench_pipeline;
 mod bench_retrieval;
 mod bench_scale;
 mod bench_sessions;
+mod bench_ui;
 mod cli;
 mod commands;
 mod demo;

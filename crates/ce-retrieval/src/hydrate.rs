@@ -12,7 +12,7 @@ use ce_store::SourceStore;
 use serde_json::Value;
 
 use crate::error::Result;
-use crate::{SNIPPET_CHARS, SearchHit};
+use crate::{DropReason, DroppedCandidate, SNIPPET_CHARS, SearchHit};
 
 /// An index hit: a stored record and its score (vector or keyword).
 pub(crate) trait Scored {
@@ -102,9 +102,22 @@ impl Current {
             .filter(|n| indexed_version(record) == Some(n.version))
     }
 
+    /// Why `record` is not current, if it is not: its node is gone from the source (removed
+    /// or moved away), or the source holds it at another version than the record was
+    /// computed from (RT1).
+    pub(crate) fn drop_reason(&self, record: &IndexRecord) -> Option<(DropReason, Option<u64>)> {
+        match self.nodes.get(&record.uri) {
+            None => Some((DropReason::Gone, None)),
+            Some(n) if indexed_version(record) != Some(n.version) => {
+                Some((DropReason::Changed, Some(n.version)))
+            }
+            Some(_) => None,
+        }
+    }
+
     /// The current candidates of `candidates` (best first), one per node: each node's best
-    /// current record and its score, in order; and how many candidates were dropped as stale.
-    /// Stops once `limit` nodes are found (drops are counted among the candidates examined).
+    /// current record and its score, in order; and the candidates dropped as stale, with the
+    /// reason. Stops once `limit` nodes are found (drops are among the candidates examined).
     ///
     /// The flat modes rank with this, and it passes over the records of a folder's derived
     /// roll-up ([`is_rollup`]): a roll-up restates its children's abstracts, so it would
@@ -113,23 +126,32 @@ impl Current {
         &self,
         candidates: &'c [H],
         limit: usize,
-    ) -> (Vec<(&'c IndexRecord, f32)>, usize) {
+        index: &'static str,
+    ) -> (Vec<(&'c IndexRecord, f32)>, Vec<DroppedCandidate>) {
         let mut seen: BTreeSet<&CtxUri> = BTreeSet::new();
         let mut out = Vec::new();
-        let mut dropped = 0;
+        let mut dropped = Vec::new();
         for c in candidates {
             if out.len() >= limit {
                 break;
             }
             let r = c.record();
-            match self.of(r) {
-                None => dropped += 1,
-                Some(node) if is_rollup(node, r.level) => {}
-                Some(_) => {
-                    if seen.insert(&r.uri) {
-                        out.push((r, c.score()));
-                    }
-                }
+            if let Some((reason, current_version)) = self.drop_reason(r) {
+                dropped.push(DroppedCandidate {
+                    uri: r.uri.clone(),
+                    level: r.level,
+                    record_id: r.id.clone(),
+                    index: index.to_owned(),
+                    score: c.score(),
+                    indexed_version: indexed_version(r),
+                    current_version,
+                    reason,
+                });
+                continue;
+            }
+            // Current (checked above): a roll-up is passed over, a node counted once.
+            if self.of(r).is_some_and(|node| !is_rollup(node, r.level)) && seen.insert(&r.uri) {
+                out.push((r, c.score()));
             }
         }
         (out, dropped)

@@ -275,6 +275,38 @@ pub struct SearchTimings {
     pub total_ms: f64,
 }
 
+/// Why hydration dropped a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// The source holds no node at the record's URI (removed, or moved away).
+    Gone,
+    /// The source holds the node at another version than the record was computed from
+    /// (changed since it was indexed; the index has not caught up).
+    Changed,
+}
+
+/// A candidate an index returned that hydration dropped (see [`SearchResponse::dropped`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DroppedCandidate {
+    /// The record's node.
+    pub uri: CtxUri,
+    /// The record's level.
+    pub level: Level,
+    /// The record's stable id.
+    pub record_id: String,
+    /// The index that returned it (`vector` or `keyword`).
+    pub index: String,
+    /// Its score in that index.
+    pub score: f32,
+    /// The source version the record was computed from, if recorded.
+    pub indexed_version: Option<u64>,
+    /// The node's current version (`None`: the node is gone).
+    pub current_version: Option<u64>,
+    /// Why it was dropped.
+    pub reason: DropReason,
+}
+
 /// The name of the mode of a request that names none (see the module docs).
 pub const AUTO_MODE: &str = "auto";
 
@@ -300,6 +332,10 @@ pub struct SearchResponse {
     /// Candidates examined and dropped because the source no longer holds their node at the
     /// indexed version (removed, moved, or changed since it was indexed).
     pub dropped_by_hydration: usize,
+    /// The dropped candidates themselves, with the reason (`POST /v1/search` answers them
+    /// only with `"explain": true`; empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<DroppedCandidate>,
     /// The embedding model (`provider:model:dimension`); empty in keyword mode.
     pub model: String,
     /// Per index read: changes within the request's scope not applied yet.
@@ -547,9 +583,9 @@ impl Retriever<'_> {
         let (mut hits, dropped) = match mode {
             SearchMode::Vector | SearchMode::Keyword => {
                 let (ranked, dropped) = if mode == SearchMode::Vector {
-                    current.rank(&vector_hits, req.top_k)
+                    current.rank(&vector_hits, req.top_k, "vector")
                 } else {
-                    current.rank(&keyword_hits, req.top_k)
+                    current.rank(&keyword_hits, req.top_k, "keyword")
                 };
                 let hits: Vec<SearchHit> = ranked
                     .into_iter()
@@ -558,8 +594,9 @@ impl Retriever<'_> {
                 (hits, dropped)
             }
             SearchMode::Hybrid => {
-                let (v, dv) = current.rank(&vector_hits, usize::MAX);
-                let (k, dk) = current.rank(&keyword_hits, usize::MAX);
+                let (v, mut dropped) = current.rank(&vector_hits, usize::MAX, "vector");
+                let (k, dk) = current.rank(&keyword_hits, usize::MAX, "keyword");
+                dropped.extend(dk);
                 let hits = self
                     .fusion
                     .fuse(&v, &k)
@@ -571,7 +608,7 @@ impl Retriever<'_> {
                         Some(hit)
                     })
                     .collect();
-                (hits, dv + dk)
+                (hits, dropped)
             }
         };
         let uris: Vec<CtxUri> = hits.iter().map(|h| h.uri.clone()).collect();
@@ -599,12 +636,12 @@ impl Retriever<'_> {
         timings.total_ms = ms(total);
         metrics::histogram!("retrieval_search_latency_ms", "mode" => mode.as_str())
             .record(total.as_secs_f64() * 1e3);
-        if dropped > 0 {
+        if !dropped.is_empty() {
             metrics::counter!("retrieval_dropped_by_hydration_total", "mode" => mode.as_str())
-                .increment(dropped as u64);
+                .increment(dropped.len() as u64);
         }
         let candidates = vector_hits.len() + keyword_hits.len();
-        debug!(%mode, candidates, hits = hits.len(), dropped, "search done");
+        debug!(%mode, candidates, hits = hits.len(), dropped = dropped.len(), "search done");
         Ok(SearchResponse {
             mode: choice.requested,
             mode_used: mode,
@@ -612,7 +649,8 @@ impl Retriever<'_> {
             fusion: (mode == SearchMode::Hybrid).then(|| self.fusion.describe()),
             hits,
             candidates,
-            dropped_by_hydration: dropped,
+            dropped_by_hydration: dropped.len(),
+            dropped,
             model,
             lag,
             timings,

@@ -12,7 +12,8 @@
 //! - [`http`]: the HTTP API (axum) with health, readiness and Prometheus endpoints
 //! - [`mcp`]: the MCP server (tools and `ctx://` resources) over stdio and at `/mcp`
 //! - [`wire`]: the API's JSON bodies (shared with the CLI's `--server` mode)
-//! - [`status`]: the engine's reports
+//! - [`status`]: the engine's reports; [`lag_history`]: the server's recent lag samples
+//! - [`ui`]: the web console's static assets, served at `/ui`
 //! - [`metrics`], [`logging`]: observability (spec §12.2, §12.3)
 
 pub mod engine;
@@ -21,12 +22,14 @@ pub mod guarded;
 pub mod http;
 pub mod jobs;
 pub mod kb;
+pub mod lag_history;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
 pub mod sessions;
 pub mod source;
 pub mod status;
+pub mod ui;
 pub mod wire;
 
 pub use engine::{Engine, EngineOptions, Readiness};

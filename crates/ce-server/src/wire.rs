@@ -320,6 +320,10 @@ pub struct SearchBody {
     /// Flat metadata equality: every key must hold exactly this scalar value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, Value>,
+    /// Also answer the candidates hydration dropped, each with its reason (`dropped`; flat
+    /// modes only: refused with `hierarchical`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub explain: bool,
 }
 
 /// The mode name of hierarchical search on the wire and in the CLI.
@@ -333,6 +337,12 @@ impl SearchBody {
 
     /// The hierarchical request of a body whose mode is `hierarchical`.
     pub fn into_hierarchical(mut self) -> Result<HierarchicalRequest, CoreError> {
+        if self.explain {
+            return Err(CoreError::InvalidField {
+                field: "explain",
+                reason: "not with \"mode\": \"hierarchical\" (its answer counts its drops)".into(),
+            });
+        }
         let params = self.hierarchical.take().unwrap_or_default();
         self.mode = None;
         Ok(HierarchicalRequest {
@@ -415,6 +425,7 @@ impl SearchBody {
             owner_space: f.owner_spaces.clone().unwrap_or_default(),
             account_id: f.account_id.clone(),
             meta: f.meta.clone(),
+            explain: false,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod integration {
     mod common;
+    mod console;
     mod fuzz;
     mod kb;
     mod kb_model;

@@ -28,4 +28,5 @@ mod search;
 mod server;
 mod sessions;
 mod tenants;
+mod ui;
 mod worker;

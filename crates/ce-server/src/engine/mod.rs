@@ -130,6 +130,8 @@ pub struct Engine {
     pub(crate) jobs: crate::jobs::Jobs,
     /// The ingestion workflow's state ([`crate::kb`]).
     pub(crate) kb: crate::kb::KbRuntime,
+    /// Recent lag samples of `ce serve` ([`crate::lag_history`]).
+    lag_history: crate::lag_history::LagHistory,
 }
 
 impl std::fmt::Debug for Engine {
@@ -201,6 +203,7 @@ impl Engine {
             next_worker: AtomicU64::new(0),
             jobs: crate::jobs::Jobs::default(),
             kb: crate::kb::KbRuntime::default(),
+            lag_history: crate::lag_history::LagHistory::default(),
         };
         engine.bind()?;
         if engine.options.run_workers {

@@ -68,6 +68,19 @@ impl Engine {
             .collect())
     }
 
+    /// Records every consumer's lag now in the recent samples ([`crate::lag_history`]).
+    pub fn sample_lag(&self) -> Result<()> {
+        let now = self.store.clock().now_ms();
+        let consumers = self.consumer_statuses(now, |_| true)?;
+        self.lag_history.record(now, &consumers);
+        Ok(())
+    }
+
+    /// The recent lag samples, oldest first.
+    pub fn lag_history(&self) -> crate::lag_history::LagHistoryAnswer {
+        self.lag_history.answer()
+    }
+
     /// Outbox progress and lag per consumer, index sizes, model and readiness.
     pub fn status(&self) -> Result<Status> {
         let now = self.store.clock().now_ms();

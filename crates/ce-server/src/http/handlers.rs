@@ -346,12 +346,18 @@ pub(crate) fn run_search(
         scope.retain(&mut answer.hits, |h| &h.uri)?;
         return Ok(SearchAnswer::Hierarchical(answer));
     }
+    let explain = b.explain;
     let mut req = b.into_request()?;
     req.validate()?;
     scope.principal().scope_filter(&mut req.filter)?;
     let mut answer = e.search(&req)?;
     // The index filter already did this; the source of truth has the last word.
     scope.retain(&mut answer.hits, |h| &h.uri)?;
+    if explain {
+        scope.retain(&mut answer.dropped, |d| &d.uri)?;
+    } else {
+        answer.dropped.clear();
+    }
     Ok(SearchAnswer::Flat(answer))
 }
 

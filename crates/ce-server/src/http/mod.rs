@@ -21,6 +21,7 @@
 //! finish, and stops the workers (each finishes its batch, so no claim is left behind).
 
 pub mod auth;
+pub mod console;
 mod error;
 pub(crate) mod handlers;
 mod jobs;
@@ -174,6 +175,16 @@ pub const ROUTES: &[Route] = {
         POST "/v1/unlink" Tenant => h::unlink {
             Doc::new("Remove a relation", json::<WriteOutcome>()).body(schema::<UnlinkBody>())
         },
+        GET "/v1/children" Tenant => console::children {
+            Doc::new("A page of a node's children, each with its L0 (the console's tree)",
+                json::<console::ChildrenPage>())
+                .query(console::CHILDREN)
+        },
+        GET "/v1/records" Tenant => console::records {
+            Doc::new("A node's records in each index and whether they are current",
+                json::<console::NodeRecords>())
+                .query(console::RECORDS)
+        },
         GET "/v1/relations" Tenant => h::relations {
             Doc::new("A node's relations as the source of truth holds them", json::<Relations>())
                 .query(h::RELATIONS)
@@ -233,6 +244,12 @@ pub const ROUTES: &[Route] = {
         },
         GET "/v1/status" Admin => h::status {
             Doc::new("Readiness, indexes, consumers' lag, jobs", json::<Status>()).query(h::NONE)
+        },
+        GET "/v1/status/lag" Admin => console::lag_history {
+            Doc::new("Each consumer's lag over the last hour, from this server's own samples",
+                json::<crate::lag_history::LagHistoryAnswer>())
+                .describe("Sampled in memory every 10 s by `ce serve`; empty after a restart.")
+                .query(h::NONE)
         },
         POST "/v1/reindex" Admin => jobs::reindex {
             Doc::new("Rebuild an index from the source of truth (a `reindex` job)",
@@ -333,7 +350,11 @@ fn router_with(state: AppState, max_body_bytes: usize, cancel: CancellationToken
     let mcp_gate = auth::Gate::new(state.keys.clone(), Access::Tenant);
     let mut router = Router::new()
         .route_service(crate::mcp::PATH, mcp)
-        .route_layer(middleware::from_fn_with_state(mcp_gate, auth::gate));
+        .route_layer(middleware::from_fn_with_state(mcp_gate, auth::gate))
+        // The console's static files hold no data: no key needed (its API calls need one).
+        .route(crate::ui::PATH, get(crate::ui::redirect))
+        .route("/ui/", get(crate::ui::index))
+        .route("/ui/{*file}", get(crate::ui::file));
     for r in ROUTES {
         let gate = auth::Gate::new(state.keys.clone(), r.access);
         router = router.route(
@@ -372,6 +393,32 @@ pub fn serve(
     options: &ServeOptions,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
+    serve_with(engine, metrics, options, on_listening, shutdown_signal())
+}
+
+/// [`serve`] until `stop` is set (checked every 50 ms) instead of a signal: for a process that
+/// serves its own engine for a while (`ce bench ui`).
+pub fn serve_until(
+    engine: Arc<Engine>,
+    options: &ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<()> {
+    let stopped = async move {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    serve_with(engine, None, options, on_listening, stopped)
+}
+
+fn serve_with(
+    engine: Arc<Engine>,
+    metrics: Option<Metrics>,
+    options: &ServeOptions,
+    on_listening: impl FnOnce(SocketAddr),
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let io = |context: &str| {
         let context = context.to_owned();
         move |source| ServerError::Io { context, source }
@@ -405,6 +452,19 @@ pub fn serve(
         }
         info!(%addr, "listening");
         on_listening(addr);
+        let sampled = engine.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::lag_history::SAMPLE_INTERVAL);
+            loop {
+                tick.tick().await;
+                let e = sampled.clone();
+                match tokio::task::spawn_blocking(move || e.sample_lag()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => warn!(%error, "lag sample failed"),
+                    Err(error) => warn!(%error, "lag sample task failed"),
+                }
+            }
+        });
         if let Some(m) = metrics {
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -416,7 +476,7 @@ pub fn serve(
         }
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
-                shutdown_signal().await;
+                stop.await;
                 // Open MCP streams would hold the graceful shutdown forever.
                 cancel.cancel();
             })

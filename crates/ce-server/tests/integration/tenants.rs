@@ -349,6 +349,15 @@ fn isolation(h: &H, r: &Route) {
             }
             let own = json!({"query": q, "account_id": "a", "subtree": "ctx://a"});
             h.expect(h.search(KEY_A, own), 200, None, &what);
+            // Explained: the dropped candidates are the caller's own too.
+            let explained = json!({"query": q, "explain": true});
+            let v = h.expect(h.search(KEY_A, explained), 200, None, &what);
+            for d in v["dropped"].as_array().into_iter().flatten() {
+                assert!(
+                    d["uri"].as_str().is_some_and(|u| u.starts_with("ctx://a")),
+                    "{v}"
+                );
+            }
             // Hierarchical mode on the same route: the descent never leaves the account.
             let tree = json!({"query": q, "mode": "hierarchical"});
             let hits = h.expect(h.search(KEY_A, tree.clone()), 200, None, &what);
@@ -364,7 +373,40 @@ fn isolation(h: &H, r: &Route) {
             let escape = json!({"query": q, "mode": "hierarchical", "subtree": "ctx://b"});
             h.expect(h.search(KEY_A, escape), 403, Some("forbidden"), &what);
         }
-        ("GET", "/v1/outbox/list" | "/v1/outbox/stats" | "/v1/status") => {
+        ("GET", "/v1/children") => {
+            h.hidden(r.path, "ctx://b", "ctx://zz");
+            h.hidden(r.path, "ctx://b/docs", "ctx://b/nothing");
+            let kids = |key, uri: &str| {
+                let v = h.expect(
+                    h.get(key, &format!("{}?uri={uri}", r.path)),
+                    200,
+                    None,
+                    &what,
+                );
+                H::uris(&v["children"])
+            };
+            let root = h.expect(h.get(a, r.path), 200, None, &what);
+            assert_eq!(H::uris(&root["children"]), ["ctx://a"], "{root}");
+            assert_eq!(root["total"], 1, "{root}");
+            assert_eq!(kids(admin, "ctx://"), ["ctx://a", "ctx://b"]);
+            assert!(kids(a, "ctx://a/docs").contains(&A_PLAN.to_owned()));
+            // A key restricted to user:u1 lists nothing of the shared space.
+            let u1 = kids(Some(KEY_A_U1), "ctx://a");
+            assert!(!u1.contains(&"ctx://a/docs".to_owned()), "{u1:?}");
+            assert_eq!(
+                kids(a, "ctx://a/users"),
+                ["ctx://a/users/u1", "ctx://a/users/u2"]
+            );
+        }
+        ("GET", "/v1/records") => {
+            h.hidden(r.path, B_SECRET, "ctx://b/docs/missing");
+            let own = h.get(a, &format!("/v1/records?uri={A_PLAN}"));
+            let own = h.expect(own, 200, None, &what);
+            assert_eq!(own["uri"], A_PLAN, "{own}");
+            let u2 = h.get(Some(KEY_A_U1), &format!("/v1/records?uri={A_U2}"));
+            h.expect(u2, 404, Some("not_found"), &what);
+        }
+        ("GET", "/v1/outbox/list" | "/v1/outbox/stats" | "/v1/status" | "/v1/status/lag") => {
             h.expect(h.get(a, r.path), 403, Some("forbidden"), &what);
             h.expect(h.get(admin, r.path), 200, None, &what);
         }
