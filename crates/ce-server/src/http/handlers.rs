@@ -32,6 +32,23 @@ pub(super) type Answer = Result<Response, ApiError>;
 pub(super) type Q = Result<Query<Vec<(String, String)>>, QueryRejection>;
 pub(super) type J<T> = Result<Json<Object<T>>, JsonRejection>;
 
+/// The body of a route that takes none: nothing, or `{}` (cancel, retry, a base's removal).
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoFields {}
+
+/// A body that must be empty or `{}` (a request without `Content-Type` has none); read
+/// like any JSON body, so one over the size limit is refused as too large.
+pub(super) type NoBody = J<NoFields>;
+
+/// Refuses a [`NoBody`] that holds anything.
+pub(super) fn no_fields(b: NoBody) -> Result<(), ApiError> {
+    match b {
+        Ok(_) | Err(JsonRejection::MissingJsonContentType(_)) => Ok(()),
+        Err(r) => Err(ApiError::from_json(&r)),
+    }
+}
+
 pub(super) fn body<T>(b: J<T>) -> Result<T, ApiError> {
     b.map(|Json(Object(t))| t)
         .map_err(|r| ApiError::from_json(&r))

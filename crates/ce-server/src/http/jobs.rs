@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::handlers::{Answer, Q, blocking, list_limit, params};
+use super::handlers::{Answer, NoBody as B, Q, blocking, list_limit, no_fields, params};
 use super::openapi::{Param, schema};
 use crate::engine::Engine;
 use crate::engine::consumers::DEFAULT_REINDEX_CONSUMER;
@@ -84,21 +84,6 @@ pub async fn show(State(s): State<AppState>, id: P) -> Answer {
     let id = job_id(id)?;
     blocking(&s, move |e| Ok(e.job(&id)?)).await
 }
-
-/// The body of cancel and retry: none, or `{}`.
-#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NoFields {}
-
-/// A body that must be empty or `{}` (a request without `Content-Type` has none).
-fn no_fields(b: B) -> Result<(), ApiError> {
-    match b {
-        Ok(_) | Err(JsonRejection::MissingJsonContentType(_)) => Ok(()),
-        Err(r) => Err(ApiError::from_json(&r)),
-    }
-}
-
-type B = Result<Json<Object<NoFields>>, JsonRejection>;
 
 /// Runs `change` on job `id` of a cancel or retry request.
 async fn change(

@@ -13,7 +13,7 @@ use ce_core::{CoreError, ErrorCode};
 
 use super::AppState;
 use super::error::ApiError;
-use super::handlers::{Answer, J, Q, blocking, body, params};
+use super::handlers::{Answer, J, NoBody, Q, blocking, body, no_fields, params};
 use super::openapi::{Param, schema};
 use crate::kb::{CreateBase, KbInput};
 use crate::wire::{KbAddBody, KbItemsBody, KbProgressBody};
@@ -96,8 +96,9 @@ pub async fn status(State(s): State<AppState>, b: P, q: Q) -> Answer {
 }
 
 /// `POST /v1/kb/{base}/rm` (body: none or `{}`).
-pub async fn remove(State(s): State<AppState>, b: P) -> Answer {
+pub async fn remove(State(s): State<AppState>, b: P, nothing: NoBody) -> Answer {
     let name = base(b)?;
+    no_fields(nothing)?;
     blocking(&s, move |e| Ok(e.kb_remove(&name)?)).await
 }
 

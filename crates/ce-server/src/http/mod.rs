@@ -265,11 +265,11 @@ pub const ROUTES: &[Route] = {
             Doc::new("One job", json::<Job>())
         },
         POST "/v1/jobs/{id}/cancel" Admin => jobs::cancel {
-            Doc::new("Cancel a job", json::<Job>()).optional_body(schema::<jobs::NoFields>())
+            Doc::new("Cancel a job", json::<Job>()).optional_body(schema::<handlers::NoFields>())
         },
         POST "/v1/jobs/{id}/retry" Admin => jobs::retry {
             Doc::new("Retry a failed, cancelled or dead job", json::<Job>())
-                .optional_body(schema::<jobs::NoFields>())
+                .optional_body(schema::<handlers::NoFields>())
         },
         GET "/v1/kb" Admin => kb::list {
             Doc::new("The knowledge bases", json::<Vec<ce_store::KnowledgeBase>>())
@@ -291,6 +291,7 @@ pub const ROUTES: &[Route] = {
         POST "/v1/kb/{base}/rm" Admin => kb::remove {
             Doc::new("Remove a knowledge base with its items and nodes (a cleanup job)",
                 json::<crate::kb::KbJobs>())
+                .optional_body(schema::<handlers::NoFields>())
         },
         POST "/v1/kb/{base}/items" Admin => kb::add {
             Doc::new("Add files, directories, URLs and notes (rows and first jobs)",
