@@ -273,17 +273,11 @@ fn chat_answer(req: &Recorded, tokens: &TokenCounter, reported: &[AtomicU64; 2])
     let completion_tokens = tokens.count(&answer);
     reported[0].fetch_add(prompt_tokens as u64, Ordering::Relaxed);
     reported[1].fetch_add(completion_tokens as u64, Ordering::Relaxed);
-    Reply::json(
-        200,
-        &json!({
-            "id": "chatcmpl-bench",
-            "object": "chat.completion",
-            "model": "bench",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": answer}}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}
-        }),
+    Reply::chat_completion(
+        "bench",
+        &answer,
+        prompt_tokens as u64,
+        completion_tokens as u64,
     )
 }
 

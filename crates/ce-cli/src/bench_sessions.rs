@@ -432,17 +432,7 @@ impl Script {
         let (tin, tout) = (tokens(&prompt), tokens(&content));
         log.tokens_in += tin;
         log.tokens_out += tout;
-        Reply::json(
-            200,
-            &json!({
-                "id": format!("chatcmpl-{}", log.requests), "object": "chat.completion",
-                "model": "bench-scripted",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": tin, "completion_tokens": tout,
-                          "total_tokens": tin + tout}
-            }),
-        )
+        Reply::chat_completion("bench-scripted", &content, tin, tout)
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, ModelLog> {
@@ -459,6 +449,18 @@ const WORDS: [&str; 64] = [
     "summary", "list", "steps", "first", "then", "finally", "because", "so", "but", "also",
     "check", "update", "write", "read", "send", "call", "fix",
 ];
+
+/// The append of message `n` of session `s` (client id `s{s}-m{n}`).
+fn message(uri: &CtxUri, s: usize, n: usize, role: Role, content: String) -> AddMessage {
+    AddMessage {
+        uri: uri.clone(),
+        role,
+        content,
+        id: Some(format!("s{s}-m{n}")),
+        time_ms: None,
+        parts: None,
+    }
+}
 
 /// Message `n` of session `s`: user turns of 40–400 characters, assistant turns of
 /// 200–1500, varied words; every [`FACT_EVERY`]th user turn states a planted fact.
@@ -640,16 +642,8 @@ fn run_load(
                 planted[s] += 1;
             }
             bytes += content.len() as u64;
-            let req = AddMessage {
-                uri: uri.clone(),
-                role,
-                content,
-                id: Some(format!("s{s}-m{n}")),
-                time_ms: None,
-                parts: None,
-            };
             let t = Instant::now();
-            let a = sessions.add(req)?;
+            let a = sessions.add(message(uri, s, n, role, content))?;
             lat.push(t.elapsed());
             anyhow::ensure!(a.created, "message {n} of {uri} was not created");
         }
@@ -699,16 +693,8 @@ fn run_load(
     );
     let add = |s: usize, n: usize, uri: &CtxUri| -> anyhow::Result<(Duration, bool)> {
         let (role, content) = message_text(s, n, &script.facts);
-        let req = AddMessage {
-            uri: uri.clone(),
-            role,
-            content,
-            id: Some(format!("s{s}-m{n}")),
-            time_ms: None,
-            parts: None,
-        };
         let t = Instant::now();
-        let a = sessions.add(req)?;
+        let a = sessions.add(message(uri, s, n, role, content))?;
         Ok((t.elapsed(), a.created))
     };
     let mut after = Vec::new();

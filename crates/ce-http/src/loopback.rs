@@ -68,6 +68,28 @@ impl Reply {
         )
     }
 
+    /// A chat-completions answer (`POST /v1/chat/completions`, the OpenAI shape): one
+    /// choice with the assistant's `content`, and the `usage` of the call.
+    pub fn chat_completion(
+        model: &str,
+        content: &str,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    ) -> Self {
+        Reply::json(
+            200,
+            &serde_json::json!({
+                "id": "chatcmpl-loopback",
+                "object": "chat.completion",
+                "model": model,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}
+            }),
+        )
+    }
+
     /// Adds a header.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));
