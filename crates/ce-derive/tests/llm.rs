@@ -12,18 +12,7 @@ use ce_testkit::http::{LoopbackServer, Reply};
 use serde_json::{Value, json};
 
 fn answer(content: &str, prompt_tokens: u64, completion_tokens: u64) -> Reply {
-    Reply::json(
-        200,
-        &json!({
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "model": "m",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}
-        }),
-    )
+    Reply::chat_completion("m", content, prompt_tokens, completion_tokens)
 }
 
 fn generator(server: &LoopbackServer) -> LlmGenerator {
