@@ -26,7 +26,11 @@ pub mod message;
 
 pub use diff::{DiffCounts, MemoryDiff};
 pub use error::SessionError;
-pub use extract::{Candidate, Change, Extraction, Extractor};
+pub use extract::{Candidate, Change, Extraction, Extractor, Shown};
 pub use layout::{CATEGORIES, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout};
-pub use merge::{DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, plan_merge, similarity};
-pub use message::{ArchiveState, ExtractionState, Message, Role, transcript, transcript_texts};
+pub use merge::{
+    DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, Sameness, plan_merge, similarity,
+};
+pub use message::{
+    ArchiveState, ExtractionProgress, ExtractionState, Message, Role, transcript, transcript_blocks, transcript_texts,
+};

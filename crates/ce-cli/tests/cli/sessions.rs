@@ -297,6 +297,86 @@ fn a_crash_before_the_merge_transaction_merges_once_on_resume() {
     phase2_crash_resumes("session.phase2.before_commit");
 }
 
+/// The facts of a three-window conversation: (message id, what the user says, key).
+const WINDOW_FACTS: [(&str, &str, &str); 3] = [
+    ("w1", "I write all my code in Helix.", "editor"),
+    ("w2", "I live in Lyon.", "home_city"),
+    ("w3", "My dog Rex loves tennis balls.", "dog"),
+];
+
+/// Extracts the facts of [`WINDOW_FACTS`] its window states (each under its key).
+fn per_window(r: &Recorded) -> Reply {
+    let input = r.body["messages"][1]["content"].as_str().unwrap_or("");
+    let conv = input.split_once("Conversation:\n").map_or(input, |(_, c)| c);
+    let memories: Vec<Value> = WINDOW_FACTS
+        .iter()
+        .filter(|(id, says, _)| conv.contains(&format!("[{id}] user: {says}")))
+        .map(|(id, says, key)| {
+            json!({"category": "profile", "key": key, "fact": format!("The user said: {says}"),
+                   "evidence": [id], "confidence": 0.9})
+        })
+        .collect();
+    answer(&json!({ "memories": memories }).to_string())
+}
+
+#[test]
+fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let llm = LoopbackServer::start(move |r| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        per_window(r)
+    });
+    // 1000 characters of input: each message of ~420 is a window of its own.
+    let ce = Ce::hash(&llm_config(
+        &llm,
+        &format!("max_input_chars = 1000\n{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\n"),
+    ));
+    ce.ok(&["session", "new", S]);
+    let filler = " We went over the release plan and the budget again.".repeat(7);
+    for (id, says, _) in WINDOW_FACTS {
+        let content = format!("{says}{filler}");
+        ce.ok(&["session", "add", S, "--role", "user", "--id", id, "--content", &content]);
+    }
+    let c = ce.json(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    let point = "session.phase2.between_windows";
+    let out = ce
+        .command(&["worker", "--once"])
+        .env("CE_FAILPOINT", point)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success(), "killed");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(point));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "killed after the first window");
+    let archive = ce.json(&["stat", &format!("{S}/archives/000001")]);
+    let meta = &archive["meta"];
+    assert_eq!(meta["archive_extraction"], "pending", "{meta}");
+    assert_eq!(meta["archive_extraction_progress"]["windows"], 1, "{meta}");
+    assert_eq!(meta["archive_extraction_progress"]["messages"], 1, "{meta}");
+    assert_eq!(meta["archive_candidates"].as_array().map(Vec::len), Some(1));
+    assert!(memories(&ce).is_empty(), "nothing merged before the last window");
+    // After the lease, the next runner asks for windows 2 and 3 only.
+    std::thread::sleep(Duration::from_secs(16));
+    ce.ok(&["worker", "--once"]);
+    let j = ce.json(&["jobs", "show", &job]);
+    assert_eq!(j["state"], "completed", "{j}");
+    let windows = &j["progress"]["windows"];
+    assert_eq!(
+        (&windows["total"], &windows["extracted"], &windows["this_run"]),
+        (&json!(3), &json!(3), &json!(2)),
+        "{j}"
+    );
+    assert_eq!(j["progress"]["calls"], 2, "{j}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "no window asked twice");
+    let mut got = memories(&ce);
+    got.sort();
+    assert_eq!(
+        got,
+        ["dog", "editor", "home_city"].map(|k| format!("ctx://acme/users/alice/memories/profile/{k}"))
+    );
+}
+
 #[test]
 fn concurrent_commits_are_serialized_and_a_commit_racing_rm_leaves_no_half_state() {
     let ce = Ce::hash("");
