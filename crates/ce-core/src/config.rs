@@ -1298,10 +1298,22 @@ mod tests {
     #[test]
     fn sessions_keys_are_checked() {
         for (toml, key) in [
-            ("[sessions]\nsimilarity_threshold = 0.2\n", "sessions.similarity_threshold"),
-            ("[sessions]\nsemantic_threshold = 0.4\n", "sessions.semantic_threshold"),
-            ("[sessions]\nsemantic_threshold = 1.5\n", "sessions.semantic_threshold"),
-            ("[sessions]\nsemantic_threshold = nan\n", "sessions.semantic_threshold"),
+            (
+                "[sessions]\nsimilarity_threshold = 0.2\n",
+                "sessions.similarity_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = 0.4\n",
+                "sessions.semantic_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = 1.5\n",
+                "sessions.semantic_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = nan\n",
+                "sessions.semantic_threshold",
+            ),
             ("[sessions]\nmax_windows = 0\n", "sessions.max_windows"),
             ("[sessions]\nmax_windows = 1001\n", "sessions.max_windows"),
         ] {

@@ -279,9 +279,7 @@ impl Extractor {
             // One message longer than a window (windows end at message boundaries).
             Some((end, _)) => {
                 body.push_str(&text[..end]);
-                body.push_str(
-                    "\n\n[The message was cut here: it is longer than the input limit.]",
-                );
+                body.push_str("\n\n[The message was cut here: it is longer than the input limit.]");
             }
             None => body.push_str(&text),
         }

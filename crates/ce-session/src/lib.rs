@@ -32,5 +32,6 @@ pub use merge::{
     DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, Sameness, plan_merge, similarity,
 };
 pub use message::{
-    ArchiveState, ExtractionProgress, ExtractionState, Message, Role, transcript, transcript_blocks, transcript_texts,
+    ArchiveState, ExtractionProgress, ExtractionState, Message, Role, transcript,
+    transcript_blocks, transcript_texts,
 };

@@ -249,9 +249,9 @@ const NUMBER_WORDS: &[&str] = &[
 /// Stems of words that negate or end what a fact says: "is vegetarian" / "is not
 /// vegetarian", "drinks coffee" / "stopped drinking coffee".
 const NEGATIONS: &[&str] = &[
-    "not", "no", "never", "none", "neither", "nor", "without", "cannot", "doesn", "don",
-    "didn", "isn", "wasn", "aren", "weren", "won", "hasn", "haven", "stop", "quit", "anymor",
-    "longer", "former", "formerli",
+    "not", "no", "never", "none", "neither", "nor", "without", "cannot", "doesn", "don", "didn",
+    "isn", "wasn", "aren", "weren", "won", "hasn", "haven", "stop", "quit", "anymor", "longer",
+    "former", "formerli",
 ];
 
 /// The distinctive terms of `a` with respect to `b` (stemmed): capitalised words — names,
@@ -333,7 +333,12 @@ impl SemanticSimilarity for FactVectors {
     fn cosine(&self, a: &str, b: &str) -> Option<f64> {
         let (x, y) = (self.0.get(a)?, self.0.get(b)?);
         // The embedders' vectors are unit length: the dot product is the cosine.
-        Some(x.iter().zip(y).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum())
+        Some(
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                .sum(),
+        )
     }
 }
 

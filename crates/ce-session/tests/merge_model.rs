@@ -211,11 +211,14 @@ fn run(commits: &[Vec<Stmt>], signals: Signals) -> Result<(), TestCaseError> {
         for (i, c) in candidates.iter().enumerate() {
             let id = format!("{archive}#c{i}");
             let holder = store.values().find(|m| m.merged_from.contains(&id));
-            prop_assert!(holder.is_some(), "candidate {:?} is held by no memory", c.fact);
+            prop_assert!(
+                holder.is_some(),
+                "candidate {:?} is held by no memory",
+                c.fact
+            );
             if signals.semantic.is_none() {
                 let held = store.values().any(|m| {
-                    sameness.same(&m.fact, &c.fact)
-                        || (m.category == c.category && m.key == c.key)
+                    sameness.same(&m.fact, &c.fact) || (m.category == c.category && m.key == c.key)
                 });
                 prop_assert!(held, "no memory says {:?}", c.fact);
             }

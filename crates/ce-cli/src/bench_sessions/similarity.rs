@@ -62,8 +62,16 @@ const HAND_WRITTEN: &[(&str, &str, bool)] = &[
         "In production the user uses PostgreSQL version 16.",
         true,
     ),
-    ("The user is vegetarian.", "The user does not eat meat.", true),
-    ("The user lives in Lisbon.", "The user is based in Lisbon.", true),
+    (
+        "The user is vegetarian.",
+        "The user does not eat meat.",
+        true,
+    ),
+    (
+        "The user lives in Lisbon.",
+        "The user is based in Lisbon.",
+        true,
+    ),
     (
         "The user's cat is named Miso.",
         "Miso is the name of the user's cat.",
@@ -74,7 +82,11 @@ const HAND_WRITTEN: &[(&str, &str, bool)] = &[
         "For indentation, the user uses tabs rather than spaces.",
         true,
     ),
-    ("The user's manager is Priya Shah.", "Priya Shah manages the user.", true),
+    (
+        "The user's manager is Priya Shah.",
+        "Priya Shah manages the user.",
+        true,
+    ),
     (
         "The user's sister Maria lives in Porto.",
         "Maria, the user's sister, is based in Porto, Portugal.",

@@ -307,7 +307,9 @@ const WINDOW_FACTS: [(&str, &str, &str); 3] = [
 /// Extracts the facts of [`WINDOW_FACTS`] its window states (each under its key).
 fn per_window(r: &Recorded) -> Reply {
     let input = r.body["messages"][1]["content"].as_str().unwrap_or("");
-    let conv = input.split_once("Conversation:\n").map_or(input, |(_, c)| c);
+    let conv = input
+        .split_once("Conversation:\n")
+        .map_or(input, |(_, c)| c);
     let memories: Vec<Value> = WINDOW_FACTS
         .iter()
         .filter(|(id, says, _)| conv.contains(&format!("[{id}] user: {says}")))
@@ -336,7 +338,17 @@ fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
     let filler = " We went over the release plan and the budget again.".repeat(7);
     for (id, says, _) in WINDOW_FACTS {
         let content = format!("{says}{filler}");
-        ce.ok(&["session", "add", S, "--role", "user", "--id", id, "--content", &content]);
+        ce.ok(&[
+            "session",
+            "add",
+            S,
+            "--role",
+            "user",
+            "--id",
+            id,
+            "--content",
+            &content,
+        ]);
     }
     let c = ce.json(&["session", "commit", S]);
     let job = c["job_id"].as_str().expect("job").to_owned();
@@ -348,14 +360,21 @@ fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
         .expect("runs");
     assert!(!out.status.success(), "killed");
     assert!(String::from_utf8_lossy(&out.stderr).contains(point));
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "killed after the first window");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "killed after the first window"
+    );
     let archive = ce.json(&["stat", &format!("{S}/archives/000001")]);
     let meta = &archive["meta"];
     assert_eq!(meta["archive_extraction"], "pending", "{meta}");
     assert_eq!(meta["archive_extraction_progress"]["windows"], 1, "{meta}");
     assert_eq!(meta["archive_extraction_progress"]["messages"], 1, "{meta}");
     assert_eq!(meta["archive_candidates"].as_array().map(Vec::len), Some(1));
-    assert!(memories(&ce).is_empty(), "nothing merged before the last window");
+    assert!(
+        memories(&ce).is_empty(),
+        "nothing merged before the last window"
+    );
     // After the lease, the next runner asks for windows 2 and 3 only.
     std::thread::sleep(Duration::from_secs(16));
     ce.ok(&["worker", "--once"]);
@@ -363,7 +382,11 @@ fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
     assert_eq!(j["state"], "completed", "{j}");
     let windows = &j["progress"]["windows"];
     assert_eq!(
-        (&windows["total"], &windows["extracted"], &windows["this_run"]),
+        (
+            &windows["total"],
+            &windows["extracted"],
+            &windows["this_run"]
+        ),
         (&json!(3), &json!(3), &json!(2)),
         "{j}"
     );
@@ -373,7 +396,8 @@ fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
     got.sort();
     assert_eq!(
         got,
-        ["dog", "editor", "home_city"].map(|k| format!("ctx://acme/users/alice/memories/profile/{k}"))
+        ["dog", "editor", "home_city"]
+            .map(|k| format!("ctx://acme/users/alice/memories/profile/{k}"))
     );
 }
 

@@ -58,7 +58,11 @@ pub(super) struct Extracted {
 
 /// `shown` for one window: the owner's current memories, each slot overridden by the latest
 /// candidate of an earlier window, most relevant to `text` first.
-fn shown_for<'a>(current: &'a [MemoryState], earlier: &'a [Candidate], text: &str) -> Vec<Shown<'a>> {
+fn shown_for<'a>(
+    current: &'a [MemoryState],
+    earlier: &'a [Candidate],
+    text: &str,
+) -> Vec<Shown<'a>> {
     let mut slots: BTreeMap<(&str, &str), Shown<'a>> = BTreeMap::new();
     for s in current
         .iter()

@@ -24,15 +24,15 @@ use std::time::Duration;
 use ce_core::{
     Classify as _, Clock as _, ContextNode, CoreError, CtxUri, ErrorCode, Meta, SystemClock,
 };
-use ce_embed::{EmbedError, Embedder};
 use ce_derive::{Budget, DeriveInput, Extractive, Generator as _};
+use ce_embed::{EmbedError, Embedder};
 use ce_llm::{ChatClient, ChatConfig};
 use ce_lock::LockRequest;
 use ce_session::layout::{DIFF_OF, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout, archive_meta};
 use ce_session::merge::{FactVectors, Sameness, Semantic};
 use ce_session::{
-    ArchiveState, Candidate, DiffCounts, ExtractionProgress, ExtractionState, Extractor, MemoryDiff, MemoryState,
-    MergeContext, plan_merge,
+    ArchiveState, Candidate, DiffCounts, ExtractionProgress, ExtractionState, Extractor,
+    MemoryDiff, MemoryState, MergeContext, plan_merge,
 };
 use ce_store::{Job, JobSpec, LinkRequest, PutMode, PutRequest, WriteOp};
 use serde::{Deserialize, Serialize};
@@ -245,7 +245,10 @@ impl Sessions<'_> {
     }
 
     /// The rule the merge applied, as the diff and the report state it.
-    fn sameness_note(&self, semantic: &std::result::Result<(&dyn Embedder, f64), String>) -> String {
+    fn sameness_note(
+        &self,
+        semantic: &std::result::Result<(&dyn Embedder, f64), String>,
+    ) -> String {
         let terms = self.config.sessions.similarity_threshold;
         match semantic {
             Ok((e, threshold)) => format!(
@@ -438,7 +441,12 @@ impl Sessions<'_> {
         if let Ok((e, _)) = &semantic
             && !candidates.is_empty()
         {
-            self.embed_facts(*e, &owner_memories(self, layout)?, &candidates, &mut vectors)?;
+            self.embed_facts(
+                *e,
+                &owner_memories(self, layout)?,
+                &candidates,
+                &mut vectors,
+            )?;
         }
         let (diff, outcome) = self.guarded().with_locks(&lock, |fences| {
             let Some(current_archive) = self.store.read_node(&archive_uri)? else {

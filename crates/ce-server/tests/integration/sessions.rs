@@ -583,9 +583,27 @@ fn a_retried_append_of_an_archived_message_is_recognised(backend: Backend) {
 
 /// The facts of the long conversation: (message id, what the user says, category, key, fact).
 const LONG_FACTS: [(&str, &str, &str, &str, &str); 3] = [
-    ("u1", "My sister Maria lives in Porto.", "profile", "sister", "The user's sister Maria lives in Porto"),
-    ("u2", "I deploy the billing service on Fridays.", "patterns", "deploy_day", "The user deploys the billing service on Fridays"),
-    ("u3", "Maria is still in Porto, she loves it.", "profile", "sister", "The user's sister Maria lives in Porto"),
+    (
+        "u1",
+        "My sister Maria lives in Porto.",
+        "profile",
+        "sister",
+        "The user's sister Maria lives in Porto",
+    ),
+    (
+        "u2",
+        "I deploy the billing service on Fridays.",
+        "patterns",
+        "deploy_day",
+        "The user deploys the billing service on Fridays",
+    ),
+    (
+        "u3",
+        "Maria is still in Porto, she loves it.",
+        "profile",
+        "sister",
+        "The user's sister Maria lives in Porto",
+    ),
 ];
 
 /// A conversation of 6 messages of about 420 characters: under `max_input_chars = 1000`
@@ -595,7 +613,11 @@ fn long_conversation(t: &T) {
     let filler = "We talked about the weather and the release plans for a while. ".repeat(6);
     for (i, (id, says, ..)) in LONG_FACTS.iter().enumerate() {
         t.add(id, Role::User, &format!("{says} {filler}"));
-        t.add(&format!("a{}", i + 1), Role::Assistant, &format!("Noted. {filler}"));
+        t.add(
+            &format!("a{}", i + 1),
+            Role::Assistant,
+            &format!("Noted. {filler}"),
+        );
     }
 }
 
@@ -630,18 +652,33 @@ fn a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones(backend: B
     let r = t.commit();
     assert_eq!(r.outcome, Phase2Outcome::Completed);
     assert_eq!(
-        (r.windows.total, r.windows.extracted, r.windows.this_run, r.windows.left_out),
+        (
+            r.windows.total,
+            r.windows.extracted,
+            r.windows.this_run,
+            r.windows.left_out
+        ),
         (6, 6, 6, 0),
         "{r:?}"
     );
     assert_eq!(r.calls, 6, "one call per window");
-    assert_eq!((r.tokens_in, r.tokens_out), (600, 120), "every call's usage");
+    assert_eq!(
+        (r.tokens_in, r.tokens_out),
+        (600, 120),
+        "every call's usage"
+    );
     let requests = llm.requests();
     assert_eq!(requests.len(), 6);
     for (k, req) in requests.iter().enumerate() {
         let input = conversation(req);
-        assert!(input.contains(&format!("This is part {} of 6", k + 1)), "{input}");
-        assert!(input.chars().count() <= 1000, "within the input limit: {input}");
+        assert!(
+            input.contains(&format!("This is part {} of 6", k + 1)),
+            "{input}"
+        );
+        assert!(
+            input.chars().count() <= 1000,
+            "within the input limit: {input}"
+        );
     }
     // The window restating the sister (u3, the 5th) was shown the candidate of the 1st.
     let fifth = conversation(&requests[4]);
@@ -673,11 +710,21 @@ fn a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones(backend: B
 
 fn windows_beyond_the_cap_are_left_out_and_said_so(backend: Backend) {
     let llm = LoopbackServer::start(windowed);
-    let t = open_tuned(backend, Some(&llm), "[sessions]\nmax_windows = 2\n", small_windows);
+    let t = open_tuned(
+        backend,
+        Some(&llm),
+        "[sessions]\nmax_windows = 2\n",
+        small_windows,
+    );
     long_conversation(&t);
     let r = t.commit();
     assert_eq!(
-        (r.windows.total, r.windows.extracted, r.windows.left_out, r.windows.left_out_messages),
+        (
+            r.windows.total,
+            r.windows.extracted,
+            r.windows.left_out,
+            r.windows.left_out_messages
+        ),
         (6, 2, 4, 4),
         "{r:?}"
     );
@@ -690,12 +737,15 @@ fn windows_beyond_the_cap_are_left_out_and_said_so(backend: Backend) {
     );
     let diff = t.node(&format!("{SESSION}/memory_diffs/000001"));
     assert!(
-        diff.layers.abstract_text.contains("Extraction was partial") && diff.layers.abstract_text.contains("left out"),
+        diff.layers.abstract_text.contains("Extraction was partial")
+            && diff.layers.abstract_text.contains("left out"),
         "{}",
         diff.layers.abstract_text
     );
     let archive = t.node(&format!("{SESSION}/archives/000001"));
-    let anote = archive.meta[archive_meta::EXTRACTION_NOTE].as_str().unwrap_or("");
+    let anote = archive.meta[archive_meta::EXTRACTION_NOTE]
+        .as_str()
+        .unwrap_or("");
     assert!(anote.contains("left out"), "{anote}");
     // Only the first window's fact.
     let keys: Vec<String> = t.memories().into_keys().collect();
