@@ -7,7 +7,8 @@
 //! ```text
 //! append ─► messages/{id}         commit Phase 1 (EXACT lock on the session, one transaction):
 //!                                   archives/{n} + rm archived messages + counters + job
-//! Phase 2 (the job): summary ─► Extractor (LLM, schema-validated; saved on the archive)
+//! Phase 2 (the job): summary ─► Extractor, one call per window (LLM, schema-validated;
+//!                    each window saved on the archive)
 //!                    ─► plan_merge (add / update / supersede / noop) ─► memories + memory_diffs/{n}
 //! ```
 //!

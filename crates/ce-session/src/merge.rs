@@ -6,15 +6,19 @@
 //! |---|---|---|
 //! | `add` | no memory of its slot, none saying the same | a new memory |
 //! | `update` | its slot restates (or another memory says the same) | the memory, evidence merged |
-//! | `supersede` | its slot's fact changed | a new memory `supersedes` the old, which is kept, marked superseded |
+//! | `supersede` | its slot's fact changed (or, slotless, it changes a close memory) | a new memory `supersedes` the old, which is kept, marked superseded |
 //! | `noop` | the same fact and evidence are held already | nothing |
 //!
-//! A memory's slot is (category, key). "Says the same" is [`similarity`] at or above the
-//! threshold: a Jaccard overlap of the facts' terms (the keyword index's tokenizer, so stems
-//! and Chinese words), computed on the source's text — deterministic, model-free, and it sees
-//! memories written a moment ago that no index holds yet. Whether a restated slot is the same
-//! fact or a changed one is the model's `change` when it gives one (it saw the existing
-//! memories), else the similarity.
+//! A memory's slot is (category, key). How two facts relate is [`Sameness::relation`]:
+//! *close* when their distinctive terms agree ([`anchors_agree`]: names, places) and their
+//! terms overlap ([`similarity`], a Jaccard overlap with the keyword index's tokenizer) or
+//! their embeddings are close (the engine's embedder through its cache, on the source's
+//! text — it sees memories written a moment ago that no index holds yet); close facts say
+//! the same unless one [`changes`] the other (numbers, a negation, a one-word swap), and a
+//! candidate without a slot of its own that changes a close memory supersedes it. Whether a
+//! restated slot is the same fact or a changed one is the model's `change` when it gives one
+//! (it saw the existing memories), else the term overlap. The merge is deterministic given
+//! the embeddings.
 //!
 //! Invariants ([`check_invariants`], checked by the property test): MM1 no two current
 //! memories of an owner share a slot; MM2 no two current memories say the same; MM3 every
@@ -1105,6 +1109,120 @@ mod tests {
         // b and c hold every term; ties by slot; a none.
         assert_eq!(order, ["b", "c", "a"]);
         assert!(relevance(&c.fact, text) > relevance(&a.fact, text));
+    }
+
+    #[test]
+    fn names_gate_closeness_and_changed_values_are_told_from_rewordings() {
+        // Names and places: one may add detail, neither may differ.
+        assert!(anchors_agree(
+            "The user's sister Maria lives in Porto.",
+            "Maria, the user's sister, is based in Porto, Portugal."
+        ));
+        assert!(!anchors_agree(
+            "The user's sister Maria lives in Porto.",
+            "The user's sister Ines lives in Porto."
+        ));
+        // A capitalised sentence start the other text uses in lower case is not a name.
+        assert!(anchors_agree(
+            "Restarting the Kofi service solved the outage.",
+            "The outage ended after restarting the Kofi service."
+        ));
+        for (a, b) in [
+            (
+                "The user runs PostgreSQL 16.",
+                "The user runs PostgreSQL 14.",
+            ),
+            ("The user has two children.", "The user has three children."),
+            ("The user is vegetarian.", "The user is not vegetarian."),
+            (
+                "The user prefers dark mode.",
+                "The user prefers light mode.",
+            ),
+        ] {
+            assert!(changes(a, b), "{a} / {b}");
+        }
+        assert!(!changes(
+            "The user prefers dark mode in every editor.",
+            "In all of their editors the user likes to use a dark theme."
+        ));
+    }
+
+    /// The listed pairs of facts embed close (0.9), the others far apart (0.1).
+    struct Close<'a>(&'a [(&'a str, &'a str)]);
+
+    impl SemanticSimilarity for Close<'_> {
+        fn cosine(&self, a: &str, b: &str) -> Option<f64> {
+            let listed = self
+                .0
+                .iter()
+                .any(|(x, y)| (a, b) == (*x, *y) || (a, b) == (*y, *x));
+            Some(if listed { 0.9 } else { 0.1 })
+        }
+    }
+
+    #[test]
+    fn with_the_embedding_signal_a_rewording_updates_a_change_supersedes_a_name_stays_apart() {
+        let mem = u("ctx://a/users/u/memories");
+        let arch = u("ctx://a/users/u/sessions/s/archives/000001");
+        let msgs = BTreeMap::new();
+        let (maria, reworded, ines) = (
+            "The user's sister Maria lives in Porto.",
+            "Maria, the user's sister, is in Porto these days.",
+            "The user's sister Ines lives in Porto.",
+        );
+        let (two, three) = ("The user has two cats.", "The user has three cats.");
+        let pairs = [(maria, reworded), (maria, ines), (two, three)];
+        let close = Close(&pairs);
+        let ctx = MergeContext {
+            memories: &mem,
+            archive: &arch,
+            now_ms: 1000,
+            sameness: Sameness {
+                terms: DEFAULT_THRESHOLD,
+                semantic: Some(Semantic {
+                    similarity: &close,
+                    threshold: 0.7,
+                }),
+            },
+            messages: &msgs,
+        };
+        let c = |key: &str, fact: &str, ev: &str| cand("profile", key, fact, ev, None);
+        let plan = plan_merge(
+            &ctx,
+            Vec::new(),
+            &[
+                c("sister", maria, "q1"),
+                // Reworded under a fresh key: the same fact.
+                c("sister_2", reworded, "q2"),
+                // Another sister, close in embedding: her name differs.
+                c("sister_3", ines, "q3"),
+                // A changed value under a fresh key: supersedes.
+                c("pets", two, "q4"),
+                c("pets_2", three, "q5"),
+            ],
+        );
+        assert_eq!(
+            ops(&plan),
+            [
+                MergeOp::Add,
+                MergeOp::Update,
+                MergeOp::Add,
+                MergeOp::Add,
+                MergeOp::Supersede
+            ]
+        );
+        let mut all = BTreeMap::new();
+        apply_plan(&mut all, &plan);
+        let links = all
+            .values()
+            .filter_map(|m| m.supersedes.clone().map(|s| (m.uri.clone(), s)))
+            .collect();
+        check_invariants(&all, &ctx.sameness, &links).expect("invariants");
+        let two = &all[&u("ctx://a/users/u/memories/profile/pets")];
+        assert_eq!(
+            two.superseded_by,
+            Some(u("ctx://a/users/u/memories/profile/pets_2"))
+        );
     }
 
     #[test]

@@ -97,6 +97,16 @@ struct Template {
     things: &'static [&'static str],
 }
 
+const WEEKDAYS: &[&str] = &[
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
 const TEMPLATES: [Template; 8] = [
     Template {
         category: "profile",
@@ -196,15 +206,7 @@ const TEMPLATES: [Template; 8] = [
             "{n} and the user review pull requests each {t}.",
         ],
         query: "when does the user review pull requests with {n}",
-        things: &[
-            "Monday",
-            "Tuesday",
-            "Wednesday",
-            "Thursday",
-            "Friday",
-            "Saturday",
-            "Sunday",
-        ],
+        things: WEEKDAYS,
     },
     Template {
         category: "cases",
@@ -228,15 +230,7 @@ const TEMPLATES: [Template; 8] = [
             "{n} goes to production on {t} mornings, deployed by the user.",
         ],
         query: "when does the user deploy {n} to production",
-        things: &[
-            "Monday",
-            "Tuesday",
-            "Wednesday",
-            "Thursday",
-            "Friday",
-            "Saturday",
-            "Sunday",
-        ],
+        things: WEEKDAYS,
     },
 ];
 

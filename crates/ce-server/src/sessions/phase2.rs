@@ -3,18 +3,20 @@
 //!
 //! 1. The archive is read; a missing one (the session was removed) ends the job `gone`, a
 //!    `completed` one ends it at once (a rerun after completion adds nothing).
-//! 2. Extraction — only with an LLM configured (`Config::extraction_off`): one chat call,
-//!    its answer validated against the schema (`ce_session::extract`); the validated
-//!    candidates are **saved on the archive** before anything is merged, so a rerun after a
-//!    crash merges the same candidates instead of asking the model again (model output may
-//!    differ between runs). Without an LLM nothing is extracted and the diff says so.
+//! 2. Extraction — only with an LLM configured (`Config::extraction_off`): one chat call
+//!    per window of the transcript ([`super::extract`]), each answer validated against the
+//!    schema (`ce_session::extract`); each window's candidates are **saved on the archive**
+//!    as it completes, so a rerun after a crash resumes at the next window and merges the
+//!    saved candidates instead of asking the model again (model output may differ between
+//!    runs). Without an LLM nothing is extracted and the diff says so.
 //! 3. The summary: when sessions are derived (`derive` consumer on), the derive consumer
 //!    writes the archive's L0/L1 like any node's; otherwise the configured generator
 //!    summarises it here and the layers are written with the completion.
 //! 4. Under a TREE lock on the owner's memories (so two commits of one owner cannot both
 //!    add the same fact) and an EXACT lock on the archive (so an `rm` of the session cannot
-//!    interleave), the owner's memories are read from the source of truth, the merge
-//!    is planned, and one transaction writes the memories, their `supersedes` links, the
+//!    interleave), the owner's memories are read from the source of truth (their facts and
+//!    the candidates' are embedded through the embedder's cache, first before the locks),
+//!    the merge is planned, and one transaction writes the memories, their `supersedes` links, the
 //!    `memory_diffs/{N}` node and the archive's completion marker: a crash before it leaves
 //!    nothing half-merged; after it, the marker makes a rerun a no-op.
 
