@@ -256,6 +256,8 @@ pub fn run(cli: &Cli, c: &SessionCommand) -> Result<Rendered> {
         locks: &locks,
         config: &config,
         wake: None,
+        // Phase 2 (the merge) runs in an engine: `commit --wait`, a worker, `ce serve`.
+        embedder: Err("the local session commands open no embedder"),
     };
     match c {
         SessionCommand::New(a) => {

@@ -45,11 +45,19 @@ pub struct SessionsConfig {
     pub extraction: String,
     /// Term overlap (0.3..=1) at or above which two memories say the same (the merge rule).
     pub similarity_threshold: f64,
+    /// Cosine similarity of two facts' embeddings (0.5..=1) at or above which they say the
+    /// same when their distinctive terms agree; 0 turns the embedding signal off (term
+    /// overlap alone). Calibrated for the default local model (docs/sessions.md, "Merge").
+    pub semantic_threshold: f64,
     /// Model answers asked for before an extraction whose answers fail the schema is failed
     /// (1..=5).
     pub extraction_attempts: u32,
     /// Timeout of one extraction call, in seconds (1..=600).
     pub timeout_seconds: u32,
+    /// Windows (one chat call each, plus re-asks of invalid answers) one archive's
+    /// extraction may use (1..=1000); the messages beyond are left out and the archive, the
+    /// diff and the job's report say so.
+    pub max_windows: u32,
 }
 
 impl Default for SessionsConfig {
@@ -58,8 +66,10 @@ impl Default for SessionsConfig {
             keep_last: 0,
             extraction: "auto".into(),
             similarity_threshold: 0.75,
+            semantic_threshold: 0.7,
             extraction_attempts: 3,
             timeout_seconds: 120,
+            max_windows: 64,
         }
     }
 }
@@ -79,6 +89,14 @@ impl SessionsConfig {
             0.3,
             1.0,
         )?;
+        let semantic = self.semantic_threshold;
+        // 0 is off; `contains` also rejects NaN.
+        if semantic != 0.0 && !(0.5..=1.0).contains(&semantic) {
+            return Err(CoreError::InvalidConfig {
+                key: "sessions.semantic_threshold".into(),
+                reason: format!("{semantic} is neither 0 (off) nor in 0.5..=1"),
+            });
+        }
         range(
             "sessions.extraction_attempts",
             self.extraction_attempts,
@@ -86,6 +104,7 @@ impl SessionsConfig {
             5,
         )?;
         range("sessions.timeout_seconds", self.timeout_seconds, 1, 600)?;
+        range("sessions.max_windows", self.max_windows, 1, 1000)?;
         Ok(())
     }
 }
@@ -1274,6 +1293,37 @@ mod tests {
         }
         assert!(valid_job_type("session-commit") && valid_job_type("kb_index2"));
         assert!(!valid_job_type("") && !valid_job_type("2x") && !valid_job_type("a b"));
+    }
+
+    #[test]
+    fn sessions_keys_are_checked() {
+        for (toml, key) in [
+            (
+                "[sessions]\nsimilarity_threshold = 0.2\n",
+                "sessions.similarity_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = 0.4\n",
+                "sessions.semantic_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = 1.5\n",
+                "sessions.semantic_threshold",
+            ),
+            (
+                "[sessions]\nsemantic_threshold = nan\n",
+                "sessions.semantic_threshold",
+            ),
+            ("[sessions]\nmax_windows = 0\n", "sessions.max_windows"),
+            ("[sessions]\nmax_windows = 1001\n", "sessions.max_windows"),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        let off = Config::from_toml("[sessions]\nsemantic_threshold = 0\nmax_windows = 1\n")
+            .expect("0 turns the embedding signal off");
+        assert_eq!(off.sessions.semantic_threshold, 0.0);
+        assert_eq!(off.sessions.max_windows, 1);
     }
 
     #[test]

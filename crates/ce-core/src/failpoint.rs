@@ -73,6 +73,10 @@ pub const POINTS: &[(&str, &str)] = &[
         "a session commit holds the session's lock, before it reads and archives",
     ),
     (
+        "session.phase2.between_windows",
+        "phase 2 saved a window's candidates on the archive, before the next window's call",
+    ),
+    (
         "session.phase2.after_extract",
         "phase 2 saved the extracted candidates on the archive, before the merge",
     ),

@@ -31,12 +31,16 @@ pub struct MemoryDiff {
     pub archive: String,
     /// Whether extraction ran (`merged`) or is `off`.
     pub extraction: ExtractionState,
-    /// Why extraction is off, when it is.
+    /// Why extraction is off, or what it left out (windows beyond `sessions.max_windows`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// The model that extracted, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The rule that decided which memories say the same, with its signals and thresholds
+    /// (and why the embedding signal is off, when it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sameness: Option<String>,
     /// Counts.
     pub counts: DiffCounts,
     /// The changes, in candidate order.
@@ -71,6 +75,7 @@ impl MemoryDiff {
             extraction,
             note,
             model,
+            sameness: None,
             counts,
             entries,
             at_ms,
@@ -89,9 +94,14 @@ impl MemoryDiff {
             ),
             _ => {
                 let c = self.counts;
+                let partial = self
+                    .note
+                    .as_deref()
+                    .map(|n| format!(" Extraction was partial: {n}."))
+                    .unwrap_or_default();
                 format!(
                     "Memory diff of archive {name} of {}: {} added, {} updated, {} superseded, \
-                     {} unchanged.",
+                     {} unchanged.{partial}",
                     self.session, c.added, c.updated, c.superseded, c.unchanged
                 )
             }

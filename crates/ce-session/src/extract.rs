@@ -1,10 +1,12 @@
-//! Memory extraction (docs/sessions.md, "Phase 2"): one chat call over an archive's
-//! transcript, answered as JSON and validated against [`Answer`]'s schema. An answer that
+//! Memory extraction (docs/sessions.md, "Phase 2"): one chat call per window of an
+//! archive's transcript (consecutive messages within the input limit, [`windows`]), answered
+//! as JSON and validated against [`Answer`]'s schema. An answer that
 //! fails validation is never stored in part: the call is repeated (with the reason, so the
 //! model can correct itself) up to `attempts` times, then the extraction fails with the
 //! reason ([`SessionError::InvalidExtraction`], not retryable).
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::time::Duration;
 
 use ce_llm::{ChatClient, LlmError, Message as ChatMessage, Role as ChatRole};
@@ -24,6 +26,76 @@ pub const MAX_CONTEXT_CHARS: usize = 1000;
 pub const MAX_CANDIDATES: usize = 64;
 /// The existing memories shown to the model.
 pub const MAX_EXISTING_SHOWN: usize = 50;
+/// The memories shown take at most this fraction (1/N) of the input limit; the window of
+/// messages gets the rest, less [`LABELS`].
+pub const SHOWN_SHARE: usize = 8;
+/// Characters kept for the input's labels (the part line, "Conversation:").
+const LABELS: usize = 300;
+
+/// The characters of messages one window holds under `max_input_chars` (the input limit of
+/// one call, `[derive.llm] max_input_chars`).
+pub fn window_chars(max_input_chars: usize) -> usize {
+    max_input_chars
+        .saturating_sub(max_input_chars / SHOWN_SHARE + LABELS)
+        .max(1)
+}
+
+/// Splits `blocks[from..]` (a transcript's messages, [`crate::transcript_blocks`]) into
+/// windows of consecutive messages of at most `budget` characters, blank lines between
+/// included: ranges of block indexes, in order. A message longer than `budget` is a window
+/// alone (cut when sent). Deterministic: the same blocks and budget give the same windows,
+/// so a resumed extraction continues where the saved one stopped.
+pub fn windows(blocks: &[(&str, &str)], from: usize, budget: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = from;
+    let mut used = 0;
+    for (i, (_, block)) in blocks.iter().enumerate().skip(from) {
+        let len = block.chars().count() + if i > start { 2 } else { 0 };
+        if i > start && used + len > budget {
+            out.push(start..i);
+            start = i;
+            used = block.chars().count();
+        } else {
+            used += len;
+        }
+    }
+    if start < blocks.len() {
+        out.push(start..blocks.len());
+    }
+    out
+}
+
+/// A memory shown to the model: one of the owner's, or one an earlier window of the same
+/// archive extracted — so it can reuse the key and say whether the fact changed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shown<'a> {
+    /// Its category.
+    pub category: &'a str,
+    /// Its key.
+    pub key: &'a str,
+    /// Its fact.
+    pub fact: &'a str,
+}
+
+impl<'a> From<&'a MemoryState> for Shown<'a> {
+    fn from(m: &'a MemoryState) -> Self {
+        Shown {
+            category: &m.category,
+            key: &m.key,
+            fact: &m.fact,
+        }
+    }
+}
+
+impl<'a> From<&'a Candidate> for Shown<'a> {
+    fn from(c: &'a Candidate) -> Self {
+        Shown {
+            category: &c.category,
+            key: &c.key,
+            fact: &c.fact,
+        }
+    }
+}
 
 /// Whether a candidate restates an existing memory or replaces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -65,7 +137,7 @@ pub struct Answer {
     pub memories: Vec<Candidate>,
 }
 
-/// Parses and validates an answer; `message_ids` are the archive's (evidence must cite them).
+/// Parses and validates an answer; `message_ids` are those sent (evidence must cite them).
 pub fn parse_answer(content: &str, message_ids: &[String]) -> Result<Vec<Candidate>, String> {
     let answer: Answer = serde_json::from_str(ce_llm::json_body(content))
         .map_err(|e| format!("not the JSON object {{\"memories\": [...]}} of the schema: {e}"))?;
@@ -101,7 +173,7 @@ pub fn parse_answer(content: &str, message_ids: &[String]) -> Result<Vec<Candida
         }
         if let Some(bad) = c.evidence.iter().find(|e| !known.contains(e.as_str())) {
             return Err(at(format!(
-                "evidence cites {bad:?}, which is not a message of this archive"
+                "evidence cites {bad:?}, which is not one of the messages sent"
             )));
         }
         if !(c.confidence.is_finite() && (0.0..=1.0).contains(&c.confidence)) {
@@ -172,50 +244,62 @@ impl Extractor {
         self.client.model()
     }
 
-    fn input(&self, transcript: &str, existing: &[&MemoryState]) -> String {
+    /// The user message of one call: the memories shown (most relevant first, within
+    /// [`SHOWN_SHARE`] of the input limit), the part, and the window's messages.
+    fn input(&self, window: &[(&str, &str)], part: (usize, usize), shown: &[Shown<'_>]) -> String {
         let mut body = String::new();
-        if existing.is_empty() {
+        if shown.is_empty() {
             body.push_str("Existing memories: none.\n\n");
         } else {
             body.push_str("Existing memories (category/key: fact):\n");
-            for m in existing.iter().take(MAX_EXISTING_SHOWN) {
-                body.push_str(&format!("- {}/{}: {}\n", m.category, m.key, m.fact));
+            let budget = self.max_input_chars / SHOWN_SHARE;
+            let mut used = 0;
+            for m in shown.iter().take(MAX_EXISTING_SHOWN) {
+                let line = format!("- {}/{}: {}\n", m.category, m.key, m.fact);
+                used += line.chars().count();
+                if used > budget {
+                    break;
+                }
+                body.push_str(&line);
             }
             body.push('\n');
         }
+        let (n, of) = part;
+        if of > 1 {
+            body.push_str(&format!(
+                "This is part {n} of {of} of a long conversation, sent in parts; the memories \
+                 listed include those extracted from its earlier parts.\n\n"
+            ));
+        }
         body.push_str("Conversation:\n");
-        let max = self
-            .max_input_chars
-            .saturating_sub(body.chars().count())
-            .max(1000);
-        if transcript.chars().count() > max {
-            let end = transcript
-                .char_indices()
-                .nth(max)
-                .map_or(transcript.len(), |(i, _)| i);
-            let head = &transcript[..end];
-            let cut = head.rfind("\n\n").unwrap_or(end);
-            body.push_str(&transcript[..cut]);
-            body.push_str(
-                "\n\n[The conversation was cut here: it is longer than the input limit.]",
-            );
-        } else {
-            body.push_str(transcript);
+        let text: Vec<&str> = window.iter().map(|(_, b)| *b).collect();
+        let text = text.join("\n\n");
+        let max = window_chars(self.max_input_chars);
+        match text.char_indices().nth(max) {
+            // One message longer than a window (windows end at message boundaries).
+            Some((end, _)) => {
+                body.push_str(&text[..end]);
+                body.push_str("\n\n[The message was cut here: it is longer than the input limit.]");
+            }
+            None => body.push_str(&text),
         }
         body
     }
 
-    /// Extracts the memories of `transcript` (whose messages are `message_ids`), showing the
-    /// model the owner's `existing` current memories (most relevant first).
+    /// Extracts the memories of one window of an archive — `window` its messages' (id,
+    /// block), `part` its number and the archive's count of windows — showing the model
+    /// `shown` (the owner's current memories and the earlier windows' candidates, most
+    /// relevant first). Evidence must cite the window's messages.
     pub fn extract(
         &self,
-        transcript: &str,
-        message_ids: &[String],
-        existing: &[&MemoryState],
+        window: &[(&str, &str)],
+        part: (usize, usize),
+        shown: &[Shown<'_>],
     ) -> Result<Extraction, SessionError> {
+        let message_ids: Vec<String> = window.iter().map(|(id, _)| (*id).to_owned()).collect();
         let mut messages = vec![
             ChatMessage::new(ChatRole::System, self.prompt.clone()),
-            ChatMessage::new(ChatRole::User, self.input(transcript, existing)),
+            ChatMessage::new(ChatRole::User, self.input(window, part, shown)),
         ];
         let mut out = Extraction {
             candidates: Vec::new(),
@@ -237,7 +321,7 @@ impl Extractor {
                     if let Some(m) = a.model {
                         out.model = m;
                     }
-                    match parse_answer(&a.content, message_ids) {
+                    match parse_answer(&a.content, &message_ids) {
                         Ok(c) => {
                             out.candidates = c;
                             return Ok(out);
@@ -296,6 +380,27 @@ mod tests {
     }
 
     #[test]
+    fn windows_end_at_message_boundaries_and_a_resume_continues_the_same_split() {
+        let texts: Vec<String> = [30, 50, 10, 200, 20, 20, 45]
+            .iter()
+            .map(|n| "x".repeat(*n))
+            .collect();
+        let blocks: Vec<(&str, &str)> = texts.iter().map(|t| ("id", t.as_str())).collect();
+        // 30 + 2 + 50 = 82 fits 100, + 2 + 10 = 94 too; 200 is over alone; 20 + 2 + 20 + 2
+        // + 45 = 89.
+        let all = windows(&blocks, 0, 100);
+        assert_eq!(all, [0..3, 3..4, 4..7]);
+        for w in &all {
+            let tail = windows(&blocks, w.end, 100);
+            let expected: Vec<_> = all.iter().filter(|r| r.start >= w.end).cloned().collect();
+            assert_eq!(tail, expected, "resumed at {}", w.end);
+        }
+        assert!(windows(&blocks, blocks.len(), 100).is_empty());
+        assert_eq!(window_chars(24_000), 24_000 - 3_000 - LABELS);
+        assert_eq!(window_chars(1_000), 575);
+    }
+
+    #[test]
     fn every_schema_violation_is_refused_with_its_reason() {
         let one = |fields: &str| format!("{{\"memories\": [{{{fields}}}]}}");
         let ok = "\"category\": \"preferences\", \"key\": \"editor\", \"fact\": \"f\", \
@@ -310,7 +415,7 @@ mod tests {
             (&one(&ok.replace("[\"q1\"]", "[]")), "cites no message"),
             (
                 &one(&ok.replace("[\"q1\"]", "[\"zz\"]")),
-                "not a message of this archive",
+                "not one of the messages sent",
             ),
             (&one(&ok.replace("0.5", "1.5")), "outside 0..=1"),
             (&one(&format!("{ok}, \"extra\": true")), "unknown field"),

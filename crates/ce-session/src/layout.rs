@@ -58,10 +58,14 @@ pub mod archive_meta {
     pub const STATE: &str = "archive_state";
     /// [`crate::ExtractionState`].
     pub const EXTRACTION: &str = "archive_extraction";
-    /// The validated candidates of the extraction (saved before the merge, so a rerun after
-    /// a crash merges the same candidates instead of asking the model again).
+    /// The validated candidates of the extraction, in window order (saved window by window
+    /// before the merge, so a rerun after a crash merges the same candidates instead of
+    /// asking the model again).
     pub const CANDIDATES: &str = "archive_candidates";
-    /// Why extraction failed or is off.
+    /// How far a windowed extraction got ([`crate::ExtractionProgress`]): saved with each
+    /// window's candidates, so a rerun resumes at the next window.
+    pub const PROGRESS: &str = "archive_extraction_progress";
+    /// Why extraction is off, or what it left out (windows beyond `sessions.max_windows`).
     pub const EXTRACTION_NOTE: &str = "archive_extraction_note";
     /// The URI of the commit's memory diff.
     pub const DIFF: &str = "archive_diff";

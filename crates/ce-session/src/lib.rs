@@ -7,7 +7,8 @@
 //! ```text
 //! append ─► messages/{id}         commit Phase 1 (EXACT lock on the session, one transaction):
 //!                                   archives/{n} + rm archived messages + counters + job
-//! Phase 2 (the job): summary ─► Extractor (LLM, schema-validated; saved on the archive)
+//! Phase 2 (the job): summary ─► Extractor, one call per window (LLM, schema-validated;
+//!                    each window saved on the archive)
 //!                    ─► plan_merge (add / update / supersede / noop) ─► memories + memory_diffs/{n}
 //! ```
 //!
@@ -26,7 +27,12 @@ pub mod message;
 
 pub use diff::{DiffCounts, MemoryDiff};
 pub use error::SessionError;
-pub use extract::{Candidate, Change, Extraction, Extractor};
+pub use extract::{Candidate, Change, Extraction, Extractor, Shown};
 pub use layout::{CATEGORIES, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout};
-pub use merge::{DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, plan_merge, similarity};
-pub use message::{ArchiveState, ExtractionState, Message, Role, transcript, transcript_texts};
+pub use merge::{
+    DiffEntry, MemoryState, MergeContext, MergeOp, MergePlan, Sameness, plan_merge, similarity,
+};
+pub use message::{
+    ArchiveState, ExtractionProgress, ExtractionState, Message, Role, transcript,
+    transcript_blocks, transcript_texts,
+};

@@ -6,15 +6,19 @@
 //! |---|---|---|
 //! | `add` | no memory of its slot, none saying the same | a new memory |
 //! | `update` | its slot restates (or another memory says the same) | the memory, evidence merged |
-//! | `supersede` | its slot's fact changed | a new memory `supersedes` the old, which is kept, marked superseded |
+//! | `supersede` | its slot's fact changed (or, slotless, it changes a close memory) | a new memory `supersedes` the old, which is kept, marked superseded |
 //! | `noop` | the same fact and evidence are held already | nothing |
 //!
-//! A memory's slot is (category, key). "Says the same" is [`similarity`] at or above the
-//! threshold: a Jaccard overlap of the facts' terms (the keyword index's tokenizer, so stems
-//! and Chinese words), computed on the source's text — deterministic, model-free, and it sees
-//! memories written a moment ago that no index holds yet. Whether a restated slot is the same
-//! fact or a changed one is the model's `change` when it gives one (it saw the existing
-//! memories), else the similarity.
+//! A memory's slot is (category, key). How two facts relate is [`Sameness::relation`]:
+//! *close* when their distinctive terms agree ([`anchors_agree`]: names, places) and their
+//! terms overlap ([`similarity`], a Jaccard overlap with the keyword index's tokenizer) or
+//! their embeddings are close (the engine's embedder through its cache, on the source's
+//! text — it sees memories written a moment ago that no index holds yet); close facts say
+//! the same unless one [`changes`] the other (numbers, a negation, a one-word swap), and a
+//! candidate without a slot of its own that changes a close memory supersedes it. Whether a
+//! restated slot is the same fact or a changed one is the model's `change` when it gives one
+//! (it saw the existing memories), else the term overlap. The merge is deterministic given
+//! the embeddings.
 //!
 //! Invariants ([`check_invariants`], checked by the property test): MM1 no two current
 //! memories of an owner share a slot; MM2 no two current memories say the same; MM3 every
@@ -26,7 +30,7 @@ use ce_core::{ContextNode, CtxUri, Meta};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::extract::{Candidate, Change};
+use crate::extract::{Candidate, Change, Shown};
 use crate::layout::{CATEGORIES, check_memory_key, memory_meta};
 
 /// The default similarity at or above which two facts say the same.
@@ -214,7 +218,7 @@ fn terms(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// How much two facts say the same: the Jaccard overlap of their term sets (1: the same
+/// How much two facts share their terms: the Jaccard overlap of their term sets (1: the same
 /// terms; two texts without terms are compared as trimmed, lower-cased strings).
 pub fn similarity(a: &str, b: &str) -> f64 {
     let (ta, tb) = (terms(a), terms(b));
@@ -224,6 +228,210 @@ pub fn similarity(a: &str, b: &str) -> f64 {
     let inter = ta.intersection(&tb).count() as f64;
     let union = ta.union(&tb).count() as f64;
     inter / union
+}
+
+/// The words of `text` (runs of letters and digits) as written, in order.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+}
+
+fn stem(word: &str) -> String {
+    ce_core::text::tokenize(word).concat()
+}
+
+fn is_number(word: &str) -> bool {
+    word.chars().any(|c| c.is_ascii_digit()) || NUMBER_WORDS.contains(&word.to_lowercase().as_str())
+}
+
+/// Number words: "two children" and "three children" differ as "2" and "3" do.
+const NUMBER_WORDS: &[&str] = &[
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "twenty", "thirty", "hundred", "thousand", "million", "once", "twice",
+];
+
+/// Stems of words that negate or end what a fact says: "is vegetarian" / "is not
+/// vegetarian", "drinks coffee" / "stopped drinking coffee".
+const NEGATIONS: &[&str] = &[
+    "not", "no", "never", "none", "neither", "nor", "without", "cannot", "doesn", "don", "didn",
+    "isn", "wasn", "aren", "weren", "won", "hasn", "haven", "stop", "quit", "anymor", "longer",
+    "former", "formerli",
+];
+
+/// The distinctive terms of `a` with respect to `b` (stemmed): capitalised words — names,
+/// places, products — that neither text also uses as a common, lower-case word (so a
+/// capitalised sentence start like "Restarting" is not one when the other text says
+/// "restarting") and that are not function words or numbers (numbers are [`changes`]).
+fn anchors(a: &str, b: &str) -> BTreeSet<String> {
+    let common: BTreeSet<String> = words(a)
+        .chain(words(b))
+        .filter(|w| w.chars().next().is_some_and(char::is_lowercase))
+        .map(stem)
+        .collect();
+    words(a)
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase) && !is_number(w))
+        .map(stem)
+        .filter(|t| !FUNCTION_WORDS.contains(&t.as_str()) && !common.contains(t))
+        .collect()
+}
+
+/// Whether the distinctive terms of one fact are all named by the other (one may add detail:
+/// "Maria lives in Porto" / "Maria lives in Porto, Portugal"). Two facts of one template
+/// about different people or places ("sister Maria lives in Porto" / "sister Ines lives in
+/// Porto") fail it, however alike their words and embeddings are.
+pub fn anchors_agree(a: &str, b: &str) -> bool {
+    let (x, y) = (anchors(a, b), anchors(b, a));
+    x.is_subset(&y) || y.is_subset(&x)
+}
+
+/// Whether `b`, close to `a`, states a change of it rather than the same fact: their
+/// numbers differ ("PostgreSQL 16" / "14", "two" / "three children"), one negates or ends
+/// what the other says ("not", "stopped", "no longer"), or one word of each is swapped for
+/// another and the rest is the same ("dark" / "light mode", "coffee" / "tea"). Embeddings
+/// rate such pairs as close as paraphrases (0.82–0.98 with the default model); a one-word
+/// swap that is a paraphrase ("lives" / "is based") is taken for a change too — the merge
+/// then keeps the old memory as history, which loses nothing.
+pub fn changes(a: &str, b: &str) -> bool {
+    let numbers = |t: &str| -> BTreeSet<String> {
+        words(t)
+            .filter(|w| is_number(w))
+            .map(str::to_lowercase)
+            .collect()
+    };
+    if numbers(a) != numbers(b) {
+        return true;
+    }
+    let (ta, tb) = (terms(a), terms(b));
+    let negated = |t: &BTreeSet<String>| t.iter().any(|w| NEGATIONS.contains(&w.as_str()));
+    if negated(&ta) != negated(&tb) {
+        return true;
+    }
+    // Content terms only: a lone letter is a split possessive or contraction ("user's").
+    let only = |x: &BTreeSet<String>, y: &BTreeSet<String>| {
+        x.difference(y).filter(|t| t.chars().count() > 1).count()
+    };
+    only(&ta, &tb) == 1 && only(&tb, &ta) == 1
+}
+
+/// Whether the embedding signal applies to `text`: its letters are Latin (the default
+/// model is English; other scripts — Chinese has no capitals to find names by — use term
+/// overlap alone).
+fn latin(text: &str) -> bool {
+    text.chars()
+        .filter(|c| c.is_alphabetic())
+        .all(|c| c.is_ascii_alphabetic() || ('\u{00C0}'..='\u{024F}').contains(&c))
+}
+
+/// The similarity of two facts' embeddings, as the engine computes it through its embedder
+/// and embedding cache (the property test injects its own).
+pub trait SemanticSimilarity {
+    /// The cosine similarity of `a`'s and `b`'s embeddings; `None` when either has none.
+    fn cosine(&self, a: &str, b: &str) -> Option<f64>;
+}
+
+/// Facts' embeddings by text: what the engine hands the merge.
+#[derive(Debug, Clone, Default)]
+pub struct FactVectors(pub std::collections::HashMap<String, Vec<f32>>);
+
+impl SemanticSimilarity for FactVectors {
+    fn cosine(&self, a: &str, b: &str) -> Option<f64> {
+        let (x, y) = (self.0.get(a)?, self.0.get(b)?);
+        // The embedders' vectors are unit length: the dot product is the cosine.
+        Some(
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| f64::from(*p) * f64::from(*q))
+                .sum(),
+        )
+    }
+}
+
+/// The embedding signal of [`Sameness`].
+#[derive(Clone, Copy)]
+pub struct Semantic<'a> {
+    /// The embeddings' similarity.
+    pub similarity: &'a dyn SemanticSimilarity,
+    /// Cosine at or above which two facts are close.
+    pub threshold: f64,
+}
+
+/// How two facts relate, by [`Sameness::relation`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Relation {
+    /// They say the same (how strongly, 0..=1).
+    Same(f64),
+    /// They are close, and one [`changes`] the other.
+    Changed(f64),
+    /// Neither.
+    Unrelated,
+}
+
+/// How the merge relates two facts (docs/sessions.md, "Merge"). Two facts are **close**
+/// when their distinctive terms agree ([`anchors_agree`]) and their terms overlap
+/// ([`similarity`] at or above `terms`) or — both in Latin script — their embeddings are
+/// close (the [`Semantic`] signal, when an embedder is there). Close facts say the same
+/// unless one [`changes`] the other.
+#[derive(Clone, Copy)]
+pub struct Sameness<'a> {
+    /// [`similarity`] at or above which two facts are close.
+    pub terms: f64,
+    /// The embedding signal; `None`: term overlap alone.
+    pub semantic: Option<Semantic<'a>>,
+}
+
+impl std::fmt::Debug for Sameness<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sameness")
+            .field("terms", &self.terms)
+            .field("semantic", &self.semantic.map(|s| s.threshold))
+            .finish()
+    }
+}
+
+impl Sameness<'_> {
+    /// Term overlap alone at `terms`.
+    pub fn terms(terms: f64) -> Sameness<'static> {
+        Sameness {
+            terms,
+            semantic: None,
+        }
+    }
+
+    /// The term overlap of `a` and `b` when it alone says they are the same.
+    pub fn overlap(&self, a: &str, b: &str) -> Option<f64> {
+        let x = similarity(a, b);
+        (x >= self.terms && anchors_agree(a, b) && !changes(a, b)).then_some(x)
+    }
+
+    /// How `a` and `b` relate.
+    pub fn relation(&self, a: &str, b: &str) -> Relation {
+        let overlap = similarity(a, b);
+        let overlap = (overlap >= self.terms).then_some(overlap);
+        let cosine = self
+            .semantic
+            .filter(|_| latin(a) && latin(b))
+            .and_then(|s| s.similarity.cosine(a, b).filter(|c| *c >= s.threshold));
+        let close = match (overlap, cosine) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        // The gates last: they are the dearest to compute and most pairs are not close.
+        match close {
+            Some(score) if anchors_agree(a, b) => {
+                if changes(a, b) {
+                    Relation::Changed(score)
+                } else {
+                    Relation::Same(score)
+                }
+            }
+            Some(_) | None => Relation::Unrelated,
+        }
+    }
+
+    /// Whether `a` and `b` say the same.
+    pub fn same(&self, a: &str, b: &str) -> bool {
+        matches!(self.relation(a, b), Relation::Same(_))
+    }
 }
 
 /// How much of `fact`'s terms `text` holds (0..=1): which existing memories a conversation
@@ -240,15 +448,18 @@ fn relevance_to(fact: &str, text_terms: &BTreeSet<String>) -> f64 {
     f.intersection(text_terms).count() as f64 / f.len() as f64
 }
 
-/// `memories` ordered by [`relevance`] to `text`, most relevant first (ties by URI). The text
-/// is tokenized once: a transcript is long and the memories many.
-pub fn by_relevance<'a>(memories: &[&'a MemoryState], text: &str) -> Vec<&'a MemoryState> {
+/// `shown` ordered by [`relevance`] to `text`, most relevant first (ties by category and
+/// key). The text is tokenized once: a window of a transcript is long and the memories many.
+pub fn by_relevance<'a>(shown: &[Shown<'a>], text: &str) -> Vec<Shown<'a>> {
     let t = terms(text);
-    let mut scored: Vec<(f64, &MemoryState)> = memories
+    let mut scored: Vec<(f64, Shown<'a>)> = shown
         .iter()
-        .map(|m| (relevance_to(&m.fact, &t), *m))
+        .map(|m| (relevance_to(m.fact, &t), *m))
         .collect();
-    scored.sort_by(|(a, ma), (b, mb)| b.total_cmp(a).then_with(|| ma.uri.cmp(&mb.uri)));
+    scored.sort_by(|(a, ma), (b, mb)| {
+        b.total_cmp(a)
+            .then_with(|| (ma.category, ma.key).cmp(&(mb.category, mb.key)))
+    });
     scored.into_iter().map(|(_, m)| m).collect()
 }
 
@@ -315,8 +526,8 @@ pub struct MergeContext<'a> {
     pub archive: &'a CtxUri,
     /// The time of the commit (valid-from of new memories).
     pub now_ms: i64,
-    /// [`similarity`] at or above which two facts say the same.
-    pub threshold: f64,
+    /// When two facts say the same.
+    pub sameness: Sameness<'a>,
     /// The text of each archived message by id (evidence excerpts).
     pub messages: &'a BTreeMap<String, String>,
 }
@@ -357,20 +568,31 @@ impl Work<'_> {
             .map(|m| m.uri.clone())
     }
 
-    /// The current memory saying most nearly what `fact` says, at or above the threshold,
-    /// other than `except`.
+    /// The current memory saying most nearly what `fact` says, other than `except`.
     fn similar(&self, fact: &str, except: Option<&CtxUri>) -> Option<CtxUri> {
-        let mut best: Option<(f64, &CtxUri)> = None;
+        self.related(fact, except).0
+    }
+
+    /// The current memories (other than `except`) most strongly related to `fact`: the one
+    /// saying the same, and the one it changes.
+    fn related(&self, fact: &str, except: Option<&CtxUri>) -> (Option<CtxUri>, Option<CtxUri>) {
+        let mut same: Option<(f64, &CtxUri)> = None;
+        let mut changed: Option<(f64, &CtxUri)> = None;
         for m in self.current() {
             if Some(&m.uri) == except {
                 continue;
             }
-            let s = similarity(fact, &m.fact);
-            if s >= self.ctx.threshold && best.is_none_or(|(b, _)| s > b) {
-                best = Some((s, &m.uri));
+            let (slot, score) = match self.ctx.sameness.relation(fact, &m.fact) {
+                Relation::Same(x) => (&mut same, x),
+                Relation::Changed(x) => (&mut changed, x),
+                Relation::Unrelated => continue,
+            };
+            if slot.is_none_or(|(b, _)| score > b) {
+                *slot = Some((score, &m.uri));
             }
         }
-        best.map(|(_, u)| u.clone())
+        let uri = |x: Option<(f64, &CtxUri)>| x.map(|(_, u)| u.clone());
+        (uri(same), uri(changed))
     }
 
     /// A URI for a new memory of (`category`, `key`) that no memory has.
@@ -506,7 +728,7 @@ impl Work<'_> {
         );
     }
 
-    fn supersede(&mut self, i: usize, c: &Candidate, old: CtxUri) {
+    fn supersede(&mut self, i: usize, c: &Candidate, old: CtxUri, why: String) {
         let before = self.all[&old].clone();
         let uri = self.fresh_uri(&c.category, &c.key);
         let mut new = self.new_memory(i, c, uri.clone());
@@ -522,10 +744,7 @@ impl Work<'_> {
             uri,
             Some(before),
             Some(new),
-            format!(
-                "{}/{} changed: the old memory is kept, marked superseded",
-                c.category, c.key
-            ),
+            format!("{why}: the old memory is kept, marked superseded"),
         );
     }
 
@@ -554,15 +773,18 @@ impl Work<'_> {
         let slot = self.slot(&c.category, &c.key);
         match slot {
             Some(s) => {
-                let sim = similarity(&c.fact, &self.all[&s].fact);
+                let old = &self.all[&s].fact;
                 // The model's `change` is relative to the memories it was shown: against a
-                // memory this commit wrote, only the similarity decides.
+                // memory this commit wrote, only the term overlap decides. Not the embedding
+                // signal: within a slot a wrong "changed" keeps the old memory as history,
+                // a wrong "same" would overwrite it ("dark theme" / "light theme" embed
+                // alike).
                 let change = c.change.filter(|_| self.before.contains(&s));
                 let same = match change {
                     // A "change" to the very same words is a restatement.
-                    Some(Change::Changed) => sim >= 1.0,
+                    Some(Change::Changed) => similarity(&c.fact, old) >= 1.0,
                     Some(Change::Same) => true,
-                    None => sim >= self.ctx.threshold,
+                    None => self.ctx.sameness.overlap(&c.fact, old).is_some(),
                 };
                 if same {
                     self.update(i, c, s, "restates the memory of its slot");
@@ -571,12 +793,17 @@ impl Work<'_> {
                     // rather than written twice.
                     self.update(i, c, other, "the new fact is held by another memory");
                 } else {
-                    self.supersede(i, c, s);
+                    let why = format!("{}/{} changed", c.category, c.key);
+                    self.supersede(i, c, s, why);
                 }
             }
-            None => match self.similar(&c.fact, None) {
-                Some(m) => self.update(i, c, m, "says what an existing memory says"),
-                None => {
+            None => match self.related(&c.fact, None) {
+                (Some(m), _) => self.update(i, c, m, "says what an existing memory says"),
+                (None, Some(m)) => {
+                    let why = format!("it changes what {m} says");
+                    self.supersede(i, c, m, why);
+                }
+                (None, None) => {
                     let uri = self.fresh_uri(&c.category, &c.key);
                     let new = self.new_memory(i, c, uri.clone());
                     self.write(new.clone());
@@ -616,7 +843,7 @@ pub fn apply_plan(memories: &mut BTreeMap<CtxUri, MemoryState>, plan: &MergePlan
 /// The invariants MM1–MM3 over an owner's memories; the first violation found.
 pub fn check_invariants(
     memories: &BTreeMap<CtxUri, MemoryState>,
-    threshold: f64,
+    sameness: &Sameness<'_>,
     supersedes: &BTreeMap<CtxUri, CtxUri>,
 ) -> Result<(), String> {
     let current: Vec<&MemoryState> = memories.values().filter(|m| m.is_current()).collect();
@@ -625,7 +852,7 @@ pub fn check_invariants(
             if a.category == b.category && a.key == b.key {
                 return Err(format!("MM1: {} and {} share a slot", a.uri, b.uri));
             }
-            if similarity(&a.fact, &b.fact) >= threshold {
+            if sameness.same(&a.fact, &b.fact) {
                 return Err(format!(
                     "MM2: {} ({:?}) and {} ({:?}) say the same",
                     a.uri, a.fact, b.uri, b.fact
@@ -681,7 +908,7 @@ mod tests {
             memories: &mem,
             archive: &arch,
             now_ms: 1000,
-            threshold: DEFAULT_THRESHOLD,
+            sameness: Sameness::terms(DEFAULT_THRESHOLD),
             messages: &msgs,
         };
         let mut all: BTreeMap<CtxUri, MemoryState> = existing
@@ -763,7 +990,7 @@ mod tests {
             .values()
             .filter_map(|m| m.supersedes.clone().map(|s| (m.uri.clone(), s)))
             .collect();
-        check_invariants(&all, DEFAULT_THRESHOLD, &links).expect("invariants");
+        check_invariants(&all, &Sameness::terms(DEFAULT_THRESHOLD), &links).expect("invariants");
     }
 
     #[test]
@@ -875,13 +1102,127 @@ mod tests {
             m("c", "The user lives in Kyoto"),
         );
         let text = "[q1] user: I moved, I live in Kyoto now, not Lyon";
-        let order: Vec<&str> = by_relevance(&[&a, &b, &c], text)
+        let order: Vec<&str> = by_relevance(&[(&a).into(), (&b).into(), (&c).into()], text)
             .iter()
-            .map(|m| m.key.as_str())
+            .map(|m| m.key)
             .collect();
-        // b and c hold every term; ties by URI; a none.
+        // b and c hold every term; ties by slot; a none.
         assert_eq!(order, ["b", "c", "a"]);
         assert!(relevance(&c.fact, text) > relevance(&a.fact, text));
+    }
+
+    #[test]
+    fn names_gate_closeness_and_changed_values_are_told_from_rewordings() {
+        // Names and places: one may add detail, neither may differ.
+        assert!(anchors_agree(
+            "The user's sister Maria lives in Porto.",
+            "Maria, the user's sister, is based in Porto, Portugal."
+        ));
+        assert!(!anchors_agree(
+            "The user's sister Maria lives in Porto.",
+            "The user's sister Ines lives in Porto."
+        ));
+        // A capitalised sentence start the other text uses in lower case is not a name.
+        assert!(anchors_agree(
+            "Restarting the Kofi service solved the outage.",
+            "The outage ended after restarting the Kofi service."
+        ));
+        for (a, b) in [
+            (
+                "The user runs PostgreSQL 16.",
+                "The user runs PostgreSQL 14.",
+            ),
+            ("The user has two children.", "The user has three children."),
+            ("The user is vegetarian.", "The user is not vegetarian."),
+            (
+                "The user prefers dark mode.",
+                "The user prefers light mode.",
+            ),
+        ] {
+            assert!(changes(a, b), "{a} / {b}");
+        }
+        assert!(!changes(
+            "The user prefers dark mode in every editor.",
+            "In all of their editors the user likes to use a dark theme."
+        ));
+    }
+
+    /// The listed pairs of facts embed close (0.9), the others far apart (0.1).
+    struct Close<'a>(&'a [(&'a str, &'a str)]);
+
+    impl SemanticSimilarity for Close<'_> {
+        fn cosine(&self, a: &str, b: &str) -> Option<f64> {
+            let listed = self
+                .0
+                .iter()
+                .any(|(x, y)| (a, b) == (*x, *y) || (a, b) == (*y, *x));
+            Some(if listed { 0.9 } else { 0.1 })
+        }
+    }
+
+    #[test]
+    fn with_the_embedding_signal_a_rewording_updates_a_change_supersedes_a_name_stays_apart() {
+        let mem = u("ctx://a/users/u/memories");
+        let arch = u("ctx://a/users/u/sessions/s/archives/000001");
+        let msgs = BTreeMap::new();
+        let (maria, reworded, ines) = (
+            "The user's sister Maria lives in Porto.",
+            "Maria, the user's sister, is in Porto these days.",
+            "The user's sister Ines lives in Porto.",
+        );
+        let (two, three) = ("The user has two cats.", "The user has three cats.");
+        let pairs = [(maria, reworded), (maria, ines), (two, three)];
+        let close = Close(&pairs);
+        let ctx = MergeContext {
+            memories: &mem,
+            archive: &arch,
+            now_ms: 1000,
+            sameness: Sameness {
+                terms: DEFAULT_THRESHOLD,
+                semantic: Some(Semantic {
+                    similarity: &close,
+                    threshold: 0.7,
+                }),
+            },
+            messages: &msgs,
+        };
+        let c = |key: &str, fact: &str, ev: &str| cand("profile", key, fact, ev, None);
+        let plan = plan_merge(
+            &ctx,
+            Vec::new(),
+            &[
+                c("sister", maria, "q1"),
+                // Reworded under a fresh key: the same fact.
+                c("sister_2", reworded, "q2"),
+                // Another sister, close in embedding: her name differs.
+                c("sister_3", ines, "q3"),
+                // A changed value under a fresh key: supersedes.
+                c("pets", two, "q4"),
+                c("pets_2", three, "q5"),
+            ],
+        );
+        assert_eq!(
+            ops(&plan),
+            [
+                MergeOp::Add,
+                MergeOp::Update,
+                MergeOp::Add,
+                MergeOp::Add,
+                MergeOp::Supersede
+            ]
+        );
+        let mut all = BTreeMap::new();
+        apply_plan(&mut all, &plan);
+        let links = all
+            .values()
+            .filter_map(|m| m.supersedes.clone().map(|s| (m.uri.clone(), s)))
+            .collect();
+        check_invariants(&all, &ctx.sameness, &links).expect("invariants");
+        let two = &all[&u("ctx://a/users/u/memories/profile/pets")];
+        assert_eq!(
+            two.superseded_by,
+            Some(u("ctx://a/users/u/memories/profile/pets_2"))
+        );
     }
 
     #[test]

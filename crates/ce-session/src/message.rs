@@ -121,22 +121,53 @@ pub fn transcript(messages: &[Message]) -> String {
     out
 }
 
-/// The text of each message of a [`transcript`] whose id is one of `ids` (`role: content`),
-/// by id: the evidence excerpts of the memories extracted from it.
+/// The blocks of a [`transcript`] whose messages are `ids` (all of them, in order — a block
+/// ends where the next one's header begins): each message's id and its block,
+/// `[id] role: content`. Blocks are found by their ids' headers in order, so a
+/// message whose content holds a blank line, brackets or an earlier message's header stays
+/// one block (one quoting the header of a later message of the archive is cut there); an id
+/// whose header is missing gets no block.
+pub fn transcript_blocks<'t>(transcript: &'t str, ids: &[String]) -> Vec<(&'t str, &'t str)> {
+    // Where each id's header starts, in order (the first at the start, the others after a
+    // blank line).
+    let mut starts: Vec<(usize, &str)> = Vec::with_capacity(ids.len());
+    let mut from = 0;
+    for id in ids {
+        let header = format!("[{id}] ");
+        let at = if starts.is_empty() && transcript[from..].starts_with(&header) {
+            Some(from)
+        } else {
+            transcript[from..]
+                .find(&format!("\n\n{header}"))
+                .map(|i| from + i + 2)
+        };
+        if let Some(at) = at {
+            starts.push((at, id.as_str()));
+            from = at + header.len();
+        }
+    }
+    let mut out = Vec::with_capacity(starts.len());
+    for (i, (at, id)) in starts.iter().enumerate() {
+        let end = starts
+            .get(i + 1)
+            .map_or(transcript.len(), |(next, _)| next - 2);
+        let id = &transcript[at + 1..at + 1 + id.len()];
+        out.push((id, &transcript[*at..end]));
+    }
+    out
+}
+
+/// The text of each message of a [`transcript`] (`role: content`) by id — `ids` are all its
+/// messages' ids, in order ([`transcript_blocks`]): the evidence excerpts of the memories
+/// extracted from it.
 pub fn transcript_texts(
     transcript: &str,
     ids: &[String],
 ) -> std::collections::BTreeMap<String, String> {
-    let mut out = std::collections::BTreeMap::new();
-    for block in transcript.split("\n\n[") {
-        let block = block.strip_prefix('[').unwrap_or(block);
-        if let Some((id, rest)) = block.split_once("] ")
-            && ids.iter().any(|i| i == id)
-        {
-            out.insert(id.to_owned(), rest.to_owned());
-        }
-    }
-    out
+    transcript_blocks(transcript, ids)
+        .into_iter()
+        .map(|(id, block)| (id.to_owned(), block[id.len() + 3..].to_owned()))
+        .collect()
 }
 
 /// Where an archive is in its commit.
@@ -168,15 +199,52 @@ impl ArchiveState {
     }
 }
 
+/// How far an archive's windowed extraction got, saved on the archive with each window's
+/// candidates (`archive_extraction_progress`): the next run starts at `messages`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct ExtractionProgress {
+    /// Messages, from the archive's first, whose windows are extracted.
+    pub messages: usize,
+    /// Windows extracted.
+    pub windows: u32,
+    /// Chat calls made for them, over all runs.
+    pub calls: u32,
+    /// Tokens read by those calls, as the endpoint reported them.
+    pub tokens_in: u64,
+    /// Tokens written.
+    pub tokens_out: u64,
+    /// Windows left out (beyond `sessions.max_windows`), once the extraction finished.
+    #[serde(default)]
+    pub left_out_windows: u32,
+    /// Their messages.
+    #[serde(default)]
+    pub left_out_messages: u64,
+}
+
+impl ExtractionProgress {
+    /// The progress saved in `meta` (none yet: the default); an unreadable one is an error
+    /// naming what is wrong.
+    pub fn of(meta: &Meta) -> Result<Self, String> {
+        match meta.get(archive_meta::PROGRESS) {
+            None | Some(Value::Null) => Ok(Self::default()),
+            Some(v) => Self::deserialize(v).map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// Where an archive's memory extraction is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExtractionState {
-    /// Not run yet.
+    /// Not run yet, or some of its windows are still to extract ([`ExtractionProgress`]).
     Pending,
     /// No LLM is configured (or `sessions.extraction = "off"`): nothing is extracted.
     Off,
-    /// The model answered; its validated candidates are saved on the archive.
+    /// Every window was extracted (or the rest left out past `sessions.max_windows`, and
+    /// noted): the validated candidates are saved on the archive.
     Extracted,
     /// The candidates were merged into the owner's memories.
     Merged,
@@ -229,6 +297,34 @@ mod tests {
         let texts = transcript_texts(&t, &["q1".into(), "a1".into()]);
         assert_eq!(texts["q1"], "user: I use Helix.");
         assert_eq!(texts["a1"], "assistant: Noted.");
-        assert!(!transcript_texts(&t, &["a1".into()]).contains_key("q1"));
+    }
+
+    #[test]
+    fn blocks_are_cut_at_the_headers_of_the_ids_in_order() {
+        let m = |id: &str, content: &str| Message {
+            id: id.into(),
+            seq: 1,
+            role: Role::User,
+            content: content.into(),
+            time_ms: 0,
+            parts: None,
+        };
+        // Contents with a blank line and brackets, even a quoted header of an earlier message.
+        let t = transcript(&[
+            m("q1", "one\n\n[x] y"),
+            m("q2", "two\n\n[q1] user: quoted"),
+            m("q3", "three [x]"),
+        ]);
+        let ids: Vec<String> = ["q1", "q2", "q3"].map(String::from).to_vec();
+        let blocks = transcript_blocks(&t, &ids);
+        assert_eq!(
+            blocks,
+            [
+                ("q1", "[q1] user: one\n\n[x] y"),
+                ("q2", "[q2] user: two\n\n[q1] user: quoted"),
+                ("q3", "[q3] user: three [x]"),
+            ]
+        );
+        assert_eq!(transcript_texts(&t, &ids)["q3"], "user: three [x]");
     }
 }

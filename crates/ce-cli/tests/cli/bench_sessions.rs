@@ -1,6 +1,6 @@
 //! `ce bench sessions` through the binary at tiny sizes: the JSON has every figure, and the
-//! invariants that can fail hold — no duplicate in cooperative mode, every archived retry
-//! recognised, CE's token accounting equal to what the loopback LLM answered, recall and
+//! invariants that can fail hold — no duplicate in either mode, every planted statement read
+//! by the model (windows), every archived retry recognised, CE's token accounting equal to what the loopback LLM answered, recall and
 //! memory counts consistent with the planted facts — and the temporary stores are removed.
 
 use serde_json::Value;
@@ -62,7 +62,41 @@ fn bench_sessions_reports_consistent_figures_and_cleans_up() {
     assert_eq!(p2["server"]["tokens_in"], p2["ce_accounting"]["tokens_in"]);
     assert_eq!(p2["accounting_matches_server"], true, "{p2}");
     assert_eq!(u(&p2["wall_latency"]["count"]), archives);
-    assert!(u(&p2["statements_sent_to_model"]) <= u(&p2["planted_statements"]));
+    // Windowed extraction: the model reads every planted statement, one call per window.
+    assert_eq!(
+        p2["statements_sent_to_model"], p2["planted_statements"],
+        "{p2}"
+    );
+    let w = &p2["windows"];
+    assert_eq!(u(&w["left_out"]), 0, "{w}");
+    assert_eq!(u(&w["extracted"]), ce_calls, "one call per window: {p2}");
+
+    // The merge rule on measured pairs, with the local model.
+    let sim = &r["similarity"];
+    assert!(
+        sim["model"].as_str().unwrap_or("").starts_with("local:"),
+        "{sim}"
+    );
+    for (set, pairs) in sim["generator"].as_object().expect("sets") {
+        let counted: u64 = pairs["relation"]
+            .as_object()
+            .expect("relations")
+            .values()
+            .map(u)
+            .sum();
+        assert_eq!(counted, u(&pairs["pairs"]), "{set}: {pairs}");
+    }
+    let para = &sim["generator"]["paraphrases"];
+    assert_eq!(
+        u(&para["pairs"]),
+        4 * 3,
+        "three wordings of 4 facts: {para}"
+    );
+    assert!(
+        para["relation"].get("unrelated").is_none(),
+        "every rewording of a planted fact is close to the others: {para}"
+    );
+    assert_eq!(u(&sim["hand_written"]["pairs"]), 31, "{sim}");
 
     for mode in ["cooperative", "paraphrase"] {
         let d = &r["dedup"][mode];
@@ -105,7 +139,11 @@ fn bench_sessions_reports_consistent_figures_and_cleans_up() {
     assert_eq!(u(&coop["mixed_memories"]), 0, "{coop}");
     assert_eq!(u(&coop["missing_facts"]), 0, "{coop}");
     assert!(u(&coop["model"]["keys_reused"]) > 0, "{coop}");
-    assert_eq!(u(&r["dedup"]["paraphrase"]["model"]["keys_reused"]), 0);
+    let para = &r["dedup"]["paraphrase"];
+    assert_eq!(u(&para["model"]["keys_reused"]), 0);
+    // Reworded under fresh keys: caught by the embedding signal.
+    assert_eq!(u(&para["duplicates"]), 0, "{para}");
+    assert_eq!(u(&para["mixed_memories"]), 0, "{para}");
 
     let left = std::fs::read_dir(work.path()).expect("work dir").count();
     assert_eq!(left, 0, "the bench's stores are removed");

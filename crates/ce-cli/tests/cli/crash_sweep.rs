@@ -215,6 +215,10 @@ const COVERED_ELSEWHERE: &[(&str, &str)] = &[
         "session.phase2.before_commit",
         "sessions::a_crash_before_the_merge_transaction_merges_once_on_resume",
     ),
+    (
+        "session.phase2.between_windows",
+        "sessions::a_crash_between_windows_resumes_at_the_next_window_without_asking_again",
+    ),
 ];
 
 #[test]

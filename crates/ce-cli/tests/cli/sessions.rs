@@ -50,41 +50,26 @@ fn llm_config(server: &LoopbackServer, extra: &str) -> String {
     )
 }
 
+/// `ce session add S --role ROLE --id ID --content CONTENT`.
+fn add(ce: &Ce, role: &str, id: &str, content: &str) {
+    ce.ok(&[
+        "session",
+        "add",
+        S,
+        "--role",
+        role,
+        "--id",
+        id,
+        "--content",
+        content,
+    ]);
+}
+
 fn conversation(ce: &Ce) {
     ce.ok(&["session", "new", S, "--title", "trip planning"]);
-    ce.ok(&[
-        "session",
-        "add",
-        S,
-        "--role",
-        "user",
-        "--id",
-        "q1",
-        "--content",
-        "I write all my code in Helix.",
-    ]);
-    ce.ok(&[
-        "session",
-        "add",
-        S,
-        "--role",
-        "assistant",
-        "--id",
-        "a1",
-        "--content",
-        "Noted: Helix.",
-    ]);
-    ce.ok(&[
-        "session",
-        "add",
-        S,
-        "--role",
-        "user",
-        "--id",
-        "q2",
-        "--content",
-        "I live in Lyon and plan a trip to Kyoto.",
-    ]);
+    add(ce, "user", "q1", "I write all my code in Helix.");
+    add(ce, "assistant", "a1", "Noted: Helix.");
+    add(ce, "user", "q2", "I live in Lyon and plan a trip to Kyoto.");
 }
 
 fn memories(ce: &Ce) -> Vec<String> {
@@ -237,22 +222,19 @@ fn a_crash_before_publish_or_inside_phase_1_leaves_no_archive_and_no_job() {
     assert_eq!(c["number"], 1);
 }
 
-/// Kills `ce worker --once` at `point` of Phase 2, then resumes it after the lease: the
-/// merge happens once, from the candidates saved before the crash.
-fn phase2_crash_resumes(point: &str) {
+/// A loopback model answering with `script`, and the count of its calls.
+fn counted(script: fn(&Recorded) -> Reply) -> (LoopbackServer, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = calls.clone();
     let llm = LoopbackServer::start(move |r| {
         seen.fetch_add(1, Ordering::SeqCst);
-        scripted(r)
+        script(r)
     });
-    let ce = Ce::hash(&llm_config(
-        &llm,
-        &format!("{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n"),
-    ));
-    conversation(&ce);
-    let c = ce.json(&["session", "commit", S]);
-    let job = c["job_id"].as_str().expect("job").to_owned();
+    (llm, calls)
+}
+
+/// Runs `ce worker --once`, killed at crash point `point`.
+fn worker_killed_at(ce: &Ce, point: &str) {
     let out = ce
         .command(&["worker", "--once"])
         .env("CE_FAILPOINT", point)
@@ -264,6 +246,26 @@ fn phase2_crash_resumes(point: &str) {
         "{point}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs `ce worker --once` once the lease of a killed runner's job has ended.
+fn worker_after_the_lease(ce: &Ce) {
+    std::thread::sleep(Duration::from_secs(16));
+    ce.ok(&["worker", "--once"]);
+}
+
+/// Kills `ce worker --once` at `point` of Phase 2, then resumes it after the lease: the
+/// merge happens once, from the candidates saved before the crash.
+fn phase2_crash_resumes(point: &str) {
+    let (llm, calls) = counted(scripted);
+    let ce = Ce::hash(&llm_config(
+        &llm,
+        &format!("{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n"),
+    ));
+    conversation(&ce);
+    let c = ce.json(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    worker_killed_at(&ce, point);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(
         memories(&ce).is_empty(),
@@ -273,8 +275,7 @@ fn phase2_crash_resumes(point: &str) {
     assert_eq!(archive["meta"]["archive_extraction"], "extracted");
     assert_eq!(archive["meta"]["archive_state"], "ready");
     // The killed runner's lease ends; the next runner resumes Phase 2 from the archive.
-    std::thread::sleep(Duration::from_secs(16));
-    ce.ok(&["worker", "--once"]);
+    worker_after_the_lease(&ce);
     let j = ce.json(&["jobs", "show", &job]);
     assert_eq!(j["state"], "completed", "{j}");
     assert_eq!(
@@ -295,6 +296,86 @@ fn a_crash_mid_extraction_resumes_from_the_saved_archive_without_duplicates() {
 #[test]
 fn a_crash_before_the_merge_transaction_merges_once_on_resume() {
     phase2_crash_resumes("session.phase2.before_commit");
+}
+
+/// The facts of a three-window conversation: (message id, what the user says, key).
+const WINDOW_FACTS: [(&str, &str, &str); 3] = [
+    ("w1", "I write all my code in Helix.", "editor"),
+    ("w2", "I live in Lyon.", "home_city"),
+    ("w3", "My dog Rex loves tennis balls.", "dog"),
+];
+
+/// Extracts the facts of [`WINDOW_FACTS`] its window states (each under its key).
+fn per_window(r: &Recorded) -> Reply {
+    let input = r.body["messages"][1]["content"].as_str().unwrap_or("");
+    let conv = input
+        .split_once("Conversation:\n")
+        .map_or(input, |(_, c)| c);
+    let memories: Vec<Value> = WINDOW_FACTS
+        .iter()
+        .filter(|(id, says, _)| conv.contains(&format!("[{id}] user: {says}")))
+        .map(|(id, says, key)| {
+            json!({"category": "profile", "key": key, "fact": format!("The user said: {says}"),
+                   "evidence": [id], "confidence": 0.9})
+        })
+        .collect();
+    answer(&json!({ "memories": memories }).to_string())
+}
+
+#[test]
+fn a_crash_between_windows_resumes_at_the_next_window_without_asking_again() {
+    let (llm, calls) = counted(per_window);
+    // 1000 characters of input: each message of ~420 is a window of its own.
+    let ce = Ce::hash(&llm_config(
+        &llm,
+        &format!("max_input_chars = 1000\n{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\n"),
+    ));
+    ce.ok(&["session", "new", S]);
+    let filler = " We went over the release plan and the budget again.".repeat(7);
+    for (id, says, _) in WINDOW_FACTS {
+        add(&ce, "user", id, &format!("{says}{filler}"));
+    }
+    let c = ce.json(&["session", "commit", S]);
+    let job = c["job_id"].as_str().expect("job").to_owned();
+    worker_killed_at(&ce, "session.phase2.between_windows");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "killed after the first window"
+    );
+    let archive = ce.json(&["stat", &format!("{S}/archives/000001")]);
+    let meta = &archive["meta"];
+    assert_eq!(meta["archive_extraction"], "pending", "{meta}");
+    assert_eq!(meta["archive_extraction_progress"]["windows"], 1, "{meta}");
+    assert_eq!(meta["archive_extraction_progress"]["messages"], 1, "{meta}");
+    assert_eq!(meta["archive_candidates"].as_array().map(Vec::len), Some(1));
+    assert!(
+        memories(&ce).is_empty(),
+        "nothing merged before the last window"
+    );
+    // After the lease, the next runner asks for windows 2 and 3 only.
+    worker_after_the_lease(&ce);
+    let j = ce.json(&["jobs", "show", &job]);
+    assert_eq!(j["state"], "completed", "{j}");
+    let windows = &j["progress"]["windows"];
+    assert_eq!(
+        (
+            &windows["total"],
+            &windows["extracted"],
+            &windows["this_run"]
+        ),
+        (&json!(3), &json!(3), &json!(2)),
+        "{j}"
+    );
+    assert_eq!(j["progress"]["calls"], 2, "{j}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "no window asked twice");
+    let mut got = memories(&ce);
+    got.sort();
+    assert_eq!(
+        got,
+        ["dog", "editor", "home_city"]
+            .map(|k| format!("ctx://acme/users/alice/memories/profile/{k}"))
+    );
 }
 
 #[test]

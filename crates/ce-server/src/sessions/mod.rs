@@ -15,6 +15,7 @@
 //! and writes it through the store and the path locks, like every other writer.
 
 mod commit;
+mod extract;
 pub mod phase2;
 
 use ce_core::{Clock as _, ContextNode, CoreError, CtxUri, Meta, SystemClock};
@@ -47,6 +48,9 @@ pub struct Sessions<'a> {
     pub config: &'a ce_core::Config,
     /// Woken after each write, when workers run in this process.
     pub wake: Option<&'a ce_index::worker::runner::Wakeup>,
+    /// The embedder (behind the embedding cache) whose similarity of facts is the merge's
+    /// second signal (docs/sessions.md, "Merge"), or why there is none.
+    pub embedder: std::result::Result<&'a dyn ce_embed::Embedder, &'a str>,
 }
 
 impl Engine {
@@ -57,6 +61,9 @@ impl Engine {
             locks: self.locks(),
             config: self.config(),
             wake: Some(self.wakeup().as_ref()),
+            embedder: self
+                .embedder()
+                .map(|e| e.as_ref() as &dyn ce_embed::Embedder),
         }
     }
 }
@@ -411,18 +418,15 @@ impl Sessions<'_> {
                 Err(StoreError::NodeNotFound { .. }) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let Some(pos) = stat
-                .meta
-                .get(archive_meta::MESSAGE_IDS)
-                .and_then(Value::as_array)
-                .and_then(|ids| ids.iter().position(|v| v.as_str() == Some(id)))
-            else {
+            let ids = phase2::archived_ids(&stat.meta);
+            let Some(pos) = ids.iter().position(|i| i == id) else {
                 continue;
             };
             let Some(node) = self.store.read_node(&uri)? else {
                 continue;
             };
-            let text = transcript_texts(&node.layers.content, &[id.to_owned()])
+            // Every id, in order: a block ends where the next message's begins.
+            let text = transcript_texts(&node.layers.content, &ids)
                 .remove(id)
                 .unwrap_or_default();
             // Phase 1 archives a run of consecutive messages, in order.

@@ -3,39 +3,44 @@
 //!
 //! 1. The archive is read; a missing one (the session was removed) ends the job `gone`, a
 //!    `completed` one ends it at once (a rerun after completion adds nothing).
-//! 2. Extraction — only with an LLM configured (`Config::extraction_off`): one chat call,
-//!    its answer validated against the schema (`ce_session::extract`); the validated
-//!    candidates are **saved on the archive** before anything is merged, so a rerun after a
-//!    crash merges the same candidates instead of asking the model again (model output may
-//!    differ between runs). Without an LLM nothing is extracted and the diff says so.
+//! 2. Extraction — only with an LLM configured (`Config::extraction_off`): one chat call
+//!    per window of the transcript ([`super::extract`]), each answer validated against the
+//!    schema (`ce_session::extract`); each window's candidates are **saved on the archive**
+//!    as it completes, so a rerun after a crash resumes at the next window and merges the
+//!    saved candidates instead of asking the model again (model output may differ between
+//!    runs). Without an LLM nothing is extracted and the diff says so.
 //! 3. The summary: when sessions are derived (`derive` consumer on), the derive consumer
 //!    writes the archive's L0/L1 like any node's; otherwise the configured generator
 //!    summarises it here and the layers are written with the completion.
 //! 4. Under a TREE lock on the owner's memories (so two commits of one owner cannot both
 //!    add the same fact) and an EXACT lock on the archive (so an `rm` of the session cannot
-//!    interleave), the owner's memories are read from the source of truth, the merge
-//!    is planned, and one transaction writes the memories, their `supersedes` links, the
+//!    interleave), the owner's memories are read from the source of truth (their facts and
+//!    the candidates' are embedded through the embedder's cache, first before the locks),
+//!    the merge is planned, and one transaction writes the memories, their `supersedes` links, the
 //!    `memory_diffs/{N}` node and the archive's completion marker: a crash before it leaves
 //!    nothing half-merged; after it, the marker makes a rerun a no-op.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ce_core::{
     Classify as _, Clock as _, ContextNode, CoreError, CtxUri, ErrorCode, Meta, SystemClock,
 };
 use ce_derive::{Budget, DeriveInput, Extractive, Generator as _};
+use ce_embed::{EmbedError, Embedder};
 use ce_llm::{ChatClient, ChatConfig};
 use ce_lock::LockRequest;
 use ce_session::layout::{DIFF_OF, SESSION_COMMIT_JOB, SUPERSEDES, SessionLayout, archive_meta};
-use ce_session::merge::by_relevance;
+use ce_session::merge::{FactVectors, Sameness, Semantic};
 use ce_session::{
-    ArchiveState, Candidate, DiffCounts, ExtractionState, Extractor, MemoryDiff, MemoryState,
-    MergeContext, plan_merge,
+    ArchiveState, Candidate, DiffCounts, ExtractionProgress, ExtractionState, Extractor,
+    MemoryDiff, MemoryState, MergeContext, plan_merge,
 };
 use ce_store::{Job, JobSpec, LinkRequest, PutMode, PutRequest, WriteOp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use super::extract::WindowsReport;
 use super::{Sessions, subtree};
 use crate::engine::Engine;
 use crate::error::{Result, ServerError};
@@ -102,7 +107,7 @@ pub struct Phase2Report {
     pub outcome: Phase2Outcome,
     /// Where extraction is.
     pub extraction: ExtractionState,
-    /// Why extraction is off, when it is.
+    /// Why extraction is off, or what it left out, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// What the merge did.
@@ -110,7 +115,8 @@ pub struct Phase2Report {
     /// The memory diff node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<CtxUri>,
-    /// Chat calls this run made for extraction (0 when it reused saved candidates).
+    /// Chat calls this run made for extraction (0 when it reused saved candidates; windows
+    /// an earlier run saved are not asked again).
     pub calls: u32,
     /// Tokens read by those calls, as the endpoint reported them.
     pub tokens_in: u64,
@@ -118,6 +124,11 @@ pub struct Phase2Report {
     pub tokens_out: u64,
     /// Who wrote the archive's summary: `derive consumer` or a generator identity.
     pub summary: String,
+    /// The extraction's windows (all zero when extraction is off).
+    pub windows: WindowsReport,
+    /// The rule that decided which memories say the same (see [`MemoryDiff::sameness`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sameness: Option<String>,
 }
 
 /// Runs `session-commit` jobs.
@@ -166,7 +177,7 @@ fn rerun_after_a_newer_archive(e: ServerError) -> ServerError {
 }
 
 /// The owner's memories as the source holds them, current and superseded.
-fn owner_memories(s: &Sessions<'_>, layout: &SessionLayout) -> Result<Vec<MemoryState>> {
+pub(super) fn owner_memories(s: &Sessions<'_>, layout: &SessionLayout) -> Result<Vec<MemoryState>> {
     let root = layout.memories();
     Ok(subtree(s, &root)?
         .iter()
@@ -174,7 +185,7 @@ fn owner_memories(s: &Sessions<'_>, layout: &SessionLayout) -> Result<Vec<Memory
         .collect())
 }
 
-fn candidates_of(archive: &ContextNode) -> Result<Vec<Candidate>> {
+pub(super) fn candidates_of(archive: &ContextNode) -> Result<Vec<Candidate>> {
     let raw = archive
         .meta
         .get(archive_meta::CANDIDATES)
@@ -188,10 +199,9 @@ fn candidates_of(archive: &ContextNode) -> Result<Vec<Candidate>> {
     })
 }
 
-fn archived_ids(archive: &ContextNode) -> Vec<String> {
-    archive
-        .meta
-        .get(archive_meta::MESSAGE_IDS)
+/// The ids of an archive's messages, in order, from its meta.
+pub(super) fn archived_ids(meta: &Meta) -> Vec<String> {
+    meta.get(archive_meta::MESSAGE_IDS)
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
@@ -203,7 +213,7 @@ fn archived_ids(archive: &ContextNode) -> Vec<String> {
 }
 
 impl Sessions<'_> {
-    fn extractor(&self) -> Result<Extractor> {
+    pub(super) fn extractor(&self) -> Result<Extractor> {
         let l = &self.config.derive.llm;
         let api_key = std::env::var(&l.api_key_env).ok().filter(|k| !k.is_empty());
         let client = ChatClient::new(ChatConfig {
@@ -222,6 +232,74 @@ impl Sessions<'_> {
             s.extraction_attempts,
             l.max_input_chars,
         ))
+    }
+
+    /// The merge's embedding signal: the embedder and the threshold, or why it is off.
+    fn semantic(&self) -> std::result::Result<(&dyn Embedder, f64), String> {
+        let threshold = self.config.sessions.semantic_threshold;
+        if threshold == 0.0 {
+            return Err("sessions.semantic_threshold = 0".into());
+        }
+        match self.embedder {
+            Ok(e) => Ok((e, threshold)),
+            Err(why) => Err(format!("no embedder: {why}")),
+        }
+    }
+
+    /// The rule the merge applied, as the diff and the report state it.
+    fn sameness_note(
+        &self,
+        semantic: &std::result::Result<(&dyn Embedder, f64), String>,
+    ) -> String {
+        let terms = self.config.sessions.similarity_threshold;
+        match semantic {
+            Ok((e, threshold)) => format!(
+                "term overlap >= {terms} or embedding cosine >= {threshold} ({}), distinctive \
+                 terms agreeing",
+                e.identity()
+            ),
+            Err(why) => format!(
+                "term overlap >= {terms}, distinctive terms agreeing; the embedding signal is \
+                 off: {why}"
+            ),
+        }
+    }
+
+    /// Adds to `vectors` the embeddings of the facts of `memories` (current ones) and of
+    /// `candidates` that it lacks, through the embedder (and its cache), in batches of
+    /// `index.embedding.batch_size`.
+    fn embed_facts(
+        &self,
+        embedder: &dyn Embedder,
+        memories: &[MemoryState],
+        candidates: &[Candidate],
+        vectors: &mut FactVectors,
+    ) -> Result<()> {
+        let texts: BTreeSet<&str> = memories
+            .iter()
+            .filter(|m| m.is_current())
+            .map(|m| m.fact.as_str())
+            .chain(candidates.iter().map(|c| c.fact.as_str()))
+            .filter(|t| !vectors.0.contains_key(*t))
+            .collect();
+        let texts: Vec<&str> = texts.into_iter().collect();
+        let e = &self.config.index.embedding;
+        let timeout = Duration::from_secs(u64::from(e.timeout_seconds));
+        for chunk in texts.chunks(e.batch_size as usize) {
+            let got = embedder.embed_texts(chunk, timeout)?;
+            if got.len() != chunk.len() {
+                return Err(EmbedError::InvalidResponse(format!(
+                    "{} vectors for {} facts",
+                    got.len(),
+                    chunk.len()
+                ))
+                .into());
+            }
+            for (t, v) in chunk.iter().zip(got) {
+                vectors.0.insert((*t).to_owned(), v);
+            }
+        }
+        Ok(())
     }
 
     /// The archive's L0/L1 written by Phase 2 itself when sessions are not derived; `None`
@@ -283,6 +361,8 @@ impl Sessions<'_> {
             tokens_in: 0,
             tokens_out: 0,
             summary: String::new(),
+            windows: WindowsReport::default(),
+            sameness: None,
         };
         let Some(mut archive) = self.store.read_node(&archive_uri)? else {
             return Ok(report);
@@ -307,58 +387,39 @@ impl Sessions<'_> {
         }
         ctx.checkpoint()?;
 
-        // Extraction, saved before the merge.
+        // Extraction, saved window by window before the merge.
         let off = self.config.extraction_off();
-        let (extraction, candidates) = match (ExtractionState::of(&archive.meta), &off) {
+        let (extraction, candidates, partial) = match (ExtractionState::of(&archive.meta), &off) {
             (ExtractionState::Extracted, _) => {
-                (ExtractionState::Extracted, candidates_of(&archive)?)
+                let p = ExtractionProgress::of(&archive.meta).unwrap_or_default();
+                report.windows = WindowsReport {
+                    total: p.windows + p.left_out_windows,
+                    extracted: p.windows,
+                    this_run: 0,
+                    left_out: p.left_out_windows,
+                    left_out_messages: p.left_out_messages,
+                };
+                let note = archive
+                    .meta
+                    .get(archive_meta::EXTRACTION_NOTE)
+                    .and_then(Value::as_str)
+                    .filter(|_| p.left_out_windows > 0)
+                    .map(str::to_owned);
+                (ExtractionState::Extracted, candidates_of(&archive)?, note)
             }
             (_, Some(why)) => {
                 report.note = Some(why.clone());
-                (ExtractionState::Off, Vec::new())
+                (ExtractionState::Off, Vec::new(), None)
             }
             (_, None) => {
-                let existing = owner_memories(self, layout)?;
-                let current: Vec<&MemoryState> =
-                    existing.iter().filter(|m| m.is_current()).collect();
-                let text = &archive.layers.content;
-                // The transcript is tokenized once (it used to be per comparison: seconds
-                // per 1,000-message archive, growing with the memories).
-                let current = by_relevance(&current, text);
-                let x = self
-                    .extractor()?
-                    .extract(text, &archived_ids(&archive), &current)?;
-                report.calls = x.calls;
-                report.tokens_in = x.tokens_in;
-                report.tokens_out = x.tokens_out;
-                let mut meta = Meta::new();
-                meta.insert(
-                    archive_meta::EXTRACTION.into(),
-                    ExtractionState::Extracted.as_str().into(),
-                );
-                meta.insert(
-                    archive_meta::CANDIDATES.into(),
-                    serde_json::to_value(&x.candidates)
-                        .map_err(|e| ServerError::Internal(format!("encoding candidates: {e}")))?,
-                );
-                meta.insert(
-                    archive_meta::EXTRACTION_NOTE.into(),
-                    format!("{} ({} call(s))", x.model, x.calls).into(),
-                );
-                let out = self.store.put(
-                    &archive_uri,
-                    PutRequest {
-                        mode: PutMode::Merge,
-                        meta,
-                        expect_version: Some(archive.version),
-                        ..PutRequest::default()
-                    },
-                )?;
-                archive.version = out.version;
+                let x = self.extract_windows(layout, &mut archive, ctx, &mut report)?;
                 ce_core::failpoint::hit("session.phase2.after_extract");
-                (ExtractionState::Extracted, x.candidates)
+                (ExtractionState::Extracted, x.candidates, x.note)
             }
         };
+        if partial.is_some() {
+            report.note.clone_from(&partial);
+        }
         ctx.checkpoint()?;
         let (summary, summary_by) = self.summarise(&archive)?;
         report.summary = summary_by.clone();
@@ -374,7 +435,21 @@ impl Sessions<'_> {
         ];
         let now = SystemClock.now_ms();
         let messages =
-            ce_session::transcript_texts(&archive.layers.content, &archived_ids(&archive));
+            ce_session::transcript_texts(&archive.layers.content, &archived_ids(&archive.meta));
+        // The facts are embedded before the locks are taken (through the embedding cache, so
+        // under the locks only memories written meanwhile are new to it).
+        let semantic = self.semantic();
+        let mut vectors = FactVectors::default();
+        if let Ok((e, _)) = &semantic
+            && !candidates.is_empty()
+        {
+            self.embed_facts(
+                *e,
+                &owner_memories(self, layout)?,
+                &candidates,
+                &mut vectors,
+            )?;
+        }
         let (diff, outcome) = self.guarded().with_locks(&lock, |fences| {
             let Some(current_archive) = self.store.read_node(&archive_uri)? else {
                 return Ok((None, Phase2Outcome::Gone));
@@ -383,14 +458,26 @@ impl Sessions<'_> {
                 return Ok((None, Phase2Outcome::AlreadyCompleted));
             }
             let memories = layout.memories();
+            let existing = owner_memories(self, layout)?;
+            if let Ok((e, _)) = &semantic
+                && !candidates.is_empty()
+            {
+                self.embed_facts(*e, &existing, &candidates, &mut vectors)?;
+            }
             let mctx = MergeContext {
                 memories: &memories,
                 archive: &archive_uri,
                 now_ms: now,
-                threshold: self.config.sessions.similarity_threshold,
+                sameness: Sameness {
+                    terms: self.config.sessions.similarity_threshold,
+                    semantic: semantic.as_ref().ok().map(|(_, threshold)| Semantic {
+                        similarity: &vectors,
+                        threshold: *threshold,
+                    }),
+                },
                 messages: &messages,
             };
-            let plan = plan_merge(&mctx, owner_memories(self, layout)?, &candidates);
+            let plan = plan_merge(&mctx, existing, &candidates);
             let mut ops = Vec::new();
             for m in plan.writes.values() {
                 ops.push(WriteOp::Put {
@@ -421,7 +508,7 @@ impl Sessions<'_> {
                     });
                 }
             }
-            let diff = MemoryDiff::new(
+            let mut diff = MemoryDiff::new(
                 layout.session().as_str(),
                 archive_uri.as_str(),
                 if extraction == ExtractionState::Off {
@@ -429,11 +516,14 @@ impl Sessions<'_> {
                 } else {
                     ExtractionState::Merged
                 },
-                off.clone(),
+                off.clone().or_else(|| partial.clone()),
                 (extraction != ExtractionState::Off).then(|| self.config.derive.llm.model.clone()),
                 plan.entries,
                 now,
             );
+            if extraction != ExtractionState::Off {
+                diff.sameness = Some(self.sameness_note(&semantic));
+            }
             let diff_uri = layout.diff(n);
             let mut dmeta = Meta::new();
             dmeta.insert("memory_diff".into(), true.into());
@@ -500,6 +590,7 @@ impl Sessions<'_> {
         self.woke();
         report.outcome = outcome;
         if let Some(d) = diff {
+            report.sameness = d.sameness;
             report.extraction = d.extraction;
             report.counts = d.counts;
             report.diff = Some(layout.diff(n));

@@ -28,17 +28,7 @@ const SESSION: &str = "ctx://acme/users/alice/sessions/s1";
 const MEMORIES: &str = "ctx://acme/users/alice/memories";
 
 fn answer(content: &str) -> Reply {
-    Reply::json(
-        200,
-        &json!({
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "model": "scripted",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
-        }),
-    )
+    Reply::chat_completion("scripted", content, 100, 20)
 }
 
 /// The conversation part of an extraction request.
@@ -105,6 +95,17 @@ struct T {
 }
 
 fn open(backend: Backend, llm: Option<&LoopbackServer>, extra: &str) -> T {
+    open_tuned(backend, llm, extra, |_| {})
+}
+
+/// [`open`] with the configuration adjusted by `tune` (keys of `[derive.llm]`, which
+/// [`config`] writes itself).
+fn open_tuned(
+    backend: Backend,
+    llm: Option<&LoopbackServer>,
+    extra: &str,
+    tune: impl FnOnce(&mut Config),
+) -> T {
     let place = backend.place();
     let dir = tempfile::tempdir().expect("tmp");
     let data = match &place {
@@ -117,8 +118,9 @@ fn open(backend: Backend, llm: Option<&LoopbackServer>, extra: &str) -> T {
         role: "test".into(),
         consumers: Vec::new(),
     };
-    let engine =
-        Arc::new(Engine::open_with(&data, config(&place, llm, extra), options).expect("engine"));
+    let mut config = config(&place, llm, extra);
+    tune(&mut config);
+    let engine = Arc::new(Engine::open_with(&data, config, options).expect("engine"));
     T {
         _dir: dir,
         _place: place,
@@ -579,6 +581,206 @@ fn a_retried_append_of_an_archived_message_is_recognised(backend: Backend) {
     }
 }
 
+/// The facts of the long conversation: (message id, what the user says, category, key, fact).
+const LONG_FACTS: [(&str, &str, &str, &str, &str); 3] = [
+    (
+        "u1",
+        "My sister Maria lives in Porto.",
+        "profile",
+        "sister",
+        "The user's sister Maria lives in Porto",
+    ),
+    (
+        "u2",
+        "I deploy the billing service on Fridays.",
+        "patterns",
+        "deploy_day",
+        "The user deploys the billing service on Fridays",
+    ),
+    (
+        "u3",
+        "Maria is still in Porto, she loves it.",
+        "profile",
+        "sister",
+        "The user's sister Maria lives in Porto",
+    ),
+];
+
+/// A conversation of 6 messages of about 420 characters: under `max_input_chars = 1000`
+/// each is a window of its own (`window_chars(1000)` is 575).
+fn long_conversation(t: &T) {
+    t.engine.sessions().create(&u(SESSION), None).expect("new");
+    let filler = "We talked about the weather and the release plans for a while. ".repeat(6);
+    for (i, (id, says, ..)) in LONG_FACTS.iter().enumerate() {
+        t.add(id, Role::User, &format!("{says} {filler}"));
+        t.add(
+            &format!("a{}", i + 1),
+            Role::Assistant,
+            &format!("Noted. {filler}"),
+        );
+    }
+}
+
+/// A model that extracts the facts of [`LONG_FACTS`] its window states, reusing the key of
+/// a listed memory (as the prompt asks); it records what each call was shown.
+fn windowed(r: &Recorded) -> Reply {
+    let text = conversation(r);
+    let (shown, conv) = text.split_once("Conversation:\n").unwrap_or(("", &text));
+    let mut memories = Vec::new();
+    for (id, says, category, key, fact) in LONG_FACTS {
+        if !conv.contains(&format!("[{id}] user: {says}")) {
+            continue;
+        }
+        let mut m = json!({"category": category, "key": key, "fact": fact,
+                           "evidence": [id], "confidence": 0.9});
+        if shown.contains(&format!("- {category}/{key}: ")) {
+            m["change"] = json!("same");
+        }
+        memories.push(m);
+    }
+    answer(&json!({ "memories": memories }).to_string())
+}
+
+fn small_windows(c: &mut Config) {
+    c.derive.llm.max_input_chars = 1000;
+}
+
+fn a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones(backend: Backend) {
+    let llm = LoopbackServer::start(windowed);
+    let t = open_tuned(backend, Some(&llm), "", small_windows);
+    long_conversation(&t);
+    let r = t.commit();
+    assert_eq!(r.outcome, Phase2Outcome::Completed);
+    assert_eq!(
+        (
+            r.windows.total,
+            r.windows.extracted,
+            r.windows.this_run,
+            r.windows.left_out
+        ),
+        (6, 6, 6, 0),
+        "{r:?}"
+    );
+    assert_eq!(r.calls, 6, "one call per window");
+    assert_eq!(
+        (r.tokens_in, r.tokens_out),
+        (600, 120),
+        "every call's usage"
+    );
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 6);
+    for (k, req) in requests.iter().enumerate() {
+        let input = conversation(req);
+        assert!(
+            input.contains(&format!("This is part {} of 6", k + 1)),
+            "{input}"
+        );
+        assert!(
+            input.chars().count() <= 1000,
+            "within the input limit: {input}"
+        );
+    }
+    // The window restating the sister (u3, the 5th) was shown the candidate of the 1st.
+    let fifth = conversation(&requests[4]);
+    assert!(
+        fifth.contains("- profile/sister: The user's sister Maria lives in Porto"),
+        "{fifth}"
+    );
+    // One memory per fact; the restatement's evidence joined the first.
+    let m = t.memories();
+    let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            format!("{MEMORIES}/patterns/deploy_day"),
+            format!("{MEMORIES}/profile/sister")
+        ]
+    );
+    let sister = &m[&format!("{MEMORIES}/profile/sister")];
+    let sources: Vec<&str> = sister.meta[memory_meta::SOURCE_MESSAGES]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let archive = format!("{SESSION}/archives/000001");
+    assert_eq!(sources, [format!("{archive}#u1"), format!("{archive}#u3")]);
+    let saved = t.node(&archive);
+    assert_eq!(saved.meta[archive_meta::PROGRESS]["windows"], 6);
+    assert_eq!(saved.meta[archive_meta::PROGRESS]["messages"], 6);
+}
+
+fn windows_beyond_the_cap_are_left_out_and_said_so(backend: Backend) {
+    let llm = LoopbackServer::start(windowed);
+    let t = open_tuned(
+        backend,
+        Some(&llm),
+        "[sessions]\nmax_windows = 2\n",
+        small_windows,
+    );
+    long_conversation(&t);
+    let r = t.commit();
+    assert_eq!(
+        (
+            r.windows.total,
+            r.windows.extracted,
+            r.windows.left_out,
+            r.windows.left_out_messages
+        ),
+        (6, 2, 4, 4),
+        "{r:?}"
+    );
+    assert_eq!(llm.requests().len(), 2, "sessions.max_windows = 2 calls");
+    let note = r.note.clone().unwrap_or_default();
+    assert!(
+        note.contains("the 4 messages from u2 on were left out")
+            && note.contains("sessions.max_windows = 2"),
+        "{note}"
+    );
+    let diff = t.node(&format!("{SESSION}/memory_diffs/000001"));
+    assert!(
+        diff.layers.abstract_text.contains("Extraction was partial")
+            && diff.layers.abstract_text.contains("left out"),
+        "{}",
+        diff.layers.abstract_text
+    );
+    let archive = t.node(&format!("{SESSION}/archives/000001"));
+    let anote = archive.meta[archive_meta::EXTRACTION_NOTE]
+        .as_str()
+        .unwrap_or("");
+    assert!(anote.contains("left out"), "{anote}");
+    // Only the first window's fact.
+    let keys: Vec<String> = t.memories().into_keys().collect();
+    assert_eq!(keys, [format!("{MEMORIES}/profile/sister")]);
+}
+
+fn a_write_to_the_archive_between_windows_loses_no_window(backend: Backend) {
+    // The derive consumer writes an archive's L0 / L1 while Phase 2 runs, which moves its
+    // version under the saves of the windows: the save is repeated on the new version, so
+    // the job completes in one run and no window is asked twice.
+    let engine: Arc<std::sync::OnceLock<Arc<Engine>>> = Arc::new(std::sync::OnceLock::new());
+    let e2 = engine.clone();
+    let llm = LoopbackServer::start(move |r| {
+        if let Some(e) = e2.get() {
+            e.put(
+                &u(&format!("{SESSION}/archives/000001")),
+                ce_store::PutRequest {
+                    mode: ce_store::PutMode::Merge,
+                    abstract_text: Some(format!("summary {}", conversation(r).len())),
+                    ..ce_store::PutRequest::default()
+                },
+            )
+            .expect("a concurrent write");
+        }
+        windowed(r)
+    });
+    let t = open_tuned(backend, Some(&llm), "", small_windows);
+    let _ = engine.set(t.engine.clone());
+    long_conversation(&t);
+    let r = t.commit();
+    assert_eq!((r.windows.extracted, r.calls), (6, 6), "{r:?}");
+    assert_eq!(llm.requests().len(), 6, "no window asked twice");
+    assert_eq!(t.memories().len(), 2);
+}
+
 backend_tests!(
     a_scripted_conversation_yields_its_memories_and_diff,
     a_restated_fact_updates_and_a_contradiction_supersedes,
@@ -589,4 +791,7 @@ backend_tests!(
     appends_are_idempotent_per_id_and_commits_keep_the_last_messages,
     search_ranks_a_superseded_memory_after_its_successor,
     a_retried_append_of_an_archived_message_is_recognised,
+    a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones,
+    windows_beyond_the_cap_are_left_out_and_said_so,
+    a_write_to_the_archive_between_windows_loses_no_window,
 );

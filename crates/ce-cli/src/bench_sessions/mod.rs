@@ -8,21 +8,25 @@
 //! scripted: it reads the conversation it is sent and extracts the facts the benchmark
 //! planted there, as a model following the prompt would.
 //!
+//! 0. `similarity`: the merge's "says the same" on measured pairs of facts with the local
+//!    model — paraphrases of one planted fact, two facts of one template, hand-written
+//!    real-world pairs ([`similarity`]; `--only-similarity` stops after it).
 //! 1. `append`: `--sessions` sessions get `--messages` messages each, appended round-robin
 //!    (user and assistant turns of varied text, 40–1500 characters): messages/s and latency.
 //! 2. `phase1`: each of those sessions is committed (Phase 1 alone, timed): latency at
 //!    `--messages` messages per session.
 //! 3. `phase2`: each archive's `session-commit` job runs at once after its commit (timed):
 //!    chat calls and tokens as the loopback server recorded them and as CE accounted them,
-//!    and how many of the facts planted in the archive the model was shown (the transcript
-//!    sent is cut at `derive.llm.max_input_chars`).
+//!    the windows each archive was cut into (`derive.llm.max_input_chars` per call), and how
+//!    many of the facts planted in the archive the model was shown.
 //! 4. `dedup`: in a fresh directory per mode, `--facts` facts are planted across
 //!    `--fact-sessions` sessions, each fact stated in `--mentions` of them (so extracted that
 //!    many times), every session committed and its Phase 2 run in turn; then the indexes
 //!    drain and every fact is searched for with a query naming it. `cooperative`: the model
 //!    reuses the key of a matching memory when the prompt shows it one (as the prompt asks);
-//!    `paraphrase`: it invents a fresh key and rewords the fact each time, so only CE's merge
-//!    rule can catch the duplicate. Reported: memories stating a planted fact more than once
+//!    `paraphrase`: it invents a fresh key and rewords the fact each time (another of its
+//!    three wordings), so only CE's merge rule — term overlap, and the facts' embeddings
+//!    gated on their distinctive terms — can catch the duplicate. Reported: memories stating a planted fact more than once
 //!    (target 0), memories mixing two facts, and recall (the fact's memory in the top 5).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,6 +46,8 @@ use ce_store::JobState;
 use serde_json::{Value, json};
 
 use crate::bench::{BenchDir, latency_summary, load_average, machine, rate, round};
+
+mod similarity;
 
 /// Options of `ce bench sessions`.
 #[derive(Debug, clap::Args)]
@@ -68,6 +74,10 @@ pub struct BenchSessionsArgs {
     /// Keep the data directories afterwards
     #[arg(long)]
     pub keep: bool,
+    /// Print only the `similarity` section (the merge rule on measured pairs of facts, with
+    /// the local model) and stop: seconds instead of minutes
+    #[arg(long)]
+    pub only_similarity: bool,
 }
 
 /// The most facts the generator can plant (distinct template and name pairs).
@@ -86,6 +96,16 @@ struct Template {
     query: &'static str,
     things: &'static [&'static str],
 }
+
+const WEEKDAYS: &[&str] = &[
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
 
 const TEMPLATES: [Template; 8] = [
     Template {
@@ -186,15 +206,7 @@ const TEMPLATES: [Template; 8] = [
             "{n} and the user review pull requests each {t}.",
         ],
         query: "when does the user review pull requests with {n}",
-        things: &[
-            "Monday",
-            "Tuesday",
-            "Wednesday",
-            "Thursday",
-            "Friday",
-            "Saturday",
-            "Sunday",
-        ],
+        things: WEEKDAYS,
     },
     Template {
         category: "cases",
@@ -218,15 +230,7 @@ const TEMPLATES: [Template; 8] = [
             "{n} goes to production on {t} mornings, deployed by the user.",
         ],
         query: "when does the user deploy {n} to production",
-        things: &[
-            "Monday",
-            "Tuesday",
-            "Wednesday",
-            "Thursday",
-            "Friday",
-            "Saturday",
-            "Sunday",
-        ],
+        things: WEEKDAYS,
     },
 ];
 
@@ -571,6 +575,16 @@ pub fn run_sessions(args: &BenchSessionsArgs) -> anyhow::Result<Value> {
     let started = Instant::now();
     let load_at_start = load_average();
     let work_dir = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let similarity = run_similarity(args, &work_dir)?;
+    if args.only_similarity {
+        return Ok(json!({
+            "benchmark": "sessions",
+            "machine": machine(),
+            "load_average": { "start": load_at_start, "end": load_average() },
+            "similarity": similarity,
+            "total_seconds": round(started.elapsed().as_secs_f64(), 3),
+        }));
+    }
     let (append, phase1, phase2) = run_load(args, &work_dir)?;
     let cooperative = run_dedup(args, &work_dir, Mode::Cooperative)?;
     let paraphrase = run_dedup(args, &work_dir, Mode::Paraphrase)?;
@@ -600,6 +614,7 @@ pub fn run_sessions(args: &BenchSessionsArgs) -> anyhow::Result<Value> {
             "embedder": "local (default model)",
             "llm": "loopback chat-completions server, scripted answers",
         },
+        "similarity": similarity,
         "append": append,
         "phase1": phase1,
         "phase2": phase2,
@@ -607,6 +622,20 @@ pub fn run_sessions(args: &BenchSessionsArgs) -> anyhow::Result<Value> {
         "targets": targets,
         "total_seconds": round(started.elapsed().as_secs_f64(), 3),
     }))
+}
+
+/// Step 0: the merge rule on measured pairs of facts ([`similarity`]).
+fn run_similarity(args: &BenchSessionsArgs, work_dir: &std::path::Path) -> anyhow::Result<Value> {
+    eprintln!("bench sessions: the merge rule on measured pairs of facts");
+    let config = Config::default();
+    let dir = BenchDir::create(work_dir, args.keep)?;
+    let embedder = ce_embed::build_cached(&config.index.embedding, &dir.path)?;
+    similarity::calibrate(
+        embedder.as_ref(),
+        args.facts,
+        config.sessions.similarity_threshold,
+        config.sessions.semantic_threshold,
+    )
 }
 
 /// Steps 1–3: appends, then a commit and its Phase 2 per session.
@@ -751,6 +780,16 @@ fn run_load(
             "calls": round(ce_calls as f64 / archives as f64, 2),
             "tokens_in": round(ce_in as f64 / archives as f64, 1),
             "tokens_out": round(ce_out as f64 / archives as f64, 1),
+        },
+        "windows": {
+            "per_archive": round(
+                reports.iter().map(|(r, _)| f64::from(r.windows.total)).sum::<f64>()
+                    / archives as f64,
+                2,
+            ),
+            "extracted": reports.iter().map(|(r, _)| u64::from(r.windows.extracted)).sum::<u64>(),
+            "left_out": reports.iter().map(|(r, _)| u64::from(r.windows.left_out)).sum::<u64>(),
+            "max_windows": engine.config().sessions.max_windows,
         },
         "planted_statements": planted.iter().sum::<u64>(),
         "statements_sent_to_model": seen,
