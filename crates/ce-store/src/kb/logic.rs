@@ -113,6 +113,22 @@ pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
             Some(i) => Err(stale(&base, &item, Some(i.status))),
             None => Err(stale(&base, &item, None)),
         },
+        KbOp::SetFingerprint {
+            base,
+            item,
+            fingerprint,
+        } => {
+            let mut i = tx
+                .kb_item(&base, &item)?
+                .ok_or_else(|| stale(&base, &item, None))?;
+            let changed = i.fingerprint != fingerprint;
+            if changed {
+                i.fingerprint = fingerprint;
+                i.updated_at_ms = now;
+                tx.kb_update_item(&i)?;
+            }
+            Ok(changed)
+        }
         KbOp::SetStatus {
             base,
             item,
@@ -234,6 +250,14 @@ macro_rules! impl_kb_store {
                 self.read_kb(|tx| tx.kb_items(base))
             }
 
+            fn kb_children(
+                &self,
+                base: &str,
+                parent: &str,
+            ) -> $crate::Result<Vec<$crate::kb::KbItem>> {
+                self.read_kb(|tx| tx.kb_children(base, parent))
+            }
+
             fn kb_items_in(
                 &self,
                 status: $crate::kb::ItemStatus,
@@ -244,12 +268,17 @@ macro_rules! impl_kb_store {
             fn kb_deleting_roots(&self) -> $crate::Result<Vec<$crate::kb::KbItem>> {
                 self.read_kb(|tx| {
                     let all = tx.kb_in_status($crate::kb::ItemStatus::Deleting)?;
+                    // Linear: a deleted directory of 10,000 files is 10,000 deleting items.
+                    let deleting: std::collections::HashSet<(&str, &str)> = all
+                        .iter()
+                        .map(|i| (i.base.as_str(), i.id.as_str()))
+                        .collect();
                     Ok(all
                         .iter()
                         .filter(|i| {
                             !i.parent_id
-                                .as_ref()
-                                .is_some_and(|p| all.iter().any(|o| &o.id == p && o.base == i.base))
+                                .as_deref()
+                                .is_some_and(|p| deleting.contains(&(i.base.as_str(), p)))
                         })
                         .cloned()
                         .collect())
@@ -283,6 +312,7 @@ mod tests {
             status: ItemStatus::Completed,
             error: None,
             through_seq: None,
+            fingerprint: None,
             created_at_ms: 0,
             updated_at_ms: 0,
         }
