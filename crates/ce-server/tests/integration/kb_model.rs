@@ -1,7 +1,8 @@
 //! A model-based property test of the ingestion workflow's state machine, on both backends:
 //! random sequences of add (good files, corrupt files, notes, directories), one round of
 //! work (claim the due jobs, drain the outbox, settle), delete, reindex, a re-sync (the same
-//! input added again: unchanged files skipped by their fingerprints), a job lost (cancelled
+//! input added again: unchanged files skipped by their fingerprints), time passing (files
+//! older than the racy window, so that their fingerprints count), a job lost (cancelled
 //! — as a dead job or a crash that never acknowledges), a file gone from its source, and a
 //! restart (engine reopened, recovery scan). After every step:
 //!
@@ -47,6 +48,8 @@ enum Op {
     Reindex(usize),
     /// Adds the input of the visible top-level item at this index (modulo) again.
     Resync(usize),
+    /// Waits out the racy window: every file written so far gets (and keeps) a fingerprint.
+    Age,
     /// Cancels the live job at this index (modulo).
     LoseJob(usize),
     /// Removes the source file of the file item at this index (modulo).
@@ -64,6 +67,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Delete),
         2 => any::<usize>().prop_map(Op::Reindex),
         2 => any::<usize>().prop_map(Op::Resync),
+        1 => Just(Op::Age),
         1 => any::<usize>().prop_map(Op::LoseJob),
         1 => any::<usize>().prop_map(Op::RemoveSource),
         1 => Just(Op::Restart),
@@ -312,6 +316,9 @@ fn step(w: &mut World, op: &Op) -> Result<(), TestCaseError> {
                 );
             }
         }
+        Op::Age => std::thread::sleep(
+            ce_server::kb::fingerprint::RACY_WINDOW + std::time::Duration::from_millis(100),
+        ),
         Op::LoseJob(i) => {
             let live: Vec<_> = [JobState::Pending, JobState::Failed]
                 .into_iter()
