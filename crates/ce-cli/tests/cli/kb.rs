@@ -341,6 +341,14 @@ fn over_the_server_notes_are_indexed_and_local_paths_need_an_allowed_root() {
     let (code, _, err) = run(&["kb", "add", "notes", dir.path().to_str().expect("utf-8")]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("allowed_paths"), "{err}");
+    // Removing the base is followed to its end, though the base is gone by then.
+    let (code, out, err) = run(&["kb", "rm", "notes"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let gone: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(gone["progress"]["finished"], true, "{gone}");
+    assert_eq!(gone["progress"]["jobs_open"], 0, "{gone}");
+    let (code, _, err) = run(&["kb", "status", "notes"]);
+    assert_eq!(code, Some(3), "{err}");
 }
 
 #[test]
