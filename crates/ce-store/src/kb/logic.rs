@@ -46,6 +46,27 @@ pub(crate) fn subtree(tx: &mut dyn KbTx, base: &str, root: &str) -> Result<Vec<K
     Ok(out)
 }
 
+/// The item an op changes; a missing one is stale.
+fn existing(tx: &mut dyn KbTx, base: &str, item: &str) -> Result<KbItem> {
+    tx.kb_item(base, item)?
+        .ok_or_else(|| stale(base, item, None))
+}
+
+/// Writes `next` (stamped `now`) over `old` when it differs; whether it did.
+fn write_if_changed(
+    tx: &mut dyn KbTx,
+    old: &KbItem,
+    mut next: KbItem,
+    now: Millis,
+) -> Result<bool> {
+    if next == *old {
+        return Ok(false);
+    }
+    next.updated_at_ms = now;
+    tx.kb_update_item(&next)?;
+    Ok(true)
+}
+
 /// Applies one op at `now`; returns whether it changed anything.
 pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
     match op {
@@ -118,16 +139,12 @@ pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
             item,
             fingerprint,
         } => {
-            let mut i = tx
-                .kb_item(&base, &item)?
-                .ok_or_else(|| stale(&base, &item, None))?;
-            let changed = i.fingerprint != fingerprint;
-            if changed {
-                i.fingerprint = fingerprint;
-                i.updated_at_ms = now;
-                tx.kb_update_item(&i)?;
-            }
-            Ok(changed)
+            let i = existing(tx, &base, &item)?;
+            let next = KbItem {
+                fingerprint,
+                ..i.clone()
+            };
+            write_if_changed(tx, &i, next, now)
         }
         KbOp::SetStatus {
             base,
@@ -135,23 +152,19 @@ pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
             status,
             error,
         } => {
-            let mut i = tx
-                .kb_item(&base, &item)?
-                .ok_or_else(|| stale(&base, &item, None))?;
+            let i = existing(tx, &base, &item)?;
             let through_seq = if status == ItemStatus::Embedding {
                 Some(tx.kb_max_seq()?)
             } else {
                 i.through_seq
             };
-            let changed = i.status != status || i.error != error || i.through_seq != through_seq;
-            if changed {
-                i.status = status;
-                i.error = error;
-                i.through_seq = through_seq;
-                i.updated_at_ms = now;
-                tx.kb_update_item(&i)?;
-            }
-            Ok(changed)
+            let next = KbItem {
+                status,
+                error,
+                through_seq,
+                ..i.clone()
+            };
+            write_if_changed(tx, &i, next, now)
         }
         KbOp::MarkDeleting { base, root } => {
             let mut changed = false;
