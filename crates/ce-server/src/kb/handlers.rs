@@ -350,7 +350,7 @@ fn unchanged(item: &KbItem, stat: Option<&FileStat>, reading: &Reading, node_exi
 
 /// The statuses of work under way: a guard refusing them keeps a change to an item that
 /// was terminal when read from racing with work started on it meanwhile.
-fn not_terminal() -> Vec<ItemStatus> {
+pub(super) fn not_terminal() -> Vec<ItemStatus> {
     ItemStatus::ALL
         .into_iter()
         .filter(|s| !s.is_terminal())

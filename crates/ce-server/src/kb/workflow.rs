@@ -30,7 +30,7 @@ use ce_store::{
 };
 use tracing::{info, warn};
 
-use super::handlers::{guard, set_status};
+use super::handlers::{guard, not_terminal, set_status};
 use super::nodes::segment_for;
 use super::source::{MAX_NOTE_BYTES, check_url, url_file_name, url_host};
 use super::{
@@ -598,19 +598,9 @@ impl Engine {
 /// transaction — and the `kb-reindex-subtree` job (`reread`: every file read again, else
 /// unchanged ones are skipped).
 fn reindex_ops(base: &str, all: &[KbItem], root: &str, reread: bool) -> Vec<WriteOp> {
-    let not_terminal: Vec<ItemStatus> = ItemStatus::ALL
-        .into_iter()
-        .filter(|s| !s.is_terminal())
-        .collect();
     let mut ops: Vec<WriteOp> = subtree_of(all, root)
         .iter()
-        .map(|i| {
-            WriteOp::Kb(KbOp::Guard {
-                base: base.to_owned(),
-                item: i.id.clone(),
-                refuse: not_terminal.clone(),
-            })
-        })
+        .map(|i| guard(i, not_terminal()))
         .collect();
     ops.push(WriteOp::Enqueue(
         KbJob {
