@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from typing import List
 
 import pytest
 
@@ -14,6 +16,7 @@ from contextengine import (
     UnauthorizedError,
     VersionConflictError,
 )
+from contextengine.types import KbProgress
 
 WORDS = "marzipan heliotrope abacus"
 
@@ -73,5 +76,15 @@ def test_async_errors_and_admin(url: str, key_b: str, key_admin: str, root: str)
             status = await admin.status()
             assert all(c["lag_events"] == 0 for c in status["consumers"])
             assert await admin.outbox_stats()
+            name = f"kb-{uuid.uuid4().hex[:12]}"
+            await admin.kb_create(name, account="pykb")
+            added = await admin.kb_add(name, notes=["The boiler is serviced every October."])
+            seen: List[KbProgress] = []
+            done = await admin.kb_follow(name, added, interval=0.05, timeout=60,
+                                         on_progress=seen.append)
+            assert (done["finished"], done["done"], done["failed"]) == (True, 1, 0), done
+            assert seen[-1] == done
+            await admin.kb_follow(name, await admin.kb_remove(name), interval=0.05, timeout=60)
+            assert name not in [b["name"] for b in await admin.kb_list()]
 
     asyncio.run(scenario())

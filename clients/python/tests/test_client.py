@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import List, Mapping, Sequence
 
 import httpx
@@ -15,6 +16,7 @@ from contextengine import (
     ForbiddenError,
     IndexingTimeout,
     InvalidInputError,
+    KbFollowTimeout,
     NetworkError,
     NotFoundError,
     ServerError,
@@ -22,6 +24,7 @@ from contextengine import (
     UnavailableError,
     VersionConflictError,
 )
+from contextengine.types import KbProgress
 
 WORDS = "zephyrine quokka lantern"
 
@@ -321,27 +324,32 @@ def test_both_clients_have_the_same_operations_with_the_same_signatures() -> Non
 
 
 def test_knowledge_bases(admin: Client) -> None:
-    import time
     import uuid
 
     name = f"kb-{uuid.uuid4().hex[:12]}"
     base = admin.kb_create(name, account="pykb", settings={"max_tokens": 128, "overlap_tokens": 16, "min_tokens": 32})
     assert base["root"] == f"ctx://pykb/resources/{name}"
     assert name in [b["name"] for b in admin.kb_list()]
-    added = admin.kb_add(name, notes=["The launch checklist lives in the operations runbook."])
+    added = admin.kb_add(name, notes=["The launch checklist lives in the operations runbook.",
+                                      "Rotate the signing keys every quarter."])
     roots = [i["id"] for i in added["items"]]
-    deadline = time.monotonic() + 60
-    while True:
-        p = admin.kb_progress(name, roots=roots, jobs=added["jobs"])
-        if p["finished"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert (p["finished"], p["done"], p["failed"]) == (True, 1, 0), p
+    seen: List[KbProgress] = []
+    p = admin.kb_follow(name, added, interval=0.05, timeout=60, on_progress=seen.append)
+    assert (p["finished"], p["done"], p["total"], p["failed"], p["jobs_open"]) == (True, 2, 2, 0, 0), p
+    # Each change reported once, in order, ending with the answer.
+    assert seen and seen[-1] == p, seen
+    assert all(a != b for a, b in zip(seen, seen[1:])), seen
+    assert all(x["total"] == 2 and x["done"] <= 2 and sum(x["by_status"].values()) == 2
+               for x in seen), seen
     status = admin.kb_status(name)
-    assert status["counts"]["completed"] == 1 and status["items"][0]["kind"] == "note"
+    assert status["counts"]["completed"] == 2 and {i["kind"] for i in status["items"]} == {"note"}
+    # A re-add of the same note is a re-sync: followed like an add, it ends at once unchanged.
+    again = admin.kb_add(name, notes=["Rotate the signing keys every quarter."])
+    assert [i["id"] for i in again["items"]] == roots[1:]
+    assert admin.kb_follow(name, again, interval=0.05, timeout=60)["done"] == 1
     report = admin.status()["kb"]
     mine = [b for b in report["bases"] if b["name"] == name]
-    assert mine and mine[0]["counts"]["completed"] == 1 and mine[0]["recent_failures"] == [], report
+    assert mine and mine[0]["counts"]["completed"] == 2 and mine[0]["recent_failures"] == [], report
     assert "kb-index-documents" in report["active_jobs"], report
     with pytest.raises(InvalidInputError) as refused:
         admin.kb_add(name, paths=["/etc/passwd"])
@@ -349,4 +357,43 @@ def test_knowledge_bases(admin: Client) -> None:
     gone = admin.kb_delete_items(name, roots)
     assert gone["roots"] == roots
     assert admin.kb_status(name)["items"] == []
+    cleaned = admin.kb_follow(name, gone, interval=0.05, timeout=60)
+    assert (cleaned["finished"], cleaned["total"], cleaned["jobs_open"]) == (True, 0, 0), cleaned
     admin.kb_remove(name)
+
+
+def test_kb_follow_waits_out_retryable_errors_then_times_out_with_the_last_progress() -> None:
+    """``kb_follow`` polls the progress of the roots and jobs it was given; a retryable
+    answer is no change, and the timeout carries the last progress."""
+    running = {"done": 1, "total": 3, "failed": 0, "by_status": {"completed": 1, "reading": 2},
+               "jobs_open": 2, "finished": False}
+    answers = iter([
+        httpx.Response(503, json={"code": "unavailable", "message": "restarting",
+                                  "retryable": True}),
+        httpx.Response(200, json=running),
+    ])
+    bodies: List[object] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append((request.url.path, json.loads(request.content)))
+        return next(answers, httpx.Response(200, json=running))
+
+    started = {"roots": ["r1"], "jobs": ["j1", "j2"]}
+    seen: List[KbProgress] = []
+    with Client("http://ce.invalid", transport=httpx.MockTransport(handler)) as c:
+        with pytest.raises(KbFollowTimeout) as late:
+            c.kb_follow("docs", started, interval=0.01, timeout=0.1,  # type: ignore[arg-type]
+                        on_progress=seen.append)
+    assert bodies[0] == ("/v1/kb/docs/progress", {"roots": ["r1"], "jobs": ["j1", "j2"]})
+    assert seen == [running], seen
+    assert isinstance(late.value, TimeoutError) and late.value.retryable
+    assert late.value.progress == running
+    assert "1/3 items done, 0 failed (1 completed, 2 reading), 2 jobs open" in late.value.message
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"code": "not_found", "message": "no base",
+                                         "retryable": False})
+
+    with Client("http://ce.invalid", transport=httpx.MockTransport(refused)) as c:
+        with pytest.raises(NotFoundError):
+            c.kb_follow("gone", started, interval=0.01)  # type: ignore[arg-type]

@@ -114,14 +114,9 @@ impl Setup {
                 );
                 (Some(server), cfg)
             }
-            // The default provider and model (all-MiniLM-L6-v2, `scripts/fetch-model.sh`),
-            // with the longest call timeout: on a loaded 2-core machine a batch of 32
-            // full-length (256-token) chunks takes longer than the default 30 s, and a
-            // timed-out call is retried from scratch (docs/benchmarks.md, `--source kb`).
-            "local" => (
-                None,
-                "provider = \"local\"\ntimeout_seconds = 120\n".to_owned(),
-            ),
+            // The default provider and model (all-MiniLM-L6-v2, `scripts/fetch-model.sh`)
+            // with the default timeout, which bounds one sub-batch (docs/indexing.md).
+            "local" => (None, "provider = \"local\"\n".to_owned()),
             other => anyhow::bail!(
                 "--embedder: {other:?} is not one of \"hash\", \"loopback\", \"local\""
             ),

@@ -39,14 +39,15 @@ pub enum KbCommand {
     Show(KbBaseArg),
     /// Remove a base with all its items and nodes (a cleanup job).
     Rm(KbRmArgs),
-    /// Add files, directories (recursively), URLs and notes to a base, then index them.
+    /// Add files, directories (recursively), URLs and notes to a base, then index them; an
+    /// input the base has already is re-synced (only files whose stat changed are read).
     Add(KbAddArgs),
     /// A base's items by status, with their errors (one item's subtree with --item).
     Status(KbStatusArgs),
     /// Delete items (with their subtrees and nodes): invisible at once, removed by a job.
     RmItems(KbItemsArgs),
-    /// Read, parse and index items again (only when every item of their subtrees is
-    /// completed or failed).
+    /// Read, parse and index items again, every file of them (only when every item of their
+    /// subtrees is completed or failed).
     Reindex(KbItemsArgs),
 }
 

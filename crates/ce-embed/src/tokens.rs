@@ -17,8 +17,8 @@ use crate::from_config::local_model_dir;
 
 /// Counts tokens the way chunking needs them.
 pub enum TokenCounter {
-    /// The embedding model's own tokenizer.
-    Model(Box<Tokenizer>),
+    /// The embedding model's own tokenizer, and the sha256 (hex) of its `tokenizer.json`.
+    Model(Box<Tokenizer>, String),
     /// The estimate of the module documentation.
     Estimate,
 }
@@ -41,24 +41,37 @@ impl TokenCounter {
 
     /// The tokenizer of the model in `dir`, truncation and padding off.
     pub fn from_model_dir(dir: &Path) -> Option<TokenCounter> {
-        let mut t = Tokenizer::from_file(dir.join("tokenizer.json")).ok()?;
+        let bytes = std::fs::read(dir.join("tokenizer.json")).ok()?;
+        let mut t = Tokenizer::from_bytes(&bytes).ok()?;
         t.with_truncation(None).ok()?;
         t.with_padding(None);
-        Some(TokenCounter::Model(Box::new(t)))
+        Some(TokenCounter::Model(
+            Box::new(t),
+            ce_core::sha256_hex(&bytes),
+        ))
     }
 
     /// What it counts with (`model tokenizer` or `estimate`).
     pub fn describe(&self) -> &'static str {
         match self {
-            TokenCounter::Model(_) => "model tokenizer",
+            TokenCounter::Model(..) => "model tokenizer",
             TokenCounter::Estimate => "estimate",
+        }
+    }
+
+    /// Which counter exactly: `estimate`, or `model tokenizer sha256:{hex of tokenizer.json}`
+    /// — two counters with one identity count every text alike.
+    pub fn identity(&self) -> String {
+        match self {
+            TokenCounter::Model(_, digest) => format!("model tokenizer sha256:{digest}"),
+            TokenCounter::Estimate => "estimate".to_owned(),
         }
     }
 
     /// The tokens of `text`.
     pub fn count(&self, text: &str) -> usize {
         match self {
-            TokenCounter::Model(t) => match t.encode_fast(text, true) {
+            TokenCounter::Model(t, _) => match t.encode_fast(text, true) {
                 Ok(e) => e.len(),
                 Err(_) => estimate(text),
             },
@@ -115,6 +128,11 @@ mod tests {
             return;
         };
         assert_eq!(c.describe(), "model tokenizer");
+        let digest = ce_core::sha256_hex(
+            &std::fs::read(crate::default_model_dir().join("tokenizer.json")).expect("read"),
+        );
+        assert_eq!(c.identity(), format!("model tokenizer sha256:{digest}"));
+        assert_eq!(TokenCounter::Estimate.identity(), "estimate");
         assert_eq!(c.count("hello"), 3);
         let long = "word ".repeat(1000);
         assert!(c.count(&long) > 1000, "truncation is off");

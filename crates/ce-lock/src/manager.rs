@@ -1,6 +1,11 @@
 //! The lock manager: waiting with jittered backoff, renewal every `expire / 3`, hand-off and
 //! adopt.
 //!
+//! A waiter is woken as soon as a lease of this process is released (any lease of the
+//! managers sharing one state: [`LockManager::with_wait`] keeps it), so leases of one process
+//! take turns without sleeping out a backoff step; the backoff remains the fallback for a
+//! holder in another process, whose release nobody here hears of.
+//!
 //! Every [`Lease`] has its own owner id (`{pid}-{16 hex}`), so two leases of one process
 //! conflict like leases of two processes. One renewal thread per manager (started with the
 //! first lease) re-stamps every live lease through [`LockProvider::refresh`]; it marks a
@@ -12,7 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
@@ -67,6 +72,47 @@ struct Inner {
     next_id: AtomicU64,
     /// Dropping this sender (with the last `Inner`) wakes and ends the renewal thread.
     renewer: Mutex<Option<mpsc::Sender<()>>>,
+    /// Releases of this process, which wake its waiters.
+    releases: Arc<Releases>,
+}
+
+/// Counts the releases of this process's leases and wakes whoever waits for one.
+#[derive(Debug, Default)]
+struct Releases {
+    count: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Releases {
+    /// The releases so far.
+    fn seen(&self) -> u64 {
+        *lock(&self.count)
+    }
+
+    /// Records a release and wakes every waiter.
+    fn notify(&self) {
+        *lock(&self.count) += 1;
+        self.changed.notify_all();
+    }
+
+    /// Sleeps until a release after `seen`, or for `timeout`; whether a release woke it.
+    fn wait(&self, seen: u64, timeout: Duration) -> bool {
+        let count = lock(&self.count);
+        let (count, _) = self
+            .changed
+            .wait_timeout_while(count, timeout, |c| *c == seen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *count != seen
+    }
+}
+
+impl Inner {
+    /// Releases `tokens` and wakes this process's waiters.
+    fn release(&self, tokens: &[Token]) -> Result<()> {
+        let out = self.provider.release(tokens);
+        self.releases.notify();
+        out
+    }
 }
 
 impl std::fmt::Debug for LockManager {
@@ -165,6 +211,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl LockManager {
     /// A manager over `provider`.
     pub fn new(provider: Arc<dyn LockProvider>, settings: LockSettings) -> Self {
+        LockManager::sharing(provider, settings, Arc::default())
+    }
+
+    fn sharing(
+        provider: Arc<dyn LockProvider>,
+        settings: LockSettings,
+        releases: Arc<Releases>,
+    ) -> Self {
         LockManager {
             inner: Arc::new(Inner {
                 provider,
@@ -172,6 +226,7 @@ impl LockManager {
                 live: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 renewer: Mutex::new(None),
+                releases,
             }),
         }
     }
@@ -204,14 +259,15 @@ impl LockManager {
     }
 
     /// A manager over the same provider that waits `wait` instead (e.g. none for background
-    /// work that simply tries again on its next round).
+    /// work that simply tries again on its next round); the two wake each other's waiters.
     pub fn with_wait(&self, wait: Duration) -> LockManager {
-        LockManager::new(
+        LockManager::sharing(
             Arc::clone(&self.inner.provider),
             LockSettings {
                 wait,
                 ..self.inner.settings.clone()
             },
+            Arc::clone(&self.inner.releases),
         )
     }
 
@@ -225,8 +281,10 @@ impl LockManager {
         &self.inner.settings
     }
 
-    /// Locks `reqs` (one scope), waiting up to `settings.wait` with jittered exponential
-    /// backoff while another owner holds a conflicting lock; then [`LockError::Busy`].
+    /// Locks `reqs` (one scope), waiting up to `settings.wait` while another owner holds a
+    /// conflicting lock — woken by a release in this process, else retrying after a
+    /// jittered exponential backoff (a holder in another process) —; then
+    /// [`LockError::Busy`].
     pub fn acquire(&self, reqs: &[LockRequest]) -> Result<Lease> {
         let reqs = normalize_batch(reqs)?;
         let tokens = self.grant(&new_owner(), &reqs, self.inner.settings.wait)?;
@@ -279,18 +337,32 @@ impl LockManager {
         };
         tracing::info!(old_owner = %r.owner, reason = %why, "locking the paths of a handed-off lease again");
         // Tokens the old owner still has would conflict with the new owner.
-        provider.release(&r.tokens)?;
+        self.inner.release(&r.tokens)?;
         let tokens = self.grant(&owner, &covered, self.inner.settings.wait)?;
         Ok(self.register(covered, tokens))
     }
 
     /// Attempts until granted or `wait` passed.
     fn grant(&self, owner: &str, reqs: &[LockRequest], wait: Duration) -> Result<Vec<Token>> {
+        self.grant_backing_off(owner, reqs, wait, (BACKOFF_START, BACKOFF_CAP))
+    }
+
+    /// [`LockManager::grant`] with the backoff's first and longest steps.
+    fn grant_backing_off(
+        &self,
+        owner: &str,
+        reqs: &[LockRequest],
+        wait: Duration,
+        (first, cap): (Duration, Duration),
+    ) -> Result<Vec<Token>> {
         let provider = &self.inner.provider;
+        let releases = &self.inner.releases;
         let expire_ns = self.inner.settings.expire_ns();
         let start = Instant::now();
-        let mut step = BACKOFF_START;
+        let mut step = first;
         loop {
+            // Read before the attempt: a release between the attempt and the wait still wakes it.
+            let seen = releases.seen();
             let (held, holder) = match provider.try_acquire(owner, reqs, now_ns(), expire_ns) {
                 Ok(tokens) => return Ok(tokens),
                 Err(Attempt::Failed(e)) => return Err(e),
@@ -314,8 +386,9 @@ impl LockManager {
                 });
             }
             let jittered = step.mul_f64(rand::rng().random_range(0.5..1.5));
-            std::thread::sleep(jittered.min(wait - waited));
-            step = (step * 2).min(BACKOFF_CAP);
+            if !releases.wait(seen, jittered.min(wait - waited)) {
+                step = (step * 2).min(cap);
+            }
         }
     }
 
@@ -398,7 +471,7 @@ fn renew_one(inner: &Inner, state: &LeaseState) -> bool {
         Err(LockError::Lost { path, reason }) => {
             tracing::warn!(owner = %state.owner, %path, %reason, "lease lost");
             // Whatever is still ours goes; the lease is no protection any more.
-            if let Err(e) = inner.provider.release(&tokens) {
+            if let Err(e) = inner.release(&tokens) {
                 tracing::warn!(owner = %state.owner, error = %e, "release of a lost lease failed");
             }
             lock(&state.inner).lost = Some(format!("{path}: {reason}"));
@@ -411,7 +484,7 @@ fn renew_one(inner: &Inner, state: &LeaseState) -> bool {
             if since >= inner.settings.expire * 2 {
                 s.lost = Some(format!("not renewed for {} ms: {e}", since.as_millis()));
                 drop(s);
-                if let Err(e) = inner.provider.release(&tokens) {
+                if let Err(e) = inner.release(&tokens) {
                     tracing::warn!(owner = %state.owner, error = %e, "release of an unrenewable lease failed");
                 }
                 return false;
@@ -498,7 +571,7 @@ impl Lease {
     fn release_tokens(&self) -> Result<()> {
         self.manager.unregister(self.id);
         let tokens = lock(&self.state.inner).tokens.clone();
-        self.manager.inner.provider.release(&tokens)
+        self.manager.inner.release(&tokens)
     }
 
     #[cfg(test)]
@@ -598,6 +671,42 @@ mod tests {
         assert_ne!(a, b);
         assert!(!a.contains(':'));
         assert!(a.starts_with(&format!("{}-", std::process::id())));
+    }
+
+    #[test]
+    fn a_waiter_is_woken_by_a_release_in_this_process_not_by_its_backoff() {
+        let m = manager();
+        let path = [LockRequest::tree(uri("ctx://a/base"))];
+        let held = m.acquire(&path).expect("granted");
+        // Through a manager of `with_wait`: the two share their releases.
+        let other = m.with_wait(Duration::from_secs(120));
+        let (tx, rx) = mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            tx.send(()).expect("send");
+            // A backoff of a minute: only a release can grant it in time.
+            let minute = Duration::from_secs(60);
+            let tokens = other
+                .grant_backing_off(
+                    &new_owner(),
+                    &path,
+                    Duration::from_secs(120),
+                    (minute, minute),
+                )
+                .expect("granted after the release");
+            (Instant::now(), tokens)
+        });
+        rx.recv().expect("waiter started");
+        // Let it find the lock held and start waiting.
+        std::thread::sleep(Duration::from_millis(200));
+        let released = Instant::now();
+        held.release().expect("release");
+        let (granted, tokens) = waiter.join().expect("waiter");
+        assert!(!tokens.is_empty());
+        let after = granted.duration_since(released);
+        assert!(
+            after < Duration::from_secs(20),
+            "granted {after:?} after the release: it slept out its backoff"
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@ from .errors import (
     ContextEngineError,
     ForbiddenError,
     IndexingTimeout,
+    KbFollowTimeout,
     NetworkError,
     NotFoundError,
     error_for,
@@ -558,6 +559,59 @@ def kb_progress(
         _kb_path(base, "/progress"),
         body={"roots": list(roots), "jobs": list(jobs)},
     )
+
+
+def _progress_line(p: t.KbProgress) -> str:
+    stages = ", ".join(f"{n} {s}" for s, n in sorted(p["by_status"].items()) if n)
+    return (
+        f"{p['done']}/{p['total']} items done, {p['failed']} failed ({stages or 'none'}), "
+        f"{p['jobs_open']} jobs open"
+    )
+
+
+def kb_follow_plan(
+    base: str,
+    started: Union[t.KbAddResult, t.KbJobs],
+    timeout: Optional[float],
+    interval: float,
+    on_progress: Optional[Callable[[t.KbProgress], None]],
+) -> Generator[Step, Any, t.KbProgress]:
+    """The polling of ``kb_follow``, free of I/O.
+
+    Asks :func:`kb_progress` for the roots and jobs ``started`` names (the answer of
+    :func:`kb_add`, or of :func:`kb_delete_items` / :func:`kb_reindex` / :func:`kb_remove`)
+    every ``interval`` seconds until it is ``finished``, calling ``on_progress`` at each
+    change; returns the last progress. Retryable errors (a busy or restarting server) count
+    as no change; others are raised. After ``timeout`` seconds (``None``: no limit) it raises
+    :class:`~contextengine.KbFollowTimeout` with the last progress.
+    """
+    if "roots" in started:
+        roots = list(cast(t.KbJobs, started)["roots"])
+    else:
+        roots = [i["id"] for i in started["items"]]
+    jobs = list(started["jobs"])
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: Optional[t.KbProgress] = None
+    while True:
+        try:
+            p: t.KbProgress = yield kb_progress(base, roots=roots, jobs=jobs)
+        except ContextEngineError as e:
+            if not e.retryable:
+                raise
+        else:
+            if p != last:
+                last = p
+                if on_progress is not None:
+                    on_progress(p)
+            if p["finished"]:
+                return p
+        if deadline is not None and time.monotonic() >= deadline:
+            seen = _progress_line(last) if last is not None else "no progress read"
+            raise KbFollowTimeout(
+                f"knowledge base {base}: work not finished after {timeout} s ({seen})",
+                dict(last) if last is not None else {},
+            )
+        yield interval
 
 
 # --- waiting for the indexes -------------------------------------------------------------

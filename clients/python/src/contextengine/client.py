@@ -22,6 +22,8 @@ from typing import (
     Sequence,
     Type,
     TypeVar,
+    Union,
+    cast,
 )
 
 import httpx
@@ -29,6 +31,7 @@ import httpx
 from . import _protocol as ops
 from ._protocol import Call, Config, Step, network_error
 from .errors import ContextEngineError
+from .types import KbAddResult, KbJobs, KbProgress
 
 if TYPE_CHECKING:
     from typing_extensions import Concatenate, ParamSpec
@@ -148,7 +151,33 @@ class Client:
         Raises:
             IndexingTimeout: Changes were still pending after ``timeout`` seconds.
         """
-        plan = ops.wait_plan(timeout, interval, consumers)
+        self._drive(ops.wait_plan(timeout, interval, consumers))
+
+    def kb_follow(
+        self,
+        base: str,
+        started: Union[KbAddResult, KbJobs],
+        *,
+        timeout: Optional[float] = None,
+        interval: float = 0.25,
+        on_progress: Optional[Callable[[KbProgress], None]] = None,
+    ) -> KbProgress:
+        """Follows the work an entry started to its end: ``started`` is the answer of
+        :meth:`kb_add` (its items and jobs), :meth:`kb_delete_items`, :meth:`kb_reindex` or
+        :meth:`kb_remove`. Polls :meth:`kb_progress` every ``interval`` seconds, calls
+        ``on_progress`` with each new progress (items done / total, failed, items by
+        status — the stage —, jobs open) and returns the last one, ``finished``. Retryable
+        errors count as no change. The work goes on in the server whatever the caller does.
+
+        Raises:
+            KbFollowTimeout: Not finished after ``timeout`` seconds (``None``: no limit);
+                its ``progress`` is the last one read.
+        """
+        return self._drive(ops.kb_follow_plan(base, started, timeout, interval, on_progress))
+
+    def _drive(self, plan: Generator[Step, Any, T]) -> T:
+        """Runs a polling plan of :mod:`contextengine._protocol`: sends its calls (their
+        answers or errors go back in), sleeps its pauses, returns what it returns."""
         step: Step = next(plan)
         try:
             while True:
@@ -162,8 +191,8 @@ class Client:
                 else:
                     time.sleep(step)
                     step = plan.send(None)
-        except StopIteration:
-            return
+        except StopIteration as done:
+            return cast(T, done.value)
 
     put = _blocking(ops.put)
     cat = _blocking(ops.cat)
@@ -253,7 +282,24 @@ class AsyncClient:
         consumers: Optional[Sequence[str]] = None,
     ) -> None:
         """:meth:`Client.wait_until_indexed`, without blocking the event loop."""
-        plan: Generator[Step, Any, None] = ops.wait_plan(timeout, interval, consumers)
+        await self._drive(ops.wait_plan(timeout, interval, consumers))
+
+    async def kb_follow(
+        self,
+        base: str,
+        started: Union[KbAddResult, KbJobs],
+        *,
+        timeout: Optional[float] = None,
+        interval: float = 0.25,
+        on_progress: Optional[Callable[[KbProgress], None]] = None,
+    ) -> KbProgress:
+        """:meth:`Client.kb_follow`, without blocking the event loop."""
+        return await self._drive(
+            ops.kb_follow_plan(base, started, timeout, interval, on_progress)
+        )
+
+    async def _drive(self, plan: Generator[Step, Any, T]) -> T:
+        """:meth:`Client._drive`, awaiting the calls and the pauses."""
         step: Step = next(plan)
         try:
             while True:
@@ -267,8 +313,8 @@ class AsyncClient:
                 else:
                     await asyncio.sleep(step)
                     step = plan.send(None)
-        except StopIteration:
-            return
+        except StopIteration as done:
+            return cast(T, done.value)
 
     put = _awaitable(ops.put)
     cat = _awaitable(ops.cat)

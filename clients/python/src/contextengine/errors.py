@@ -18,7 +18,7 @@ A request that never got an answer (connection refused, reset, timed out) is a
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 __all__ = [
     "ConflictError",
@@ -26,6 +26,7 @@ __all__ = [
     "ForbiddenError",
     "IndexingTimeout",
     "InvalidInputError",
+    "KbFollowTimeout",
     "NetworkError",
     "NotFoundError",
     "PayloadTooLargeError",
@@ -119,6 +120,18 @@ class IndexingTimeout(UnavailableError, TimeoutError):
 
     def __init__(self, message: str) -> None:
         super().__init__("indexing_timeout", message, True)
+
+
+class KbFollowTimeout(UnavailableError, TimeoutError):
+    """``kb_follow`` gave up before the work ended (it goes on in the server).
+
+    Attributes:
+        progress: The last progress read (a :class:`~contextengine.types.KbProgress`).
+    """
+
+    def __init__(self, message: str, progress: Mapping[str, Any]) -> None:
+        super().__init__("kb_follow_timeout", message, True)
+        self.progress = progress
 
 
 class ServerError(ContextEngineError):

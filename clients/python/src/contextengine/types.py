@@ -411,6 +411,9 @@ class KbItem(TypedDict):
     status: str
     error: Optional[Dict[str, str]]
     through_seq: Optional[int]
+    fingerprint: Optional[str]
+    """A file's: a digest of its stat and of the reading settings its nodes were made from
+    (a re-sync does not read a completed file whose fingerprint is unchanged)."""
     created_at_ms: int
     updated_at_ms: int
 

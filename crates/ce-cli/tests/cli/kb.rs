@@ -341,6 +341,14 @@ fn over_the_server_notes_are_indexed_and_local_paths_need_an_allowed_root() {
     let (code, _, err) = run(&["kb", "add", "notes", dir.path().to_str().expect("utf-8")]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("allowed_paths"), "{err}");
+    // Removing the base is followed to its end, though the base is gone by then.
+    let (code, out, err) = run(&["kb", "rm", "notes"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let gone: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(gone["progress"]["finished"], true, "{gone}");
+    assert_eq!(gone["progress"]["jobs_open"], 0, "{gone}");
+    let (code, _, err) = run(&["kb", "status", "notes"]);
+    assert_eq!(code, Some(3), "{err}");
 }
 
 #[test]
@@ -475,6 +483,7 @@ fn bench_ingest_kb_measures_every_phase_with_its_invariants() {
     assert!(figure(&b, "cold", "texts_embedded") >= 40, "{cold}");
     assert!(figure(&b, "cold", "embedder_calls") >= 1, "{cold}");
     assert!(figure(&b, "cold", "events") >= 40, "{cold}");
+    assert_eq!(figure(&b, "cold", "files_read"), 40, "{cold}");
     assert_eq!(figure(&b, "cold", "lag_events"), 0, "{cold}");
 
     // No-op re-add: nothing embedded, nothing appended, the same nodes.
@@ -482,6 +491,13 @@ fn bench_ingest_kb_measures_every_phase_with_its_invariants() {
     assert_eq!(figure(&b, "noop", "embedder_calls"), 0, "{b:#}");
     assert_eq!(figure(&b, "noop", "events"), 0, "{b:#}");
     assert_eq!(figure(&b, "noop", "nodes"), figure(&b, "cold", "nodes"));
+    // Not a file read: their stats vouch for them (docs/ingestion.md "Re-sync").
+    assert_eq!(figure(&b, "noop", "files_read"), 0, "{b:#}");
+    // Only the edited file is read.
+    assert_eq!(figure(&b, "edit_1pct", "files_read"), 1, "{b:#}");
+    // After the delete at most that file again: edited just before it was read, its stat
+    // could not vouch for it (a racy stat, no fingerprint).
+    assert!(figure(&b, "delete_1pct", "files_read") <= 1, "{b:#}");
 
     // 1 % edited (one file, one section): only its changed texts are embedded again.
     let edit = &b["phases"]["edit_1pct"];

@@ -88,6 +88,7 @@ fn timeout_is_checked_between_sub_batches() {
     let m = model();
     let texts: Vec<String> = (0..40).map(|i| format!("sentence number {i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    // Every sub-batch takes longer than no time: a stall after the first of two.
     let err = m.embed_texts(&refs, Duration::ZERO).expect_err("timeout");
     assert!(matches!(err, EmbedError::Timeout { .. }), "{err}");
     // A single sub-batch is never interrupted.

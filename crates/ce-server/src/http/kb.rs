@@ -124,12 +124,19 @@ pub async fn reindex(State(s): State<AppState>, b: P, j: J<KbItemsBody>) -> Answ
     blocking(&s, move |e| Ok(e.kb_reindex_items(&name, &req.items)?)).await
 }
 
-/// `POST /v1/kb/{base}/progress`.
+/// `POST /v1/kb/{base}/progress`. An unknown base is `not_found`, unless the request names
+/// jobs and they all exist: the base was removed by them (`POST /v1/kb/{base}/rm`), and
+/// their progress is the end of the removal.
 pub async fn progress(State(s): State<AppState>, b: P, j: J<KbProgressBody>) -> Answer {
     let name = base(b)?;
     let req = body(j)?;
     blocking(&s, move |e| {
-        e.store().kb_base(&name).map_err(crate::ServerError::from)?;
+        match e.store().kb_base(&name) {
+            Ok(_) => {}
+            Err(ce_store::StoreError::KbNotFound { .. })
+                if !req.jobs.is_empty() && req.jobs.iter().all(|j| e.job(j).is_ok()) => {}
+            Err(err) => return Err(err.into()),
+        }
         Ok(e.kb_progress(&name, &req.roots, &req.jobs)?)
     })
     .await

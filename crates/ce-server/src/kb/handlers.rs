@@ -8,7 +8,8 @@
 //! `parse_error`, a missing file, a 404), or a retryable one on the last attempt its job
 //! has — is marked `failed` with the error, so no item stays active without a job.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::time::SystemTime;
 
 use ce_core::{Classify, CoreError, CtxUri, ErrorCode};
 use ce_ingest::{Hint, TokenCount};
@@ -19,6 +20,7 @@ use ce_store::{
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::fingerprint::{FileStat, Reading};
 use super::nodes::document_ops;
 use super::workflow::{new_item_id, schedule_item};
 use super::{KbJob, KbSettings, Stage, is_stale, source};
@@ -118,8 +120,9 @@ fn run_stage(
     }
 }
 
-/// `kb-index-documents`: read → parse → chunk → (base lock) stale guard + the item's nodes +
-/// `embedding`, one transaction. No embedding here: the outbox does it.
+/// `kb-index-documents`: read → parse → chunk → (base lock) stale guard + the item's nodes,
+/// the fingerprint of what was read and `embedding`, one transaction. No embedding here: the
+/// outbox does it.
 pub struct IndexDocuments;
 
 impl JobHandler for IndexDocuments {
@@ -198,9 +201,18 @@ fn index(
         Err(StoreError::NodeNotFound { .. }) => Vec::new(),
         Err(e) => return Err(e.into()),
     };
+    let fingerprint = match &src.stat {
+        Some(stat) => engine.kb_reading(base)?.fingerprint(stat),
+        None => None,
+    };
     let mut ops = vec![guard(item, vec![ItemStatus::Deleting])];
     ops.extend(document_ops(item, &src, &doc, &chunking, &children)?);
     let nodes = ops.len() - 1;
+    ops.push(WriteOp::Kb(KbOp::SetFingerprint {
+        base: item.base.clone(),
+        item: item.id.clone(),
+        fingerprint,
+    }));
     ops.push(set_status(item, ItemStatus::Embedding, None));
     ctx.report(json!({"stage": "committing", "item": item.id, "nodes": nodes}));
     let out = engine.kb_write(base, ops)?;
@@ -218,9 +230,12 @@ pub const MAX_DIRECTORY_ENTRIES: usize = 10_000;
 
 /// `kb-prepare-root`: expands a directory into child items (files and directories,
 /// hidden entries skipped) and schedules each, in one transaction under the base's lock
-/// with the stale guard; the directory becomes `processing`. Nodes under the directory that
-/// no entry has any more (a re-synced directory) are removed in the same transaction — a
-/// derived deletion under the delete-safety policy.
+/// with the stale guard; the directory becomes `processing`. On a re-sync the previous
+/// children are kept, matched to the entries by path: a completed file whose fingerprint is
+/// unchanged stays as it is (no job, unless the job re-reads), any other is reset and
+/// scheduled again, children whose entry is gone are removed. Nodes under the directory
+/// that no entry has any more are removed in the same transaction — a derived deletion under
+/// the delete-safety policy.
 pub struct PrepareRoot;
 
 impl JobHandler for PrepareRoot {
@@ -246,19 +261,22 @@ impl JobHandler for PrepareRoot {
             return Ok(skipped(item.status.as_str()));
         }
         run_stage(engine, job, &base, &item, || {
-            prepare(engine, job, ctx, &base, &item)
+            prepare(engine, job, ctx, &base, &item, p.reread)
         })
     }
 }
 
-fn prepare(
-    engine: &Engine,
-    job: &Job,
-    ctx: &JobContext<'_>,
-    base: &KnowledgeBase,
-    item: &KbItem,
-) -> Result<Option<Value>> {
-    let dir = std::path::Path::new(&item.source);
+/// One entry of a listed directory.
+struct Entry {
+    name: String,
+    path: std::path::PathBuf,
+    is_dir: bool,
+    /// A file's stat, taken by the listing.
+    stat: Option<FileStat>,
+}
+
+/// Lists `dir`: its entries by name, hidden ones skipped, symlinks followed to files only.
+fn list(dir: &std::path::Path) -> Result<Vec<Entry>> {
     let context = format!("listing {}", dir.display());
     let read = std::fs::read_dir(dir).map_err(|e| ServerError::Failed {
         context: context.clone(),
@@ -273,7 +291,7 @@ fn prepare(
         ),
         message: e.to_string(),
     })?;
-    let mut entries: Vec<(String, std::path::PathBuf, bool)> = Vec::new();
+    let mut entries = Vec::new();
     for e in read {
         let e = e.map_err(|e| ServerError::Io {
             context: context.clone(),
@@ -283,24 +301,27 @@ fn prepare(
         if name.starts_with('.') {
             continue;
         }
-        // Symlinks are followed to files only: a linked directory could loop.
         let ft = e.file_type().map_err(|e| ServerError::Io {
             context: context.clone(),
             source: e,
         })?;
         let path = e.path();
-        let is_dir = if ft.is_symlink() {
-            if path.is_dir() {
-                continue;
-            }
-            false
-        } else {
-            ft.is_dir()
+        let taken_at = SystemTime::now();
+        // The target's stat; an entry that vanished meanwhile or a dangling link is skipped.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
         };
-        if !is_dir && !path.is_file() {
+        // Symlinks are followed to files only: a linked directory could loop.
+        let is_dir = meta.is_dir() && !ft.is_symlink();
+        if !is_dir && !meta.is_file() {
             continue;
         }
-        entries.push((name, path, is_dir));
+        entries.push(Entry {
+            name,
+            stat: (!is_dir).then(|| FileStat::of(&meta, taken_at)),
+            path,
+            is_dir,
+        });
         if entries.len() > MAX_DIRECTORY_ENTRIES {
             return Err(ServerError::Failed {
                 context,
@@ -313,42 +334,125 @@ fn prepare(
             });
         }
     }
-    entries.sort();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(entries)
+}
+
+/// Whether `item`, a file, can keep its nodes without being read: it completed, its file's
+/// fingerprint (`stat`, read the way `reading` says) is the one its nodes were made from,
+/// and its node is still there.
+fn unchanged(item: &KbItem, stat: Option<&FileStat>, reading: &Reading, node_exists: bool) -> bool {
+    item.status == ItemStatus::Completed
+        && node_exists
+        && item.fingerprint.is_some()
+        && item.fingerprint == stat.and_then(|s| reading.fingerprint(s))
+}
+
+/// The statuses of work under way: a guard refusing them keeps a change to an item that
+/// was terminal when read from racing with work started on it meanwhile.
+pub(super) fn not_terminal() -> Vec<ItemStatus> {
+    ItemStatus::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .collect()
+}
+
+fn prepare(
+    engine: &Engine,
+    job: &Job,
+    ctx: &JobContext<'_>,
+    base: &KnowledgeBase,
+    item: &KbItem,
+    reread: bool,
+) -> Result<Option<Value>> {
+    let dir = std::path::Path::new(&item.source);
+    let entries = list(dir)?;
     ctx.checkpoint()?;
+    // What the previous expansion made (a re-sync), by source; all terminal or deleting.
+    let old = engine.store().kb_children(&item.base, &item.id)?;
+    if let Some(busy) = old.iter().find(|c| c.status.is_active()) {
+        return Err(busy_entry(dir, busy, Some(busy.status)));
+    }
+    let mut by_source: HashMap<&str, &KbItem> =
+        old.iter().map(|c| (c.source.as_str(), c)).collect();
+    let existing: BTreeSet<CtxUri> = match engine.store().ls(&item.node_uri) {
+        Ok(stats) => stats.into_iter().map(|s| s.uri).collect(),
+        Err(StoreError::NodeNotFound { .. }) => BTreeSet::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let reading = engine.kb_reading(base)?;
     let now = engine.store().clock().now_ms();
-    let mut taken = BTreeSet::new();
-    let mut children = Vec::with_capacity(entries.len());
-    for (name, path, is_dir) in entries {
+    // A deleting child's node is its cleanup's; an entry of its source waits for the next
+    // re-sync.
+    let mut taken: BTreeSet<CtxUri> = old
+        .iter()
+        .filter(|c| c.status == ItemStatus::Deleting)
+        .map(|c| c.node_uri.clone())
+        .collect();
+    let mut kept = 0usize;
+    let mut again: Vec<KbItem> = Vec::new();
+    let mut fresh: Vec<&Entry> = Vec::new();
+    for e in &entries {
+        let kind = if e.is_dir {
+            ItemKind::Directory
+        } else {
+            ItemKind::File
+        };
+        let source = e.path.display().to_string();
+        match by_source.get(source.as_str()).copied() {
+            Some(c) if c.status == ItemStatus::Deleting => {
+                by_source.remove(source.as_str());
+            }
+            Some(c) if c.kind == kind => {
+                by_source.remove(source.as_str());
+                taken.insert(c.node_uri.clone());
+                let skip = !reread
+                    && !c.kind.is_container()
+                    && unchanged(c, e.stat.as_ref(), &reading, existing.contains(&c.node_uri));
+                if skip {
+                    kept += 1;
+                } else {
+                    again.push(c.clone());
+                }
+            }
+            // A new entry, or a file that became a directory (or back): a new item.
+            _ => fresh.push(e),
+        }
+    }
+    // Children whose entry is gone (or changed kind): their rows go, and their nodes with
+    // the derived deletion below (unless a new entry takes the node).
+    let dropped: Vec<&KbItem> = by_source
+        .into_values()
+        .filter(|c| c.status != ItemStatus::Deleting)
+        .collect();
+    let mut children = Vec::with_capacity(fresh.len());
+    for e in fresh {
         let id = new_item_id();
         let node_uri =
-            super::workflow::unique_node(&item.node_uri, &name, &format!("item-{id}"), &taken);
+            super::workflow::unique_node(&item.node_uri, &e.name, &format!("item-{id}"), &taken);
         taken.insert(node_uri.clone());
         let mut child = KbItem {
             base: item.base.clone(),
             id,
             parent_id: Some(item.id.clone()),
-            kind: if is_dir {
+            kind: if e.is_dir {
                 ItemKind::Directory
             } else {
                 ItemKind::File
             },
-            source: path.display().to_string(),
+            source: e.path.display().to_string(),
             node_uri,
             status: ItemStatus::Idle,
             error: None,
             through_seq: None,
+            fingerprint: None,
             created_at_ms: now,
             updated_at_ms: now,
         };
-        child.status = schedule_item(&child, Some(&job.id)).0;
+        child.status = schedule_item(&child, Some(&job.id), reread).0;
         children.push(child);
     }
     // The re-sync's derived deletion: nodes under the directory no entry claims.
-    let existing: Vec<CtxUri> = match engine.store().ls(&item.node_uri) {
-        Ok(stats) => stats.into_iter().map(|s| s.uri).collect(),
-        Err(StoreError::NodeNotFound { .. }) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
     let gone: Vec<CtxUri> = existing
         .into_iter()
         .filter(|u| !taken.contains(u))
@@ -362,15 +466,33 @@ fn prepare(
         ce_core::safety::DeleteSafety::check(removed, scope).map_err(StoreError::from)?;
     }
     let mut ops = vec![guard(item, vec![ItemStatus::Deleting])];
+    // Children this changes were terminal when read: still so, or the expansion runs again.
+    ops.extend(
+        again
+            .iter()
+            .chain(dropped.iter().copied())
+            .map(|c| guard(c, not_terminal())),
+    );
+    if !dropped.is_empty() {
+        ops.push(WriteOp::Kb(KbOp::DeleteItems {
+            base: item.base.clone(),
+            ids: dropped.iter().map(|c| c.id.clone()).collect(),
+        }));
+    }
     ops.extend(
         children
             .iter()
             .map(|c| WriteOp::Kb(KbOp::InsertItem(c.clone()))),
     );
+    for c in &again {
+        let (status, spec) = schedule_item(c, Some(&job.id), reread);
+        ops.push(set_status(c, status, None));
+        ops.push(WriteOp::Enqueue(spec));
+    }
     ops.extend(
         children
             .iter()
-            .map(|c| WriteOp::Enqueue(schedule_item(c, Some(&job.id)).1)),
+            .map(|c| WriteOp::Enqueue(schedule_item(c, Some(&job.id), reread).1)),
     );
     ops.extend(gone.iter().map(|u| WriteOp::Rm {
         uri: u.clone(),
@@ -379,11 +501,58 @@ fn prepare(
         trace_id: None,
     }));
     ops.push(set_status(item, ItemStatus::Processing, None));
-    engine.kb_write(base, ops)?;
-    info!(base = %item.base, item = %item.id, entries = children.len(), removed = gone.len(), "directory prepared");
-    Ok(Some(
-        json!({"entries": children.len(), "removed": gone.len()}),
-    ))
+    match engine.kb_write(base, ops) {
+        Ok(_) => {}
+        // A child changed meanwhile (a reindex of it started): expand once it is done.
+        Err(ServerError::Store(StoreError::KbStale {
+            item: stale,
+            status,
+            ..
+        })) if stale != item.id => {
+            if let Some(c) = old.iter().find(|c| c.id == stale) {
+                return Err(busy_entry(dir, c, status));
+            }
+            return Err(ServerError::Internal(format!(
+                "the stale guard named {stale}, not an entry of {}",
+                item.id
+            )));
+        }
+        Err(e) => return Err(e),
+    }
+    info!(
+        base = %item.base,
+        item = %item.id,
+        entries = entries.len(),
+        new = children.len(),
+        again = again.len(),
+        unchanged = kept,
+        removed = gone.len(),
+        "directory prepared"
+    );
+    Ok(Some(json!({
+        "entries": entries.len(),
+        "new": children.len(),
+        "again": again.len(),
+        "unchanged": kept,
+        "dropped": dropped.len(),
+        "removed": gone.len(),
+    })))
+}
+
+/// The retryable refusal to expand `dir` while its entry `busy` has work under way (it is
+/// in `status`; `None`: gone).
+fn busy_entry(dir: &std::path::Path, busy: &KbItem, status: Option<ItemStatus>) -> ServerError {
+    ServerError::Failed {
+        context: format!("expanding {}", dir.display()),
+        code: ErrorCode::Busy,
+        retryable: true,
+        message: format!(
+            "entry {} ({}) is {}: the directory is expanded once it is done",
+            busy.id,
+            busy.source,
+            status.map_or("gone", ItemStatus::as_str)
+        ),
+    }
 }
 
 /// Cancels the live jobs of `items` (pending / failed ones at once; a running one at its
@@ -499,11 +668,13 @@ impl JobHandler for DeleteSubtree {
     }
 }
 
-/// `kb-reindex-subtree`: the entry checked the subtree was terminal; this removes a
-/// container's descendant rows (their nodes stay until the new expansion decides, so an
-/// unchanged file appends no event), resets the root and schedules it again — in one
-/// transaction, guarded. If the schedule cannot be written after the reset is, the root is
-/// marked failed (the spec's compensation); a deleting root is skipped.
+/// `kb-reindex-subtree`: the entry checked the subtree was terminal; this resets the root
+/// and schedules it again — in one transaction, guarded. A directory's children stay: the
+/// new expansion matches them to its entries (re-reading every file when the job says
+/// `reread`, else skipping the unchanged ones); a file root that completed and is unchanged
+/// is left as it is unless the job re-reads. If the schedule cannot be written after the
+/// reset is, the root is marked failed (the spec's compensation); a deleting root is
+/// skipped.
 pub struct ReindexSubtree;
 
 impl JobHandler for ReindexSubtree {
@@ -530,27 +701,17 @@ impl JobHandler for ReindexSubtree {
             return Ok(skipped(item.status.as_str()));
         }
         ctx.checkpoint()?;
-        let all = engine.store().kb_items(&p.base)?;
-        let descendants: Vec<String> = subtree_of(&all, &item.id)
-            .iter()
-            .skip(1)
-            .filter(|i| i.parent_id.as_deref() == Some(item.id.as_str()))
-            .map(|i| i.id.clone())
-            .collect();
-        let (status, spec) = schedule_item(&item, Some(&job.id));
-        let mut ops = vec![guard(&item, vec![ItemStatus::Deleting])];
-        if !descendants.is_empty() {
-            ops.push(WriteOp::Kb(KbOp::DeleteItems {
-                base: p.base.clone(),
-                ids: descendants.clone(),
-            }));
+        if !p.reread && item.kind == ItemKind::File && file_unchanged(engine, &base, &item)? {
+            return Ok(Some(json!({"unchanged": item.id})));
         }
-        ops.push(set_status(&item, status, None));
-        ops.push(WriteOp::Enqueue(spec));
+        let (status, spec) = schedule_item(&item, Some(&job.id), p.reread);
+        let ops = vec![
+            guard(&item, vec![ItemStatus::Deleting]),
+            set_status(&item, status, None),
+            WriteOp::Enqueue(spec),
+        ];
         match engine.kb_write(&base, ops) {
-            Ok(_) => Ok(Some(
-                json!({"reset": item.id, "removed_children": descendants.len()}),
-            )),
+            Ok(_) => Ok(Some(json!({"reset": item.id}))),
             Err(e) if is_stale(&e) => Ok(skipped("item deleting")),
             Err(e) => {
                 // Reset and schedule commit together here, so a failed write left the item
@@ -563,5 +724,92 @@ impl JobHandler for ReindexSubtree {
                 Err(e)
             }
         }
+    }
+}
+
+/// Whether a file item can keep its nodes without being read ([`unchanged`]), by its file's
+/// stat now.
+fn file_unchanged(engine: &Engine, base: &KnowledgeBase, item: &KbItem) -> Result<bool> {
+    let taken_at = SystemTime::now();
+    let Ok(meta) = std::fs::metadata(&item.source) else {
+        // Gone or unreadable: the index job reports it.
+        return Ok(false);
+    };
+    if !meta.is_file() {
+        return Ok(false);
+    }
+    let node_exists = match engine.store().stat(&item.node_uri) {
+        Ok(_) => true,
+        Err(StoreError::NodeNotFound { .. }) => false,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(unchanged(
+        item,
+        Some(&FileStat::of(&meta, taken_at)),
+        &engine.kb_reading(base)?,
+        node_exists,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn a_file_is_skipped_only_completed_with_its_node_and_the_same_fingerprint() {
+        let stat = FileStat {
+            size: 10,
+            mtime_ns: 1_000,
+            ctime_ns: 1_000,
+            ino: 3,
+            taken_at: UNIX_EPOCH + Duration::from_secs(600),
+        };
+        let reading = Reading::new(&KbSettings::default(), "estimate");
+        let item = KbItem {
+            base: "b".into(),
+            id: "i".into(),
+            parent_id: None,
+            kind: ItemKind::File,
+            source: "/x/a.md".into(),
+            node_uri: CtxUri::parse("ctx://a/resources/b/a.md").expect("uri"),
+            status: ItemStatus::Completed,
+            error: None,
+            through_seq: Some(4),
+            fingerprint: reading.fingerprint(&stat),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        };
+        assert!(item.fingerprint.is_some());
+        assert!(unchanged(&item, Some(&stat), &reading, true));
+        // The same size and times, but the base's settings changed: read again.
+        let resized = Reading::new(
+            &KbSettings {
+                max_tokens: 64,
+                ..KbSettings::default()
+            },
+            "estimate",
+        );
+        assert!(!unchanged(&item, Some(&stat), &resized, true));
+        // Another token counter: read again.
+        let model = Reading::new(&KbSettings::default(), "model tokenizer sha256:00");
+        assert!(!unchanged(&item, Some(&stat), &model, true));
+        // A failed item is read again, whatever its fingerprint.
+        let failed = KbItem {
+            status: ItemStatus::Failed,
+            ..item.clone()
+        };
+        assert!(!unchanged(&failed, Some(&stat), &reading, true));
+        // Its node gone, no stat, no fingerprint recorded, another stat: read again.
+        assert!(!unchanged(&item, Some(&stat), &reading, false));
+        assert!(!unchanged(&item, None, &reading, true));
+        let unknown = KbItem {
+            fingerprint: None,
+            ..item.clone()
+        };
+        assert!(!unchanged(&unknown, Some(&stat), &reading, true));
+        let grown = FileStat { size: 11, ..stat };
+        assert!(!unchanged(&item, Some(&grown), &reading, true));
     }
 }

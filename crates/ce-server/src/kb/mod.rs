@@ -5,7 +5,8 @@
 //! API ─► workflow (the one owner of "what next": add / delete / reindex / schedule_item)
 //!          │ item rows + first jobs: one source transaction, under the base's TREE lock
 //!          ▼
-//!   kb-prepare-root ──► child items (scheduled again: directories recurse)
+//!   kb-prepare-root ──► child items (scheduled again: directories recurse; on a re-sync the
+//!                       previous children are kept, and an unchanged file is not read)
 //!   kb-index-documents: read (file / URL / note) ► parse ► chunk ► final stale guard and
 //!                       the item's nodes in one transaction ─► outbox (embedding) ─► settle
 //!   kb-delete-subtree:  cancel active jobs ► remove nodes ► remove rows (idempotent)
@@ -14,6 +15,7 @@
 //!
 //! - [`workflow`]: the entries, `schedule_item`, the recovery scan and the settle pass
 //! - [`source`]: reading an item's input (local file, HTTP(S) URL, note)
+//! - [`fingerprint`]: what a file item's nodes were made from, so a re-sync skips it
 //! - [`nodes`]: a parsed and chunked document as node writes
 //! - [`handlers`]: the four job types
 //! - [`follow`]: an entry's work followed to its end (the CLI without `--no-wait`)
@@ -22,6 +24,7 @@
 //! lock with the lease's fences, so base mutations are serialized across processes and the
 //! final stale guard ([`ce_store::KbOp::Guard`]) is checked in the transaction that commits.
 
+pub mod fingerprint;
 pub mod follow;
 pub mod handlers;
 pub mod nodes;
@@ -89,10 +92,13 @@ impl Stage {
 /// The item segment of the key of a whole-base delete (item ids are hex, so it cannot clash).
 pub const WHOLE_BASE: &str = "base";
 
+/// The start of every workflow job's idempotency key.
+pub const JOB_KEY_PREFIX: &str = "kb:";
+
 /// The deterministic idempotency key of a stage: `kb:{base}:{item}:{stage}` (docs/jobs.md,
 /// "the trap": each stage its own key, so a running stage can enqueue the next).
 pub fn job_key(base: &str, item: &str, stage: Stage) -> String {
-    format!("kb:{base}:{item}:{}", stage.as_str())
+    format!("{JOB_KEY_PREFIX}{base}:{item}:{}", stage.as_str())
 }
 
 /// The payload of every knowledge-base job.
@@ -104,14 +110,30 @@ pub struct KbJob {
     /// The item; `None` for a whole-base delete.
     #[serde(default)]
     pub item: Option<String>,
+    /// Read every file again (an explicit reindex), passed on from `kb-reindex-subtree` to
+    /// the `kb-prepare-root` jobs it leads to; otherwise (a re-sync) a completed file whose
+    /// fingerprint is unchanged is not read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reread: bool,
 }
 
 impl KbJob {
+    /// The job of `item` (`None`: the whole base) of `base`, not re-reading.
+    pub fn of(base: &str, item: Option<&str>) -> KbJob {
+        KbJob {
+            base: base.to_owned(),
+            item: item.map(str::to_owned),
+            reread: false,
+        }
+    }
+
     /// Parses and checks a payload of `stage`.
     pub fn parse(payload: &serde_json::Value, stage: Stage) -> Result<KbJob> {
         let p = KbJob::deserialize(payload).map_err(|e| CoreError::InvalidField {
             field: "payload",
-            reason: format!("not a knowledge-base job payload {{\"base\", \"item\"}}: {e}"),
+            reason: format!(
+                "not a knowledge-base job payload {{\"base\", \"item\", \"reread\"}}: {e}"
+            ),
         })?;
         ce_store::kb::check_base_name(&p.base)?;
         if p.item.is_none() && stage != Stage::Delete {
@@ -329,6 +351,16 @@ impl Engine {
         self.kb
             .counter
             .get_or_init(|| TokenCounter::for_config(&self.config().index.embedding))
+    }
+
+    /// What reading a file of `base` depends on besides the file: its chunk settings, the
+    /// parser and chunker version, the node layout version and the token counter — a part
+    /// of every file fingerprint ([`fingerprint::Reading`]).
+    pub fn kb_reading(&self, base: &KnowledgeBase) -> Result<fingerprint::Reading> {
+        Ok(fingerprint::Reading::new(
+            &KbSettings::of(base)?,
+            &self.token_counter().identity(),
+        ))
     }
 
     /// The knowledge-base section of the status report: every base's overview (one grouped

@@ -13,6 +13,11 @@ use serde_json::{Value, json};
 use super::source::SourceBytes;
 use crate::error::Result;
 
+/// The version of the node layout [`document_ops`] writes for a chunked document. Bump it
+/// with any change to the nodes, their names or their meta: a re-sync skips a file only when
+/// the layout that wrote its nodes is this one (docs/ingestion.md, "Re-sync").
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// The name of chunk `i`'s node.
 pub fn chunk_name(i: usize) -> String {
     format!("chunk-{i:04}")

@@ -11,6 +11,8 @@ use ce_core::{CoreError, ErrorCode};
 use ce_http::{Failure, GetError};
 use ce_store::{ItemKind, KbItem};
 
+use super::fingerprint::FileStat;
+
 use crate::error::{Result, ServerError};
 
 /// The largest input read (file or URL body): 32 MiB.
@@ -31,6 +33,9 @@ pub struct SourceBytes {
     pub content_type: Option<String>,
     /// Where it was read from, for the nodes' meta (a path, the final URL, `note`).
     pub origin: String,
+    /// A file's stat, taken from the open file before its bytes were read (a write during
+    /// the read shows in the next stat, never in this one and its fingerprint).
+    pub stat: Option<FileStat>,
 }
 
 fn failed(code: ErrorCode, retryable: bool, context: &str, message: String) -> ServerError {
@@ -52,6 +57,7 @@ pub fn read(item: &KbItem) -> Result<SourceBytes> {
             file_name: Some("note.md".into()),
             content_type: None,
             origin: "note".into(),
+            stat: None,
         }),
         ItemKind::Directory => Err(ServerError::Internal(format!(
             "item {} is a directory: it is expanded, not read",
@@ -60,10 +66,13 @@ pub fn read(item: &KbItem) -> Result<SourceBytes> {
     }
 }
 
-/// Reads a local file of at most [`MAX_SOURCE_BYTES`].
+/// Reads a local file of at most [`MAX_SOURCE_BYTES`], with its stat.
 pub fn read_file(path: &Path) -> Result<SourceBytes> {
+    use std::io::Read as _;
     let context = format!("reading {}", path.display());
-    let meta = std::fs::metadata(path).map_err(|e| io_failure(&context, &e))?;
+    let mut file = std::fs::File::open(path).map_err(|e| io_failure(&context, &e))?;
+    let taken_at = std::time::SystemTime::now();
+    let meta = file.metadata().map_err(|e| io_failure(&context, &e))?;
     if !meta.is_file() {
         return Err(failed(
             ErrorCode::InvalidField,
@@ -75,12 +84,21 @@ pub fn read_file(path: &Path) -> Result<SourceBytes> {
     if meta.len() > MAX_SOURCE_BYTES {
         return Err(too_large(&context, MAX_SOURCE_BYTES));
     }
-    let bytes = std::fs::read(path).map_err(|e| io_failure(&context, &e))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // One byte more than the limit tells a file that grew past it since the stat.
+    (&mut file)
+        .take(MAX_SOURCE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_failure(&context, &e))?;
+    if bytes.len() as u64 > MAX_SOURCE_BYTES {
+        return Err(too_large(&context, MAX_SOURCE_BYTES));
+    }
     Ok(SourceBytes {
         bytes,
         file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()),
         content_type: None,
         origin: path.display().to_string(),
+        stat: Some(FileStat::of(&meta, taken_at)),
     })
 }
 
@@ -216,6 +234,7 @@ pub fn fetch_with(url: &str, timeout: Duration, max_bytes: u64) -> Result<Source
         content_type: got.content_type,
         origin: got.url,
         bytes: got.body,
+        stat: None,
     })
 }
 

@@ -30,7 +30,7 @@ use ce_store::{
 };
 use tracing::{info, warn};
 
-use super::handlers::{guard, set_status};
+use super::handlers::{guard, not_terminal, set_status};
 use super::nodes::segment_for;
 use super::source::{MAX_NOTE_BYTES, check_url, url_file_name, url_host};
 use super::{
@@ -39,12 +39,16 @@ use super::{
 use crate::engine::Engine;
 use crate::error::{Result, ServerError};
 
-/// The status a scheduled item starts in, and its job: `kb-prepare-root` for a container,
-/// `kb-index-documents` for anything else (spec `scheduleItem`).
-pub fn schedule_item(item: &KbItem, parent_job: Option<&str>) -> (ItemStatus, JobSpec) {
+/// The status a scheduled item starts in, and its job: `kb-prepare-root` for a container
+/// (passing `reread` on), `kb-index-documents` for anything else (spec `scheduleItem`).
+pub fn schedule_item(
+    item: &KbItem,
+    parent_job: Option<&str>,
+    reread: bool,
+) -> (ItemStatus, JobSpec) {
     let job = KbJob {
-        base: item.base.clone(),
-        item: Some(item.id.clone()),
+        reread: reread && item.kind.is_container(),
+        ..KbJob::of(&item.base, Some(&item.id))
     };
     if item.kind.is_container() {
         (ItemStatus::Preparing, job.spec(Stage::Prepare, parent_job))
@@ -263,10 +267,11 @@ impl Engine {
                 status: ItemStatus::Idle,
                 error: None,
                 through_seq: None,
+                fingerprint: None,
                 created_at_ms: now,
                 updated_at_ms: now,
             };
-            item.status = schedule_item(&item, None).0;
+            item.status = schedule_item(&item, None, false).0;
             fresh.push(item.clone());
             items.push(item);
         }
@@ -277,10 +282,11 @@ impl Engine {
         ops.extend(
             fresh
                 .iter()
-                .map(|i| WriteOp::Enqueue(schedule_item(i, None).1)),
+                .map(|i| WriteOp::Enqueue(schedule_item(i, None, false).1)),
         );
+        // A re-sync does not re-read unchanged files (`kb reindex` does).
         for r in &resync {
-            ops.extend(reindex_ops(name, &all, r));
+            ops.extend(reindex_ops(name, &all, r, false));
         }
         if ops.is_empty() {
             return Ok(AddResult {
@@ -330,11 +336,7 @@ impl Engine {
                 root: r.clone(),
             }));
             ops.push(WriteOp::Enqueue(
-                KbJob {
-                    base: name.to_owned(),
-                    item: Some(r.clone()),
-                }
-                .spec(Stage::Delete, None),
+                KbJob::of(name, Some(r)).spec(Stage::Delete, None),
             ));
         }
         let out = self.kb_write(&base, ops)?;
@@ -378,7 +380,8 @@ impl Engine {
                     ),
                 ));
             }
-            ops.extend(reindex_ops(name, &all, r));
+            // The user asked to read the items again: no fingerprint skips a file.
+            ops.extend(reindex_ops(name, &all, r, true));
         }
         let out = self.kb_write(&base, ops).map_err(|e| {
             if is_stale(&e) {
@@ -413,11 +416,7 @@ impl Engine {
             })
         }));
         ops.push(WriteOp::Enqueue(
-            KbJob {
-                base: name.to_owned(),
-                item: None,
-            }
-            .spec(Stage::Delete, None),
+            KbJob::of(name, None).spec(Stage::Delete, None),
         ));
         let out = self.kb_write(&base, ops)?;
         Ok(KbJobs {
@@ -434,26 +433,14 @@ impl Engine {
             .store()
             .kb_deleting_roots()?
             .into_iter()
-            .map(|i| {
-                KbJob {
-                    base: i.base,
-                    item: Some(i.id),
-                }
-                .spec(Stage::Delete, None)
-            })
+            .map(|i| KbJob::of(&i.base, Some(&i.id)).spec(Stage::Delete, None))
             .collect();
         specs.extend(
             self.store()
                 .kb_bases()?
                 .into_iter()
                 .filter(|b| b.status == BaseStatus::Deleting)
-                .map(|b| {
-                    KbJob {
-                        base: b.name,
-                        item: None,
-                    }
-                    .spec(Stage::Delete, None)
-                }),
+                .map(|b| KbJob::of(&b.name, None).spec(Stage::Delete, None)),
         );
         let mut created = 0;
         for spec in specs {
@@ -498,15 +485,32 @@ impl Engine {
             }
         }
         // Orphans: an active item whose stage's job ended without moving it on (cancelled by
-        // hand, or dead after a panic) would wait forever; it fails, naming the job.
+        // hand, or dead after a panic) would wait forever; it fails, naming the job. The
+        // items are read before the live keys (an item and its job are written together, and
+        // a job ends after moving its item on), in one read each: a base of 10,000 idle files
+        // is checked every pass.
+        let mut waiting = Vec::new();
         for (status, stage) in [
             (ItemStatus::Idle, Stage::Index),
             (ItemStatus::Reading, Stage::Index),
             (ItemStatus::Preparing, Stage::Prepare),
         ] {
-            for item in self.store().kb_items_in(status)? {
-                let key = super::job_key(&item.base, &item.id, stage);
-                if self.store().jobs().live_job(&key)?.is_some() {
+            waiting.extend(
+                self.store()
+                    .kb_items_in(status)?
+                    .into_iter()
+                    .map(|item| (item, stage)),
+            );
+        }
+        if !waiting.is_empty() {
+            let live: std::collections::HashSet<String> = self
+                .store()
+                .jobs()
+                .live_keys(super::JOB_KEY_PREFIX)?
+                .into_iter()
+                .collect();
+            for (item, stage) in waiting {
+                if live.contains(&super::job_key(&item.base, &item.id, stage)) {
                     continue;
                 }
                 let Some(base) = base_of(self, &item.base) else {
@@ -591,26 +595,17 @@ impl Engine {
 
 /// The reindex of `root` (whose subtree the caller found terminal): a stale guard per item
 /// of the subtree refusing any non-terminal status — the entry's check, repeated in the
-/// transaction — and the `kb-reindex-subtree` job.
-fn reindex_ops(base: &str, all: &[KbItem], root: &str) -> Vec<WriteOp> {
-    let not_terminal: Vec<ItemStatus> = ItemStatus::ALL
-        .into_iter()
-        .filter(|s| !s.is_terminal())
-        .collect();
+/// transaction — and the `kb-reindex-subtree` job (`reread`: every file read again, else
+/// unchanged ones are skipped).
+fn reindex_ops(base: &str, all: &[KbItem], root: &str, reread: bool) -> Vec<WriteOp> {
     let mut ops: Vec<WriteOp> = subtree_of(all, root)
         .iter()
-        .map(|i| {
-            WriteOp::Kb(KbOp::Guard {
-                base: base.to_owned(),
-                item: i.id.clone(),
-                refuse: not_terminal.clone(),
-            })
-        })
+        .map(|i| guard(i, not_terminal()))
         .collect();
     ops.push(WriteOp::Enqueue(
         KbJob {
-            base: base.to_owned(),
-            item: Some(root.to_owned()),
+            reread,
+            ..KbJob::of(base, Some(root))
         }
         .spec(Stage::Reindex, None),
     ));

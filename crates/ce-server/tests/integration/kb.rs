@@ -8,18 +8,21 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use ce_core::{Classify as _, Config, CtxUri, ErrorCode};
 use ce_http::loopback::{LoopbackServer, Reply};
 use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
-use ce_server::kb::{CreateBase, KbInput, KbJobs, KbSettings};
+use ce_server::kb::fingerprint::RACY_WINDOW;
+use ce_server::kb::{AddResult, CreateBase, KbInput, KbJobs, KbSettings};
 use ce_server::{Engine, EngineOptions};
 use ce_store::{ItemKind, ItemStatus, JobFilter, JobState, KbItem, KbOp, WriteOp};
 use ce_testkit::backends::{Backend, Place};
 
 ce_testkit::backend_tests!(
     a_directory_of_real_files_becomes_searchable_chunks_and_a_resync_appends_nothing,
+    a_resync_reads_only_the_files_that_changed_failed_or_lost_their_nodes,
+    a_resync_of_an_unchanged_file_root_runs_no_index_job,
     delete_while_indexing_is_refused_by_the_stale_guard,
     reindex_is_refused_while_anything_in_the_subtree_is_active,
     the_recovery_scan_finishes_a_delete_whose_job_is_gone,
@@ -93,6 +96,38 @@ fn finish(e: &Engine, base: &str, j: &KbJobs) {
         .expect("follow");
     assert_eq!(f.waiting, None, "{f:?}");
     assert!(f.progress.finished, "{f:?}");
+}
+
+/// The work an add started, to follow.
+fn started(a: &AddResult) -> KbJobs {
+    KbJobs {
+        roots: a.items.iter().map(|i| i.id.clone()).collect(),
+        jobs: a.jobs.clone(),
+    }
+}
+
+/// Sets `files`' modification time an hour back, then waits out the racy window of their
+/// change time: their stats can vouch for their content from then on.
+fn settle_stats(files: &[&Path]) {
+    for f in files {
+        std::fs::File::options()
+            .write(true)
+            .open(f)
+            .and_then(|h| h.set_modified(SystemTime::now() - Duration::from_secs(3600)))
+            .expect("set mtime");
+    }
+    std::thread::sleep(RACY_WINDOW + Duration::from_millis(200));
+}
+
+/// How many `kb-index-documents` jobs exist: one per file read so far.
+fn index_jobs(e: &Engine) -> usize {
+    e.list_jobs(&JobFilter {
+        job_type: Some("kb-index-documents".into()),
+        limit: 1000,
+        ..JobFilter::default()
+    })
+    .expect("jobs")
+    .len()
 }
 
 fn items(e: &Engine, base: &str) -> Vec<KbItem> {
@@ -307,6 +342,167 @@ fn a_directory_of_real_files_becomes_searchable_chunks_and_a_resync_appends_noth
             .expect("read")
             .is_some()
     );
+}
+
+/// The skip decisions of a re-sync (docs/ingestion.md "Re-sync"): an unchanged completed file
+/// is not read (no job, its row untouched); a failed one, one whose stat changed (even with
+/// its size and modification time restored), one changed within the racy window, and one
+/// whose node was removed are read; an explicit reindex reads them all, appending nothing.
+fn a_resync_reads_only_the_files_that_changed_failed_or_lost_their_nodes(backend: Backend) {
+    let kb = open(backend);
+    let e = &kb.engine;
+    create(e, "sync", 128);
+    let src = tempfile::tempdir().expect("src");
+    let sub = src.path().join("sub");
+    std::fs::create_dir(&sub).expect("mkdir");
+    let (a, b, bad, c) = (
+        src.path().join("a.md"),
+        src.path().join("b.md"),
+        src.path().join("bad.pdf"),
+        sub.join("c.md"),
+    );
+    std::fs::copy(fixtures().join("guide.md"), &a).expect("copy");
+    std::fs::write(&b, "The orchard ledger lists every pear tree.").expect("write");
+    std::fs::copy(fixtures().join("corrupt.pdf"), &bad).expect("copy");
+    std::fs::write(&c, "The cellar key hangs by the door.").expect("write");
+    settle_stats(&[&a, &b, &bad, &c]);
+    let resync = || {
+        let added = e.kb_add("sync", vec![path(src.path())]).expect("add");
+        finish(e, "sync", &started(&added));
+    };
+    resync();
+    let first = items(e, "sync");
+    for f in ["a.md", "b.md", "c.md"] {
+        let i = by_source(&first, f);
+        assert_eq!(i.status, ItemStatus::Completed, "{f}");
+        assert!(i.fingerprint.is_some(), "{f}: {i:?}");
+    }
+    assert_eq!(by_source(&first, "bad.pdf").status, ItemStatus::Failed);
+    assert_eq!(index_jobs(e), 4);
+
+    // Unchanged: only the failed file is read again; the others keep their rows as they are.
+    let events = event_count(e);
+    resync();
+    assert_eq!(index_jobs(e), 4 + 1, "only bad.pdf read");
+    assert_eq!(event_count(e), events);
+    let second = items(e, "sync");
+    for f in ["a.md", "b.md", "c.md"] {
+        assert_eq!(by_source(&second, f), by_source(&first, f), "{f} untouched");
+    }
+    assert_eq!(
+        by_source(&second, "bad.pdf")
+            .error
+            .as_ref()
+            .map(|x| x.code.as_str()),
+        Some("parse_error")
+    );
+
+    // b rewritten with the same size and its modification time put back: the change time
+    // (and the inode check's neighbours) still tell; it is read and its node follows.
+    let mtime = std::fs::metadata(&b)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    std::fs::write(&b, "The orchard ledger lists every plum tree.").expect("write");
+    std::fs::File::options()
+        .write(true)
+        .open(&b)
+        .and_then(|h| h.set_modified(mtime))
+        .expect("restore mtime");
+    std::thread::sleep(RACY_WINDOW + Duration::from_millis(200));
+    resync();
+    assert_eq!(index_jobs(e), 5 + 2, "b.md and bad.pdf read");
+    let b_item = by_source(&items(e, "sync"), "b.md").clone();
+    let b_node = e
+        .store()
+        .read_node(&b_item.node_uri)
+        .expect("read")
+        .expect("b");
+    assert!(b_node.layers.content.contains("plum"), "{b_node:?}");
+    assert_eq!(b_item.id, by_source(&first, "b.md").id, "the same item");
+
+    // c changed just now: read, but its stat cannot vouch for it yet (no fingerprint), so
+    // the next re-sync reads it again.
+    std::fs::write(&c, "The cellar key hangs by the back door.").expect("write");
+    resync();
+    assert_eq!(index_jobs(e), 7 + 2, "c.md and bad.pdf read");
+    assert_eq!(by_source(&items(e, "sync"), "c.md").fingerprint, None);
+    settle_stats(&[&c]);
+    resync();
+    assert_eq!(
+        index_jobs(e),
+        9 + 2,
+        "c.md (no fingerprint) and bad.pdf read"
+    );
+    assert!(by_source(&items(e, "sync"), "c.md").fingerprint.is_some());
+    resync();
+    assert_eq!(index_jobs(e), 11 + 1, "only bad.pdf read");
+
+    // a's node removed behind the workflow's back: the re-sync writes it again.
+    let a_item = by_source(&items(e, "sync"), "a.md").clone();
+    e.rm(&a_item.node_uri, true, None, None).expect("rm");
+    resync();
+    assert_eq!(index_jobs(e), 12 + 2, "a.md and bad.pdf read");
+    assert!(
+        e.store()
+            .read_node(&a_item.node_uri)
+            .expect("read")
+            .is_some()
+    );
+
+    // An explicit reindex reads every file again, and appends nothing for unchanged ones.
+    let events = event_count(e);
+    let root = items(e, "sync")
+        .into_iter()
+        .find(|i| i.parent_id.is_none())
+        .expect("root");
+    let r = e
+        .kb_reindex_items("sync", std::slice::from_ref(&root.id))
+        .expect("reindex");
+    finish(e, "sync", &r);
+    assert_eq!(index_jobs(e), 14 + 4, "every file read");
+    assert_eq!(event_count(e), events);
+    assert_eq!(items(e, "sync").len(), first.len());
+}
+
+/// A file added on its own: its re-sync (`kb add` again) checks the fingerprint in
+/// `kb-reindex-subtree` and runs no index job when it is unchanged.
+fn a_resync_of_an_unchanged_file_root_runs_no_index_job(backend: Backend) {
+    let kb = open(backend);
+    let e = &kb.engine;
+    create(e, "one", 128);
+    let src = tempfile::tempdir().expect("src");
+    let f = src.path().join("memo.md");
+    std::fs::write(&f, "Water the ferns on Fridays.").expect("write");
+    settle_stats(&[&f]);
+    let add = || {
+        let added = e.kb_add("one", vec![path(&f)]).expect("add");
+        finish(e, "one", &started(&added));
+        added
+    };
+    let first = add();
+    assert_eq!(index_jobs(e), 1);
+    let again = add();
+    assert_eq!(
+        again.items[0].id, first.items[0].id,
+        "a re-sync of the same item"
+    );
+    assert_eq!(index_jobs(e), 1, "unchanged: not read");
+    let reindex = e
+        .list_jobs(&JobFilter {
+            job_type: Some("kb-reindex-subtree".into()),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .expect("jobs");
+    assert_eq!(reindex.len(), 1);
+    assert_eq!(
+        reindex[0].progress.as_ref().map(|p| p["unchanged"].clone()),
+        Some(serde_json::json!(first.items[0].id))
+    );
+    // Changed (another size): read.
+    std::fs::write(&f, "Water the ferns on Fridays and Tuesdays.").expect("write");
+    add();
+    assert_eq!(index_jobs(e), 2);
 }
 
 fn delete_while_indexing_is_refused_by_the_stale_guard(backend: Backend) {
@@ -707,11 +903,8 @@ fn a_rerun_of_index_documents_converges_on_the_same_nodes(backend: Backend) {
         })],
     )
     .expect("reset");
-    let spec = ce_server::kb::KbJob {
-        base: "docs".into(),
-        item: Some(item.id.clone()),
-    }
-    .spec(ce_server::kb::Stage::Index, None);
+    let spec =
+        ce_server::kb::KbJob::of("docs", Some(&item.id)).spec(ce_server::kb::Stage::Index, None);
     let rerun = e.enqueue_job(spec).expect("enqueue");
     assert!(rerun.created);
     finish(

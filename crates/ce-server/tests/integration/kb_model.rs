@@ -1,6 +1,8 @@
 //! A model-based property test of the ingestion workflow's state machine, on both backends:
 //! random sequences of add (good files, corrupt files, notes, directories), one round of
-//! work (claim the due jobs, drain the outbox, settle), delete, reindex, a job lost (cancelled
+//! work (claim the due jobs, drain the outbox, settle), delete, reindex, a re-sync (the same
+//! input added again: unchanged files skipped by their fingerprints), time passing (files
+//! older than the racy window, so that their fingerprints count), a job lost (cancelled
 //! — as a dead job or a crash that never acknowledges), a file gone from its source, and a
 //! restart (engine reopened, recovery scan). After every step:
 //!
@@ -44,6 +46,10 @@ enum Op {
     Delete(usize),
     /// Reindexes the visible item at this index (modulo).
     Reindex(usize),
+    /// Adds the input of the visible top-level item at this index (modulo) again.
+    Resync(usize),
+    /// Waits out the racy window: every file written so far gets (and keeps) a fingerprint.
+    Age,
     /// Cancels the live job at this index (modulo).
     LoseJob(usize),
     /// Removes the source file of the file item at this index (modulo).
@@ -60,6 +66,8 @@ fn op() -> impl Strategy<Value = Op> {
         5 => Just(Op::Work),
         2 => any::<usize>().prop_map(Op::Delete),
         2 => any::<usize>().prop_map(Op::Reindex),
+        2 => any::<usize>().prop_map(Op::Resync),
+        1 => Just(Op::Age),
         1 => any::<usize>().prop_map(Op::LoseJob),
         1 => any::<usize>().prop_map(Op::RemoveSource),
         1 => Just(Op::Restart),
@@ -281,6 +289,36 @@ fn step(w: &mut World, op: &Op) -> Result<(), TestCaseError> {
                 );
             }
         }
+        Op::Resync(i) => {
+            let roots: Vec<KbItem> = w
+                .visible()
+                .into_iter()
+                .filter(|x| x.parent_id.is_none())
+                .collect();
+            if !roots.is_empty() {
+                let root = &roots[i % roots.len()];
+                let input = match root.kind {
+                    ce_store::ItemKind::Note => KbInput {
+                        note: Some(root.source.clone()),
+                        ..KbInput::default()
+                    },
+                    _ => KbInput {
+                        path: Some(root.source.clone()),
+                        ..KbInput::default()
+                    },
+                };
+                let added = w.e().kb_add("m", vec![input]).expect("re-sync");
+                prop_assert!(
+                    added.items.iter().any(|x| x.id == root.id),
+                    "a re-sync of {} made a new item: {:?}",
+                    root.id,
+                    added.items
+                );
+            }
+        }
+        Op::Age => std::thread::sleep(
+            ce_server::kb::fingerprint::RACY_WINDOW + std::time::Duration::from_millis(100),
+        ),
         Op::LoseJob(i) => {
             let live: Vec<_> = [JobState::Pending, JobState::Failed]
                 .into_iter()

@@ -395,6 +395,23 @@ pub(crate) fn cancel(tx: &mut dyn JobTx, job_id: &str, now: Millis) -> Result<Jo
 
 /// Puts a dead or cancelled job back to `pending` at `now` with a fresh retry budget (its
 /// last error stays on record); refused while another non-terminal job holds its key.
+/// The first string after every string that starts with `prefix` (non-empty ASCII): the
+/// exclusive end of its key range.
+pub(crate) fn prefix_end(prefix: &str) -> Result<String> {
+    match prefix.as_bytes().split_last() {
+        Some((&last, head)) if prefix.is_ascii() && last < 0x7f => {
+            let mut end = head.to_vec();
+            end.push(last + 1);
+            Ok(String::from_utf8_lossy(&end).into_owned())
+        }
+        _ => Err(ce_core::CoreError::InvalidField {
+            field: "prefix",
+            reason: format!("{prefix:?} is not a non-empty ASCII key prefix"),
+        }
+        .into()),
+    }
+}
+
 pub(crate) fn retry(tx: &mut dyn JobTx, job_id: &str, now: Millis) -> Result<Job> {
     let mut j = locked(tx, job_id)?;
     if !matches!(j.job.state, JobState::Dead | JobState::Cancelled) {
@@ -544,6 +561,11 @@ macro_rules! impl_job_store {
 
             fn live_job(&self, key: &str) -> $crate::Result<Option<$crate::jobs::Job>> {
                 self.read_jobs(|tx| Ok(tx.job_by_key(key)?.map(|s| s.job)))
+            }
+
+            fn live_keys(&self, prefix: &str) -> $crate::Result<Vec<String>> {
+                let to = $crate::jobs::machine::prefix_end(prefix)?;
+                self.read_jobs(|tx| tx.live_keys(prefix, &to))
             }
         }
     };

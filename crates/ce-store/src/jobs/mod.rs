@@ -304,4 +304,8 @@ pub trait JobStore: Send + Sync {
     fn job_counts(&self) -> Result<Vec<JobCount>>;
     /// The non-terminal job holding idempotency key `key`, if any.
     fn live_job(&self, key: &str) -> Result<Option<Job>>;
+    /// Every idempotency key starting with `prefix` (non-empty ASCII) that a non-terminal job
+    /// holds, in one read: what a scan over many keys asks instead of [`JobStore::live_job`]
+    /// per key.
+    fn live_keys(&self, prefix: &str) -> Result<Vec<String>>;
 }

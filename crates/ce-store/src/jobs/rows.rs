@@ -280,6 +280,8 @@ pub(crate) trait JobTx {
     fn insert_job(&mut self, job: &StoredJob) -> Result<bool>;
     /// The non-terminal job holding `key`.
     fn job_by_key(&mut self, key: &str) -> Result<Option<StoredJob>>;
+    /// The keys in `[from, to)` that non-terminal jobs hold (a range of `jobs_live_key`).
+    fn live_keys(&mut self, from: &str, to: &str) -> Result<Vec<String>>;
     /// One job, unlocked.
     fn job(&mut self, id: &str) -> Result<Option<StoredJob>>;
     /// One job, locked for a transition.

@@ -46,6 +46,27 @@ pub(crate) fn subtree(tx: &mut dyn KbTx, base: &str, root: &str) -> Result<Vec<K
     Ok(out)
 }
 
+/// The item an op changes; a missing one is stale.
+fn existing(tx: &mut dyn KbTx, base: &str, item: &str) -> Result<KbItem> {
+    tx.kb_item(base, item)?
+        .ok_or_else(|| stale(base, item, None))
+}
+
+/// Writes `next` (stamped `now`) over `old` when it differs; whether it did.
+fn write_if_changed(
+    tx: &mut dyn KbTx,
+    old: &KbItem,
+    mut next: KbItem,
+    now: Millis,
+) -> Result<bool> {
+    if next == *old {
+        return Ok(false);
+    }
+    next.updated_at_ms = now;
+    tx.kb_update_item(&next)?;
+    Ok(true)
+}
+
 /// Applies one op at `now`; returns whether it changed anything.
 pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
     match op {
@@ -113,29 +134,37 @@ pub(crate) fn apply(tx: &mut dyn KbTx, op: KbOp, now: Millis) -> Result<bool> {
             Some(i) => Err(stale(&base, &item, Some(i.status))),
             None => Err(stale(&base, &item, None)),
         },
+        KbOp::SetFingerprint {
+            base,
+            item,
+            fingerprint,
+        } => {
+            let i = existing(tx, &base, &item)?;
+            let next = KbItem {
+                fingerprint,
+                ..i.clone()
+            };
+            write_if_changed(tx, &i, next, now)
+        }
         KbOp::SetStatus {
             base,
             item,
             status,
             error,
         } => {
-            let mut i = tx
-                .kb_item(&base, &item)?
-                .ok_or_else(|| stale(&base, &item, None))?;
+            let i = existing(tx, &base, &item)?;
             let through_seq = if status == ItemStatus::Embedding {
                 Some(tx.kb_max_seq()?)
             } else {
                 i.through_seq
             };
-            let changed = i.status != status || i.error != error || i.through_seq != through_seq;
-            if changed {
-                i.status = status;
-                i.error = error;
-                i.through_seq = through_seq;
-                i.updated_at_ms = now;
-                tx.kb_update_item(&i)?;
-            }
-            Ok(changed)
+            let next = KbItem {
+                status,
+                error,
+                through_seq,
+                ..i.clone()
+            };
+            write_if_changed(tx, &i, next, now)
         }
         KbOp::MarkDeleting { base, root } => {
             let mut changed = false;
@@ -234,6 +263,14 @@ macro_rules! impl_kb_store {
                 self.read_kb(|tx| tx.kb_items(base))
             }
 
+            fn kb_children(
+                &self,
+                base: &str,
+                parent: &str,
+            ) -> $crate::Result<Vec<$crate::kb::KbItem>> {
+                self.read_kb(|tx| tx.kb_children(base, parent))
+            }
+
             fn kb_items_in(
                 &self,
                 status: $crate::kb::ItemStatus,
@@ -244,12 +281,17 @@ macro_rules! impl_kb_store {
             fn kb_deleting_roots(&self) -> $crate::Result<Vec<$crate::kb::KbItem>> {
                 self.read_kb(|tx| {
                     let all = tx.kb_in_status($crate::kb::ItemStatus::Deleting)?;
+                    // Linear: a deleted directory of 10,000 files is 10,000 deleting items.
+                    let deleting: std::collections::HashSet<(&str, &str)> = all
+                        .iter()
+                        .map(|i| (i.base.as_str(), i.id.as_str()))
+                        .collect();
                     Ok(all
                         .iter()
                         .filter(|i| {
                             !i.parent_id
-                                .as_ref()
-                                .is_some_and(|p| all.iter().any(|o| &o.id == p && o.base == i.base))
+                                .as_deref()
+                                .is_some_and(|p| deleting.contains(&(i.base.as_str(), p)))
                         })
                         .cloned()
                         .collect())
@@ -283,6 +325,7 @@ mod tests {
             status: ItemStatus::Completed,
             error: None,
             through_seq: None,
+            fingerprint: None,
             created_at_ms: 0,
             updated_at_ms: 0,
         }

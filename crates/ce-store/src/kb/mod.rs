@@ -252,6 +252,11 @@ pub struct KbItem {
     pub error: Option<ItemError>,
     /// The last journal sequence of the commit of its nodes (from `embedding` on).
     pub through_seq: Option<i64>,
+    /// What its nodes were last made from, for a file: a digest of the file's size,
+    /// modification and change times and inode, and of what reading depends on (the base's
+    /// settings, the parser and chunker version, the token counter). A re-sync skips a
+    /// completed file whose fingerprint is unchanged (docs/ingestion.md, "Re-sync").
+    pub fingerprint: Option<String>,
     /// Creation time.
     pub created_at_ms: Millis,
     /// Last change.
@@ -345,6 +350,16 @@ pub enum KbOp {
         /// The statuses that make the batch stale.
         refuse: Vec<ItemStatus>,
     },
+    /// Sets what an item's nodes are made from ([`KbItem::fingerprint`]). A missing item is
+    /// stale.
+    SetFingerprint {
+        /// The base.
+        base: String,
+        /// The item.
+        item: String,
+        /// The fingerprint; `None` when the input has none (or it cannot be trusted).
+        fingerprint: Option<String>,
+    },
     /// Sets an item's status and error (cleared unless given); `embedding` also records the
     /// journal sequence reached so far in the batch. A missing item is stale.
     SetStatus {
@@ -385,6 +400,8 @@ pub trait KbStore: Send + Sync {
     fn kb_item(&self, base: &str, id: &str) -> Result<KbItem>;
     /// Every item of a base, deleting ones included, by id (creation order).
     fn kb_items(&self, base: &str) -> Result<Vec<KbItem>>;
+    /// The direct children of an item, deleting ones included, by id.
+    fn kb_children(&self, base: &str, parent: &str) -> Result<Vec<KbItem>>;
     /// Every item of every base in `status`, by base and id.
     fn kb_items_in(&self, status: ItemStatus) -> Result<Vec<KbItem>>;
     /// The roots of deleting subtrees of every base: deleting items whose parent is not

@@ -13,7 +13,7 @@ pub(crate) const BASE_COLUMNS: &str = "name, root_uri, settings, status, created
 
 /// The columns of `kb_items`, in [`item_from`]'s order.
 pub(crate) const ITEM_COLUMNS: &str = "base, id, parent_id, kind, source, node_uri, status, \
-     error_code, error_message, through_seq, created_at, updated_at";
+     error_code, error_message, through_seq, created_at, updated_at, fingerprint";
 
 /// Row operations on the knowledge-base tables inside one transaction.
 pub(crate) trait KbTx {
@@ -37,7 +37,7 @@ pub(crate) trait KbTx {
     fn kb_children(&mut self, base: &str, parent: &str) -> Result<Vec<KbItem>>;
     /// Every item in `status`, by base and id.
     fn kb_in_status(&mut self, status: ItemStatus) -> Result<Vec<KbItem>>;
-    /// Writes an item's status, error, journal sequence and update time.
+    /// Writes an item's status, error, journal sequence, fingerprint and update time.
     fn kb_update_item(&mut self, i: &KbItem) -> Result<()>;
     /// Removes one item's row.
     fn kb_delete_item(&mut self, base: &str, id: &str) -> Result<()>;
@@ -100,6 +100,7 @@ pub(crate) fn item_from(r: &impl ColumnReader) -> Result<KbItem> {
         status: r.text(6)?.parse().map_err(|e| corrupt("status", e))?,
         error,
         through_seq: r.int_opt(9)?,
+        fingerprint: r.text_opt(12)?,
         created_at_ms: r.int(10)?,
         updated_at_ms: r.int(11)?,
     })

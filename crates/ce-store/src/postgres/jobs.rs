@@ -107,6 +107,19 @@ impl JobTx for PgTx<'_, '_> {
         one(self.tx, &sql, key)
     }
 
+    fn live_keys(&mut self, from: &str, to: &str) -> Result<Vec<String>> {
+        let sql = format!(
+            "SELECT idempotency_key FROM jobs
+             WHERE idempotency_key >= $1 AND idempotency_key < $2 AND {LIVE_STATES_SQL}"
+        );
+        Ok(self
+            .tx
+            .query(&sql, &[&from, &to])?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<Vec<String>, _>>()?)
+    }
+
     fn job(&mut self, id: &str) -> Result<Option<StoredJob>> {
         one(
             self.tx,

@@ -89,7 +89,7 @@ impl KbTx for PgTx<'_, '_> {
         let n = self.tx.execute(
             &format!(
                 "INSERT INTO kb_items ({ITEM_COLUMNS})
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
                  ON CONFLICT DO NOTHING"
             ),
             &[
@@ -105,6 +105,7 @@ impl KbTx for PgTx<'_, '_> {
                 &i.through_seq,
                 &i.created_at_ms,
                 &i.updated_at_ms,
+                &i.fingerprint,
             ],
         )?;
         Ok(n == 1)
@@ -150,7 +151,7 @@ impl KbTx for PgTx<'_, '_> {
         let (code, message) = error_columns(i);
         self.tx.execute(
             "UPDATE kb_items SET status = $3, error_code = $4, error_message = $5,
-             through_seq = $6, updated_at = $7 WHERE base = $1 AND id = $2",
+             through_seq = $6, updated_at = $7, fingerprint = $8 WHERE base = $1 AND id = $2",
             &[
                 &i.base,
                 &i.id,
@@ -159,6 +160,7 @@ impl KbTx for PgTx<'_, '_> {
                 &message,
                 &i.through_seq,
                 &i.updated_at_ms,
+                &i.fingerprint,
             ],
         )?;
         Ok(())

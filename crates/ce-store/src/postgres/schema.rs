@@ -191,6 +191,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX kb_items_by_parent ON kb_items (base, parent_id, id);
     CREATE INDEX kb_items_by_status ON kb_items (status, base, id);
     "#,
+    // 7: what an item's nodes were made from (SQLite migration 8, docs/ingestion.md
+    // "Re-sync").
+    r#"
+    ALTER TABLE kb_items ADD COLUMN fingerprint TEXT COLLATE "C";
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -68,6 +68,15 @@ impl JobTx for SqlTx<'_> {
         )
     }
 
+    fn live_keys(&mut self, from: &str, to: &str) -> Result<Vec<String>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT idempotency_key FROM jobs
+             WHERE idempotency_key >= ?1 AND idempotency_key < ?2 AND {LIVE_STATES_SQL}"
+        ))?;
+        let keys = st.query_map([from, to], |r| r.get::<_, String>(0))?;
+        Ok(keys.collect::<rusqlite::Result<Vec<String>>>()?)
+    }
+
     fn job(&mut self, id: &str) -> Result<Option<StoredJob>> {
         one(
             self,

@@ -96,7 +96,7 @@ impl KbTx for SqlTx<'_> {
             .conn
             .prepare_cached(&format!(
                 "INSERT INTO kb_items ({ITEM_COLUMNS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
                  ON CONFLICT DO NOTHING"
             ))?
             .execute(params![
@@ -111,7 +111,8 @@ impl KbTx for SqlTx<'_> {
                 message,
                 i.through_seq,
                 i.created_at_ms,
-                i.updated_at_ms
+                i.updated_at_ms,
+                i.fingerprint
             ])?;
         Ok(n == 1)
     }
@@ -157,7 +158,8 @@ impl KbTx for SqlTx<'_> {
         self.conn
             .prepare_cached(
                 "UPDATE kb_items SET status = ?3, error_code = ?4, error_message = ?5,
-                 through_seq = ?6, updated_at = ?7 WHERE base = ?1 AND id = ?2",
+                 through_seq = ?6, updated_at = ?7, fingerprint = ?8
+                 WHERE base = ?1 AND id = ?2",
             )?
             .execute(params![
                 i.base,
@@ -166,7 +168,8 @@ impl KbTx for SqlTx<'_> {
                 code,
                 message,
                 i.through_seq,
-                i.updated_at_ms
+                i.updated_at_ms,
+                i.fingerprint
             ])?;
         Ok(())
     }

@@ -208,6 +208,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX kb_items_by_parent ON kb_items (base, parent_id, id);
     CREATE INDEX kb_items_by_status ON kb_items (status, base, id);
     "#,
+    // 8: what an item's nodes were made from (a file's stat and the reading settings): a
+    // re-sync skips an unchanged completed file (docs/ingestion.md "Re-sync").
+    r#"
+    ALTER TABLE kb_items ADD COLUMN fingerprint TEXT;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

@@ -178,6 +178,15 @@ fn idempotency_keys_dedupe_by_key_alone_across_types(backend: Backend) {
     assert!(next.created);
     assert_ne!(next.job.id, first.job.id);
     assert_eq!(common::all_jobs(s).len(), 3);
+    // The live keys of a prefix, in one read: k1 (again) and k2, not the completed k1 job's
+    // twice, nor keys outside the prefix or a bad prefix.
+    assert!(s.enqueue(spec("import", Some("l1"))).expect("l1").created);
+    let mut live = s.live_keys("k").expect("live keys");
+    live.sort();
+    assert_eq!(live, ["k1", "k2"]);
+    assert_eq!(s.live_keys("k2").expect("k2"), ["k2"]);
+    assert!(s.live_keys("m").expect("none").is_empty());
+    assert!(s.live_keys("").is_err());
 }
 
 /// The spec's trap (knowledge-workflow, "idempotencyKey"): a running parent keyed

@@ -42,6 +42,7 @@ fn item(b: &str, id: &str, parent: Option<&str>, kind: ItemKind, node: &str) -> 
         status: ItemStatus::Idle,
         error: None,
         through_seq: None,
+        fingerprint: None,
         created_at_ms: T0,
         updated_at_ms: T0,
     }
@@ -145,6 +146,52 @@ fn bases_and_items_round_trip_and_embedding_records_the_journal_position(backend
     )
     .expect("reset");
     assert_eq!(s.kb_item("docs", "d1").expect("d1").error, None);
+
+    // The fingerprint round-trips, survives status changes, and is cleared by `None`; a
+    // missing item is stale.
+    let set = |fp: Option<&str>| KbOp::SetFingerprint {
+        base: "docs".into(),
+        item: "d3".into(),
+        fingerprint: fp.map(str::to_owned),
+    };
+    kb(s.as_ref(), vec![set(Some("abc123"))]).expect("set");
+    kb(
+        s.as_ref(),
+        vec![KbOp::SetStatus {
+            base: "docs".into(),
+            item: "d3".into(),
+            status: ItemStatus::Completed,
+            error: None,
+        }],
+    )
+    .expect("complete");
+    let d3 = s.kb_item("docs", "d3").expect("d3");
+    assert_eq!(
+        (d3.status, d3.fingerprint.as_deref()),
+        (ItemStatus::Completed, Some("abc123"))
+    );
+    assert_eq!(
+        s.kb_children("docs", "d2").expect("children"),
+        vec![d3.clone()]
+    );
+    let kids: Vec<String> = s
+        .kb_children("docs", "d")
+        .expect("children")
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(kids, ["d1", "d2"]);
+    kb(s.as_ref(), vec![set(None)]).expect("clear");
+    assert_eq!(s.kb_item("docs", "d3").expect("d3").fingerprint, None);
+    let missing = KbOp::SetFingerprint {
+        base: "docs".into(),
+        item: "nope".into(),
+        fingerprint: Some("x".into()),
+    };
+    assert!(matches!(
+        kb(s.as_ref(), vec![missing]),
+        Err(StoreError::KbStale { status: None, .. })
+    ));
 }
 
 fn each_op_checks_its_preconditions_and_a_failed_check_writes_nothing(backend: Backend) {

@@ -1,0 +1,190 @@
+//! What a file item's nodes were made from (docs/ingestion.md, "Re-sync"), so that a re-sync
+//! of an unchanged directory reads no file: the file's stat — size, modification time, and on
+//! Unix its change time and inode (the check rsync and git make instead of reading) — and
+//! what reading depends on besides the file ([`Reading`]: the base's chunk settings, the
+//! parser and chunker version, the node layout version, the token counter). The index job
+//! records the fingerprint of what it read with the item's nodes; `kb-prepare-root` (and
+//! `kb-reindex-subtree` for a file root) compare it with the file's stat now, one `stat`
+//! per file and no read.
+//!
+//! A file changed within [`RACY_WINDOW`] of its reading gets no fingerprint: a write in the
+//! same timestamp tick after the read would leave size and times unchanged (git's "racily
+//! clean" entries), so it is read again at the next re-sync.
+
+use std::fs::Metadata;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ce_core::sha256_hex;
+
+use super::KbSettings;
+
+/// How recently a file may have been modified and still get a fingerprint: older than any
+/// filesystem's timestamp granularity (FAT's is 2 s; ext4, XFS, btrfs, APFS and NTFS are
+/// finer).
+pub const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// What a file's stat says about its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStat {
+    /// Its length in bytes.
+    pub size: u64,
+    /// Its modification time, in nanoseconds since the Unix epoch (negative before it).
+    pub mtime_ns: i128,
+    /// Its status change time (Unix; 0 elsewhere): changes with any write, and when a tool
+    /// sets the modification time back.
+    pub ctime_ns: i128,
+    /// Its inode (Unix; 0 elsewhere): a file replaced by another (a rename over it) has
+    /// another one.
+    pub ino: u64,
+    /// When the stat was taken (not part of the fingerprint: it decides whether the stat
+    /// can vouch for the content, [`FileStat::is_racy`]).
+    pub taken_at: SystemTime,
+}
+
+impl FileStat {
+    /// The stat of `meta` (of the file itself: a symlink's target), taken at `taken_at`.
+    pub fn of(meta: &Metadata, taken_at: SystemTime) -> FileStat {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt as _;
+            let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+            FileStat {
+                size: meta.len(),
+                mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+                ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+                ino: meta.ino(),
+                taken_at,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            FileStat {
+                size: meta.len(),
+                mtime_ns: meta.modified().map_or(0, |t| ns_since_epoch(t)),
+                ctime_ns: 0,
+                ino: 0,
+                taken_at,
+            }
+        }
+    }
+
+    /// Whether a write after the stat could leave it unchanged: the file changed — content
+    /// or status (a tool setting its modification time back changes the latter) — within
+    /// [`RACY_WINDOW`] before the stat was taken (or after, by the filesystem's clock).
+    pub fn is_racy(&self) -> bool {
+        let window = i128::try_from(RACY_WINDOW.as_nanos()).unwrap_or(i128::MAX);
+        ns_since_epoch(self.taken_at) - self.mtime_ns.max(self.ctime_ns) < window
+    }
+}
+
+/// Nanoseconds since the Unix epoch (negative before it).
+fn ns_since_epoch(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
+        Err(e) => -i128::try_from(e.duration().as_nanos()).unwrap_or(i128::MAX),
+    }
+}
+
+/// What reading a file of a base depends on besides the file (`Engine::kb_reading`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reading(String);
+
+impl Reading {
+    /// The reading of a base with `settings` by a token counter of `counter` identity, with
+    /// this build's parser, chunker ([`ce_ingest::OUTPUT_VERSION`]) and node layout
+    /// ([`super::nodes::LAYOUT_VERSION`]).
+    pub fn new(settings: &KbSettings, counter: &str) -> Reading {
+        Reading(format!(
+            "max_tokens={} overlap_tokens={} min_tokens={} ingest={} layout={} counter={counter}",
+            settings.max_tokens,
+            settings.overlap_tokens,
+            settings.min_tokens,
+            ce_ingest::OUTPUT_VERSION,
+            super::nodes::LAYOUT_VERSION,
+        ))
+    }
+
+    /// The fingerprint of a file of `stat` read this way; `None` when the stat cannot vouch
+    /// for the content ([`FileStat::is_racy`]).
+    pub fn fingerprint(&self, stat: &FileStat) -> Option<String> {
+        if stat.is_racy() {
+            return None;
+        }
+        Some(sha256_hex(
+            format!(
+                "file size={} mtime={} ctime={} ino={} | {}",
+                stat.size, stat.mtime_ns, stat.ctime_ns, stat.ino, self.0
+            )
+            .as_bytes(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stat taken at 1,000 s of a file last changed at `mtime_s`.
+    fn stat(mtime_s: i128) -> FileStat {
+        FileStat {
+            size: 100,
+            mtime_ns: mtime_s * 1_000_000_000,
+            ctime_ns: mtime_s * 1_000_000_000,
+            ino: 7,
+            taken_at: UNIX_EPOCH + Duration::from_secs(1_000),
+        }
+    }
+
+    #[test]
+    fn every_part_of_the_stat_and_the_reading_changes_the_fingerprint() {
+        let reading = Reading::new(&KbSettings::default(), "estimate");
+        let base = stat(900);
+        let fp = reading.fingerprint(&base).expect("old enough");
+        assert_eq!(reading.fingerprint(&base), Some(fp.clone()), "stable");
+        let variants = [
+            FileStat { size: 101, ..base },
+            FileStat {
+                mtime_ns: base.mtime_ns + 1,
+                ..base
+            },
+            FileStat {
+                ctime_ns: base.ctime_ns + 1,
+                ..base
+            },
+            FileStat { ino: 8, ..base },
+        ];
+        let later = FileStat {
+            taken_at: base.taken_at + Duration::from_secs(60),
+            ..base
+        };
+        assert_eq!(reading.fingerprint(&later), Some(fp.clone()));
+        for v in variants {
+            assert_ne!(reading.fingerprint(&v), Some(fp.clone()), "{v:?}");
+        }
+        let other_settings = Reading::new(
+            &KbSettings {
+                max_tokens: 128,
+                ..KbSettings::default()
+            },
+            "estimate",
+        );
+        let other_counter = Reading::new(&KbSettings::default(), "model tokenizer sha256:ab");
+        for r in [other_settings, other_counter] {
+            assert_ne!(r.fingerprint(&base), Some(fp.clone()), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_file_modified_within_the_racy_window_gets_no_fingerprint() {
+        let reading = Reading::new(&KbSettings::default(), "estimate");
+        assert!(reading.fingerprint(&stat(999)).is_none(), "1 s old");
+        assert!(reading.fingerprint(&stat(1_005)).is_none(), "future");
+        assert!(reading.fingerprint(&stat(997)).is_some(), "3 s old");
+        // A modification time just set back (cp -p, tar): racy by its change time.
+        let set_back = FileStat {
+            ctime_ns: 999 * 1_000_000_000,
+            ..stat(500)
+        };
+        assert!(reading.fingerprint(&set_back).is_none());
+    }
+}
