@@ -115,7 +115,7 @@ pub fn run(cli: &Cli) -> Result<Rendered> {
             Rendered::new(&r, output::search(&r, output::LOCAL_CATCH_UP))
         }
         Command::Status => {
-            let engine = open_engine(cli, 1, false, "status")?;
+            let engine = observe_engine(cli, 1, "status")?;
             let s = engine.status()?;
             Rendered::new(&s, output::status(&s))
         }
@@ -254,6 +254,19 @@ fn guarded<'a>(store: &'a Source, locks: &'a LockManager) -> Guarded<'a> {
 /// continuously when `run`, else on demand (`drain`).
 pub(crate) fn open_engine(cli: &Cli, workers: usize, run: bool, role: &str) -> Result<Engine> {
     open_engine_for(cli, workers, run, role, Vec::new())
+}
+
+/// An engine that reads, reports and does work on demand, leaving an embedded index that
+/// `ce worker` or `ce serve` holds to that process ([`Engine::observe`]).
+pub(crate) fn observe_engine(cli: &Cli, workers: usize, role: &str) -> Result<Engine> {
+    let (data_dir, config) = resolve(cli)?;
+    let options = EngineOptions {
+        workers,
+        run_workers: false,
+        role: role.to_owned(),
+        consumers: Vec::new(),
+    };
+    Ok(Engine::observe(&data_dir, config, options)?)
 }
 
 /// An engine whose workers serve `consumers` (empty: all with an index).

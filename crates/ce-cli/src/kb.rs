@@ -203,7 +203,9 @@ fn embedded(engine: &ce_server::Engine) -> Option<EmbedCacheCounters> {
 
 /// Runs `c` against the data directory.
 pub fn run(cli: &Cli, c: &KbCommand) -> Result<Rendered> {
-    let engine = commands::open_engine(cli, ce_server::engine::DEFAULT_WORKERS, false, "kb")?;
+    // While `ce worker` / `ce serve` holds the embedded vector index, reads work and
+    // followed work is shared with that process (it applies the vectors).
+    let engine = commands::observe_engine(cli, ce_server::engine::DEFAULT_WORKERS, "kb")?;
     let out = match c {
         KbCommand::Create(a) => {
             let b = engine.kb_create(a.request())?;

@@ -488,9 +488,10 @@ pub fn status(s: &Status) -> String {
             "sessions",
             if s.sessions.extraction {
                 format!(
-                    "memory extraction on ({}); keep last {}",
+                    "memory extraction on ({}); keep last {}; same memory: {}",
                     s.sessions.model.as_deref().unwrap_or(""),
-                    s.sessions.keep_last
+                    s.sessions.keep_last,
+                    s.sessions.merge_rule
                 )
             } else {
                 format!(

@@ -61,6 +61,10 @@ pub enum IndexError {
     /// The index's storage is temporarily unavailable (locked, I/O hiccup): retryable.
     #[error("index unavailable: {0}")]
     Unavailable(String),
+    /// The index lives in a directory another process (or another instance in this one)
+    /// has open, and only one may: retryable, once that process has closed it.
+    #[error("index held elsewhere: {0}")]
+    Held(String),
     /// Stored vectors belong to another model, or a vector has the wrong dimension:
     /// not retryable — rebuild with `ce reindex --consumer vector`.
     #[error("vector schema mismatch: {0}")]
@@ -86,7 +90,7 @@ impl Classify for IndexError {
     fn code(&self) -> ErrorCode {
         match self {
             IndexError::Core(e) => e.code(),
-            IndexError::Unavailable(_) => ErrorCode::Unavailable,
+            IndexError::Unavailable(_) | IndexError::Held(_) => ErrorCode::Unavailable,
             IndexError::SchemaMismatch(_) => ErrorCode::SchemaMismatch,
             IndexError::Corrupt(_) => ErrorCode::Corrupt,
             IndexError::InvalidQuery(_) => ErrorCode::InvalidField,
@@ -98,7 +102,7 @@ impl Classify for IndexError {
     fn is_retryable(&self) -> bool {
         match self {
             IndexError::Core(e) => e.is_retryable(),
-            IndexError::Unavailable(_) | IndexError::Raced(_) => true,
+            IndexError::Unavailable(_) | IndexError::Held(_) | IndexError::Raced(_) => true,
             IndexError::SchemaMismatch(_)
             | IndexError::Corrupt(_)
             | IndexError::InvalidQuery(_)

@@ -16,6 +16,9 @@ pub enum Applier {
     Blocked(String),
     /// Applying is not requested (e.g. `index.worker.enabled = false`), with the reason.
     NotRequested(String),
+    /// Another process applies them: it holds the consumer's embedded index (`ce worker`,
+    /// `ce serve`); seen from an observing engine, with where.
+    Elsewhere(String),
     /// The consumer is in dry-run mode (`index.worker.dry_run_consumers`): events are not
     /// applied; the last dry run's report, if any.
     DryRun(Option<DryRunReport>),
@@ -82,6 +85,10 @@ impl Validation {
                 ),
             ),
             Applier::Ready if lag > 0 => (Validation::Partial, format!("{lag} events to apply")),
+            Applier::Elsewhere(by) => match Validation::of(stats, &Applier::Ready) {
+                (v, why) if why.is_empty() => (v, by.clone()),
+                (v, why) => (v, format!("{why}, {by}")),
+            },
             Applier::Ready => (Validation::AppliedValid, String::new()),
         }
     }
@@ -290,6 +297,9 @@ pub struct SessionsStatus {
     pub model: Option<String>,
     /// Messages a commit leaves live.
     pub keep_last: u32,
+    /// The rule by which the merge takes two memories to say the same (docs/sessions.md,
+    /// "Merge"), as the memory diffs state it.
+    pub merge_rule: String,
 }
 
 /// The derived layers of `Status::derive`.

@@ -306,6 +306,54 @@ fn a_process_killed_in_index_documents_is_rerun_after_its_lease_and_writes_once(
 }
 
 #[test]
+fn while_ce_worker_holds_the_vector_index_status_and_kb_commands_work_beside_it() {
+    let ce = Ce::hash(FAST_JOBS);
+    ce.json(&["kb", "create", "docs"]);
+    let _worker = KillOnDrop(
+        ce.command(&["worker"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ce worker starts"),
+    );
+    // `ce status` reads the held index from its files and says who applies its events.
+    let vector = |status: &Value| {
+        status["consumers"]
+            .as_array()
+            .expect("consumers")
+            .iter()
+            .find(|c| c["consumer"] == "vector")
+            .cloned()
+            .expect("vector consumer")
+    };
+    let held = eventually(Duration::from_secs(30), || {
+        let status = ce.json(&["status"]);
+        vector(&status)["validation_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("holds its index"))
+            .then_some(status)
+    })
+    .expect("ce status never saw the worker's index");
+    assert_eq!(held["ready"], true, "{held}");
+    assert_eq!(ce.json(&["kb", "ls"])[0]["name"], "docs");
+    assert_eq!(ce.json(&["kb", "show", "docs"])["total"], 0);
+
+    // A followed add: this process reads and writes the nodes, the worker embeds them.
+    let file = fixtures().join("guide.md");
+    let added = ce.json(&["kb", "add", "docs", file.to_str().expect("utf-8")]);
+    assert_eq!(added["progress"]["finished"], true, "{added}");
+    assert_eq!(added["progress"]["failed"], 0, "{added}");
+    let status = ce.json(&["kb", "status", "docs"]);
+    assert_eq!(status["counts"]["completed"], 1, "{status}");
+    let status = ce.json(&["status"]);
+    assert!(
+        status["index_records"].as_u64().is_some_and(|n| n > 0),
+        "the vectors the worker wrote are counted: {status}"
+    );
+    assert_eq!(vector(&status)["lag_events"], 0, "{status}");
+}
+
+#[test]
 fn over_the_server_notes_are_indexed_and_local_paths_need_an_allowed_root() {
     let ce = Ce::hash("[jobs]\npoll_interval_ms = 50\n");
     let server = ce.serve(&[]);

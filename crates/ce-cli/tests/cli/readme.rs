@@ -169,6 +169,23 @@ fn create_inputs(cwd: &Path, words: &[Word]) {
             std::fs::write(&path, format!("A line of text for {arg}.\n")).expect("input file");
         }
     }
+    // `ce kb add BASE PATH…`: a missing directory is made with one Markdown file.
+    if subcommand(words) == Some("kb") && words.iter().any(|w| w.text == "add") {
+        let paths = words
+            .iter()
+            .skip_while(|w| w.text != "add")
+            .skip(2)
+            .filter(|w| !w.text.starts_with('-') && !w.text.contains("://"));
+        for p in paths.filter(|p| missing(&p.text)) {
+            let path = cwd.join(&p.text);
+            std::fs::create_dir_all(&path).expect("kb directory");
+            std::fs::write(
+                path.join("welcome.md"),
+                "# Welcome\n\nA page added by the README test.\n",
+            )
+            .expect("welcome.md");
+        }
+    }
     if subcommand(words) == Some("import") {
         let dir = words
             .iter()

@@ -1004,10 +1004,33 @@ impl Shared {
     }
 }
 
+/// What [`EmbeddedVectorIndex::peek`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The model its vectors belong to.
+    pub model: Option<ModelIdentity>,
+    /// Its records.
+    pub records: u64,
+}
+
 impl EmbeddedVectorIndex {
     /// Opens (creating if needed) the index stored in `dir` with default options.
     pub fn open(dir: &Path) -> Result<Self> {
         Self::open_with(dir, EmbeddedOptions::default())
+    }
+
+    /// What the index in `dir` holds, read without opening it (and without its lock), e.g.
+    /// while another process has it open: `None` when there is no index yet.
+    pub fn peek(dir: &Path) -> Result<Option<Peek>> {
+        let path = dir.join(DB_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let reader = crate::sqlite::read_only(schema::open_conn(&path)?, DB_FILE)?;
+        Ok(Some(Peek {
+            model: schema::model(&reader)?,
+            records: schema::count(&reader)?,
+        }))
     }
 
     /// Opens the index with explicit options.
@@ -1030,7 +1053,7 @@ impl EmbeddedVectorIndex {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(IndexError::Unavailable(format!(
+                    return Err(IndexError::Held(format!(
                         "vector index {} is already open (in this or another process)",
                         dir.display()
                     )));

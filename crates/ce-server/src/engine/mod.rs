@@ -40,7 +40,7 @@ use ce_index::relation::embedded::EmbeddedRelationIndex;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
 use ce_index::worker::runner::Wakeup;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::error::{Result, ServerError};
 use crate::source::Source;
@@ -112,6 +112,9 @@ pub struct Engine {
     embedder: std::result::Result<Arc<CachedEmbedder>, String>,
     /// The open consumers: the registered ones configured and served here.
     consumers: Consumers,
+    /// The configured consumers whose embedded index another process holds (an observing
+    /// engine only, [`Engine::observe`]).
+    held: Vec<consumers::Held>,
     wake: Arc<Wakeup>,
     /// The continuous workers and what runs beside them, while they run ([`pool`]).
     pool: Mutex<Option<pool::Running>>,
@@ -163,6 +166,27 @@ impl Engine {
     /// `options.run_workers` (and `index.worker.enabled`). A missing model or a model
     /// mismatch is not an error here: see [`Engine::readiness`].
     pub fn open_with(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
+        Self::open_inner(data_dir, config, options, false)
+    }
+
+    /// Opens an engine that reads and reports (`ce status`, `ce kb ls|show|status`, and
+    /// following knowledge-base work another process does): like [`Engine::open_with`]
+    /// without running workers, except that an embedded index another process holds
+    /// (`ce worker`, `ce serve`) is left to it and reported from its files, not an error.
+    pub fn observe(data_dir: &Path, config: Config, options: EngineOptions) -> Result<Engine> {
+        let options = EngineOptions {
+            run_workers: false,
+            ..options
+        };
+        Self::open_inner(data_dir, config, options, true)
+    }
+
+    fn open_inner(
+        data_dir: &Path,
+        config: Config,
+        options: EngineOptions,
+        observer: bool,
+    ) -> Result<Engine> {
         let store = Source::open(data_dir, &config)?;
         let locks = ce_lock::LockManager::from_config(&config.lock, data_dir)?;
         let wants = |c: &str| {
@@ -184,14 +208,19 @@ impl Engine {
         let opening = Opening {
             data_dir,
             config: &config,
+            observer,
         };
-        let consumers = Consumers::open(&opening, wants)?;
+        let (consumers, held) = Consumers::open(&opening, wants)?;
+        for h in &held {
+            info!(consumer = h.name, reason = %h.reason, "index held by another process: reported, not opened");
+        }
         let engine = Engine {
             data_dir: data_dir.to_owned(),
             config,
             store,
             embedder,
             consumers,
+            held,
             wake: Wakeup::new(),
             pool: Mutex::new(None),
             repair_schedule: Mutex::new(None),

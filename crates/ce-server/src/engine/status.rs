@@ -29,6 +29,12 @@ impl Engine {
         if slot.is_some() && self.in_dry_run_mode(consumer) {
             return Applier::DryRun(self.last_dry_run(consumer));
         }
+        if let Some(h) = self.held.iter().find(|h| h.name == consumer) {
+            return Applier::Elsewhere(format!(
+                "applied by the process that holds its index ({})",
+                h.reason
+            ));
+        }
         let blockers = match slot {
             Some(s) => self.blockers(s.as_ref()),
             None if super::consumers::registration(consumer).is_some()
@@ -122,12 +128,23 @@ impl Engine {
                     model: off.is_none().then(|| self.config.derive.llm.model.clone()),
                     extraction_off: off.unwrap_or_default(),
                     keep_last: self.config.sessions.keep_last,
+                    merge_rule: {
+                        let s = self.sessions();
+                        s.sameness_note(&s.semantic())
+                    },
                 }
             },
         };
         status.kb = self.kb_report(&status.jobs.counts)?;
         for c in self.consumers.iter() {
             c.report(&mut status)?;
+        }
+        if self
+            .held
+            .iter()
+            .any(|h| h.name == super::consumers::VectorConsumer::NAME)
+        {
+            super::consumers::VectorConsumer::report_held(&self.data_dir, &mut status)?;
         }
         if let Some(d) = &mut status.derive {
             d.dirty = self.store.count_dirty()?;

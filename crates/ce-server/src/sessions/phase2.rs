@@ -235,7 +235,7 @@ impl Sessions<'_> {
     }
 
     /// The merge's embedding signal: the embedder and the threshold, or why it is off.
-    fn semantic(&self) -> std::result::Result<(&dyn Embedder, f64), String> {
+    pub(crate) fn semantic(&self) -> std::result::Result<(&dyn Embedder, f64), String> {
         let threshold = self.config.sessions.semantic_threshold;
         if threshold == 0.0 {
             return Err("sessions.semantic_threshold = 0".into());
@@ -247,7 +247,7 @@ impl Sessions<'_> {
     }
 
     /// The rule the merge applied, as the diff and the report state it.
-    fn sameness_note(
+    pub(crate) fn sameness_note(
         &self,
         semantic: &std::result::Result<(&dyn Embedder, f64), String>,
     ) -> String {

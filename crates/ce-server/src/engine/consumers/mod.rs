@@ -55,6 +55,20 @@ pub struct Opening<'a> {
     pub data_dir: &'a Path,
     /// The configuration.
     pub config: &'a Config,
+    /// Whether the engine only reads and reports ([`crate::Engine::observe`]): an embedded
+    /// index another process holds is then [`Held`], not an error.
+    pub observer: bool,
+}
+
+/// A configured consumer whose embedded index another process holds (`ce worker` or
+/// `ce serve` on this data directory), seen from an observing engine: that process applies
+/// its events; this one reports it.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// Its name.
+    pub name: &'static str,
+    /// Why it is not open here.
+    pub reason: String,
 }
 
 /// A consumer this build can apply, before its index is open.
@@ -201,14 +215,26 @@ fn context_repair(node: NodeStat, trace_id: &str) -> Option<EventPayload> {
 pub struct Consumers(Vec<Arc<dyn Consumer>>);
 
 impl Consumers {
-    /// Opens the index of every registered consumer for which `wanted` holds.
-    pub fn open(opening: &Opening<'_>, wanted: impl Fn(&str) -> bool) -> Result<Consumers> {
-        REGISTRY
-            .iter()
-            .filter(|r| wanted(r.name))
-            .map(|r| (r.open)(opening))
-            .collect::<Result<_>>()
-            .map(Consumers)
+    /// Opens the index of every registered consumer for which `wanted` holds; with an
+    /// observing `opening`, those another process holds are returned apart.
+    pub fn open(
+        opening: &Opening<'_>,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<(Consumers, Vec<Held>)> {
+        let (mut open, mut held) = (Vec::new(), Vec::new());
+        for r in REGISTRY.iter().filter(|r| wanted(r.name)) {
+            match (r.open)(opening) {
+                Ok(c) => open.push(c),
+                Err(ServerError::Index(ce_index::IndexError::Held(reason))) if opening.observer => {
+                    held.push(Held {
+                        name: r.name,
+                        reason,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((Consumers(open), held))
     }
 
     /// The open consumers, in registry order.
@@ -263,8 +289,9 @@ mod tests {
         let opening = Opening {
             data_dir: dir.path(),
             config: &config,
+            observer: false,
         };
-        let all = Consumers::open(&opening, |_| true).expect("open");
+        let (all, _) = Consumers::open(&opening, |_| true).expect("open");
         assert_eq!(all.names(), super::names(), "registry order");
         for (slot, r) in all.iter().zip(REGISTRY) {
             let mine = slot.registration();
@@ -278,7 +305,8 @@ mod tests {
         assert!(all.get::<KeywordConsumer>().is_some());
         assert!(all.get::<RelationConsumer>().is_some());
         assert!(all.need_embedder());
-        let keyword_only = Consumers::open(&opening, |c| c == KeywordConsumer::NAME).expect("open");
+        let (keyword_only, _) =
+            Consumers::open(&opening, |c| c == KeywordConsumer::NAME).expect("open");
         assert_eq!(keyword_only.names(), [KeywordConsumer::NAME]);
         assert!(keyword_only.get::<VectorConsumer>().is_none());
         assert!(keyword_only.find(VectorConsumer::NAME).is_none());

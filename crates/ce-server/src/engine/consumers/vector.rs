@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use ce_core::config::VECTOR_CONSUMER;
 use ce_core::{Classify as _, Config, ErrorCode, EventPayload, IndexProjector};
 use ce_embed::{CachedEmbedder, Embedder, ModelIdentity};
+use ce_index::IndexError;
 use ce_index::repair::IndexView;
 use ce_index::vector::VectorIndex;
 use ce_index::vector::embedded::EmbeddedVectorIndex;
@@ -54,9 +55,13 @@ impl VectorConsumer {
                 let embedded = Arc::new(
                     EmbeddedVectorIndex::open(&o.data_dir.join(VECTOR_DIR)).map_err(|e| {
                         match e.code() {
+                            // An observer reports a held index instead of failing.
+                            _ if o.observer && matches!(e, IndexError::Held(_)) => {
+                                ServerError::Index(e)
+                            }
                             ErrorCode::Unavailable => ServerError::NotReady {
                                 reason: format!(
-                                    "{e} (is `ce serve` or `ce worker` running on this data directory? send commands to it with --server URL)"
+                                    "{e} (is `ce serve` or `ce worker` running on this data directory? send commands to `ce serve` with --server URL, or stop the worker)"
                                 ),
                                 code: ErrorCode::Unavailable,
                             },
@@ -77,6 +82,16 @@ impl VectorConsumer {
     /// The index.
     pub fn index(&self) -> &Arc<dyn VectorIndex> {
         &self.index
+    }
+
+    /// Fills its part of `status` when another process holds the embedded index in
+    /// `data_dir`, from the index's files.
+    pub fn report_held(data_dir: &std::path::Path, status: &mut Status) -> Result<()> {
+        if let Some(p) = EmbeddedVectorIndex::peek(&data_dir.join(VECTOR_DIR))? {
+            status.index_model = p.model;
+            status.index_records = p.records;
+        }
+        Ok(())
     }
 
     /// The index when it is the embedded one.
