@@ -169,38 +169,39 @@ fn create_inputs(cwd: &Path, words: &[Word]) {
             std::fs::write(&path, format!("A line of text for {arg}.\n")).expect("input file");
         }
     }
-    // `ce kb add BASE PATH…`: a missing directory is made with one Markdown file.
-    if subcommand(words) == Some("kb") && words.iter().any(|w| w.text == "add") {
-        let paths = words
+    // A missing directory of `ce kb add BASE PATH…` or `ce import DIR` gets one file.
+    let dir_with = |dir: &str, file: &str, text: &str| {
+        let path = cwd.join(dir);
+        std::fs::create_dir_all(&path).expect("input directory");
+        std::fs::write(path.join(file), text).expect("input file");
+    };
+    let after = |word: &'static str, skip: usize| {
+        words
             .iter()
-            .skip_while(|w| w.text != "add")
-            .skip(2)
-            .filter(|w| !w.text.starts_with('-') && !w.text.contains("://"));
-        for p in paths.filter(|p| missing(&p.text)) {
-            let path = cwd.join(&p.text);
-            std::fs::create_dir_all(&path).expect("kb directory");
-            std::fs::write(
-                path.join("welcome.md"),
-                "# Welcome\n\nA page added by the README test.\n",
-            )
-            .expect("welcome.md");
+            .skip_while(move |w| w.text != word)
+            .skip(skip)
+            .filter(|w| !w.text.starts_with('-') && !w.text.contains("://"))
+    };
+    match subcommand(words) {
+        Some("kb") if words.iter().any(|w| w.text == "add") => {
+            for p in after("add", 2).filter(|p| missing(&p.text)) {
+                dir_with(
+                    &p.text,
+                    "welcome.md",
+                    "# Welcome\n\nA page added by the README test.\n",
+                );
+            }
         }
-    }
-    if subcommand(words) == Some("import") {
-        let dir = words
-            .iter()
-            .skip_while(|w| w.text != "import")
-            .skip(1)
-            .find(|w| !w.text.starts_with('-'));
-        if let Some(dir) = dir.filter(|d| missing(&d.text)) {
-            let path = cwd.join(&dir.text);
-            std::fs::create_dir_all(&path).expect("import directory");
-            std::fs::write(
-                path.join("content.md"),
-                "Notes imported by the README test.\n",
-            )
-            .expect("content.md");
+        Some("import") => {
+            if let Some(d) = after("import", 1).next().filter(|d| missing(&d.text)) {
+                dir_with(
+                    &d.text,
+                    "content.md",
+                    "Notes imported by the README test.\n",
+                );
+            }
         }
+        _ => {}
     }
 }
 
