@@ -523,8 +523,20 @@ fn the_cli_talks_to_the_server_with_the_same_exit_codes() {
         let local = ce.fail(args, exit);
         assert_eq!(local.error["code"], code, "local {args:?}");
     }
-    // A local `status` needs the vector index, which the server holds: it says where to go.
-    let f = ce.fail(&["status"], 6);
+    // A local `status` reads the index the server holds from its files and says who
+    // applies it; a local `search` needs that index open, and says where to go.
+    let local = ce.json(&["status"]);
+    let vector = local["consumers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["consumer"] == "vector"))
+        .expect("vector consumer");
+    assert!(
+        vector["validation_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("holds its index")),
+        "{local}"
+    );
+    let f = ce.fail(&["search", "anything"], 6);
     assert!(
         f.error["message"]
             .as_str()
