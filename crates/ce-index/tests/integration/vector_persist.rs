@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ce_core::CtxUri;
+use ce_core::{Classify as _, CtxUri};
 use ce_embed::ModelIdentity;
 use ce_index::IndexError;
 use ce_index::vector::embedded::bench::clustered_vectors;
@@ -415,7 +415,19 @@ fn one_open_instance_per_directory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let idx = open(dir.path());
     let err = EmbeddedVectorIndex::open(dir.path()).expect_err("second open");
-    assert!(matches!(err, IndexError::Unavailable(_)), "{err}");
+    assert!(matches!(err, IndexError::Held(_)), "{err}");
+    assert_eq!(err.code(), ce_core::ErrorCode::Unavailable);
+    assert!(err.is_retryable(), "{err}");
+    // Another process may read what it holds meanwhile.
+    let peek = EmbeddedVectorIndex::peek(dir.path())
+        .expect("peek")
+        .expect("an index");
+    assert_eq!(peek.records, 0);
+    assert!(
+        EmbeddedVectorIndex::peek(&dir.path().join("none"))
+            .expect("peek")
+            .is_none()
+    );
     drop(idx);
     let _again = open(dir.path());
 }
