@@ -340,6 +340,7 @@ impl IndexWorker {
             ..IndexBatchResult::default()
         };
         if claimed.is_empty() {
+            self.finish_bulk();
             return Ok(result);
         }
         for c in &claimed {
@@ -368,6 +369,18 @@ impl IndexWorker {
             }
         }
         Ok(result)
+    }
+
+    /// Ends a bulk load of the target now that the queue is empty (an index that deferred
+    /// work while loaded from empty builds it: [`VectorIndex::finish_bulk`]). A failure
+    /// leaves the index correct (searches scan exactly) and is retried at the next empty
+    /// claim.
+    fn finish_bulk(&self) {
+        if let Sink::Records { target, .. } = &self.sink
+            && let Err(e) = target.finish_bulk()
+        {
+            warn!(worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer, error = %e, "bulk load not finished");
+        }
     }
 
     /// Applies `ops` to the sink while a heartbeat renews `claims`; returns each operation's
