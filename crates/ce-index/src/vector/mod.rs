@@ -292,6 +292,10 @@ pub trait VectorIndex: Send + Sync {
     fn finish_bulk(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether [`VectorIndex::finish_bulk`] may have something to build (cheap, no I/O).
+    fn bulk_pending(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

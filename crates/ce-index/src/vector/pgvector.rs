@@ -1306,6 +1306,10 @@ impl VectorIndex for PgVectorIndex {
         })
     }
 
+    fn bulk_pending(&self) -> bool {
+        self.graph_pending.load(Ordering::Relaxed)
+    }
+
     /// Creates the HNSW index if a bulk load left it to build (see
     /// [`PgVectorOptions::defer_graph`]); nothing (no query) unless this process opened the
     /// index or wrote to it while the index was missing.

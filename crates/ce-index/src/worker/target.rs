@@ -84,6 +84,10 @@ pub trait IndexTarget: Send + Sync {
     fn finish_bulk(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether `finish_bulk` may have something to do (cheap, no I/O).
+    fn bulk_pending(&self) -> bool {
+        false
+    }
 }
 
 /// The vector index as a worker target.
@@ -113,6 +117,9 @@ impl IndexTarget for VectorTarget {
     }
     fn finish_bulk(&self) -> Result<()> {
         self.0.finish_bulk()
+    }
+    fn bulk_pending(&self) -> bool {
+        self.0.bulk_pending()
     }
 }
 

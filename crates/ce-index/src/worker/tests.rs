@@ -243,6 +243,9 @@ impl VectorIndex for FlakyIndex {
         }
         Ok(())
     }
+    fn bulk_pending(&self) -> bool {
+        true
+    }
 }
 
 fn env() -> Env {
@@ -335,6 +338,20 @@ fn an_empty_queue_finishes_the_bulk_load() {
     let w = worker(&env, TestEmbedder::new(), index.clone(), "w1");
     put(&env, "ctx://acc/docs/a", "alpha", "alpha content");
     put(&env, "ctx://acc/docs/b", "beta", "beta content");
+    // Another worker holds the whole queue: an empty claim is not the end of the load.
+    let held = env
+        .store
+        .claim_batch("vector", "other", 100)
+        .expect("claim");
+    assert!(!held.is_empty());
+    assert_eq!(w.run_once(1).expect("run_once").claimed, 0);
+    assert_eq!(
+        index.bulk_finished.load(Ordering::SeqCst),
+        0,
+        "claimed elsewhere"
+    );
+    // Its leases expire; this worker does the work.
+    env.clock.advance(120_000);
     let mut batches = 0;
     while w.run_once(1).expect("run_once").claimed > 0 {
         assert_eq!(index.bulk_finished.load(Ordering::SeqCst), 0, "work left");
