@@ -285,6 +285,17 @@ pub trait VectorIndex: Send + Sync {
     fn count(&self) -> Result<u64>;
     /// Removes every record, version and the model binding (for a rebuild).
     fn clear(&self) -> Result<()>;
+    /// Ends a bulk load: builds what an index defers while it is loaded from empty (the
+    /// pgvector index's HNSW index, [`PgVectorOptions::defer_graph`]). Called by the worker
+    /// when its queue is empty (the end of a first import or of a reindex's rebuild);
+    /// cheap when there is nothing to build. Searches are correct before it, only slower.
+    fn finish_bulk(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether [`VectorIndex::finish_bulk`] may have something to build (cheap, no I/O).
+    fn bulk_pending(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

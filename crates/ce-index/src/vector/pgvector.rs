@@ -14,13 +14,16 @@
 //!   record as JSON text and the `embedding`. The column is an untyped `vector` until the
 //!   dimension is fixed (by [`VectorIndex::bind_model`], or by the first vector of an unbound
 //!   index); it then becomes `vector(d)` and gets the HNSW index (pgvector indexes at most
-//!   2,000 dimensions: above that searches are exact scans). [`VectorIndex::clear`] turns it
-//!   back.
+//!   2,000 dimensions: above that searches are exact scans) — at once, or, with
+//!   [`PgVectorOptions::defer_graph`] (the default), after the bulk load that follows, when
+//!   [`VectorIndex::finish_bulk`] runs one `CREATE INDEX` over all rows (meanwhile searches
+//!   are exact scans). [`VectorIndex::clear`] turns it back.
 //! - `ce_vector_uri_versions`: the newest source state seen per URI (invariant VX1).
 //! - `ce_vector_meta`: `schema_version`, `model`, `dimension`.
 //!
 //! Writes: one `READ COMMITTED` transaction per trait call ([`VectorIndex::write_nodes`]: one
-//! for the batch, with a savepoint per node). Writes that replace or remove the records of
+//! for the batch, planned in memory and written in a few `unnest` statements, see [`batch`];
+//! `upsert` writes its rows in one statement). Writes that replace or remove the records of
 //! given nodes (`sync_node`, `remove_node`, `write_nodes`, `upsert`, `delete_by_uri` of one
 //! node) take the write lock shared plus one advisory lock per URI written (in key order, so
 //! two batches never deadlock): workers on several hosts write different nodes in parallel,
@@ -56,7 +59,8 @@
 //! (server restart, terminated backend) is replaced at once, transparently (nothing was sent
 //! yet).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{BufMut, BytesMut};
 use ce_core::{CoreError, CtxUri, IndexRecord};
@@ -79,6 +83,8 @@ use crate::error::{IndexError, Result};
 use crate::records::{
     SeenVersion, SeenVersions, check_move, check_node_records, move_versions, moved_record, to_i64,
 };
+
+mod batch;
 
 /// Version of the table layout this build writes; a database with a newer one is refused.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -136,6 +142,14 @@ pub struct PgVectorOptions {
     pub hnsw_ef_construction: usize,
     /// Idle connections kept for reuse.
     pub pool_size: usize,
+    /// Bulk path: when the dimension is fixed on an empty table (first bind, or after
+    /// [`VectorIndex::clear`]), the HNSW index is not created at once but by
+    /// [`VectorIndex::finish_bulk`] once the load ends; until then searches are exact scans.
+    /// When false, the index is created with the dimension and every insert updates it.
+    pub defer_graph: bool,
+    /// `maintenance_work_mem` (MiB) of the `CREATE INDEX` that ends a bulk load: pgvector
+    /// builds the graph in memory while it fits, much faster than on disk.
+    pub graph_build_memory_mb: usize,
 }
 
 impl Default for PgVectorOptions {
@@ -146,6 +160,8 @@ impl Default for PgVectorOptions {
             hnsw_m: 16,
             hnsw_ef_construction: 64,
             pool_size: 8,
+            defer_graph: true,
+            graph_build_memory_mb: 256,
         }
     }
 }
@@ -326,29 +342,67 @@ fn pg_config(url: &str) -> Result<postgres::Config> {
     })
 }
 
-/// The model and dimension in `ce_vector_meta`.
-fn read_meta(tx: &mut Tx<'_>) -> Result<(Option<ModelIdentity>, Option<usize>)> {
+/// The schema state a transaction reads: the model and dimension in `ce_vector_meta`, and
+/// whether the HNSW index exists.
+#[derive(Debug, Default)]
+struct Meta {
+    model: Option<ModelIdentity>,
+    dimension: Option<usize>,
+    graph: bool,
+}
+
+impl Meta {
+    /// Whether the dimension takes an HNSW index that does not exist yet (a bulk load not
+    /// finished, see [`PgVectorOptions::defer_graph`]).
+    fn graph_pending(&self) -> bool {
+        graph_pending(self.dimension, self.graph)
+    }
+}
+
+/// Whether `dimension` takes an HNSW index and there is none (`graph`).
+fn graph_pending(dimension: Option<usize>, graph: bool) -> bool {
+    !graph && dimension.is_some_and(|d| d <= HNSW_MAX_DIMENSION)
+}
+
+/// The schema state (see [`Meta`]), in one query.
+fn read_meta(tx: &mut Tx<'_>) -> Result<Meta> {
     let rows = tx.query(
-        "SELECT key, value FROM ce_vector_meta WHERE key IN ('model', 'dimension')",
+        "SELECT key, value FROM ce_vector_meta WHERE key IN ('model', 'dimension')
+         UNION ALL
+         SELECT 'graph', (to_regclass('ce_vector_records_hnsw') IS NOT NULL)::text",
         &[],
     )?;
-    let (mut model, mut dimension) = (None, None);
+    let mut meta = Meta::default();
     for r in &rows {
         let (key, value): (String, String) = (col(r, 0)?, col(r, 1)?);
         match key.as_str() {
             "model" => {
-                model = Some(serde_json::from_str(&value).map_err(|e| {
+                meta.model = Some(serde_json::from_str(&value).map_err(|e| {
                     IndexError::Corrupt(format!("ce_vector_meta model {value:?}: {e}"))
                 })?);
             }
-            _ => {
-                dimension = Some(value.parse().map_err(|e| {
+            "dimension" => {
+                meta.dimension = Some(value.parse().map_err(|e| {
                     IndexError::Corrupt(format!("ce_vector_meta dimension {value:?}: {e}"))
                 })?);
             }
+            _ => meta.graph = value == "true",
         }
     }
-    Ok((model, dimension))
+    Ok(meta)
+}
+
+/// Creates the HNSW index on `ce_vector_records` (the dimension is fixed and at most
+/// [`HNSW_MAX_DIMENSION`]; the caller holds the write lock exclusively).
+fn create_graph(tx: &mut Tx<'_>, o: &PgVectorOptions) -> Result<()> {
+    tx.batch(&format!(
+        "SET LOCAL maintenance_work_mem = '{}MB';
+         CREATE INDEX IF NOT EXISTS ce_vector_records_hnsw ON ce_vector_records
+         USING hnsw (embedding vector_cosine_ops) WITH (m = {}, ef_construction = {});",
+        o.graph_build_memory_mb.clamp(1, 1 << 20),
+        o.hnsw_m.clamp(2, 100),
+        o.hnsw_ef_construction.clamp(4, 1000),
+    ))
 }
 
 fn set_meta(tx: &mut Tx<'_>, key: &str, value: &str) -> Result<()> {
@@ -404,6 +458,8 @@ struct WriteTx<'t, 'c> {
     options: &'t PgVectorOptions,
     model: Option<ModelIdentity>,
     dimension: Option<usize>,
+    /// Whether the HNSW index exists.
+    graph: bool,
     /// Whether the write lock is held exclusively.
     exclusive: bool,
     /// Set when the write must fix the dimension but holds the lock shared: it is rolled
@@ -442,7 +498,9 @@ impl WriteTx<'_, '_> {
         self.fix_dimension(v.len())
     }
 
-    /// Types the embedding column `vector(d)` and creates the HNSW index.
+    /// Types the embedding column `vector(d)` and creates the HNSW index, unless
+    /// [`PgVectorOptions::defer_graph`] leaves it to [`VectorIndex::finish_bulk`] (the table is
+    /// empty: the dimension is fixed only on an unbound, empty index).
     fn fix_dimension(&mut self, d: usize) -> Result<()> {
         if !self.exclusive {
             self.needs_exclusive = true;
@@ -455,19 +513,15 @@ impl WriteTx<'_, '_> {
                 "vectors of dimension {d} cannot be stored (pgvector takes 1 to {MAX_DIMENSION})"
             )));
         }
-        let mut ddl = format!(
+        self.tx.batch(&format!(
             "ALTER TABLE ce_vector_records ALTER COLUMN embedding TYPE vector({d});
              DROP INDEX IF EXISTS ce_vector_records_hnsw;"
-        );
-        if d <= HNSW_MAX_DIMENSION {
-            ddl.push_str(&format!(
-                "CREATE INDEX ce_vector_records_hnsw ON ce_vector_records
-                 USING hnsw (embedding vector_cosine_ops) WITH (m = {}, ef_construction = {});",
-                self.options.hnsw_m.clamp(2, 100),
-                self.options.hnsw_ef_construction.clamp(4, 1000),
-            ));
+        ))?;
+        self.graph = false;
+        if d <= HNSW_MAX_DIMENSION && !self.options.defer_graph {
+            create_graph(self.tx, self.options)?;
+            self.graph = true;
         }
-        self.tx.batch(&ddl)?;
         set_meta(self.tx, "dimension", &d.to_string())?;
         self.dimension = Some(d);
         Ok(())
@@ -528,6 +582,83 @@ impl WriteTx<'_, '_> {
             ],
         )?;
         Ok(n == 1)
+    }
+
+    /// Inserts or replaces the rows of `rows` (record, node version, vector) in one
+    /// statement; each id at most once.
+    fn put_rows(&mut self, rows: &[(&IndexRecord, i64, &[f32])]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut a = batch::RowArrays::default();
+        for (r, version, vector) in rows {
+            a.push(r, *version, Some(vector))?;
+        }
+        self.tx.execute(
+            "INSERT INTO ce_vector_records
+                 (id, uri, parent_uri, level, node_version, pairs, record, embedding)
+             SELECT u.id, u.uri, u.parent_uri, u.level, u.node_version,
+                 ARRAY(SELECT json_array_elements_text(u.pairs::json)), u.record, u.embedding
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int8[],
+                         $6::text[], $7::text[], $8::vector[])
+                 AS u(id, uri, parent_uri, level, node_version, pairs, record, embedding)
+             ON CONFLICT (id) DO UPDATE SET uri = excluded.uri,
+                 parent_uri = excluded.parent_uri, level = excluded.level,
+                 node_version = excluded.node_version, pairs = excluded.pairs,
+                 record = excluded.record, embedding = excluded.embedding",
+            &[
+                &a.ids,
+                &a.uris,
+                &a.parents,
+                &a.levels,
+                &a.versions,
+                &a.pairs,
+                &a.records,
+                &a.vectors,
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Rewrites every column but the vector of the rows of `rows` (record, node version),
+    /// by id, in one statement; how many rows were found.
+    fn rewrite_rows(&mut self, rows: &[(&IndexRecord, i64)]) -> Result<u64> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let mut a = batch::RowArrays::default();
+        for (r, version) in rows {
+            a.push(r, *version, None)?;
+        }
+        self.tx.execute(
+            "UPDATE ce_vector_records SET uri = u.uri, parent_uri = u.parent_uri,
+                 level = u.level, node_version = u.node_version,
+                 pairs = ARRAY(SELECT json_array_elements_text(u.pairs::json)),
+                 record = u.record
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::int8[],
+                         $6::text[], $7::text[])
+                 AS u(id, uri, parent_uri, level, node_version, pairs, record)
+             WHERE ce_vector_records.id = u.id",
+            &[
+                &a.ids,
+                &a.uris,
+                &a.parents,
+                &a.levels,
+                &a.versions,
+                &a.pairs,
+                &a.records,
+            ],
+        )
+    }
+
+    /// [`VectorIndex::write_nodes`] in a constant number of statements (see [`batch`]); the
+    /// dimension is fixed.
+    fn write_batch(&mut self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
+        let loaded = batch::Loaded::read(self, writes)?;
+        let mut plan = batch::Plan::new(&loaded);
+        let out = writes.iter().map(|nw| plan.apply(self, nw)).collect();
+        plan.write(self)?;
+        Ok(out)
     }
 
     fn delete_row(&mut self, id: &str) -> Result<u64> {
@@ -676,6 +807,10 @@ impl SeenVersions for WriteTx<'_, '_> {
 pub struct PgVectorIndex {
     options: PgVectorOptions,
     pool: Pool,
+    /// Set when this process may have left the HNSW index to build (it opened the index or
+    /// wrote while the index was missing); [`VectorIndex::finish_bulk`] then looks and
+    /// clears it, and does nothing otherwise.
+    graph_pending: AtomicBool,
 }
 
 impl std::fmt::Debug for PgVectorIndex {
@@ -704,7 +839,11 @@ impl PgVectorIndex {
             options.pool_size,
         )
         .with_max_statements(MAX_STATEMENTS);
-        let index = PgVectorIndex { options, pool };
+        let index = PgVectorIndex {
+            options,
+            pool,
+            graph_pending: AtomicBool::new(true),
+        };
         index.migrate()?;
         Ok(index)
     }
@@ -781,12 +920,13 @@ impl PgVectorIndex {
                     "SELECT pg_advisory_xact_lock_shared($1, 0)"
                 };
                 tx.execute(lock, &[&WRITE_LOCK_CLASS])?;
-                let (model, dimension) = read_meta(tx)?;
+                let meta = read_meta(tx)?;
                 let mut w = WriteTx {
                     tx,
                     options: &self.options,
-                    model,
-                    dimension,
+                    model: meta.model,
+                    dimension: meta.dimension,
+                    graph: meta.graph,
                     exclusive,
                     needs_exclusive: false,
                     model_changed: false,
@@ -799,7 +939,12 @@ impl PgVectorIndex {
                     ));
                 }
                 let out = out?;
+                let pending = graph_pending(w.dimension, w.graph);
                 w.finish()?;
+                if pending {
+                    // Seen missing by this process: its next `finish_bulk` looks again.
+                    self.graph_pending.store(true, Ordering::Relaxed);
+                }
                 Ok(out)
             });
             if escalate && !exclusive {
@@ -830,8 +975,8 @@ impl PgVectorIndex {
                 plan: SearchPlan::Empty,
                 candidates: 0,
             };
-            let (model, dimension) = read_meta(tx)?;
-            if !check_query(query, model.as_ref(), dimension)? || top_k == 0 {
+            let meta = read_meta(tx)?;
+            if !check_query(query, meta.model.as_ref(), meta.dimension)? || top_k == 0 {
                 return Ok(report);
             }
             let fparams = fsql.refs();
@@ -852,7 +997,8 @@ impl PgVectorIndex {
                 fsql.cond
             );
             let exact_sql = format!("{select} ORDER BY score DESC, id LIMIT {limit}");
-            let graph = dimension.is_some_and(|d| d <= HNSW_MAX_DIMENSION);
+            // No HNSW index during a bulk load (or above its dimension limit): exact scans.
+            let graph = meta.graph;
             let mut candidates = None;
             let use_graph = match strategy {
                 SearchStrategy::Exact => false,
@@ -935,7 +1081,7 @@ impl PgVectorIndex {
 
 impl VectorIndex for PgVectorIndex {
     fn model(&self) -> Result<Option<ModelIdentity>> {
-        self.pool.run(Begin::Read, |tx| Ok(read_meta(tx)?.0))
+        self.pool.run(Begin::Read, |tx| Ok(read_meta(tx)?.model))
     }
 
     fn bind_model(&self, model: &ModelIdentity) -> Result<()> {
@@ -960,19 +1106,26 @@ impl VectorIndex for PgVectorIndex {
         if records.is_empty() {
             return Ok(());
         }
-        // Rows are written in id order (row locks in one order: no deadlock between two
-        // upserts); a stable sort keeps the last of repeated ids last.
-        let mut order: Vec<&VectorRecord> = records.iter().collect();
-        order.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+        // One row per id, the last of repeated ids, written in id order (row locks in one
+        // order: no deadlock between two upserts).
+        let last: BTreeMap<&str, &VectorRecord> =
+            records.iter().map(|r| (r.record.id.as_str(), r)).collect();
         self.write(false, |w| {
             w.lock_uris(records.iter().map(|r| &r.record.uri))?;
             for r in records {
                 w.check_vector(&r.record.id, &r.vector)?;
             }
-            for r in &order {
-                w.put_row(&r.record, metadata_version(&r.record), &r.vector)?;
-            }
-            Ok(())
+            let rows = last
+                .values()
+                .map(|r| {
+                    Ok((
+                        &r.record,
+                        to_i64(metadata_version(&r.record), "node version")?,
+                        r.vector.as_slice(),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            w.put_rows(&rows)
         })
     }
 
@@ -1048,14 +1201,19 @@ impl VectorIndex for PgVectorIndex {
         })
     }
 
-    /// One transaction for the whole batch; each write runs in a savepoint, so a failing
-    /// write is rolled back alone. The URIs of the batch are locked up front, in key order.
+    /// One transaction for the whole batch, the URIs of the batch locked up front, in key
+    /// order. Once the dimension is fixed, the batch is planned in memory and written in a
+    /// few statements ([`batch`]); before (the first write of an unbound index), each write
+    /// runs in a savepoint, so a failing write is rolled back alone.
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
         self.write(false, |w| {
             w.lock_uris(writes.iter().map(NodeWrite::uri))?;
+            if w.dimension.is_some() {
+                return w.write_batch(&writes);
+            }
             let mut out = Vec::with_capacity(writes.len());
             for nw in &writes {
                 if w.needs_exclusive {
@@ -1143,8 +1301,42 @@ impl VectorIndex for PgVectorIndex {
             )?;
             w.dimension = None;
             w.model = None;
+            w.graph = false;
             Ok(())
         })
+    }
+
+    fn bulk_pending(&self) -> bool {
+        self.graph_pending.load(Ordering::Relaxed)
+    }
+
+    /// Creates the HNSW index if a bulk load left it to build (see
+    /// [`PgVectorOptions::defer_graph`]); nothing (no query) unless this process opened the
+    /// index or wrote to it while the index was missing.
+    fn finish_bulk(&self) -> Result<()> {
+        if !self.graph_pending.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let out = (|| {
+            if !self
+                .pool
+                .run(Begin::Read, |tx| Ok(read_meta(tx)?.graph_pending()))?
+            {
+                return Ok(());
+            }
+            self.write(true, |w| {
+                if graph_pending(w.dimension, w.graph) {
+                    create_graph(w.tx, w.options)?;
+                    w.graph = true;
+                }
+                Ok(())
+            })
+        })();
+        if out.is_err() {
+            // Not built: the next call tries again.
+            self.graph_pending.store(true, Ordering::Relaxed);
+        }
+        out
     }
 }
 

@@ -340,6 +340,7 @@ impl IndexWorker {
             ..IndexBatchResult::default()
         };
         if claimed.is_empty() {
+            self.finish_bulk();
             return Ok(result);
         }
         for c in &claimed {
@@ -368,6 +369,35 @@ impl IndexWorker {
             }
         }
         Ok(result)
+    }
+
+    /// Ends a bulk load of the target once the consumer has nothing pending or claimed (an
+    /// index that deferred work while loaded from empty builds it:
+    /// [`VectorIndex::finish_bulk`]). An empty claim alone is not the end: other workers may
+    /// hold the rest of the queue. A failure leaves the index correct (searches scan
+    /// exactly) and is retried at the next empty claim.
+    fn finish_bulk(&self) {
+        let Sink::Records { target, .. } = &self.sink else {
+            return;
+        };
+        if !target.bulk_pending() {
+            return;
+        }
+        let open = match self.source.stats() {
+            Ok(stats) => stats
+                .iter()
+                .any(|s| s.consumer == self.cfg.consumer && s.pending + s.claimed > 0),
+            Err(e) => {
+                warn!(worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer, error = %e, "bulk load not finished: no outbox stats");
+                return;
+            }
+        };
+        if open {
+            return;
+        }
+        if let Err(e) = target.finish_bulk() {
+            warn!(worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer, error = %e, "bulk load not finished");
+        }
     }
 
     /// Applies `ops` to the sink while a heartbeat renews `claims`; returns each operation's

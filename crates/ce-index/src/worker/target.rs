@@ -79,6 +79,15 @@ pub trait IndexTarget: Send + Sync {
     fn bulk_removals(&self) -> bool {
         false
     }
+    /// Ends a bulk load when the worker's queue is empty (see
+    /// [`VectorIndex::finish_bulk`]); nothing for most targets.
+    fn finish_bulk(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether `finish_bulk` may have something to do (cheap, no I/O).
+    fn bulk_pending(&self) -> bool {
+        false
+    }
 }
 
 /// The vector index as a worker target.
@@ -105,6 +114,12 @@ impl IndexTarget for VectorTarget {
     }
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
         self.0.write_nodes(writes)
+    }
+    fn finish_bulk(&self) -> Result<()> {
+        self.0.finish_bulk()
+    }
+    fn bulk_pending(&self) -> bool {
+        self.0.bulk_pending()
     }
 }
 

@@ -152,6 +152,8 @@ struct FlakyIndex {
     failing: AtomicBool,
     rate: f64,
     rng: Mutex<StdRng>,
+    /// Calls of `finish_bulk` (which fails while `failing` is set).
+    bulk_finished: AtomicU64,
 }
 
 impl FlakyIndex {
@@ -161,6 +163,7 @@ impl FlakyIndex {
             failing: AtomicBool::new(false),
             rate,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            bulk_finished: AtomicU64::new(0),
         })
     }
 
@@ -230,6 +233,18 @@ impl VectorIndex for FlakyIndex {
     }
     fn clear(&self) -> crate::Result<()> {
         self.inner.clear()
+    }
+    fn finish_bulk(&self) -> crate::Result<()> {
+        self.bulk_finished.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(IndexError::Unavailable(
+                "injected bulk build failure".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn bulk_pending(&self) -> bool {
+        true
     }
 }
 
@@ -314,6 +329,41 @@ fn assert_vectors_match_text(index: &dyn VectorIndex) {
             own.score
         );
     }
+}
+
+#[test]
+fn an_empty_queue_finishes_the_bulk_load() {
+    let env = env();
+    let index = FlakyIndex::new(0.0, 1);
+    let w = worker(&env, TestEmbedder::new(), index.clone(), "w1");
+    put(&env, "ctx://acc/docs/a", "alpha", "alpha content");
+    put(&env, "ctx://acc/docs/b", "beta", "beta content");
+    // Another worker holds the whole queue: an empty claim is not the end of the load.
+    let held = env
+        .store
+        .claim_batch("vector", "other", 100)
+        .expect("claim");
+    assert!(!held.is_empty());
+    assert_eq!(w.run_once(1).expect("run_once").claimed, 0);
+    assert_eq!(
+        index.bulk_finished.load(Ordering::SeqCst),
+        0,
+        "claimed elsewhere"
+    );
+    // Its leases expire; this worker does the work.
+    env.clock.advance(120_000);
+    let mut batches = 0;
+    while w.run_once(1).expect("run_once").claimed > 0 {
+        assert_eq!(index.bulk_finished.load(Ordering::SeqCst), 0, "work left");
+        batches += 1;
+    }
+    assert!(batches >= 2, "{batches}");
+    assert_eq!(index.bulk_finished.load(Ordering::SeqCst), 1, "queue empty");
+    // A failed build is logged, not a failed claim, and is tried again at the next one.
+    index.failing.store(true, Ordering::SeqCst);
+    assert_eq!(w.run_once(1).expect("run_once").claimed, 0);
+    assert_eq!(index.bulk_finished.load(Ordering::SeqCst), 2);
+    assert_eq!(actual(index.as_ref()), expected(&env));
 }
 
 #[test]

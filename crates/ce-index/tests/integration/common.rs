@@ -141,10 +141,12 @@ pub fn pgvector(label: &str, options: PgVectorOptions) -> (TestDb, PgVectorIndex
 }
 
 /// pgvector options that send every non-empty search through the HNSW index (with its
-/// fallback to an exact scan when the graph comes up short).
+/// fallback to an exact scan when the graph comes up short), which exists from the first
+/// write on (no bulk path).
 pub fn pg_graph_only() -> PgVectorOptions {
     PgVectorOptions {
         exact_max_candidates: 0,
+        defer_graph: false,
         ..PgVectorOptions::default()
     }
 }

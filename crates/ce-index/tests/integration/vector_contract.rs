@@ -999,6 +999,9 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
         format!("vector({DIM})"),
         "bind_model fixes the dimension"
     );
+    assert_eq!(hnsw, None, "the graph waits for the end of the bulk load");
+    a.finish_bulk().expect("finish bulk");
+    let (hnsw, _) = pg_schema(db.url());
     assert!(
         hnsw.as_deref()
             .is_some_and(|d| d.contains("hnsw") && d.contains("vector_cosine_ops")),
@@ -1203,6 +1206,7 @@ fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
     let options = PgVectorOptions {
         exact_max_candidates: 0,
         ef_search: 10,
+        defer_graph: false,
         ..PgVectorOptions::default()
     };
     let (db, idx) = pgvector("pgv_fallback", options);
@@ -1282,4 +1286,320 @@ fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
         .expect("search");
     assert_eq!((r.hits.len(), r.candidates), (5, 5), "{:?}", r.plan);
     drop((idx, db));
+}
+
+/// The state a versioned write leaves that a snapshot does not show: the seen versions.
+fn pg_seen_versions(url: &str) -> Vec<(String, i64, bool)> {
+    ce_testkit::pg::connect(url)
+        .query(
+            "SELECT uri, version, deleted FROM ce_vector_uri_versions ORDER BY uri",
+            &[],
+        )
+        .expect("ce_vector_uri_versions")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// Every stored record with its vector, in (uri, level) order.
+fn with_vectors(idx: &dyn VectorIndex) -> Vec<(String, u64, Vec<f32>)> {
+    snapshot(idx)
+        .into_iter()
+        .map(|s| {
+            let v = idx
+                .vectors(std::slice::from_ref(&s.record.id))
+                .expect("vectors");
+            assert_eq!(v.len(), 1, "{} has a vector", s.record.id);
+            (
+                serde_json::to_string(&s.record).expect("record json"),
+                s.node_version,
+                v.into_iter().next().expect("one").1,
+            )
+        })
+        .collect()
+}
+
+fn outcomes(out: Vec<ce_index::Result<SyncOutcome>>) -> Vec<String> {
+    out.into_iter()
+        .map(|r| match r {
+            Ok(o) => format!("{o:?}"),
+            Err(e) => format!("error: {e}"),
+        })
+        .collect()
+}
+
+/// A random versioned write on a few nodes (so a batch repeats URIs and ids): syncs with new
+/// or kept vectors (kept ones may have nothing to keep), a vector of the wrong dimension or a
+/// record of another node now and then, removals and purges. (One id twice within one node's
+/// records, which the worker never writes, is left out: there the in-memory oracle keeps the
+/// vector stored before the write, the PostgreSQL index the one written just before.)
+fn random_write(rng: &mut impl rand::Rng) -> NodeWrite {
+    let node = |n: u64| format!("ctx://a/notes/n{n}");
+    let u = node(rng.random_range(0..4));
+    let version = rng.random_range(1..12);
+    match rng.random_range(0..20) {
+        0..12 => {
+            let mut records = Vec::new();
+            for level in 0..3u8 {
+                if rng.random_bool(0.6) {
+                    let vector = match rng.random_range(0..20) {
+                        0 => Some(unit(rng.random(), DIM + 1)),
+                        1..6 => None,
+                        _ => Some(unit(rng.random_range(0..1000), DIM)),
+                    };
+                    records.push(nr(&u, level, vector));
+                }
+            }
+            if rng.random_bool(0.05) {
+                records.push(nr(&node(9), 0, Some(unit(1, DIM))));
+            }
+            NodeWrite::Sync {
+                uri: uri(&u),
+                version,
+                records,
+            }
+        }
+        12..17 => NodeWrite::Remove {
+            uri: uri(&u),
+            version,
+        },
+        _ => NodeWrite::Purge { uri: uri(&u) },
+    }
+}
+
+#[test]
+fn pgvector_batched_writes_leave_the_state_of_per_node_writes() {
+    use rand::SeedableRng;
+    let seed = ce_testkit::seed("pgvector_batched_writes");
+    let batches: usize = std::env::var("CE_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let (db_batched, batched) = pgvector("pgv_batched", PgVectorOptions::default());
+    let (db_single, single) = pgvector("pgv_single", PgVectorOptions::default());
+    let oracle = MemoryVectorIndex::new();
+    let m = pg_model("m", DIM);
+    for idx in [&batched as &dyn VectorIndex, &single, &oracle] {
+        idx.bind_model(&m).expect("bind");
+    }
+    // Errors are compared by message with the per-node path, by kind with the oracle (whose
+    // messages may differ).
+    let kinds = |o: &[String]| -> Vec<String> {
+        o.iter()
+            .map(|s| {
+                if s.starts_with("error") {
+                    "error".to_owned()
+                } else {
+                    s.clone()
+                }
+            })
+            .collect()
+    };
+    let check = |step: &str, writes: Vec<NodeWrite>| {
+        let want = outcomes(
+            writes
+                .iter()
+                .cloned()
+                .map(|w| w.apply_to(&oracle))
+                .collect(),
+        );
+        let per_node = outcomes(
+            writes
+                .iter()
+                .cloned()
+                .map(|w| w.apply_to(&single))
+                .collect(),
+        );
+        let got = outcomes(batched.write_nodes(writes.clone()).expect("write_nodes"));
+        assert_eq!(
+            got, per_node,
+            "{step} (seed {seed}): outcomes of {writes:#?}"
+        );
+        assert_eq!(
+            kinds(&got),
+            kinds(&want),
+            "{step} (seed {seed}): oracle outcomes"
+        );
+        let state = with_vectors(&batched);
+        assert_eq!(
+            state,
+            with_vectors(&oracle),
+            "{step} (seed {seed}): records"
+        );
+        assert_eq!(
+            state,
+            with_vectors(&single),
+            "{step} (seed {seed}): records"
+        );
+        assert_eq!(
+            pg_seen_versions(db_batched.url()),
+            pg_seen_versions(db_single.url()),
+            "{step} (seed {seed}): seen versions"
+        );
+    };
+    // Fixed first: inserts, then in one batch updates of a node written earlier in the batch
+    // (the same id written four times), payload-only rewrites of a stored vector and of
+    // vectors written earlier in the batch,
+    // a stale write, a removal and a recreation.
+    let (a, b) = ("ctx://a/notes/n0", "ctx://a/notes/n1");
+    check(
+        "inserts",
+        vec![
+            NodeWrite::Sync {
+                uri: uri(a),
+                version: 1,
+                records: vec![nr(a, 0, Some(unit(1, DIM))), nr(a, 1, Some(unit(2, DIM)))],
+            },
+            NodeWrite::Sync {
+                uri: uri(b),
+                version: 3,
+                records: vec![nr(b, 0, Some(unit(3, DIM)))],
+            },
+        ],
+    );
+    check(
+        "mixed",
+        vec![
+            NodeWrite::Sync {
+                uri: uri(a),
+                version: 2,
+                records: vec![nr(a, 0, None), nr(a, 2, Some(unit(4, DIM)))],
+            },
+            NodeWrite::Sync {
+                uri: uri(a),
+                version: 3,
+                records: vec![nr(a, 2, None)],
+            },
+            NodeWrite::Sync {
+                uri: uri(a),
+                version: 4,
+                records: vec![nr(a, 2, Some(unit(5, DIM)))],
+            },
+            NodeWrite::Sync {
+                uri: uri(a),
+                version: 5,
+                records: vec![nr(a, 2, None)],
+            },
+            NodeWrite::Sync {
+                uri: uri(b),
+                version: 2,
+                records: vec![nr(b, 1, Some(unit(6, DIM)))],
+            },
+            NodeWrite::Remove {
+                uri: uri(b),
+                version: 3,
+            },
+            NodeWrite::Sync {
+                uri: uri(b),
+                version: 3,
+                records: vec![nr(b, 0, Some(unit(7, DIM)))],
+            },
+            NodeWrite::Sync {
+                uri: uri(b),
+                version: 4,
+                records: vec![nr(b, 1, Some(unit(8, DIM)))],
+            },
+            // Nothing to keep for level 0: this write fails alone.
+            NodeWrite::Sync {
+                uri: uri(b),
+                version: 5,
+                records: vec![nr(b, 0, None), nr(b, 1, None)],
+            },
+        ],
+    );
+    assert_eq!(ids(&batched, a), [format!("{a}#2")]);
+    assert_eq!(ids(&batched, b), [format!("{b}#1")]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for i in 0..batches {
+        let n = rand::Rng::random_range(&mut rng, 1..10);
+        let writes = (0..n).map(|_| random_write(&mut rng)).collect();
+        check(&format!("batch {i}"), writes);
+    }
+    drop((batched, single, db_batched, db_single));
+}
+
+#[test]
+fn pgvector_bulk_load_scans_exactly_until_finish_bulk_builds_the_graph() {
+    use ce_index::vector::embedded::{SearchPlan, SearchStrategy};
+    // Every non-empty search would go to the graph if there were one.
+    let options = PgVectorOptions {
+        exact_max_candidates: 0,
+        ..PgVectorOptions::default()
+    };
+    let (db, idx) = pgvector("pgv_bulk", options.clone());
+    let m = pg_model("m", DIM);
+    idx.bind_model(&m).expect("bind");
+    let node = |i: u64| format!("ctx://a/docs/d{i}");
+    let load = |idx: &PgVectorIndex, from: u64, to: u64| {
+        let out = idx
+            .write_nodes(
+                (from..to)
+                    .map(|i| NodeWrite::Sync {
+                        uri: uri(&node(i)),
+                        version: 1,
+                        records: vec![nr(&node(i), 0, Some(unit(i, DIM)))],
+                    })
+                    .collect(),
+            )
+            .expect("write_nodes");
+        assert!(out.iter().all(|o| matches!(o, Ok(SyncOutcome::Applied))));
+    };
+    load(&idx, 0, 300);
+    assert_eq!(pg_schema(db.url()).0, None, "no graph during the load");
+    for q in 0..5 {
+        let exact = idx
+            .search_with(
+                &unit(1000 + q, DIM),
+                &SearchFilter::default(),
+                10,
+                SearchStrategy::Exact,
+            )
+            .expect("exact");
+        for strategy in [SearchStrategy::Auto, SearchStrategy::Ann] {
+            let r = idx
+                .search_with(&unit(1000 + q, DIM), &SearchFilter::default(), 10, strategy)
+                .expect("search");
+            assert_eq!(r.plan, SearchPlan::Exact, "{strategy:?} without a graph");
+            assert_eq!(r.hits, exact.hits);
+        }
+    }
+    idx.finish_bulk().expect("finish bulk");
+    let (hnsw, _) = pg_schema(db.url());
+    assert!(
+        hnsw.as_deref().is_some_and(|d| d.contains("hnsw")),
+        "{hnsw:?}"
+    );
+    let r = idx
+        .search_with(
+            &unit(5, DIM),
+            &SearchFilter::default(),
+            10,
+            SearchStrategy::Auto,
+        )
+        .expect("search");
+    assert_eq!((r.plan, r.hits.len()), (SearchPlan::Ann, 10));
+    idx.finish_bulk().expect("nothing left to build");
+    // Writes after the load go through the graph as they come.
+    load(&idx, 300, 310);
+    assert_eq!(idx.count().expect("count"), 310);
+
+    // A rebuild by another opener drops the graph; the writer that loads the index again
+    // builds it at the end of its load.
+    let other = PgVectorIndex::open_with(db.url(), options).expect("open other");
+    other.clear().expect("clear");
+    other.bind_model(&m).expect("bind");
+    assert_eq!(pg_schema(db.url()).0, None, "no graph after clear");
+    load(&idx, 0, 50);
+    let r = idx
+        .search_with(
+            &unit(5, DIM),
+            &SearchFilter::default(),
+            10,
+            SearchStrategy::Auto,
+        )
+        .expect("search");
+    assert_eq!((r.plan, r.hits.len()), (SearchPlan::Exact, 10));
+    idx.finish_bulk().expect("finish bulk");
+    assert!(pg_schema(db.url()).0.is_some(), "rebuilt");
+    drop((idx, other, db));
 }
