@@ -657,8 +657,13 @@ pub struct Hold {
 pub trait HoldStore: Send + Sync {
     /// Open holds, oldest first.
     fn holds(&self) -> Result<Vec<Hold>>;
+    /// The lowest sequence of a delivery of `consumers` not done or dead yet (`None`: every
+    /// one is): one read answers [`HoldStore::applied_through`] for any number of sequences.
+    fn first_open(&self, consumers: &[String]) -> Result<Option<i64>>;
     /// Whether every delivery of `consumers` with a sequence up to `seq` is done or dead.
-    fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool>;
+    fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool> {
+        Ok(self.first_open(consumers)?.is_none_or(|open| open > seq))
+    }
     /// Ends a hold; false when it was already ended.
     fn end_hold(&self, id: &str) -> Result<bool>;
 }

@@ -472,9 +472,17 @@ impl Engine {
                 .or_insert_with(|| engine.store().kb_base(name).ok())
                 .clone()
         };
-        for item in self.store().kb_items_in(ItemStatus::Embedding)? {
+        // One read for the whole pass (a query per item made a pass over 10,000 embedding
+        // items scan the deliveries 10,000 times).
+        let embedding = self.store().kb_items_in(ItemStatus::Embedding)?;
+        let first_open = if embedding.is_empty() {
+            None
+        } else {
+            self.store().first_open(&consumers)?
+        };
+        for item in embedding {
             let seq = item.through_seq.unwrap_or(0);
-            if !self.store().applied_through(&consumers, seq)? {
+            if first_open.is_some_and(|open| open <= seq) {
                 continue;
             }
             let Some(base) = base_of(self, &item.base) else {

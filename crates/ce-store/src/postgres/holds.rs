@@ -47,16 +47,15 @@ impl HoldStore for PgStore {
         })
     }
 
-    fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool> {
+    fn first_open(&self, consumers: &[String]) -> Result<Option<i64>> {
         self.read(|tx| {
-            let open: bool = tx
+            Ok(tx
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM deliveries
-                     WHERE consumer = ANY($1) AND seq <= $2 AND status IN (0, 1, 2, 4))",
-                    &[&consumers, &seq],
+                    "SELECT min(seq) FROM deliveries
+                     WHERE consumer = ANY($1) AND status IN (0, 1, 2, 4)",
+                    &[&consumers],
                 )?
-                .try_get(0)?;
-            Ok(!open)
+                .try_get(0)?)
         })
     }
 

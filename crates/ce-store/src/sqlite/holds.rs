@@ -55,17 +55,14 @@ impl HoldStore for SqliteStore {
         })
     }
 
-    fn applied_through(&self, consumers: &[String], seq: i64) -> Result<bool> {
+    fn first_open(&self, consumers: &[String]) -> Result<Option<i64>> {
         let consumers = serde_json::to_string(consumers)?;
         self.read(|c| {
-            let open: bool = c
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM deliveries
-                     WHERE consumer IN (SELECT value FROM json_each(?1))
-                       AND seq <= ?2 AND status IN (0, 1, 2, 4))",
-                )?
-                .query_row(params![consumers, seq], |r| r.get(0))?;
-            Ok(!open)
+            Ok(c.prepare_cached(
+                "SELECT min(seq) FROM deliveries
+                 WHERE consumer IN (SELECT value FROM json_each(?1)) AND status IN (0, 1, 2, 4)",
+            )?
+            .query_row(params![consumers], |r| r.get(0))?)
         })
     }
 
