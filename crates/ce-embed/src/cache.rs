@@ -17,38 +17,86 @@
 //! cross-call in-flight table); the second write simply replaces the first with the same
 //! vector.
 //!
-//! Entries are never evicted: a vector costs `4 × dimension` bytes plus ~100 bytes of key
-//! (about 1.6 KiB for a 384-d model). Deleting the file is always safe.
+//! Layout (schema 2; docs/indexing.md "The cache file"): `models` names each model identity
+//! once (a small integer id) and keeps its entry count, maintained by every write, so
+//! [`EmbeddingCache::totals`] is one indexed read however large the cache grows; `vectors` is
+//! a rowid table of `(model id, 32-byte sha256, f32 blob)` with a unique index on the key.
+//! Schema 1 (one `WITHOUT ROWID` table keyed by hex strings) put each ~1.5 KiB vector beside
+//! its key in an index b-tree, whose rows spill to an overflow page above ~1 KiB: about 4.7 KB
+//! of file per 384-d vector. A schema-1 file is migrated in place when it is opened, keeping
+//! every vector (they may have been paid for). New files use 8 KiB pages, so five 384-d rows
+//! share a page.
+//!
+//! Entries are never evicted: a vector costs `4 × dimension` bytes plus ~60 bytes of key and
+//! index (about 1.6 KiB for a 384-d model). Deleting the file is always safe.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use sha2::{Digest, Sha256};
 
 use crate::{EmbedError, Embedder, ModelIdentity};
 
 /// Schema version stored in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
+
+/// Page size of a new cache file: five 384-d vectors (1,536 bytes each) per page.
+const PAGE_SIZE: u32 = 8192;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS models (
+    id      INTEGER PRIMARY KEY,
+    key     TEXT    NOT NULL UNIQUE,
+    entries INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS vectors (
+    id          INTEGER PRIMARY KEY,
+    model       INTEGER NOT NULL,
+    text_sha256 BLOB    NOT NULL,
+    vector      BLOB    NOT NULL,
+    created_at  INTEGER NOT NULL DEFAULT (unixepoch())
+);
+CREATE UNIQUE INDEX IF NOT EXISTS vectors_by_text ON vectors (model, text_sha256);
+";
+
+/// Schema 1 → 2, in one transaction: every vector is kept.
+const MIGRATE_FROM_1: &str = "
+INSERT OR IGNORE INTO models (key) SELECT DISTINCT model FROM embedding_cache;
+INSERT OR REPLACE INTO vectors (model, text_sha256, vector, created_at)
+    SELECT m.id, unhex(e.text_sha256), e.vector, e.created_at
+    FROM embedding_cache e JOIN models m ON m.key = e.model
+    WHERE unhex(e.text_sha256) IS NOT NULL;
+UPDATE models SET entries = (SELECT count(*) FROM vectors v WHERE v.model = models.id);
+DROP TABLE embedding_cache;
+";
 
 /// The cache key of a text: lower-case hex sha256 of its UTF-8 bytes.
 pub fn text_key(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
+/// The stored form of a [`text_key`]: its 32 bytes (any other string is stored as it is).
+fn key_bytes(key: &str) -> Vec<u8> {
+    hex::decode(key).unwrap_or_else(|_| key.as_bytes().to_vec())
+}
+
 fn cache_err(path: &Path, what: &str, e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Cache(format!("{what} {}: {e}", path.display()))
 }
 
-/// A persistent map `(model identity key, sha256 hex of text) → f32 vector` in one SQLite
+/// A persistent map `(model identity key, sha256 of text) → f32 vector` in one SQLite
 /// file (WAL; `synchronous = NORMAL`, so a power cut may lose the newest entries, which are
 /// simply recomputed).
 pub struct EmbeddingCache {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// Model identity key → row id in `models` (ids are never deleted or reused).
+    model_ids: Mutex<HashMap<String, i64>>,
 }
 
 impl std::fmt::Debug for EmbeddingCache {
@@ -61,7 +109,7 @@ impl std::fmt::Debug for EmbeddingCache {
 
 impl EmbeddingCache {
     /// Opens (creating if needed) the cache file at `path`; the parent directory is created
-    /// too.
+    /// too. A file of schema 1 is migrated to schema 2.
     pub fn open(path: &Path) -> Result<Self, EmbedError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
@@ -78,9 +126,12 @@ impl EmbeddingCache {
         Self::init(conn, path)
     }
 
-    fn init(conn: Connection, path: PathBuf) -> Result<Self, EmbedError> {
+    fn init(mut conn: Connection, path: PathBuf) -> Result<Self, EmbedError> {
         let err = |e: rusqlite::Error| cache_err(&path, "cannot initialise", e);
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        // Takes effect only while the file is empty (SQLite ignores it afterwards).
+        conn.execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE}"))
+            .map_err(err)?;
         // In-memory databases answer "memory" here; both are fine. Two processes creating
         // the file at once: SQLite answers one SQLITE_BUSY at once, without the busy timeout
         // (waiting for the exclusive lock would deadlock), so the switch is retried.
@@ -97,36 +148,58 @@ impl EmbeddingCache {
                 r => break r.map_err(err)?,
             }
         };
-        conn.execute_batch(
-            "PRAGMA synchronous = NORMAL;
-             CREATE TABLE IF NOT EXISTS embedding_cache (
-                 model        TEXT    NOT NULL,
-                 text_sha256  TEXT    NOT NULL,
-                 vector       BLOB    NOT NULL,
-                 created_at   INTEGER NOT NULL DEFAULT (unixepoch()),
-                 PRIMARY KEY (model, text_sha256)
-             ) WITHOUT ROWID;",
-        )
-        .map_err(err)?;
-        let version: i64 = conn
+        conn.execute_batch("PRAGMA synchronous = NORMAL")
+            .map_err(err)?;
+        // One writer decides the layout; another process opening at once waits, then sees
+        // the version the first wrote.
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let version: i64 = tx
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(err)?;
-        if version == 0 {
-            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+        let migrate = match version {
+            0 => {
+                // A new file, or one written before versions were stored (schema 1's table).
+                tx.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'embedding_cache'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(err)?
+                    > 0
+            }
+            1 => true,
+            SCHEMA_VERSION => false,
+            other => {
+                return Err(cache_err(
+                    &path,
+                    "cannot use",
+                    format!(
+                        "schema version {other} is newer than {SCHEMA_VERSION} (delete the \
+                         file; it is only a cache)"
+                    ),
+                ));
+            }
+        };
+        tx.execute_batch(SCHEMA).map_err(err)?;
+        if migrate {
+            tx.execute_batch(MIGRATE_FROM_1).map_err(err)?;
+        }
+        if version != SCHEMA_VERSION {
+            tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
                 .map_err(err)?;
-        } else if version != SCHEMA_VERSION {
-            return Err(cache_err(
-                &path,
-                "cannot use",
-                format!(
-                    "schema version {version} is not {SCHEMA_VERSION} (delete the file; it \
-                     is only a cache)"
-                ),
-            ));
+        }
+        tx.commit().map_err(err)?;
+        if migrate {
+            // Give the old table's pages back to the file system (once; best effort: a
+            // failure leaves free pages that later writes reuse).
+            let _ = conn.execute_batch("VACUUM");
         }
         Ok(EmbeddingCache {
             conn: Mutex::new(conn),
             path,
+            model_ids: Mutex::new(HashMap::new()),
         })
     }
 
@@ -141,6 +214,43 @@ impl EmbeddingCache {
             .map_err(|_| EmbedError::Cache(format!("{} connection poisoned", self.path.display())))
     }
 
+    /// The id of `model` in `models`; `create` adds a missing one (inside the caller's write
+    /// transaction), otherwise a missing model is `None`.
+    fn model_id(
+        &self,
+        conn: &Connection,
+        model: &str,
+        create: bool,
+    ) -> Result<Option<i64>, rusqlite::Error> {
+        if let Some(id) = self
+            .model_ids
+            .lock()
+            .ok()
+            .and_then(|m| m.get(model).copied())
+        {
+            return Ok(Some(id));
+        }
+        if create {
+            conn.prepare_cached("INSERT OR IGNORE INTO models (key) VALUES (?1)")?
+                .execute([model])?;
+        }
+        let id: Option<i64> = conn
+            .prepare_cached("SELECT id FROM models WHERE key = ?1")?
+            .query_row([model], |r| r.get(0))
+            .optional()?;
+        if let (Some(id), false) = (id, create) {
+            // A row created here is remembered by the caller once its transaction commits.
+            self.remember(model, id);
+        }
+        Ok(id)
+    }
+
+    fn remember(&self, model: &str, id: i64) {
+        if let Ok(mut ids) = self.model_ids.lock() {
+            ids.insert(model.to_owned(), id);
+        }
+    }
+
     /// Looks up `keys` (from [`text_key`]) for `model` (a [`ModelIdentity::key`]); an entry
     /// whose length is not `dimension` comes back as `None`.
     pub fn get_many(
@@ -151,15 +261,16 @@ impl EmbeddingCache {
     ) -> Result<Vec<Option<Vec<f32>>>, EmbedError> {
         let conn = self.conn()?;
         let err = |e: rusqlite::Error| cache_err(&self.path, "cannot read", e);
+        let Some(model) = self.model_id(&conn, model, false).map_err(err)? else {
+            return Ok(vec![None; keys.len()]);
+        };
         let mut stmt = conn
-            .prepare_cached(
-                "SELECT vector FROM embedding_cache WHERE model = ?1 AND text_sha256 = ?2",
-            )
+            .prepare_cached("SELECT vector FROM vectors WHERE model = ?1 AND text_sha256 = ?2")
             .map_err(err)?;
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             let blob: Option<Vec<u8>> = stmt
-                .query_row(params![model, key], |r| r.get(0))
+                .query_row(params![model, key_bytes(key)], |r| r.get(0))
                 .optional()
                 .map_err(err)?;
             out.push(blob.and_then(|b| decode(&b, dimension)));
@@ -167,51 +278,73 @@ impl EmbeddingCache {
         Ok(out)
     }
 
-    /// Stores `(key, vector)` pairs for `model` in one transaction, replacing old entries.
+    /// Stores `(key, vector)` pairs for `model` in one transaction, replacing old entries
+    /// and counting the new ones in `models.entries`.
     pub fn put_many(&self, model: &str, entries: &[(&str, &[f32])]) -> Result<(), EmbedError> {
         let mut conn = self.conn()?;
         let err = |e: rusqlite::Error| cache_err(&self.path, "cannot write", e);
-        let tx = conn.transaction().map_err(err)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let id = self
+            .model_id(&tx, model, true)
+            .map_err(err)?
+            .ok_or_else(|| cache_err(&self.path, "cannot write", "model row missing"))?;
+        let mut added: i64 = 0;
         {
-            let mut stmt = tx
+            let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO embedding_cache (model, text_sha256, vector) \
+                    "INSERT OR IGNORE INTO vectors (model, text_sha256, vector) \
                      VALUES (?1, ?2, ?3)",
                 )
                 .map_err(err)?;
+            let mut update = tx
+                .prepare_cached(
+                    "UPDATE vectors SET vector = ?3, created_at = unixepoch() \
+                     WHERE model = ?1 AND text_sha256 = ?2",
+                )
+                .map_err(err)?;
             for (key, v) in entries {
-                stmt.execute(params![model, key, encode(v)]).map_err(err)?;
+                let (key, blob) = (key_bytes(key), encode(v));
+                if insert.execute(params![id, key, blob]).map_err(err)? == 1 {
+                    added += 1;
+                } else {
+                    update.execute(params![id, key, blob]).map_err(err)?;
+                }
             }
         }
-        tx.commit().map_err(err)
+        if added > 0 {
+            tx.execute(
+                "UPDATE models SET entries = entries + ?2 WHERE id = ?1",
+                params![id, added],
+            )
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        self.remember(model, id);
+        Ok(())
     }
 
     /// Number of entries stored for `model`.
     pub fn count(&self, model: &str) -> Result<u64, EmbedError> {
-        let conn = self.conn()?;
-        conn.query_row(
-            "SELECT count(*) FROM embedding_cache WHERE model = ?1",
-            [model],
-            |r| r.get::<_, i64>(0),
-        )
-        .map(|n| n.max(0) as u64)
-        .map_err(|e| cache_err(&self.path, "cannot read", e))
+        Ok(self.totals(model)?.model_entries)
     }
 
-    /// What the cache holds: entries of `model`, of every model, and the file's size.
+    /// What the cache holds: entries of `model`, of every model, and the file's size — read
+    /// from the maintained counts, never by counting rows.
     pub fn totals(&self, model: &str) -> Result<CacheTotals, EmbedError> {
         let conn = self.conn()?;
         let read = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
-            conn.query_row(sql, params, |r| r.get::<_, i64>(0))
-                .map(|n| n.max(0) as u64)
+            conn.query_row(sql, params, |r| r.get::<_, Option<i64>>(0))
+                .map(|n| n.unwrap_or(0).max(0) as u64)
                 .map_err(|e| cache_err(&self.path, "cannot read", e))
         };
         Ok(CacheTotals {
             model_entries: read(
-                "SELECT count(*) FROM embedding_cache WHERE model = ?1",
+                "SELECT (SELECT entries FROM models WHERE key = ?1)",
                 &[&model],
             )?,
-            entries: read("SELECT count(*) FROM embedding_cache", &[])?,
+            entries: read("SELECT sum(entries) FROM models", &[])?,
             file_bytes: read(
                 "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
                 &[],
@@ -221,10 +354,21 @@ impl EmbeddingCache {
 
     /// Deletes every entry of `model` (e.g. after switching models); returns how many.
     pub fn remove_model(&self, model: &str) -> Result<u64, EmbedError> {
-        let conn = self.conn()?;
-        conn.execute("DELETE FROM embedding_cache WHERE model = ?1", [model])
-            .map(|n| n as u64)
-            .map_err(|e| cache_err(&self.path, "cannot write", e))
+        let mut conn = self.conn()?;
+        let err = |e: rusqlite::Error| cache_err(&self.path, "cannot write", e);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let Some(id) = self.model_id(&tx, model, false).map_err(err)? else {
+            return Ok(0);
+        };
+        let n = tx
+            .execute("DELETE FROM vectors WHERE model = ?1", [id])
+            .map_err(err)?;
+        tx.execute("UPDATE models SET entries = 0 WHERE id = ?1", [id])
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        Ok(n as u64)
     }
 }
 
@@ -734,5 +878,112 @@ mod tests {
         assert_eq!((t.model_entries, t.entries), (2, 3));
         assert!(t.file_bytes > 0, "{t:?}");
         assert_eq!(reader.totals("m:z:2").expect("totals").model_entries, 0);
+    }
+
+    /// The maintained counts agree with the rows after inserts, replacements of existing
+    /// keys, a second model and a removal.
+    #[test]
+    fn maintained_counts_match_the_rows() {
+        let cache = EmbeddingCache::open_in_memory().expect("open");
+        let keys: Vec<String> = (0..10).map(|i| text_key(&i.to_string())).collect();
+        let put = |model: &str, range: std::ops::Range<usize>, x: f32| {
+            let v = [x, x];
+            let entries: Vec<(&str, &[f32])> =
+                keys[range].iter().map(|k| (k.as_str(), &v[..])).collect();
+            cache.put_many(model, &entries).expect("put");
+        };
+        put("m:a:2", 0..6, 1.0);
+        put("m:a:2", 3..10, 2.0); // 3 replaced, 4 new
+        put("m:b:2", 0..2, 3.0);
+        let rows = |model: &str| -> u64 {
+            let conn = cache.conn().expect("conn");
+            conn.query_row(
+                "SELECT count(*) FROM vectors v JOIN models m ON m.id = v.model \
+                 WHERE m.key = ?1",
+                [model],
+                |r| r.get::<_, i64>(0),
+            )
+            .expect("count") as u64
+        };
+        let t = cache.totals("m:a:2").expect("totals");
+        assert_eq!((t.model_entries, t.entries), (10, 12));
+        assert_eq!(t.model_entries, rows("m:a:2"));
+        let got = cache.get_many("m:a:2", 2, &keys[2..4]).expect("get");
+        assert_eq!(got, vec![Some(vec![1.0, 1.0]), Some(vec![2.0, 2.0])]);
+        assert_eq!(cache.remove_model("m:a:2").expect("rm"), 10);
+        let t = cache.totals("m:a:2").expect("totals");
+        assert_eq!((t.model_entries, t.entries), (0, 2));
+        assert_eq!(rows("m:b:2"), 2);
+        put("m:a:2", 0..1, 4.0);
+        assert_eq!(cache.count("m:a:2").expect("count"), 1);
+    }
+
+    /// A file written by schema 1 (one `WITHOUT ROWID` table keyed by hex) is migrated when
+    /// opened: every vector is kept and counted, the old table is gone.
+    #[test]
+    fn a_schema_1_file_is_migrated_keeping_every_vector() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let (a, b) = (text_key("a"), text_key("b"));
+        {
+            let conn = Connection::open(&path).expect("conn");
+            conn.execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE embedding_cache (
+                     model TEXT NOT NULL, text_sha256 TEXT NOT NULL, vector BLOB NOT NULL,
+                     created_at INTEGER NOT NULL DEFAULT (unixepoch()),
+                     PRIMARY KEY (model, text_sha256)
+                 ) WITHOUT ROWID;
+                 PRAGMA user_version = 1;",
+            )
+            .expect("v1 schema");
+            let mut insert = conn
+                .prepare(
+                    "INSERT INTO embedding_cache (model, text_sha256, vector) VALUES (?1, ?2, ?3)",
+                )
+                .expect("prepare");
+            for (model, key, v) in [
+                ("m:x:2", &a, [1.0f32, 2.0]),
+                ("m:x:2", &b, [3.0, 4.0]),
+                ("m:y:2", &a, [5.0, 6.0]),
+            ] {
+                insert
+                    .execute(params![model, key, encode(&v)])
+                    .expect("insert");
+            }
+        }
+        let cache = EmbeddingCache::open(&path).expect("open migrates");
+        let t = cache.totals("m:x:2").expect("totals");
+        assert_eq!((t.model_entries, t.entries), (2, 3));
+        assert_eq!(
+            cache.get_many("m:x:2", 2, &[a.clone(), b]).expect("get"),
+            vec![Some(vec![1.0, 2.0]), Some(vec![3.0, 4.0])]
+        );
+        assert_eq!(
+            cache.get_many("m:y:2", 2, &[a]).expect("get"),
+            vec![Some(vec![5.0, 6.0])]
+        );
+        let conn = cache.conn().expect("conn");
+        let (version, old): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT user_version FROM pragma_user_version()), \
+                 (SELECT count(*) FROM sqlite_master WHERE name = 'embedding_cache')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("read");
+        assert_eq!((version, old), (SCHEMA_VERSION, 0));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        Connection::open(&path)
+            .expect("conn")
+            .execute_batch("PRAGMA user_version = 9")
+            .expect("version");
+        let e = EmbeddingCache::open(&path).expect_err("refused");
+        assert!(e.to_string().contains("schema version 9"), "{e}");
     }
 }
