@@ -1,10 +1,12 @@
 //! The lock manager: waiting with jittered backoff, renewal every `expire / 3`, hand-off and
 //! adopt.
 //!
-//! A waiter is woken as soon as a lease of this process is released (any lease of the
-//! managers sharing one state: [`LockManager::with_wait`] keeps it), so leases of one process
-//! take turns without sleeping out a backoff step; the backoff remains the fallback for a
-//! holder in another process, whose release nobody here hears of.
+//! A waiter is woken as soon as a lease of this process releases the lock it waits for (any
+//! lease of the managers sharing one state: [`LockManager::with_wait`] keeps it), so leases of
+//! one process take turns without sleeping out a backoff step; a release of other paths does
+//! not cost it an attempt (many jobs of one process waiting on different bases do not all
+//! retry at every release). The backoff remains the fallback for a holder in another process,
+//! whose release nobody here hears of.
 //!
 //! Every [`Lease`] has its own owner id (`{pid}-{16 hex}`), so two leases of one process
 //! conflict like leases of two processes. One renewal thread per manager (started with the
@@ -76,33 +78,76 @@ struct Inner {
     releases: Arc<Releases>,
 }
 
-/// Counts the releases of this process's leases and wakes whoever waits for one.
+/// The releases of this process's leases, which wake the waiters they concern.
 #[derive(Debug, Default)]
 struct Releases {
-    count: Mutex<u64>,
+    state: Mutex<Released>,
     changed: Condvar,
+}
+
+/// How many releases there were, and the paths of the most recent ones.
+#[derive(Debug, Default)]
+struct Released {
+    count: u64,
+    /// `(release number, path)` of the last [`RECENT_RELEASES`] released tokens.
+    recent: std::collections::VecDeque<(u64, String)>,
+    /// The newest release some of whose paths were dropped from `recent`.
+    forgotten: u64,
+}
+
+/// Released paths remembered for the waiters (older ones wake every waiter, see
+/// [`Released::freed`]).
+const RECENT_RELEASES: usize = 1024;
+
+impl Released {
+    /// Whether `path` may have been freed by a release after `seen`: a release of that path,
+    /// or one too old to tell (the record has moved past `seen`).
+    fn freed(&self, seen: u64, path: &str) -> bool {
+        if self.count == seen {
+            return false;
+        }
+        self.forgotten > seen
+            || self
+                .recent
+                .iter()
+                .any(|(n, p)| *n > seen && p.as_str() == path)
+    }
 }
 
 impl Releases {
     /// The releases so far.
     fn seen(&self) -> u64 {
-        *lock(&self.count)
+        lock(&self.state).count
     }
 
-    /// Records a release and wakes every waiter.
-    fn notify(&self) {
-        *lock(&self.count) += 1;
+    /// Records a release of `tokens` and wakes the waiters; each goes back to sleep unless a
+    /// path it waits for is among them (a release of another path never costs a waiter an
+    /// attempt at the provider).
+    fn notify(&self, tokens: &[Token]) {
+        let mut state = lock(&self.state);
+        state.count += 1;
+        let n = state.count;
+        for t in tokens {
+            if state.recent.len() == RECENT_RELEASES
+                && let Some((dropped, _)) = state.recent.pop_front()
+            {
+                state.forgotten = dropped;
+            }
+            state.recent.push_back((n, t.request.path.to_string()));
+        }
+        drop(state);
         self.changed.notify_all();
     }
 
-    /// Sleeps until a release after `seen`, or for `timeout`; whether a release woke it.
-    fn wait(&self, seen: u64, timeout: Duration) -> bool {
-        let count = lock(&self.count);
-        let (count, _) = self
+    /// Sleeps until `path` is released after `seen`, or for `timeout`; whether a release
+    /// woke it.
+    fn wait(&self, seen: u64, path: &str, timeout: Duration) -> bool {
+        let state = lock(&self.state);
+        let (state, _) = self
             .changed
-            .wait_timeout_while(count, timeout, |c| *c == seen)
+            .wait_timeout_while(state, timeout, |s| !s.freed(seen, path))
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *count != seen
+        state.freed(seen, path)
     }
 }
 
@@ -110,7 +155,7 @@ impl Inner {
     /// Releases `tokens` and wakes this process's waiters.
     fn release(&self, tokens: &[Token]) -> Result<()> {
         let out = self.provider.release(tokens);
-        self.releases.notify();
+        self.releases.notify(tokens);
         out
     }
 }
@@ -386,7 +431,7 @@ impl LockManager {
                 });
             }
             let jittered = step.mul_f64(rand::rng().random_range(0.5..1.5));
-            if !releases.wait(seen, jittered.min(wait - waited)) {
+            if !releases.wait(seen, &held.path.to_string(), jittered.min(wait - waited)) {
                 step = (step * 2).min(cap);
             }
         }
@@ -707,6 +752,60 @@ mod tests {
             after < Duration::from_secs(20),
             "granted {after:?} after the release: it slept out its backoff"
         );
+    }
+
+    #[test]
+    fn a_release_wakes_only_the_waiters_of_its_paths() {
+        let releases = Arc::new(Releases::default());
+        let token = |path: &str| Token {
+            request: LockRequest::exact(uri(path)),
+            owner: "1-a".into(),
+            time_ns: 0,
+            fence: crate::FenceToken(0),
+            location: String::new(),
+        };
+        let seen = releases.seen();
+        let waiter = {
+            let releases = Arc::clone(&releases);
+            std::thread::spawn(move || {
+                let woken = releases.wait(seen, "ctx://a/x", Duration::from_secs(60));
+                (woken, Instant::now())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        releases.notify(&[token("ctx://a/other")]);
+        // The unrelated release must not end the wait: it is still asleep a while later.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !waiter.is_finished(),
+            "woken by the release of another path"
+        );
+        let released = Instant::now();
+        releases.notify(&[token("ctx://a/y"), token("ctx://a/x")]);
+        let (woken, at) = waiter.join().expect("waiter");
+        assert!(woken && at >= released);
+        // Released before the wait began (after `seen`): no sleep at all.
+        assert!(releases.wait(seen, "ctx://a/x", Duration::from_secs(60)));
+        assert!(!releases.wait(releases.seen(), "ctx://a/x", Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn a_waiter_older_than_the_remembered_releases_is_woken() {
+        let releases = Releases::default();
+        let seen = releases.seen();
+        let token = Token {
+            request: LockRequest::exact(uri("ctx://a/other")),
+            owner: "1-a".into(),
+            time_ns: 0,
+            fence: crate::FenceToken(0),
+            location: String::new(),
+        };
+        for _ in 0..=RECENT_RELEASES {
+            releases.notify(std::slice::from_ref(&token));
+        }
+        // Its path may have been released among the forgotten ones: it must try again.
+        assert!(releases.wait(seen, "ctx://a/x", Duration::from_millis(10)));
+        assert!(!releases.wait(seen + 1, "ctx://a/x", Duration::from_millis(10)));
     }
 
     #[test]
