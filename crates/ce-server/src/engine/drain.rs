@@ -2,7 +2,7 @@
 //! open work is done (`ce worker --once`, `ce reindex`, tests), counting what they did.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,11 +45,19 @@ impl Engine {
         }
         let started = Instant::now();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
+        let quiet = AtomicBool::new(false);
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
                 .iter()
                 .map(|w| {
-                    s.spawn(|| self.drain_one(w, &consumers, &totals, started, poll, progress))
+                    let pass = Pass {
+                        consumers: &consumers,
+                        totals: &totals,
+                        quiet: &quiet,
+                        started,
+                        poll,
+                    };
+                    s.spawn(move || self.drain_one(w, &pass, progress))
                 })
                 .collect();
             handles
@@ -83,25 +91,28 @@ impl Engine {
         })
     }
 
-    /// Runs `w` until none of the drained `consumers` has anything pending or claimed: a
+    /// Runs `w` until none of the drained consumers has anything pending or claimed: a
     /// consumer's work can append events for the others (the derive consumer's write-backs
-    /// reach the vector and keyword indexes), so a worker stops only when all are done.
+    /// reach the vector and keyword indexes), so a worker stops only when all are done. The
+    /// first worker to see them all done ends the pass for every worker (`pass.quiet`): a
+    /// worker that stopped alone would leave the others waiting for its consumer's events
+    /// written after it stopped (by a job running beside the drain, or another process).
     fn drain_one(
         &self,
         w: &IndexWorker,
-        consumers: &[&str],
-        totals: &DrainTotals,
-        started: Instant,
-        poll: Duration,
+        pass: &Pass<'_>,
         progress: &(dyn Fn(&DrainProgress) + Sync),
     ) -> Result<()> {
         let mut errors = 0u32;
         loop {
+            if pass.quiet.load(Ordering::Acquire) {
+                return Ok(());
+            }
             match w.run_once(w.config().claim_limit) {
                 Ok(r) if r.claimed > 0 => {
                     errors = 0;
-                    totals.add(&r);
-                    progress(&totals.snapshot(started));
+                    pass.totals.add(&r);
+                    progress(&pass.totals.snapshot(pass.started));
                     continue;
                 }
                 Ok(_) => errors = 0,
@@ -119,16 +130,27 @@ impl Engine {
             let stats = self.store.stats()?;
             let open = stats
                 .iter()
-                .filter(|s| consumers.contains(&s.consumer.as_str()))
+                .filter(|s| pass.consumers.contains(&s.consumer.as_str()))
                 .any(|s| s.pending + s.claimed > 0);
             if !open {
+                pass.quiet.store(true, Ordering::Release);
                 return Ok(());
             }
             // Work is claimed elsewhere (another of our threads, or a crashed worker whose
             // lease has not expired yet) or the worker is paused by a rate limit.
-            std::thread::sleep(w.paused_for().unwrap_or(poll).min(DRAIN_RECHECK));
+            std::thread::sleep(w.paused_for().unwrap_or(pass.poll).min(DRAIN_RECHECK));
         }
     }
+}
+
+/// What the workers of one [`Engine::drain`] share.
+struct Pass<'a> {
+    consumers: &'a [&'a str],
+    totals: &'a DrainTotals,
+    /// Set by the first worker that finds every drained consumer done: the pass ends.
+    quiet: &'a AtomicBool,
+    started: Instant,
+    poll: Duration,
 }
 
 /// The distinct events whose deliveries a drain claimed (an event has one delivery per

@@ -1,11 +1,13 @@
 //! Following an entry's work to its end (`ce kb add` / `rm-items` / `reindex` without
 //! `--no-wait`): it is done when the entry's jobs have ended and every item of its roots'
 //! subtrees is terminal (or gone). Locally the follower does the work itself meanwhile —
-//! claims the due jobs, drains the deliveries, settles the items — as `ce worker --once`
-//! would; whatever it leaves (it was interrupted, or the consumers cannot index) is durable
+//! claims the due jobs and settles the items on one thread while another drains the
+//! deliveries, as `ce serve` would; whatever it leaves (it was interrupted, or the consumers cannot index) is durable
 //! and continues in `ce serve` / `ce worker`.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ce_store::ItemStatus;
@@ -76,6 +78,11 @@ impl Engine {
     /// Does the work of `roots` / `jobs` here until it has ended, calling `on_change` at each
     /// change of progress; stops early (with the reason) when the deliveries cannot be
     /// drained here (no consumer ready) while items wait for them.
+    ///
+    /// The two stages overlap, as in `ce serve`: this thread runs the jobs (read, parse,
+    /// chunk, commit) and settles items, while a second one drains the deliveries those
+    /// commits append — so the embedder works while files are parsed, and items complete
+    /// from the first minutes of a large add instead of all at the end.
     pub fn kb_follow(
         &self,
         base: &str,
@@ -83,8 +90,35 @@ impl Engine {
         jobs: &[String],
         on_change: &dyn Fn(&KbProgress),
     ) -> Result<KbFollowed> {
+        let drainer = Drainer::default();
+        std::thread::scope(|s| {
+            let handle = s.spawn(|| drainer.run(self));
+            let out = self.follow_jobs(base, roots, jobs, on_change, &drainer);
+            drainer.stop.store(true, Ordering::Release);
+            // A panic in the drainer is reported as such; its work is durable.
+            let joined = handle.join();
+            match (out, joined) {
+                (Ok(f), Err(_)) => Err(crate::error::ServerError::Internal(format!(
+                    "the drain thread panicked (progress {} / {} items)",
+                    f.progress.done, f.progress.total
+                ))),
+                (out, _) => out,
+            }
+        })
+    }
+
+    /// The job side of [`Engine::kb_follow`].
+    fn follow_jobs(
+        &self,
+        base: &str,
+        roots: &[String],
+        jobs: &[String],
+        on_change: &dyn Fn(&KbProgress),
+        drainer: &Drainer,
+    ) -> Result<KbFollowed> {
         let poll = Duration::from_millis(self.config().jobs.poll_interval_ms.min(200));
         let mut last: Option<KbProgress> = None;
+        let mut drained_seen = 0;
         loop {
             let p = self.kb_progress(base, roots, jobs)?;
             if last.as_ref() != Some(&p) {
@@ -112,30 +146,30 @@ impl Engine {
             } else {
                 0
             };
+            let settled = self.kb_settle()?;
             if ran > 0 {
                 continue;
             }
-            let drained = match self.drain(&|_| {}) {
-                Ok(r) => r.progress.claimed,
-                Err(e) => {
-                    let embedding = p
-                        .by_status
-                        .get(&ItemStatus::Embedding)
-                        .copied()
-                        .unwrap_or(0);
-                    if embedding > 0 && p.jobs_open == 0 {
-                        return Ok(KbFollowed {
-                            progress: p,
-                            waiting: Some(format!(
-                                "{embedding} items wait for the indexes, which cannot be \
-                                 updated here: {e}"
-                            )),
-                        });
-                    }
-                    0
-                }
-            };
-            let settled = self.kb_settle()?;
+            let embedding = p
+                .by_status
+                .get(&ItemStatus::Embedding)
+                .copied()
+                .unwrap_or(0);
+            // What the drain thread did since the last look, and whether it is stuck.
+            let (drained, failure) = drainer.since(&mut drained_seen);
+            if let Some(e) = failure
+                && embedding > 0
+                && p.jobs_open == 0
+                && drained == 0
+            {
+                return Ok(KbFollowed {
+                    progress: p,
+                    waiting: Some(format!(
+                        "{embedding} items wait for the indexes, which cannot be updated \
+                         here: {e}"
+                    )),
+                });
+            }
             if !self.config().jobs.enabled && p.jobs_open > 0 && drained == 0 && settled == 0 {
                 return Ok(KbFollowed {
                     progress: p,
@@ -143,11 +177,6 @@ impl Engine {
                 });
             }
             if drained == 0 && settled == 0 {
-                let embedding = p
-                    .by_status
-                    .get(&ItemStatus::Embedding)
-                    .copied()
-                    .unwrap_or(0);
                 let readiness = self.readiness();
                 if embedding > 0 && p.jobs_open == 0 && !readiness.ready {
                     // A consumer that cannot run here (no model, another model's index)
@@ -164,5 +193,57 @@ impl Engine {
                 std::thread::sleep(poll);
             }
         }
+    }
+}
+
+/// The drain side of [`Engine::kb_follow`]: drains the outbox until told to stop, counting
+/// what it claims as it goes and keeping the last failure (cleared by the next success).
+#[derive(Default)]
+struct Drainer {
+    stop: AtomicBool,
+    /// Deliveries claimed by the passes that have ended.
+    ended: AtomicU64,
+    /// Deliveries claimed so far by the pass under way.
+    current: AtomicU64,
+    failure: Mutex<Option<String>>,
+}
+
+impl Drainer {
+    fn run(&self, engine: &Engine) {
+        let poll = Duration::from_millis(engine.config().index.worker.poll_interval_ms)
+            .clamp(Duration::from_millis(20), Duration::from_millis(200));
+        while !self.stop.load(Ordering::Acquire) {
+            let pass = engine.drain(&|p| self.current.store(p.claimed, Ordering::Release));
+            let claimed = match pass {
+                Ok(r) => {
+                    *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    r.progress.claimed
+                }
+                Err(e) => {
+                    *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    0
+                }
+            };
+            self.ended.fetch_add(claimed, Ordering::AcqRel);
+            self.current.store(0, Ordering::Release);
+            if claimed == 0 {
+                std::thread::sleep(poll);
+            }
+        }
+    }
+
+    /// Deliveries claimed since `seen` (which is moved on), and the last pass's failure.
+    fn since(&self, seen: &mut u64) -> (u64, Option<String>) {
+        let now = self.ended.load(Ordering::Acquire) + self.current.load(Ordering::Acquire);
+        // Between a pass's end and the reset of `current` a pass may be counted twice: the
+        // count is a sign of work, never a total, and `seen` never moves back.
+        let drained = now.saturating_sub(*seen);
+        *seen = (*seen).max(now);
+        let failure = self
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (drained, failure)
     }
 }
