@@ -25,6 +25,12 @@ use crate::error::{IndexError, Result};
 use crate::records::to_i64;
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
+/// Page size of a new file. A record row is ~2.6 KB for a 384-d model (1,536 bytes of vector,
+/// ~800 of record JSON, ~170 of filters, the columns): on 4 KiB pages a second row never fits,
+/// so every row took a page of its own (4.2 KB per record); 8 KiB pages hold three
+/// (docs/indexing.md "Footprint").
+const PAGE_SIZE: u32 = 8192;
+
 /// Version of this layout; a file with another version is refused.
 pub(super) const SCHEMA_VERSION: u64 = 1;
 
@@ -70,6 +76,9 @@ pub(super) fn open_conn(path: &Path) -> Result<Connection> {
 /// Prepares the writer connection: WAL, `synchronous=FULL`, schema and layout version (see
 /// [`crate::sqlite::init_writer`]), meta defaults. Returns the database id.
 pub(super) fn init(conn: &mut Connection) -> Result<String> {
+    // A new file only (SQLite keeps an existing file's page size): see [`PAGE_SIZE`].
+    conn.pragma_update(None, "page_size", PAGE_SIZE)
+        .map_err(sql)?;
     let tx = crate::sqlite::init_writer(conn, super::DB_FILE, SCHEMA, SCHEMA_VERSION)?;
     let id = match meta(&tx, "db_id")? {
         Some(id) => id,
