@@ -606,16 +606,7 @@ impl WriteTx<'_, '_> {
                  parent_uri = excluded.parent_uri, level = excluded.level,
                  node_version = excluded.node_version, pairs = excluded.pairs,
                  record = excluded.record, embedding = excluded.embedding",
-            &[
-                &a.ids,
-                &a.uris,
-                &a.parents,
-                &a.levels,
-                &a.versions,
-                &a.pairs,
-                &a.records,
-                &a.vectors,
-            ],
+            &[a.columns(), vec![&a.vectors]].concat(),
         )?;
         Ok(())
     }
@@ -639,15 +630,7 @@ impl WriteTx<'_, '_> {
                          $6::text[], $7::text[])
                  AS u(id, uri, parent_uri, level, node_version, pairs, record)
              WHERE ce_vector_records.id = u.id",
-            &[
-                &a.ids,
-                &a.uris,
-                &a.parents,
-                &a.levels,
-                &a.versions,
-                &a.pairs,
-                &a.records,
-            ],
+            &a.columns(),
         )
     }
 

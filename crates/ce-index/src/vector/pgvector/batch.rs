@@ -364,4 +364,18 @@ impl<'a> RowArrays<'a> {
         }
         Ok(())
     }
+
+    /// The parameters `$1`–`$7` of every row statement (id, uri, parent_uri, level,
+    /// node_version, pairs, record); a statement that writes vectors adds them as `$8`.
+    pub(super) fn columns(&self) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+        vec![
+            &self.ids,
+            &self.uris,
+            &self.parents,
+            &self.levels,
+            &self.versions,
+            &self.pairs,
+            &self.records,
+        ]
+    }
 }
