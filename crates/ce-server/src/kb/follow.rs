@@ -2,8 +2,8 @@
 //! `--no-wait`): it is done when the entry's jobs have ended and every item of its roots'
 //! subtrees is terminal (or gone). Locally the follower does the work itself meanwhile —
 //! claims the due jobs and settles the items on one thread while another drains the
-//! deliveries, as `ce serve` would; whatever it leaves (it was interrupted, or the consumers cannot index) is durable
-//! and continues in `ce serve` / `ce worker`.
+//! deliveries, as `ce serve` would; whatever it leaves (it was interrupted, or the consumers
+//! cannot index) is durable and continues in `ce serve` / `ce worker`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
