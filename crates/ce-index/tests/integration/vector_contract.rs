@@ -1242,14 +1242,7 @@ fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
     }
     assert!(plans.contains("AnnThenExact"), "{plans:?}");
     // Unfiltered, the graph is enough.
-    let r = idx
-        .search_with(
-            &unit(5, DIM),
-            &SearchFilter::default(),
-            10,
-            SearchStrategy::Auto,
-        )
-        .expect("search");
+    let r = unfiltered_top10(&idx);
     assert_eq!((r.plan, r.hits.len()), (SearchPlan::Ann, 10));
     assert_eq!(
         r.candidates, 11,
@@ -1259,14 +1252,7 @@ fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
     ce_testkit::pg::connect(db.url())
         .batch_execute("ANALYZE ce_vector_records")
         .expect("analyze");
-    let r = idx
-        .search_with(
-            &unit(5, DIM),
-            &SearchFilter::default(),
-            10,
-            SearchStrategy::Auto,
-        )
-        .expect("search");
+    let r = unfiltered_top10(&idx);
     assert_eq!(
         (r.plan, r.hits.len(), r.candidates),
         (SearchPlan::Ann, 10, 10)
@@ -1276,16 +1262,20 @@ fn pgvector_graph_searches_fall_back_to_an_exact_scan_when_short() {
     idx.delete_by_uri(&uri("ctx://t/docs"), true)
         .expect("delete");
     idx.upsert(&recs[..5]).expect("upsert");
-    let r = idx
-        .search_with(
-            &unit(5, DIM),
-            &SearchFilter::default(),
-            10,
-            SearchStrategy::Auto,
-        )
-        .expect("search");
+    let r = unfiltered_top10(&idx);
     assert_eq!((r.hits.len(), r.candidates), (5, 5), "{:?}", r.plan);
     drop((idx, db));
+}
+
+/// The 10 nearest records to `unit(5, DIM)`, unfiltered, with the plan the index chose.
+fn unfiltered_top10(idx: &PgVectorIndex) -> ce_index::vector::embedded::SearchReport {
+    idx.search_with(
+        &unit(5, DIM),
+        &SearchFilter::default(),
+        10,
+        ce_index::vector::embedded::SearchStrategy::Auto,
+    )
+    .expect("search")
 }
 
 /// The state a versioned write leaves that a snapshot does not show: the seen versions.
@@ -1569,14 +1559,7 @@ fn pgvector_bulk_load_scans_exactly_until_finish_bulk_builds_the_graph() {
         hnsw.as_deref().is_some_and(|d| d.contains("hnsw")),
         "{hnsw:?}"
     );
-    let r = idx
-        .search_with(
-            &unit(5, DIM),
-            &SearchFilter::default(),
-            10,
-            SearchStrategy::Auto,
-        )
-        .expect("search");
+    let r = unfiltered_top10(&idx);
     assert_eq!((r.plan, r.hits.len()), (SearchPlan::Ann, 10));
     idx.finish_bulk().expect("nothing left to build");
     // Writes after the load go through the graph as they come.
@@ -1590,14 +1573,7 @@ fn pgvector_bulk_load_scans_exactly_until_finish_bulk_builds_the_graph() {
     other.bind_model(&m).expect("bind");
     assert_eq!(pg_schema(db.url()).0, None, "no graph after clear");
     load(&idx, 0, 50);
-    let r = idx
-        .search_with(
-            &unit(5, DIM),
-            &SearchFilter::default(),
-            10,
-            SearchStrategy::Auto,
-        )
-        .expect("search");
+    let r = unfiltered_top10(&idx);
     assert_eq!((r.plan, r.hits.len()), (SearchPlan::Exact, 10));
     idx.finish_bulk().expect("finish bulk");
     assert!(pg_schema(db.url()).0.is_some(), "rebuilt");
