@@ -16,6 +16,7 @@ pub mod backends;
 /// The loopback HTTP server for wire-protocol test doubles; it lives in `ce-http`, so that
 /// `ce bench ingest` can serve its embedder without this crate at run time.
 pub use ce_http::loopback as http;
+pub mod extractor;
 pub mod pg;
 pub mod pgvector;
 

@@ -2,12 +2,14 @@
 //! loopback chat-completions server, search finds the memory and the archive summary; the
 //! crash-recovery rows of the spec's table as kill -9 failpoints (before publish, inside
 //! the Phase 1 transaction, mid-extraction); two concurrent commits serialized by the lock;
-//! a commit racing an `rm` of the session.
+//! a commit racing an `rm` of the session; a contradicting commit's superseded memory ranked
+//! after its successor by every search mode.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ce_testkit::extractor::{self, answer, editor_and_city};
 use ce_testkit::http::{LoopbackServer, Recorded, Reply};
 use serde_json::{Value, json};
 
@@ -17,31 +19,6 @@ const S: &str = "ctx://acme/users/alice/sessions/s1";
 /// The shortest lease (a crashed runner's job is claimable again after it).
 const FAST_JOBS: &str =
     "[jobs]\nlease_seconds = 15\nheartbeat_seconds = 1\npoll_interval_ms = 50\n";
-
-fn answer(content: &str) -> Reply {
-    Reply::json(
-        200,
-        &json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "model": "scripted",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}
-        }),
-    )
-}
-
-fn scripted(_: &Recorded) -> Reply {
-    answer(
-        &json!({"memories": [
-            {"category": "preferences", "key": "editor",
-             "fact": "The user writes code in the Helix editor", "evidence": ["q1"],
-             "confidence": 0.9},
-            {"category": "profile", "key": "home_city", "fact": "The user lives in Lyon",
-             "evidence": ["q2"], "confidence": 0.8}
-        ]})
-        .to_string(),
-    )
-}
 
 fn llm_config(server: &LoopbackServer, extra: &str) -> String {
     format!(
@@ -97,7 +74,7 @@ fn jobs(ce: &Ce) -> Vec<Value> {
 
 #[test]
 fn a_commit_extracts_memories_that_search_finds_with_the_archive_summary() {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let ce = Ce::hash(&llm_config(&llm, ""));
     conversation(&ce);
     // Retried append: not duplicated.
@@ -257,7 +234,7 @@ fn worker_after_the_lease(ce: &Ce) {
 /// Kills `ce worker --once` at `point` of Phase 2, then resumes it after the lease: the
 /// merge happens once, from the candidates saved before the crash.
 fn phase2_crash_resumes(point: &str) {
-    let (llm, calls) = counted(scripted);
+    let (llm, calls) = counted(editor_and_city);
     let ce = Ce::hash(&llm_config(
         &llm,
         &format!("{FAST_JOBS}[lock]\nlock_expire_secs = 1.0\nwait_ms = 5000\n"),
@@ -307,10 +284,7 @@ const WINDOW_FACTS: [(&str, &str, &str); 3] = [
 
 /// Extracts the facts of [`WINDOW_FACTS`] its window states (each under its key).
 fn per_window(r: &Recorded) -> Reply {
-    let input = r.body["messages"][1]["content"].as_str().unwrap_or("");
-    let conv = input
-        .split_once("Conversation:\n")
-        .map_or(input, |(_, c)| c);
+    let conv = extractor::conversation(r);
     let memories: Vec<Value> = WINDOW_FACTS
         .iter()
         .filter(|(id, says, _)| conv.contains(&format!("[{id}] user: {says}")))
@@ -437,12 +411,75 @@ fn concurrent_commits_are_serialized_and_a_commit_racing_rm_leaves_no_half_state
     }
     let gone = ce.run(&["stat", S]);
     assert!(!gone.status.success(), "the session was removed");
-    let _ = commit;
+    // The commit either won (its job then found the archive or its absence, above) or met
+    // the session gone: a typed refusal, never a half-written archive.
+    if commit.status.success() {
+        let c: Value = serde_json::from_slice(&commit.stdout).expect("json");
+        assert!(
+            matches!(c["status"].as_str(), Some("committed" | "skipped")),
+            "{c}"
+        );
+    } else {
+        let f = super::harness::failure(&["session", "commit", S], &commit);
+        assert!(
+            matches!(f.error["code"].as_str(), Some("not_found" | "busy")),
+            "{}",
+            f.error
+        );
+    }
+}
+
+/// A second commit contradicting the first: the new memory supersedes the old one, both stay
+/// searchable through the binary, and search never ranks the superseded one first.
+#[test]
+fn search_through_the_binary_ranks_a_superseded_memory_after_its_successor() {
+    let llm = LoopbackServer::start(editor_and_city);
+    let ce = Ce::hash(&llm_config(&llm, ""));
+    conversation(&ce);
+    let first = ce.json(&["session", "commit", S, "--wait"]);
+    assert_eq!(first["phase2"]["counts"]["added"], 2, "{first}");
+    add(&ce, "user", "q4", "I switched to Zed last week.");
+    let second = ce.json(&["session", "commit", S, "--wait"]);
+    assert_eq!(second["phase2"]["counts"]["superseded"], 1, "{second}");
+    ce.ok(&["worker", "--once"]);
+    let old = "ctx://acme/users/alice/memories/preferences/editor";
+    let new = "ctx://acme/users/alice/memories/preferences/editor-2";
+    let stat = ce.json(&["stat", old]);
+    assert_eq!(stat["meta"]["memory_status"], "superseded", "{stat}");
+    assert_eq!(stat["meta"]["memory_superseded_by"], new, "{stat}");
+    for mode in ["keyword", "vector", "hybrid"] {
+        let hits = ce.json(&["search", "user writes code editor", "--mode", mode]);
+        let uris: Vec<&str> = hits["hits"]
+            .as_array()
+            .expect("hits")
+            .iter()
+            .filter_map(|h| h["uri"].as_str())
+            .collect();
+        let pos = |u: &str| uris.iter().position(|h| *h == u);
+        let (Some(n), Some(o)) = (pos(new), pos(old)) else {
+            panic!("{mode}: both memories are found: {uris:?}");
+        };
+        assert!(n < o, "{mode}: the superseded memory ranks first: {uris:?}");
+    }
+    // Filtering on the status leaves the current memory only.
+    let current = ce.json(&[
+        "search",
+        "user writes code editor",
+        "--filter",
+        "memory_status=current",
+    ]);
+    let uris: Vec<&str> = current["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .filter_map(|h| h["uri"].as_str())
+        .collect();
+    assert!(uris.contains(&new) && !uris.contains(&old), "{uris:?}");
 }
 
 #[test]
 fn the_session_commands_work_with_server_and_the_server_runs_phase_2() {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let ce = Ce::hash(&llm_config(&llm, FAST_JOBS));
     let server = ce.serve(&[]);
     let remote = |args: &[&str]| -> Value {

@@ -19,6 +19,7 @@ use ce_session::{Role, SessionLayout};
 use ce_store::JobState;
 use ce_testkit::backend_tests;
 use ce_testkit::backends::{Backend, Place};
+use ce_testkit::extractor::{answer, editor_and_city, request_text};
 use ce_testkit::http::{LoopbackServer, Recorded, Reply};
 use serde_json::{Value, json};
 
@@ -26,51 +27,6 @@ use super::common::u;
 
 const SESSION: &str = "ctx://acme/users/alice/sessions/s1";
 const MEMORIES: &str = "ctx://acme/users/alice/memories";
-
-fn answer(content: &str) -> Reply {
-    Reply::chat_completion("scripted", content, 100, 20)
-}
-
-/// The conversation part of an extraction request.
-fn conversation(r: &Recorded) -> String {
-    r.body["messages"][1]["content"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
-}
-
-/// The id of the first message of `conv` that mentions `needle`.
-fn id_of(conv: &str, needle: &str) -> String {
-    conv.split("\n\n")
-        .find(|b| b.contains(needle))
-        .and_then(|b| b.trim_start().strip_prefix('[')?.split_once(']'))
-        .map(|(id, _)| id.to_owned())
-        .unwrap_or_default()
-}
-
-/// A scripted extractor: it answers from what the conversation says, citing the messages
-/// that say it.
-fn scripted(r: &Recorded) -> Reply {
-    let text = conversation(r);
-    let conv = text.split("Conversation:").nth(1).unwrap_or("");
-    let mut memories = Vec::new();
-    if conv.contains("Helix") {
-        memories.push(json!({"category": "preferences", "key": "editor",
-            "fact": "The user writes code in the Helix editor", "evidence": [id_of(conv, "Helix")],
-            "confidence": 0.9, "change": "same"}));
-    }
-    if conv.contains("Lyon") {
-        memories.push(json!({"category": "profile", "key": "home_city",
-            "fact": "The user lives in Lyon", "context": "mentioned while planning a trip",
-            "evidence": [id_of(conv, "Lyon")], "confidence": 0.8}));
-    }
-    if conv.contains("switched to Zed") {
-        memories.push(json!({"category": "preferences", "key": "editor",
-            "fact": "The user writes code in the Zed editor",
-            "evidence": [id_of(conv, "switched to Zed")], "confidence": 0.9, "change": "changed"}));
-    }
-    answer(&json!({ "memories": memories }).to_string())
-}
 
 fn config(place: &Place, llm: Option<&LoopbackServer>, extra: &str) -> Config {
     let mut toml = String::from("[index.embedding]\nprovider = \"hash\"\n");
@@ -188,7 +144,7 @@ fn conversation_one(t: &T) {
 }
 
 fn a_scripted_conversation_yields_its_memories_and_diff(backend: Backend) {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let t = open(backend, Some(&llm), "");
     conversation_one(&t);
     let r = t.commit();
@@ -247,7 +203,7 @@ fn a_scripted_conversation_yields_its_memories_and_diff(backend: Backend) {
 }
 
 fn a_restated_fact_updates_and_a_contradiction_supersedes(backend: Backend) {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let t = open(backend, Some(&llm), "");
     conversation_one(&t);
     t.commit();
@@ -286,7 +242,7 @@ fn a_restated_fact_updates_and_a_contradiction_supersedes(backend: Backend) {
 }
 
 fn a_rerun_adds_nothing(backend: Backend) {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let t = open(backend, Some(&llm), "");
     conversation_one(&t);
     t.commit();
@@ -515,7 +471,7 @@ fn appends_are_idempotent_per_id_and_commits_keep_the_last_messages(backend: Bac
 }
 
 fn search_ranks_a_superseded_memory_after_its_successor(backend: Backend) {
-    let llm = LoopbackServer::start(scripted);
+    let llm = LoopbackServer::start(editor_and_city);
     let t = open(backend, Some(&llm), "");
     conversation_one(&t);
     t.commit();
@@ -624,7 +580,7 @@ fn long_conversation(t: &T) {
 /// A model that extracts the facts of [`LONG_FACTS`] its window states, reusing the key of
 /// a listed memory (as the prompt asks); it records what each call was shown.
 fn windowed(r: &Recorded) -> Reply {
-    let text = conversation(r);
+    let text = request_text(r);
     let (shown, conv) = text.split_once("Conversation:\n").unwrap_or(("", &text));
     let mut memories = Vec::new();
     for (id, says, category, key, fact) in LONG_FACTS {
@@ -670,7 +626,7 @@ fn a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones(backend: B
     let requests = llm.requests();
     assert_eq!(requests.len(), 6);
     for (k, req) in requests.iter().enumerate() {
-        let input = conversation(req);
+        let input = request_text(req);
         assert!(
             input.contains(&format!("This is part {} of 6", k + 1)),
             "{input}"
@@ -681,7 +637,7 @@ fn a_long_archive_is_extracted_in_windows_each_shown_the_earlier_ones(backend: B
         );
     }
     // The window restating the sister (u3, the 5th) was shown the candidate of the 1st.
-    let fifth = conversation(&requests[4]);
+    let fifth = request_text(&requests[4]);
     assert!(
         fifth.contains("- profile/sister: The user's sister Maria lives in Porto"),
         "{fifth}"
@@ -764,7 +720,7 @@ fn a_write_to_the_archive_between_windows_loses_no_window(backend: Backend) {
                 &u(&format!("{SESSION}/archives/000001")),
                 ce_store::PutRequest {
                     mode: ce_store::PutMode::Merge,
-                    abstract_text: Some(format!("summary {}", conversation(r).len())),
+                    abstract_text: Some(format!("summary {}", request_text(r).len())),
                     ..ce_store::PutRequest::default()
                 },
             )
