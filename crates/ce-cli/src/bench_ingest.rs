@@ -11,8 +11,10 @@
 //! 4. `meta_1pct`: 1 % get a new metadata value only (no re-embedding expected);
 //! 5. `delete_1pct`: 1 % are removed from the folder (`--prune`);
 //! 6. `empty_drain`: `ce worker --once` with nothing to do (process start and index opening);
-//! 7. `graph_settle` (with the vector consumer): the embedded index opened directly, and the
-//!    time to move the vectors the commands left in its fresh segment into the graph.
+//! 7. `graph_settle` (with the vector consumer): the embedded index opened directly, the time
+//!    to load it (its last graph snapshot and the vectors written after it, which the
+//!    commands above, never searching, did not load) and to move every vector still outside
+//!    the graph into it — the graph work those commands left for later.
 //!
 //! Per phase: wall seconds of the import and of the drain, the texts embedded (new entries of
 //! the embedding cache, which never embeds a text twice), the embedder's HTTP requests and
@@ -315,9 +317,10 @@ impl Ce {
     }
 }
 
-/// After the phases: opens the embedded vector index itself and times moving every vector still
-/// in its fresh segment (read back from the database at open) into the graph — the graph work
-/// the short-lived commands above left for later.
+/// After the phases: opens the embedded vector index itself, loads it (the graph's snapshot and
+/// the vectors written after it, read into the fresh segment) and times moving every vector
+/// still outside the graph into it — the graph work the short-lived commands above left for
+/// later.
 fn settle_graph(data: &Path) -> anyhow::Result<Value> {
     use ce_index::vector::embedded::EmbeddedVectorIndex;
     let dir = data.join(ce_server::engine::consumers::VECTOR_DIR);
@@ -325,6 +328,9 @@ fn settle_graph(data: &Path) -> anyhow::Result<Value> {
     let index = EmbeddedVectorIndex::open(&dir)?;
     let open_s = t.elapsed().as_secs_f64();
     index.pause_graph_insertion(true);
+    let t = Instant::now();
+    index.load()?;
+    let load_s = t.elapsed().as_secs_f64();
     let before = index.stats();
     let t = Instant::now();
     index.settle()?;
@@ -332,7 +338,8 @@ fn settle_graph(data: &Path) -> anyhow::Result<Value> {
     let after = index.stats();
     Ok(json!({
         "open_s": round(open_s, 3),
-        "fresh_at_open": before.fresh_vectors,
+        "load_s": round(load_s, 3),
+        "fresh_at_load": before.fresh_vectors,
         "settle_s": round(settle_s, 3),
         "graph_vectors": after.graph_vectors,
     }))

@@ -13,10 +13,17 @@
 //! (back-pressure). An empty graph (first import, after `clear` for a reindex) is built once
 //! from every fresh vector.
 //!
-//! A crash loses only derived state: [`EmbeddedVectorIndex::open`] loads the last snapshot of
-//! the graph and reads the writes committed after it (the tail) into the fresh segment, or,
-//! without a usable snapshot, builds the graph from the stored vectors — never re-embedding
-//! (see `ann.rs`). If applying fails, the in-memory state is rebuilt from the database at once.
+//! [`EmbeddedVectorIndex::open`] reads the database's meta rows only: the graph, the filter
+//! table and the fresh segment are loaded by the first search or maintenance call
+//! ([`EmbeddedVectorIndex::load`]), so a command that only writes (`ce worker --once`, an
+//! import) commits to the database and leaves the graph to the next process that searches —
+//! unless it adds half a fresh segment's worth of vectors, then it loads and inserts in the
+//! background as above. Loading reads the last snapshot of the graph and the writes committed
+//! after it (the tail) into the fresh segment, or, without a snapshot, every stored vector
+//! into the fresh segment when they fit it (the inserter then builds the graph in one pass),
+//! else builds the graph from them — never re-embedding (see `ann.rs`). A crash therefore
+//! loses only derived state. If applying fails, the in-memory state is rebuilt from the
+//! database at once.
 //!
 //! One process at a time: the graph lives in this process's memory, so `open` takes an
 //! exclusive lock on `LOCK` in the directory (released by the OS if the process dies).
@@ -176,7 +183,6 @@ pub struct EmbeddedVectorIndex {
     shared: Arc<Shared>,
     /// The background graph inserter (see [`EmbeddedOptions::background_insert`]).
     inserter: Option<JoinHandle<()>>,
-    from_snapshot: Option<usize>,
     /// Set by [`EmbeddedVectorIndex::close_without_snapshot`].
     skip_snapshot: bool,
     /// Held open for the index's lifetime: an exclusive lock on `LOCK` (one process at a time,
@@ -204,11 +210,14 @@ pub struct EmbeddedStats {
     /// written and the fresh segment is empty (fresh vectors are never in a snapshot; the next
     /// open reads them back from the database).
     pub snapshot_current: bool,
-    /// Whether this instance loaded its graph from a snapshot at open (else it rebuilt it from
-    /// the stored vectors).
+    /// Whether this instance loaded its graph from a snapshot (else it built it from the stored
+    /// vectors).
     pub opened_from_snapshot: bool,
     /// Keys added to or removed from that snapshot at open to catch up with the database.
     pub snapshot_catch_up: usize,
+    /// Whether the graph and the filter table are in memory (see
+    /// [`EmbeddedVectorIndex::load`]).
+    pub resident: bool,
 }
 
 /// Tombstones below this never trigger a graph rebuild (see [`EmbeddedStats::needs_rebuild`]).
@@ -288,10 +297,17 @@ struct Mem {
     generation: u64,
     /// The generation of the snapshot on disk (the one `meta.snapshot_generation` names).
     saved: Option<u64>,
-    /// At open: loaded from the snapshot, with this many keys changed to catch up.
+    /// At load: loaded from the snapshot, with this many keys changed to catch up.
     loaded: Option<usize>,
     /// False while changes are being applied, and after applying failed.
     healthy: bool,
+    /// Whether the filter table, the graph and the fresh segment are in memory. An index
+    /// opens without them (a command that only writes, or does nothing, never pays for
+    /// loading the graph); the first search or maintenance call loads them, and so does a
+    /// writer once it has added [`Mem::unloaded_limit`] vectors without them.
+    resident: bool,
+    /// Vectors added by writes committed while not resident (the tail the load will read).
+    unloaded_adds: usize,
 }
 
 /// A change to the in-memory state implied by a committed write.
@@ -496,6 +512,28 @@ impl SeenVersions for WriteTx<'_> {
 }
 
 impl Mem {
+    /// The state of an index whose graph and filter table are not loaded: what the
+    /// database's meta rows say, nothing more (see [`Mem::resident`]).
+    fn unloaded(conn: &Connection) -> Result<Mem> {
+        Ok(Mem {
+            model: schema::model(conn)?,
+            dimension: schema::dimension(conn)?,
+            generation: schema::meta_u64(conn, "generation")?.unwrap_or(0),
+            saved: schema::meta_u64(conn, "snapshot_generation")?,
+            healthy: true,
+            epoch: next_epoch(),
+            ..Mem::default()
+        })
+    }
+
+    /// How many vectors a writer adds without the graph before it loads it: half the fresh
+    /// segment's bound, so that the load can keep what it reads back fresh (searchable at
+    /// once, inserted in the background) instead of inserting it into the graph first.
+    fn unloaded_limit(&self, o: &EmbeddedOptions) -> usize {
+        let per_vector = self.dimension.map_or(4 * 384, |d| d * 4) + 32;
+        (o.fresh_max_bytes / per_vector / 2).max(1)
+    }
+
     /// Builds the in-memory state from the database: the filter table from the rows, the graph
     /// from the snapshot `meta.snapshot_generation` names, brought up to date (AK1), when
     /// `use_snapshot` and the snapshot checks out — else from the stored vectors.
@@ -513,9 +551,29 @@ impl Mem {
             dimension: schema::dimension(conn)?,
             generation,
             healthy: true,
+            resident: true,
             epoch: next_epoch(),
             ..Mem::default()
         };
+        if let (true, Some(d), None) = (use_snapshot, mem.dimension, snapshot) {
+            // No graph was ever saved (a first import by commands that only wrote, or a crash
+            // before the first snapshot): when the vectors fit the fresh segment they are read
+            // into it — searchable at once — and the inserter builds the graph in one pass.
+            let per_vector = d * 4 + 32;
+            if schema::count(conn)? as usize * per_vector <= o.fresh_max_bytes {
+                schema::scan_rows(conn, true, |r, v| {
+                    let key = r.key;
+                    mem.table.insert(key, &table_row(r));
+                    if let Some(v) = v {
+                        mem.fresh.push(key, &v);
+                    }
+                    Ok(())
+                })?;
+                ann::remove_other_snapshots(dir, None)?;
+                mem.graph_dirty = true;
+                return Ok(mem);
+            }
+        }
         if let (true, Some(d), Some(g)) = (use_snapshot, mem.dimension, snapshot) {
             schema::scan_rows(conn, false, |r, _| {
                 mem.table.insert(r.key, &table_row(r));
@@ -652,6 +710,20 @@ impl Mem {
     /// Applies a committed write: new vectors go to the fresh segment (searchable at once),
     /// removed ones leave whichever part holds them.
     fn apply(&mut self, c: Committed) -> Result<()> {
+        if !self.resident {
+            // The database holds the write; the load reads it back.
+            self.unloaded_adds += c
+                .ops
+                .iter()
+                .filter(|op| matches!(op, Op::Add { .. }))
+                .count();
+            if let Some(g) = c.generation {
+                self.generation = g;
+            }
+            self.model = c.model;
+            self.dimension = c.dimension;
+            return Ok(());
+        }
         for op in c.ops {
             match op {
                 Op::Add { key, vector, row } => {
@@ -1070,16 +1142,11 @@ impl EmbeddedVectorIndex {
         let mut writer = schema::open_conn(&path)?;
         let db_id = schema::init(&mut writer)?;
         let reader = crate::sqlite::read_only(schema::open_conn(&path)?, DB_FILE)?;
-        let mem = Mem::load(&writer, dir, &db_id, &options, true)?;
-        let pending = !mem.fresh.is_empty();
-        let from_snapshot = mem.loaded;
+        let mem = Mem::unloaded(&writer)?;
         let shared = Arc::new(Shared {
             mem: RwLock::new(mem),
             insert: Mutex::new(()),
-            ctl: Mutex::new(Ctl {
-                pending,
-                ..Ctl::default()
-            }),
+            ctl: Mutex::new(Ctl::default()),
             wake: Condvar::new(),
             abort: AtomicBool::new(false),
             options: options.clone(),
@@ -1105,14 +1172,17 @@ impl EmbeddedVectorIndex {
             reader: Mutex::new(reader),
             shared,
             inserter,
-            from_snapshot,
             skip_snapshot: false,
             _lock: lock,
         })
     }
 
-    /// Counters of the index.
+    /// Counters of the index, with its graph loaded (see [`EmbeddedVectorIndex::load`]); if
+    /// loading fails, the counters of the unloaded index (`resident` false).
     pub fn stats(&self) -> EmbeddedStats {
+        if let Err(e) = self.load() {
+            tracing::warn!(error = %e, "vector index: loading the graph failed");
+        }
         let mem = self.mem();
         EmbeddedStats {
             records: mem.table.len(),
@@ -1122,8 +1192,9 @@ impl EmbeddedVectorIndex {
             tombstones: mem.ann.as_ref().map_or(0, Ann::tombstones),
             generation: mem.generation,
             snapshot_current: mem.saved.is_some() && !mem.graph_dirty && mem.fresh.is_empty(),
-            opened_from_snapshot: self.from_snapshot.is_some(),
-            snapshot_catch_up: self.from_snapshot.unwrap_or(0),
+            opened_from_snapshot: mem.loaded.is_some(),
+            snapshot_catch_up: mem.loaded.unwrap_or(0),
+            resident: mem.resident,
         }
     }
 
@@ -1131,6 +1202,24 @@ impl EmbeddedVectorIndex {
     /// the graph from the stored vectors.
     pub fn close_without_snapshot(mut self) {
         self.skip_snapshot = true;
+    }
+
+    /// Whether the graph and the filter table are in memory (without loading them, unlike
+    /// [`EmbeddedVectorIndex::stats`]).
+    pub fn resident(&self) -> bool {
+        self.mem().resident
+    }
+
+    /// Writes the snapshot of the graph as it is and drops the graph, the filter table and the
+    /// fresh segment from memory, as a short-lived command closing and the next one opening
+    /// would (without releasing the directory's lock): later writes commit to the database
+    /// alone until something loads the index again (test and maintenance hook).
+    pub fn unload(&self) -> Result<()> {
+        self.save_snapshot()?;
+        let conn = lock(&self.writer);
+        let _serial = crate::lock(&self.shared.insert);
+        *self.mem_mut() = Mem::unloaded(&conn)?;
+        Ok(())
     }
 
     /// The index directory.
@@ -1164,6 +1253,7 @@ impl EmbeddedVectorIndex {
     /// it is then built once from every fresh vector); returns how many were taken. The
     /// background inserter calls the same step.
     pub fn insert_step(&self, max: usize) -> Result<usize> {
+        self.recover()?;
         self.shared.insert_step(max, &mut || {})
     }
 
@@ -1174,6 +1264,7 @@ impl EmbeddedVectorIndex {
     /// [`EmbeddedVectorIndex::flush`], [`EmbeddedVectorIndex::save_snapshot`] and
     /// [`EmbeddedVectorIndex::check_consistency`] must not be called: they wait for the step.
     pub fn insert_step_with(&self, max: usize, mut during: impl FnMut()) -> Result<usize> {
+        self.recover()?;
         self.shared.insert_step(max, &mut during)
     }
 
@@ -1212,6 +1303,34 @@ impl EmbeddedVectorIndex {
         }
     }
 
+    /// Loads the graph, the filter table and the fresh segment if they are not in memory yet:
+    /// the last snapshot of the graph and the tail of writes after it (read into the fresh
+    /// segment, where the background inserter picks them up), or, with no snapshot, every
+    /// stored vector into the fresh segment when they fit it, else a graph built from them.
+    /// Searches and the maintenance calls load on their own; a long-running process calls it
+    /// once so that its first search does not wait. Writes wait meanwhile.
+    pub fn load(&self) -> Result<()> {
+        if self.mem().resident {
+            return Ok(());
+        }
+        let conn = lock(&self.writer);
+        self.load_locked(&conn)
+    }
+
+    /// [`EmbeddedVectorIndex::load`] for a caller holding the writer connection.
+    fn load_locked(&self, conn: &Connection) -> Result<()> {
+        if self.mem().resident {
+            return Ok(());
+        }
+        let mem = Mem::load(conn, &self.dir, &self.db_id, &self.options, true)?;
+        let pending = !mem.fresh.is_empty();
+        *self.mem_mut() = mem;
+        if pending {
+            self.shared.notify();
+        }
+        Ok(())
+    }
+
     /// Rebuilds the in-memory state if a failed apply left it behind the database. The caller
     /// holds the writer connection.
     fn recover_locked(&self, conn: &Connection) -> Result<()> {
@@ -1223,12 +1342,18 @@ impl EmbeddedVectorIndex {
         Ok(())
     }
 
+    /// Brings the in-memory state up to the database: loaded ([`EmbeddedVectorIndex::load`])
+    /// and healthy (rebuilt after a failed apply).
     fn recover(&self) -> Result<()> {
-        if self.mem().healthy {
-            return Ok(());
+        {
+            let mem = self.mem();
+            if mem.healthy && mem.resident {
+                return Ok(());
+            }
         }
         let conn = lock(&self.writer);
-        self.recover_locked(&conn)
+        self.recover_locked(&conn)?;
+        self.load_locked(&conn)
     }
 
     /// Runs `f` in one write transaction, then applies its changes to the in-memory state.
@@ -1252,6 +1377,21 @@ impl EmbeddedVectorIndex {
                 // The write is committed either way; if this rebuild fails too, the next call
                 // retries it (`healthy` stays false).
                 *mem = fresh;
+            }
+        }
+        let (resident, adds, limit) = {
+            let mem = self.mem();
+            (
+                mem.resident,
+                mem.unloaded_adds,
+                mem.unloaded_limit(&self.options),
+            )
+        };
+        if !resident && adds >= limit {
+            // Enough vectors wait for the graph: from here on this process inserts them in
+            // the background, as a resident index does (the write is committed either way).
+            if let Err(e) = self.load_locked(&conn) {
+                tracing::warn!(error = %e, "vector index: loading the graph failed");
             }
         }
         self.after_write();
@@ -1328,7 +1468,9 @@ impl EmbeddedVectorIndex {
         let _serial = crate::lock(&self.shared.insert);
         let generation = {
             let mut mem = self.mem_mut();
-            if mem.saved.is_some() && !mem.graph_dirty {
+            // Not loaded: the graph did not change, the snapshot on disk stays good (what
+            // was written since is its tail).
+            if !mem.resident || (mem.saved.is_some() && !mem.graph_dirty) {
                 return Ok(());
             }
             let Some(graph) = &mem.ann else {
@@ -1377,6 +1519,7 @@ impl EmbeddedVectorIndex {
     pub fn check_consistency(&self) -> Result<()> {
         let conn = lock(&self.writer);
         self.recover_locked(&conn)?;
+        self.load_locked(&conn)?;
         let _serial = crate::lock(&self.shared.insert);
         let mem = self.mem();
         let mut problems = Vec::new();
@@ -1631,6 +1774,7 @@ mod tests {
             snapshot_current: true,
             opened_from_snapshot: false,
             snapshot_catch_up: 0,
+            resident: true,
         };
         assert!(
             !stats(100, 900).needs_rebuild(0.3),

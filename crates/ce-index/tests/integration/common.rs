@@ -117,6 +117,7 @@ pub fn each_index(mut f: impl FnMut(&str, &dyn VectorIndex)) {
         ("embedded-settled", Shape::Settled),
         ("embedded-mixed", Shape::Mixed),
         ("embedded-mid-insertion", Shape::MidInsertion),
+        ("embedded-unloaded", Shape::Unloaded),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let e = Shaped::open(dir.path(), shape);
@@ -173,6 +174,11 @@ pub enum Shape {
     /// Every read runs inside an insertion step of half the fresh vectors: after they were
     /// added to the graph and before they leave the fresh segment.
     MidInsertion,
+    /// The graph is dropped from memory after each write (settled and its snapshot written
+    /// when it was loaded), as a short-lived command closing would: the next writes commit
+    /// without it, and a search loads the snapshot and reads the tail of writes after it
+    /// into the fresh segment.
+    Unloaded,
 }
 
 /// Options of [`Shaped`]: no background inserter, and the planner on the graph path (so that
@@ -195,9 +201,18 @@ impl Shaped {
     }
 
     fn after_write(&self) {
+        if self.1 == Shape::Unloaded {
+            // A write on a loaded index (after a search) settles into the graph first, so
+            // that snapshots hold vectors and later loads catch up a tail on top of them.
+            if self.0.resident() {
+                self.0.settle().expect("settle");
+            }
+            self.0.unload().expect("unload");
+            return;
+        }
         let fresh = self.0.stats().fresh_vectors;
         match self.1 {
-            Shape::FreshOnly | Shape::MidInsertion => {}
+            Shape::FreshOnly | Shape::MidInsertion | Shape::Unloaded => {}
             Shape::Settled => self.0.settle().expect("settle"),
             Shape::Mixed if fresh > 1 => {
                 self.0.insert_step(fresh / 2).expect("insert step");

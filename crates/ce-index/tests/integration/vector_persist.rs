@@ -530,3 +530,102 @@ fn the_fresh_tail_is_read_back_at_open() {
         "after the background insertion",
     );
 }
+
+/// An index opens without its graph: a process that only writes commits to the database and
+/// neither loads nor rewrites the snapshot; the next load catches up those writes from the
+/// snapshot, and finds what a rebuild from the stored vectors finds.
+#[test]
+fn writes_alone_leave_the_graph_unloaded_and_the_next_load_catches_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    assert!(!idx.resident(), "writes alone do not load the graph");
+    idx.flush().expect("flush loads, settles and snapshots");
+    assert!(idx.resident());
+    drop(idx);
+    let files = snapshot_files(dir.path());
+    assert_eq!(files.len(), 2, "graph and key set");
+
+    // A command that only writes: an add, a subtree removed, a replaced vector, a move.
+    let idx = open(dir.path());
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/late/x", 0, &[]),
+        vector: vs[1].clone(),
+    }])
+    .expect("late write");
+    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
+        .expect("late delete");
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
+        vector: vs[2].clone(),
+    }])
+    .expect("late overwrite");
+    idx.move_uri(&uri("ctx://acc/resources/g2"), &uri("ctx://acc/archive/g2"))
+        .expect("late move");
+    assert!(!idx.resident(), "still not loaded");
+    drop(idx);
+    assert_eq!(
+        snapshot_files(dir.path()),
+        files,
+        "the snapshot is untouched"
+    );
+
+    // The oracle: the same database with no snapshot, its graph built from the vectors.
+    let rebuilt = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir.path(), rebuilt.path());
+    for f in &files {
+        fs_err::remove_file(rebuilt.path().join(f)).expect("remove snapshot");
+    }
+    let qs = queries(&vs);
+    let oracle = open(rebuilt.path());
+    let expected = observe(&oracle, &qs);
+    assert!(!oracle.stats().opened_from_snapshot);
+
+    let idx = open(dir.path());
+    let s = idx.stats();
+    assert!(s.resident && s.opened_from_snapshot, "{s:?}");
+    assert_eq!(
+        s.fresh_vectors, 2,
+        "the two new vectors are the tail: {s:?}"
+    );
+    assert!(s.snapshot_catch_up > 50, "and the removed ones left: {s:?}");
+    same(&observe(&idx, &qs), &expected, "snapshot + tail");
+    idx.check_consistency().expect("consistent");
+}
+
+/// A writer that adds many vectors without the graph loads it once they reach half the
+/// fresh segment's bound, and from then on works like a loaded index.
+#[test]
+fn a_writer_loads_the_graph_once_enough_vectors_wait_for_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = EmbeddedOptions {
+        // 40 vectors of 16 dimensions (64 bytes + 32 of bookkeeping each): the limit is 20.
+        fresh_max_bytes: 40 * (DIM * 4 + 32),
+        background_insert: false,
+        ..EmbeddedOptions::default()
+    };
+    let idx = EmbeddedVectorIndex::open_with(dir.path(), options).expect("open");
+    idx.bind_model(&model()).expect("bind");
+    let vs = clustered_vectors(60, DIM, 4, 0.05, 3);
+    let recs: Vec<VectorRecord> = vs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| VectorRecord {
+            record: record(&format!("ctx://acc/r/d{i}"), 0, &[]),
+            vector: v.clone(),
+        })
+        .collect();
+    idx.upsert(&recs[..10]).expect("upsert");
+    assert!(!idx.resident(), "10 of 20");
+    idx.upsert(&recs[10..20]).expect("upsert");
+    assert!(idx.resident(), "20 waiting vectors load the graph");
+    let s = idx.stats();
+    assert_eq!((s.records, s.fresh_vectors), (20, 20), "{s:?}");
+    idx.upsert(&recs[20..]).expect("upsert");
+    assert_eq!(idx.stats().records, 60);
+    let hits = idx
+        .search(&vs[45], &SearchFilter::default(), 1)
+        .expect("search");
+    assert_eq!(hits[0].record.uri.as_str(), "ctx://acc/r/d45");
+    idx.check_consistency().expect("consistent");
+}

@@ -79,11 +79,28 @@ pub fn step(
     done
 }
 
-/// Starts the upkeep thread (stopped with the returned [`Periodic`]).
+/// Starts the upkeep thread (stopped with the returned [`Periodic`]). Its first step loads
+/// the graph (an index opens without it, docs/indexing.md), so that a long-running process
+/// has it in memory before its first search asks.
 pub fn start(index: Arc<EmbeddedVectorIndex>, policy: UpkeepPolicy) -> Periodic {
     let tick = TICK.min(policy.snapshot_interval);
     let mut last_snapshot = Instant::now();
-    Periodic::start("ce-index-upkeep", tick, move || {
+    let mut loaded = false;
+    Periodic::start("ce-index-upkeep", Duration::ZERO, move || {
+        if !loaded {
+            loaded = true;
+            let t0 = Instant::now();
+            match index.load() {
+                Ok(()) => info!(
+                    ms = t0.elapsed().as_millis() as u64,
+                    "vector index graph loaded"
+                ),
+                Err(e) => {
+                    warn!(error = %e, "vector index graph not loaded (the first search retries)")
+                }
+            }
+            return tick;
+        }
         step(&index, &policy, &mut last_snapshot);
         tick
     })
