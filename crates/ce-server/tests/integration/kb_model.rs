@@ -391,7 +391,11 @@ fn step(w: &mut World, op: &Op) -> Result<(), TestCaseError> {
 
 fn finish(w: &mut World) -> Result<(), TestCaseError> {
     w.e().kb_recover().expect("recover");
-    for _ in 0..50 {
+    // Until every job ended and every item is terminal: a job refused as busy (a directory
+    // whose entry is being reindexed) runs again after its backoff, seconds later — a
+    // deadline, not a count of rounds, which a fast machine runs through before it is due.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
         w.work();
         let open: usize = [
             JobState::Pending,
