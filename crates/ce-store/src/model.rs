@@ -554,6 +554,11 @@ pub trait OutboxStore: Send + Sync {
     fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)>;
     /// Counts per consumer.
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
+    /// Whether any of `consumers` has a delivery pending or claimed — `pending + claimed > 0`
+    /// of [`OutboxStore::stats`] (retry-wait deliveries are not counted), answered by one
+    /// indexed probe per consumer instead of counting every delivery: the check a drain
+    /// repeats while other workers hold claims.
+    fn has_unfinished(&self, consumers: &[String]) -> Result<bool>;
     /// The deliveries of `consumer` not applied yet, of events on `within` or below it when
     /// given (an event counts by its `uri`): one query over the oldest [`LAG_SCAN_LIMIT`] + 1
     /// runnable deliveries (a partial index), never the consumer's history nor its whole

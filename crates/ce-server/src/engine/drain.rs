@@ -46,12 +46,13 @@ impl Engine {
         let started = Instant::now();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
         let quiet = AtomicBool::new(false);
+        let drained: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
                 .iter()
                 .map(|w| {
                     let pass = Pass {
-                        consumers: &consumers,
+                        consumers: &drained,
                         totals: &totals,
                         quiet: &quiet,
                         started,
@@ -71,11 +72,10 @@ impl Engine {
         outcome.into_iter().collect::<Result<Vec<()>>>()?;
         // The holds whose writes these consumers have now applied end here too (a one-shot
         // `ce worker --once` after a `ce import` frees the subtree without a server).
-        let consumers: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
         holds::end_applied(
             self.store.as_ref(),
             &self.locks.with_wait(Duration::ZERO),
-            &consumers,
+            &drained,
         );
         // Knowledge items whose commits are now applied complete here too.
         if let Err(e) = self.kb_settle() {
@@ -127,12 +127,9 @@ impl Engine {
                     }
                 }
             }
-            let stats = self.store.stats()?;
-            let open = stats
-                .iter()
-                .filter(|s| pass.consumers.contains(&s.consumer.as_str()))
-                .any(|s| s.pending + s.claimed > 0);
-            if !open {
+            // One indexed probe per consumer: counting every delivery here (`stats`) cost a
+            // core while another worker drained a large backlog.
+            if !self.store.has_unfinished(&pass.consumers)? {
                 pass.quiet.store(true, Ordering::Release);
                 return Ok(());
             }
@@ -145,7 +142,7 @@ impl Engine {
 
 /// What the workers of one [`Engine::drain`] share.
 struct Pass<'a> {
-    consumers: &'a [&'a str],
+    consumers: &'a [String],
     totals: &'a DrainTotals,
     /// Set by the first worker that finds every drained consumer done: the pass ends.
     quiet: &'a AtomicBool,

@@ -170,6 +170,9 @@ pub(crate) trait OutboxReadTx {
     fn list_rows(&mut self, q: &ListQuery<'_>) -> Result<Vec<DeliveryRow>>;
     /// `(stored status, count)` of each status `consumer` has deliveries in.
     fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>>;
+    /// Whether `consumer` has a delivery pending or claimed (one probe of the runnable
+    /// partial index; retry-wait deliveries are not counted).
+    fn has_unfinished(&mut self, consumer: &str) -> Result<bool>;
     /// The oldest delivery of `consumer` not done or dead: its sequence and append time.
     fn low_watermark(&mut self, consumer: &str) -> Result<Option<(i64, Millis)>>;
     /// The most recent recorded failure among `consumer`'s runnable deliveries, or among its
@@ -334,6 +337,10 @@ macro_rules! impl_outbox_store {
 
             fn stats(&self) -> $crate::Result<Vec<$crate::model::ConsumerStats>> {
                 $crate::outbox::report::stats(self)
+            }
+
+            fn has_unfinished(&self, consumers: &[String]) -> $crate::Result<bool> {
+                $crate::outbox::report::has_unfinished(self, consumers)
             }
 
             fn lag(

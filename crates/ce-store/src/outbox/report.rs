@@ -67,6 +67,18 @@ pub(crate) fn stats(s: &impl OutboxBackend) -> Result<Vec<ConsumerStats>> {
     })
 }
 
+/// [`crate::model::OutboxStore::has_unfinished`].
+pub(crate) fn has_unfinished(s: &impl OutboxBackend, consumers: &[String]) -> Result<bool> {
+    s.read_outbox(|tx| {
+        for c in consumers {
+            if tx.has_unfinished(c)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
+}
+
 /// [`crate::model::OutboxStore::lag`]: one bounded scan of the oldest deliveries not applied.
 pub(crate) fn lag(
     s: &impl OutboxBackend,

@@ -291,6 +291,17 @@ impl OutboxReadTx for PgTx<'_, '_> {
             .collect()
     }
 
+    fn has_unfinished(&mut self, consumer: &str) -> Result<bool> {
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM deliveries
+                 WHERE consumer = $1 AND status IN (0, 1, 2) AND status <> 2)",
+                &[&consumer],
+            )?
+            .try_get(0)?)
+    }
+
     fn low_watermark(&mut self, consumer: &str) -> Result<Option<(i64, Millis)>> {
         self.tx
             .query_opt(LOW_WATERMARK_SQL, &[&consumer])?

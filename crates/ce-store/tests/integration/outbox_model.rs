@@ -815,6 +815,14 @@ fn compare(store: &dyn SourceStore, m: &Model) -> Step {
         }
     }
     let stats = store.stats().map_err(|e| format!("stats: {e}"))?;
+    let all: Vec<String> = stats.iter().map(|s| s.consumer.clone()).collect();
+    let any = store
+        .has_unfinished(&all)
+        .map_err(|e| format!("has_unfinished: {e}"))?;
+    ensure!(
+        any == stats.iter().any(|s| s.pending + s.claimed > 0),
+        "has_unfinished of every consumer: {any}, stats {stats:?}"
+    );
     for s in &stats {
         let mine: Vec<(&i64, &Expected)> = m
             .deliveries
@@ -834,6 +842,14 @@ fn compare(store: &dyn SourceStore, m: &Model) -> Step {
         ensure!(
             got == want,
             "stats of {}: {got:?}, model {want:?}",
+            s.consumer
+        );
+        let unfinished = store
+            .has_unfinished(std::slice::from_ref(&s.consumer))
+            .map_err(|e| format!("has_unfinished: {e}"))?;
+        ensure!(
+            unfinished == (want[0] + want[1] > 0),
+            "has_unfinished of {}: {unfinished}, model {want:?}",
             s.consumer
         );
         let low = mine
