@@ -180,6 +180,16 @@ pub fn failure(args: &[&str], out: &Output) -> Failure {
     }
 }
 
+/// The URIs of the hits of a `ce --json search` answer, best first.
+pub fn hit_uris(search: &Value) -> Vec<String> {
+    search["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .map(|h| h["uri"].as_str().expect("uri").to_owned())
+        .collect()
+}
+
 /// The rows of `outbox list --consumer vector` (one per event), in sequence order.
 pub fn events(ce: &Ce) -> Vec<Value> {
     vector_rows(ce, None)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ce_testkit::pg::TestDb;
 use serde_json::{Value, json};
 
-use super::harness::{Ce, Server, eventually, failure, success};
+use super::harness::{Ce, Server, eventually, failure, hit_uris, success};
 
 /// Failpoint of the runner: every claimed job waits this long before its handler.
 const PARK: &str = "CE_FAILPOINT_JOB_PARK_MS";
@@ -41,15 +41,6 @@ fn put_nodes(ce: &Ce) {
     for (uri, text) in NODES {
         ce.put(uri, text);
     }
-}
-
-fn uris(search: &Value) -> Vec<String> {
-    search["hits"]
-        .as_array()
-        .expect("hits")
-        .iter()
-        .filter_map(|h| h["uri"].as_str().map(str::to_owned))
-        .collect()
 }
 
 fn array(v: &Value) -> &Vec<Value> {
@@ -93,7 +84,7 @@ fn reindex_runs_as_a_job_and_no_wait_only_enqueues_it() {
     assert!(remaining.iter().all(|c| c["pending"] == 0), "{r}");
     assert_eq!(keyword_repairs(&ce, &[]), 3);
     let k = ce.json(&["search", "delta epsilon", "--mode", "keyword"]);
-    assert_eq!(uris(&k), ["ctx://acc/docs/b"], "{k}");
+    assert_eq!(hit_uris(&k), ["ctx://acc/docs/b"], "{k}");
     // The other indexes are left alone, also once the store is opened again (a back-fill
     // never hands them the keyword index's repair events).
     let status = ce.json(&["status"]);
@@ -364,7 +355,7 @@ fn a_job_of_a_killed_process_is_resumed_after_its_lease_exactly_once() {
     assert_eq!(done["progress"]["requeued"], 3, "{done}");
     assert_eq!(keyword_repairs(&ce, &[]), 3, "the work was done once");
     let k = ce.json(&["search", "eta theta", "--mode", "keyword"]);
-    assert_eq!(uris(&k), ["ctx://acc/docs/c"], "{k}");
+    assert_eq!(hit_uris(&k), ["ctx://acc/docs/c"], "{k}");
 }
 
 #[test]

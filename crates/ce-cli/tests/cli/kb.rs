@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::harness::{Ce, eventually, repo_root};
+use super::harness::{Ce, eventually, hit_uris, repo_root};
 
 const PARK: &str = "CE_FAILPOINT_JOB_PARK_MS";
 const FAST_JOBS: &str =
@@ -55,15 +55,6 @@ fn item<'a>(items: &'a [Value], suffix: &str) -> &'a Value {
         .iter()
         .find(|i| i["source"].as_str().is_some_and(|s| s.ends_with(suffix)))
         .unwrap_or_else(|| panic!("no item for {suffix}: {items:#?}"))
-}
-
-fn hits(search: &Value) -> Vec<String> {
-    search["hits"]
-        .as_array()
-        .expect("hits")
-        .iter()
-        .map(|h| h["uri"].as_str().expect("uri").to_owned())
-        .collect()
 }
 
 #[test]
@@ -165,7 +156,7 @@ fn a_directory_of_real_files_is_added_followed_and_searchable() {
         "--mode",
         "keyword",
     ]);
-    let found = hits(&k);
+    let found = hit_uris(&k);
     assert!(
         found
             .iter()

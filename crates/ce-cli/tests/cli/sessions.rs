@@ -13,7 +13,7 @@ use ce_testkit::extractor::{self, answer, editor_and_city};
 use ce_testkit::http::{LoopbackServer, Recorded, Reply};
 use serde_json::{Value, json};
 
-use super::harness::Ce;
+use super::harness::{Ce, hit_uris};
 
 const S: &str = "ctx://acme/users/alice/sessions/s1";
 /// The shortest lease (a crashed runner's job is claimable again after it).
@@ -119,15 +119,10 @@ fn a_commit_extracts_memories_that_search_finds_with_the_archive_summary() {
             .is_empty(),
         "{show}"
     );
-    let hits = ce.json(&["search", "Helix editor", "--mode", "keyword"]);
-    let uris: Vec<&str> = hits["hits"]
-        .as_array()
-        .expect("hits")
-        .iter()
-        .filter_map(|h| h["uri"].as_str())
-        .collect();
+    let uris = hit_uris(&ce.json(&["search", "Helix editor", "--mode", "keyword"]));
     assert!(
-        uris.contains(&"ctx://acme/users/alice/memories/preferences/editor"),
+        uris.iter()
+            .any(|u| u == "ctx://acme/users/alice/memories/preferences/editor"),
         "{uris:?}"
     );
     let hits = ce.json(&["search", "trip Kyoto", "--mode", "keyword"]);
@@ -448,33 +443,24 @@ fn search_through_the_binary_ranks_a_superseded_memory_after_its_successor() {
     assert_eq!(stat["meta"]["memory_status"], "superseded", "{stat}");
     assert_eq!(stat["meta"]["memory_superseded_by"], new, "{stat}");
     for mode in ["keyword", "vector", "hybrid"] {
-        let hits = ce.json(&["search", "user writes code editor", "--mode", mode]);
-        let uris: Vec<&str> = hits["hits"]
-            .as_array()
-            .expect("hits")
-            .iter()
-            .filter_map(|h| h["uri"].as_str())
-            .collect();
-        let pos = |u: &str| uris.iter().position(|h| *h == u);
+        let uris = hit_uris(&ce.json(&["search", "user writes code editor", "--mode", mode]));
+        let pos = |u: &str| uris.iter().position(|h| h == u);
         let (Some(n), Some(o)) = (pos(new), pos(old)) else {
             panic!("{mode}: both memories are found: {uris:?}");
         };
         assert!(n < o, "{mode}: the superseded memory ranks first: {uris:?}");
     }
     // Filtering on the status leaves the current memory only.
-    let current = ce.json(&[
+    let uris = hit_uris(&ce.json(&[
         "search",
         "user writes code editor",
         "--filter",
         "memory_status=current",
-    ]);
-    let uris: Vec<&str> = current["hits"]
-        .as_array()
-        .expect("hits")
-        .iter()
-        .filter_map(|h| h["uri"].as_str())
-        .collect();
-    assert!(uris.contains(&new) && !uris.contains(&old), "{uris:?}");
+    ]));
+    assert!(
+        uris.iter().any(|u| u == new) && !uris.iter().any(|u| u == old),
+        "{uris:?}"
+    );
 }
 
 #[test]

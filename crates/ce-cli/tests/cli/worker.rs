@@ -23,13 +23,7 @@ fn vector(ce: &Ce) -> Value {
 }
 
 fn search_uris(ce: &Ce, query: &str) -> Vec<String> {
-    let r = ce.json(&["search", query, "--min-score", "0.3"]);
-    r["hits"]
-        .as_array()
-        .expect("hits")
-        .iter()
-        .map(|h| h["uri"].as_str().expect("uri").to_owned())
-        .collect()
+    super::harness::hit_uris(&ce.json(&["search", query, "--min-score", "0.3"]))
 }
 
 #[test]
