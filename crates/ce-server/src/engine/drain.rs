@@ -129,7 +129,7 @@ impl Engine {
             }
             // One indexed probe per consumer: counting every delivery here (`stats`) cost a
             // core while another worker drained a large backlog.
-            if !self.store.has_unfinished(&pass.consumers)? {
+            if !self.store.has_unfinished(pass.consumers)? {
                 pass.quiet.store(true, Ordering::Release);
                 return Ok(());
             }
