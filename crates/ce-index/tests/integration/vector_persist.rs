@@ -77,6 +77,25 @@ fn fill(idx: &EmbeddedVectorIndex) -> Vec<Vec<f32>> {
     vs
 }
 
+/// Writes after [`fill`]: a vector added, a subtree of vectors removed, a vector replaced, a
+/// move (no graph change).
+fn late_writes(idx: &EmbeddedVectorIndex, vs: &[Vec<f32>]) {
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/late/x", 0, &[]),
+        vector: vs[1].clone(),
+    }])
+    .expect("late write");
+    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
+        .expect("late delete");
+    idx.upsert(&[VectorRecord {
+        record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
+        vector: vs[2].clone(),
+    }])
+    .expect("late overwrite");
+    idx.move_uri(&uri("ctx://acc/resources/g2"), &uri("ctx://acc/archive/g2"))
+        .expect("late move");
+}
+
 fn queries(vs: &[Vec<f32>]) -> Vec<(Vec<f32>, SearchFilter)> {
     let filters = [
         SearchFilter::default(),
@@ -249,20 +268,7 @@ fn an_older_snapshot_catches_up_after_a_crash() {
     assert!(idx.stats().snapshot_current);
     // Writes after the snapshot, then a crash (no snapshot at close): a vector added, a
     // subtree of vectors removed, a vector replaced, a move (no graph change).
-    idx.upsert(&[VectorRecord {
-        record: record("ctx://acc/late/x", 0, &[]),
-        vector: vs[1].clone(),
-    }])
-    .expect("late write");
-    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
-        .expect("late delete");
-    idx.upsert(&[VectorRecord {
-        record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
-        vector: vs[2].clone(),
-    }])
-    .expect("late overwrite");
-    idx.move_uri(&uri("ctx://acc/resources/g2"), &uri("ctx://acc/archive/g2"))
-        .expect("late move");
+    late_writes(&idx, &vs);
     assert!(!idx.stats().snapshot_current);
     let qs = queries(&vs);
     let before = observe(&idx, &qs);
@@ -548,20 +554,7 @@ fn writes_alone_leave_the_graph_unloaded_and_the_next_load_catches_up() {
 
     // A command that only writes: an add, a subtree removed, a replaced vector, a move.
     let idx = open(dir.path());
-    idx.upsert(&[VectorRecord {
-        record: record("ctx://acc/late/x", 0, &[]),
-        vector: vs[1].clone(),
-    }])
-    .expect("late write");
-    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
-        .expect("late delete");
-    idx.upsert(&[VectorRecord {
-        record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
-        vector: vs[2].clone(),
-    }])
-    .expect("late overwrite");
-    idx.move_uri(&uri("ctx://acc/resources/g2"), &uri("ctx://acc/archive/g2"))
-        .expect("late move");
+    late_writes(&idx, &vs);
     assert!(!idx.resident(), "still not loaded");
     drop(idx);
     assert_eq!(
