@@ -530,7 +530,7 @@ impl Mem {
     /// segment's bound, so that the load can keep what it reads back fresh (searchable at
     /// once, inserted in the background) instead of inserting it into the graph first.
     fn unloaded_limit(&self, o: &EmbeddedOptions) -> usize {
-        let per_vector = self.dimension.map_or(4 * 384, |d| d * 4) + 32;
+        let per_vector = Fresh::bytes_for(1, self.dimension.unwrap_or(384));
         (o.fresh_max_bytes / per_vector / 2).max(1)
     }
 
@@ -559,8 +559,7 @@ impl Mem {
             // No graph was ever saved (a first import by commands that only wrote, or a crash
             // before the first snapshot): when the vectors fit the fresh segment they are read
             // into it — searchable at once — and the inserter builds the graph in one pass.
-            let per_vector = d * 4 + 32;
-            if schema::count(conn)? as usize * per_vector <= o.fresh_max_bytes {
+            if Fresh::bytes_for(schema::count(conn)? as usize, d) <= o.fresh_max_bytes {
                 schema::scan_rows(conn, true, |r, v| {
                     let key = r.key;
                     mem.table.insert(key, &table_row(r));
@@ -637,7 +636,7 @@ impl Mem {
             removed += 1;
         }
         let missing: Vec<u64> = table.keys().filter(|k| !graph.contains(*k)).collect();
-        let into_fresh = missing.len() * (dimension * 4 + 32) <= o.fresh_max_bytes;
+        let into_fresh = Fresh::bytes_for(missing.len(), dimension) <= o.fresh_max_bytes;
         for chunk in missing.chunks(4096) {
             let rows = schema::vectors_by_keys(conn, chunk)?;
             if rows.len() != chunk.len() {

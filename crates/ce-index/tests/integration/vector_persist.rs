@@ -77,9 +77,8 @@ fn fill(idx: &EmbeddedVectorIndex) -> Vec<Vec<f32>> {
     vs
 }
 
-/// Writes after [`fill`]: a vector added, a subtree of vectors removed, a vector replaced, a
-/// move (no graph change).
-fn late_writes(idx: &EmbeddedVectorIndex, vs: &[Vec<f32>]) {
+/// Writes after [`fill`]: a vector added, a subtree of vectors removed.
+fn late_add_and_delete(idx: &EmbeddedVectorIndex, vs: &[Vec<f32>]) {
     idx.upsert(&[VectorRecord {
         record: record("ctx://acc/late/x", 0, &[]),
         vector: vs[1].clone(),
@@ -87,6 +86,12 @@ fn late_writes(idx: &EmbeddedVectorIndex, vs: &[Vec<f32>]) {
     .expect("late write");
     idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
         .expect("late delete");
+}
+
+/// Writes after [`fill`]: [`late_add_and_delete`], then a vector replaced and a move (no
+/// graph change).
+fn late_writes(idx: &EmbeddedVectorIndex, vs: &[Vec<f32>]) {
+    late_add_and_delete(idx, vs);
     idx.upsert(&[VectorRecord {
         record: record("ctx://acc/resources/g1/d1", 1, &[("tag", json!(1))]),
         vector: vs[2].clone(),
@@ -500,13 +505,7 @@ fn the_fresh_tail_is_read_back_at_open() {
     );
     assert_eq!(idx.stats().fresh_vectors, 0);
     // Later writes stay fresh (no background inserter).
-    idx.upsert(&[VectorRecord {
-        record: record("ctx://acc/late/x", 0, &[]),
-        vector: vs[1].clone(),
-    }])
-    .expect("late write");
-    idx.delete_by_uri(&uri("ctx://acc/resources/g0"), true)
-        .expect("late delete");
+    late_add_and_delete(&idx, &vs);
     let qs = queries(&vs);
     let before = observe(&idx, &qs);
     let s = idx.stats();

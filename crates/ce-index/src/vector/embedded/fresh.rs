@@ -35,7 +35,13 @@ impl Fresh {
 
     /// Memory held by the vectors and keys, in bytes (the bound back-pressure checks).
     pub(super) fn bytes(&self) -> usize {
-        self.data.len() * 4 + self.keys.len() * (8 + 24)
+        Self::bytes_for(self.keys.len(), self.dimension)
+    }
+
+    /// What `vectors` vectors of `dimension` hold here, in bytes: the measure of
+    /// [`Fresh::bytes`], for deciding before loading whether they fit the bound.
+    pub(super) fn bytes_for(vectors: usize, dimension: usize) -> usize {
+        vectors * (dimension * 4 + 8 + 24)
     }
 
     /// Whether `key` is here.
