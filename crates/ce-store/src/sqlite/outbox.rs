@@ -33,12 +33,12 @@ const CLAIM_SQL: &str = "UPDATE deliveries SET status = 1, claimed_by = ?3, clai
         ORDER BY seq LIMIT ?6)
      RETURNING seq, retry_count";
 
-/// The oldest non-terminal delivery of consumer `?1` (the low watermark).
 /// Whether consumer `?1` has a pending (0) or claimed (1) delivery: the runnable partial
 /// index's own condition, so that the planner uses it, then retry-wait (2) left out.
 const HAS_UNFINISHED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM deliveries
      WHERE consumer = ?1 AND status IN (0, 1, 2) AND status <> 2)";
 
+/// The oldest non-terminal delivery of consumer `?1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
      WHERE d.consumer = ?1 AND d.status IN (0, 1, 2) ORDER BY d.seq LIMIT 1";
