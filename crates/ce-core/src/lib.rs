@@ -16,6 +16,7 @@ pub mod event;
 pub mod failpoint;
 pub mod hash;
 pub mod node;
+pub mod parallel;
 pub mod projector;
 pub mod provenance;
 pub mod safety;

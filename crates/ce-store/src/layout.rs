@@ -9,7 +9,7 @@
 //! with the file as its content, so an ordinary folder of text files imports too. Export →
 //! import → export is byte-identical.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use ce_core::{ContextNode, ContextType, CtxUri, Level, Meta, OwnerSpace};
@@ -137,7 +137,15 @@ pub fn import_dir_fenced(
     let mut report = ImportReport::default();
     let mut puts = Vec::new();
     let mut relations = Vec::new();
-    walk(dir, dir, into, into, &mut puts, &mut relations, &mut report)?;
+    let mut scans = scan_tree(dir);
+    walk(
+        &mut scans,
+        dir,
+        (into, into),
+        &mut puts,
+        &mut relations,
+        &mut report,
+    )?;
     let n_puts = puts.len();
     let removals = if options.prune {
         prune_ops(store, into, &puts, options.allow_large_delete, &mut report)?
@@ -210,26 +218,26 @@ fn prune_ops(
         .collect())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    root_dir: &Path,
-    dir: &Path,
-    root_uri: &CtxUri,
-    uri: &CtxUri,
-    puts: &mut Vec<WriteOp>,
-    relations: &mut Vec<WriteOp>,
-    report: &mut ImportReport,
-) -> Result<()> {
+/// What one directory of an import holds, read by [`scan_dir`].
+#[derive(Default)]
+struct DirScan {
+    /// `.abstract.md`, `.overview.md`, `content.md`.
+    layers: [Option<String>; 3],
+    meta: Option<MetaFile>,
+    edges: Option<Vec<RelationEntry>>,
+    /// Plain files (leaf nodes): name, path, text.
+    files: Vec<(String, PathBuf, String)>,
+    /// Sub-directories (child nodes): name, path.
+    subdirs: Vec<(String, PathBuf)>,
+    /// Entries not imported, relative to the root.
+    skipped: Vec<String>,
+}
+
+/// Reads one directory of an import (its entries in name order, not its sub-directories).
+fn scan_dir(root_dir: &Path, dir: &Path) -> Result<DirScan> {
     let mut entries: Vec<_> = fs_err::read_dir(dir)?.collect::<std::io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
-    let mut req = PutRequest {
-        mode: PutMode::Replace,
-        ..PutRequest::default()
-    };
-    let mut layers: [Option<String>; 3] = [None, None, None];
-    let mut edges: Option<Vec<RelationEntry>> = None;
-    let mut subdirs = Vec::new();
-    let mut files = Vec::new();
+    let mut scan = DirScan::default();
     for entry in entries {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -240,7 +248,7 @@ fn walk(
             ))
         })?;
         if ft.is_dir() {
-            subdirs.push((name, path));
+            scan.subdirs.push((name, path));
             continue;
         }
         let rel = || {
@@ -250,7 +258,7 @@ fn walk(
                 .to_string()
         };
         if !ft.is_file() {
-            report.skipped.push(rel());
+            scan.skipped.push(rel());
             continue;
         }
         match name.as_str() {
@@ -259,47 +267,101 @@ fn walk(
                     .iter()
                     .position(|l| l.file_name() == n)
                     .unwrap_or(2);
-                layers[level] = Some(read_text(&path)?);
+                scan.layers[level] = Some(read_text(&path)?);
             }
             META_FILE => {
-                let m: MetaFile = serde_json::from_str(&read_text(&path)?)
-                    .map_err(|e| bad(&path, format!("does not parse: {e}")))?;
-                req.context_type = m.context_type;
-                req.category = m.category;
-                req.owner_space = m.owner_space;
-                req.meta = m.meta;
+                scan.meta = Some(
+                    serde_json::from_str(&read_text(&path)?)
+                        .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
+                );
             }
             RELATIONS_FILE => {
-                let r: Vec<RelationEntry> = serde_json::from_str(&read_text(&path)?)
-                    .map_err(|e| bad(&path, format!("does not parse: {e}")))?;
-                edges = Some(r);
+                scan.edges = Some(
+                    serde_json::from_str(&read_text(&path)?)
+                        .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
+                );
             }
-            n if n.starts_with('.') => report.skipped.push(rel()),
+            n if n.starts_with('.') => scan.skipped.push(rel()),
             _ => match read_text(&path) {
-                Ok(text) => files.push((name, path, text)),
-                Err(StoreError::BadLayout { .. }) => report.skipped.push(rel()),
+                Ok(text) => scan.files.push((name, path, text)),
+                Err(StoreError::BadLayout { .. }) => scan.skipped.push(rel()),
                 Err(e) => return Err(e),
             },
         }
     }
+    Ok(scan)
+}
+
+/// Directories of one level scanned on several threads from this many on.
+const PARALLEL_SCAN_FROM: usize = 64;
+
+/// Reads every directory of the tree at `root_dir`, one level at a time, the directories
+/// of a level on all cores (reading 10,000 small node directories is most of a no-op
+/// re-import). A directory that fails to read keeps its error, reported when the walk
+/// reaches it, so the error is the one a sequential walk would meet first.
+fn scan_tree(root_dir: &Path) -> HashMap<PathBuf, Result<DirScan>> {
+    let mut scans = HashMap::new();
+    let mut level = vec![root_dir.to_owned()];
+    while !level.is_empty() {
+        let read = ce_core::parallel::map_chunks(&level, PARALLEL_SCAN_FROM, |dirs| {
+            dirs.iter()
+                .map(|d| scan_dir(root_dir, d))
+                .collect::<Vec<_>>()
+        });
+        let mut next = Vec::new();
+        for (dir, scan) in level.into_iter().zip(read.into_iter().flatten()) {
+            if let Ok(s) = &scan {
+                next.extend(s.subdirs.iter().map(|(_, p)| p.clone()));
+            }
+            scans.insert(dir, scan);
+        }
+        level = next;
+    }
+    scans
+}
+
+/// The ops of the directory `dir` (node `uri`) and, depth first, of its sub-directories
+/// from their `scans`: a directory's node, its relations, its plain files, then each
+/// sub-directory (parents before children).
+fn walk(
+    scans: &mut HashMap<PathBuf, Result<DirScan>>,
+    dir: &Path,
+    (root_uri, uri): (&CtxUri, &CtxUri),
+    puts: &mut Vec<WriteOp>,
+    relations: &mut Vec<WriteOp>,
+    report: &mut ImportReport,
+) -> Result<()> {
+    let scan = scans
+        .remove(dir)
+        .unwrap_or_else(|| Err(bad(dir, "was not read before the walk (an internal error)")))?;
+    report.skipped.extend(scan.skipped);
     if uri.is_root() {
-        if layers.iter().any(Option::is_some) || edges.is_some() {
+        if scan.layers.iter().any(Option::is_some) || scan.edges.is_some() {
             return Err(at(dir)(StoreError::RootNotWritable));
         }
     } else {
         // A missing `.abstract.md` / `.overview.md` is no layer from the client: the replace
         // drops what a client wrote before and keeps a derived one, so re-importing an
         // unchanged tree changes nothing.
-        let [a, o, c] = layers;
-        req.abstract_text = a;
-        req.overview = o;
-        req.content = Some(c.unwrap_or_default());
+        let [a, o, c] = scan.layers;
+        let m = scan.meta.unwrap_or_default();
+        let req = PutRequest {
+            mode: PutMode::Replace,
+            context_type: m.context_type,
+            category: m.category,
+            owner_space: m.owner_space,
+            meta: m.meta,
+            abstract_text: a,
+            overview: o,
+            content: Some(c.unwrap_or_default()),
+            ..PutRequest::default()
+        };
         puts.push(WriteOp::Put {
             uri: uri.clone(),
             req,
         });
     }
-    if let Some(edges) = edges {
+    if let Some(edges) = scan.edges {
         let mut links = Vec::with_capacity(edges.len());
         for e in edges {
             let to = resolve_target(root_uri, &e.to).map_err(at(&dir.join(RELATIONS_FILE)))?;
@@ -318,7 +380,7 @@ fn walk(
             trace_id: None,
         });
     }
-    for (name, path, text) in files {
+    for (name, path, text) in scan.files {
         let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
         let req = PutRequest {
             content: Some(text),
@@ -326,9 +388,9 @@ fn walk(
         };
         puts.push(WriteOp::Put { uri: child, req });
     }
-    for (name, path) in subdirs {
+    for (name, path) in scan.subdirs {
         let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
-        walk(root_dir, &path, root_uri, &child, puts, relations, report)?;
+        walk(scans, &path, (root_uri, &child), puts, relations, report)?;
     }
     Ok(())
 }
@@ -601,5 +663,67 @@ mod tests {
             .expect("read")
             .expect("node");
         assert_eq!(n.layers.content, "# Notes\nhello");
+    }
+
+    /// A level of more than [`PARALLEL_SCAN_FROM`] directories is read on several threads:
+    /// the ops come out in the walk's order all the same (parents first, each directory's
+    /// files before its sub-directories), the skipped entries in that order too, and of two
+    /// bad files the one a depth-first walk meets first is reported — although the other
+    /// sits on a shallower level, read earlier.
+    #[test]
+    fn a_wide_tree_read_in_parallel_imports_in_walk_order_and_reports_the_first_bad_file() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(&tmp.path().join("s"));
+        let d = tmp.path().join("d");
+        let n = 3 * PARALLEL_SCAN_FROM;
+        for i in 0..n {
+            let node = d.join(format!("n{i:03}"));
+            fs_err::create_dir_all(node.join("sub")).expect("mkdir");
+            fs_err::write(node.join("content.md"), format!("doc {i}")).expect("write");
+            fs_err::write(node.join("sub").join("content.md"), format!("sub {i}")).expect("write");
+            fs_err::write(node.join("note.txt"), format!("note {i}")).expect("write");
+            fs_err::write(node.join(".hidden"), "x").expect("write");
+        }
+        let rep = import_dir(&s, &d, &uri("ctx://acc/wide")).expect("import");
+        assert_eq!(rep.nodes_written as usize, 1 + 3 * n);
+        let hidden: Vec<String> = (0..n).map(|i| format!("n{i:03}/.hidden")).collect();
+        assert_eq!(rep.skipped, hidden);
+        let nodes = s.read_subtree(&uri("ctx://acc/wide")).expect("read");
+        let mut expected = vec![("ctx://acc/wide".to_owned(), String::new())];
+        for i in 0..n {
+            let at = format!("ctx://acc/wide/n{i:03}");
+            expected.push((at.clone(), format!("doc {i}")));
+            expected.push((format!("{at}/note.txt"), format!("note {i}")));
+            expected.push((format!("{at}/sub"), format!("sub {i}")));
+        }
+        expected.sort();
+        let got: Vec<(String, String)> = nodes
+            .iter()
+            .map(|n| (n.uri.to_string(), n.layers.content.clone()))
+            .collect();
+        assert_eq!(got, expected);
+        // Parents were written before their children: no child created its parent as an
+        // empty container that the parent's own write then changed (a second version).
+        // (The store was empty: every node it holds now, the target's ancestors included,
+        // came with one event of this import.)
+        let all = s.read_subtree(&CtxUri::root()).expect("read");
+        assert!(all.iter().all(|n| n.version == 1));
+        assert_eq!(rep.events as usize, all.len());
+
+        let shallow = d.join(format!("n{:03}", n - 1)).join(META_FILE);
+        let deep = d.join("n005").join("sub").join(META_FILE);
+        for bad_file in [&shallow, &deep] {
+            fs_err::write(bad_file, "not json").expect("write");
+        }
+        let err = import_dir(&s, &d, &uri("ctx://acc/other")).expect_err("bad meta");
+        match &err {
+            StoreError::BadLayout { path, .. } => assert_eq!(path, &deep, "{err}"),
+            other => panic!("expected a bad layout, got {other}"),
+        }
+        assert!(
+            s.read_subtree(&uri("ctx://acc/other"))
+                .expect("read")
+                .is_empty()
+        );
     }
 }

@@ -879,22 +879,8 @@ impl Mem {
                 .collect();
             self.top(scored, top_k)
         };
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        if keys.len() < PARALLEL_FROM || threads == 1 {
-            return score(keys);
-        }
-        let chunk = keys.len().div_ceil(threads);
-        let merged = std::thread::scope(|s| {
-            let handles: Vec<_> = keys
-                .chunks(chunk)
-                .map(|c| s.spawn(move || score(c)))
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
-        });
-        self.top(merged, top_k)
+        let merged = ce_core::parallel::map_chunks(keys, PARALLEL_FROM, score);
+        self.top(merged.into_iter().flatten().collect(), top_k)
     }
 
     fn top(&self, mut scored: Vec<(u64, f32)>, top_k: usize) -> Vec<(u64, f32)> {

@@ -50,10 +50,6 @@ impl std::fmt::Debug for Ann {
     }
 }
 
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
 impl Ann {
     /// An empty graph for vectors of `dimension`.
     pub(super) fn new(dimension: usize, o: &EmbeddedOptions) -> Result<Self> {
@@ -78,7 +74,7 @@ impl Ann {
 
     fn reserve(&self, capacity: usize) -> Result<()> {
         self.index
-            .reserve_capacity_and_threads(capacity, threads() + SEARCH_CONTEXTS)
+            .reserve_capacity_and_threads(capacity, ce_core::parallel::threads() + SEARCH_CONTEXTS)
             .map_err(|e| err("reserve", e))
     }
 
@@ -250,21 +246,9 @@ impl SharedGraph {
             }
             Ok(())
         };
-        let threads = threads();
-        if items.len() < 256 || threads == 1 {
-            return add_all(items);
-        }
-        let chunk = items.len().div_ceil(threads);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = items
-                .chunks(chunk)
-                .map(|c| s.spawn(move || add_all(c)))
-                .collect();
-            handles.into_iter().try_for_each(|h| {
-                h.join()
-                    .map_err(|_| err("add", "an insertion thread panicked"))?
-            })
-        })
+        ce_core::parallel::map_chunks(items, 256, add_all)
+            .into_iter()
+            .collect()
     }
 }
 
