@@ -13,9 +13,10 @@
 //! counted in [`CacheStats::cache_errors`]). A cached vector whose length is not the model's
 //! dimension is treated as a miss and overwritten.
 //!
-//! Two concurrent calls that both miss the same text may both embed it (there is no
-//! cross-call in-flight table); the second write simply replaces the first with the same
-//! vector.
+//! Concurrent calls that miss the same text embed it once: the first claims it in an
+//! in-flight table, the others wait for that call and then read the cache (they embed it
+//! themselves only when that call failed). A call re-reads the cache for the misses it
+//! claimed, so a call that finished between its first read and its claim is not paid twice.
 //!
 //! Layout (schema 2; docs/indexing.md "The cache file"): `models` names each model identity
 //! once (a small integer id) and keeps its entry count, maintained by every write, so
@@ -499,6 +500,26 @@ impl CachedEmbedder {
         }
     }
 
+    /// Reads the vectors of `slots` from the cache into `vectors`; returns the slots still
+    /// missing.
+    fn fill_from_cache(
+        &self,
+        dim: usize,
+        slots: &[usize],
+        keys: &[String],
+        vectors: &mut [Option<Vec<f32>>],
+    ) -> Vec<usize> {
+        let wanted: Vec<String> = slots.iter().map(|&s| keys[s].clone()).collect();
+        for (&s, v) in slots.iter().zip(self.cached(dim, &wanted)) {
+            vectors[s] = v;
+        }
+        slots
+            .iter()
+            .copied()
+            .filter(|&s| vectors[s].is_none())
+            .collect()
+    }
+
     /// Embeds the distinct texts of `slots` with the provider in one call, checks the
     /// answer, caches it and fills `vectors`.
     fn embed_into(
@@ -688,7 +709,12 @@ impl Embedder for CachedEmbedder {
         // Misses another call is embedding right now are waited for, not embedded again.
         let (owned, waits) = self.in_flight.claim(misses.iter().map(|&s| (s, &keys[s])));
         if !owned.slots.is_empty() {
-            self.embed_into(&owned.slots, &keys, &distinct_texts, &mut vectors, timeout)?;
+            // A call that finished between the cache read above and the claim cached its
+            // texts before it ended their flights: read the claimed misses once more.
+            let left = self.fill_from_cache(dim, &owned.slots, &keys, &mut vectors);
+            if !left.is_empty() {
+                self.embed_into(&left, &keys, &distinct_texts, &mut vectors, timeout)?;
+            }
         }
         drop(owned);
         if !waits.is_empty() {
@@ -697,15 +723,8 @@ impl Embedder for CachedEmbedder {
                 flight.wait_until(deadline);
             }
             let waited: Vec<usize> = waits.iter().map(|(s, _)| *s).collect();
-            let waited_keys: Vec<String> = waited.iter().map(|&s| keys[s].clone()).collect();
-            for (&s, v) in waited.iter().zip(self.cached(dim, &waited_keys)) {
-                vectors[s] = v;
-            }
             // The other call failed (or the cache did): embed what is still missing here.
-            let left: Vec<usize> = waited
-                .into_iter()
-                .filter(|&s| vectors[s].is_none())
-                .collect();
+            let left = self.fill_from_cache(dim, &waited, &keys, &mut vectors);
             if !left.is_empty() {
                 self.embed_into(&left, &keys, &distinct_texts, &mut vectors, timeout)?;
             }
