@@ -489,15 +489,14 @@ impl CachedEmbedder {
 }
 
 impl CachedEmbedder {
-    /// The cached vector of each key (`None`: not cached, or the cache failed).
-    fn cached(&self, dim: usize, keys: &[String]) -> Vec<Option<Vec<f32>>> {
-        match self.cache.get_many(&self.model_key, dim, keys) {
-            Ok(found) => found,
-            Err(_) => {
-                self.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
-                vec![None; keys.len()]
-            }
+    /// The cached vector of each key (`None`: not cached); `None` when the cache could not be
+    /// read (counted in `cache_errors`).
+    fn cached(&self, dim: usize, keys: &[String]) -> Option<Vec<Option<Vec<f32>>>> {
+        let found = self.cache.get_many(&self.model_key, dim, keys).ok();
+        if found.is_none() {
+            self.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
         }
+        found
     }
 
     /// Reads the vectors of `slots` from the cache into `vectors`; returns the slots still
@@ -510,7 +509,10 @@ impl CachedEmbedder {
         vectors: &mut [Option<Vec<f32>>],
     ) -> Vec<usize> {
         let wanted: Vec<String> = slots.iter().map(|&s| keys[s].clone()).collect();
-        for (&s, v) in slots.iter().zip(self.cached(dim, &wanted)) {
+        for (&s, v) in slots
+            .iter()
+            .zip(self.cached(dim, &wanted).unwrap_or_default())
+        {
             vectors[s] = v;
         }
         slots
@@ -704,14 +706,21 @@ impl Embedder for CachedEmbedder {
             slot_of.push(slot);
         }
 
-        let mut vectors = self.cached(dim, &keys);
+        let read = self.cached(dim, &keys);
+        let readable = read.is_some();
+        let mut vectors = read.unwrap_or_else(|| vec![None; keys.len()]);
         let misses: Vec<usize> = (0..keys.len()).filter(|&s| vectors[s].is_none()).collect();
         // Misses another call is embedding right now are waited for, not embedded again.
         let (owned, waits) = self.in_flight.claim(misses.iter().map(|&s| (s, &keys[s])));
         if !owned.slots.is_empty() {
             // A call that finished between the cache read above and the claim cached its
-            // texts before it ended their flights: read the claimed misses once more.
-            let left = self.fill_from_cache(dim, &owned.slots, &keys, &mut vectors);
+            // texts before it ended their flights: read the claimed misses once more (unless
+            // the cache just failed to read).
+            let left = if readable {
+                self.fill_from_cache(dim, &owned.slots, &keys, &mut vectors)
+            } else {
+                owned.slots.clone()
+            };
             if !left.is_empty() {
                 self.embed_into(&left, &keys, &distinct_texts, &mut vectors, timeout)?;
             }
