@@ -2,8 +2,8 @@
 //! open work is done (`ce worker --once`, `ce reindex`, tests), counting what they did.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ce_core::OutboxEvent;
@@ -45,7 +45,7 @@ impl Engine {
         }
         let started = Instant::now();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
-        let quiet = AtomicBool::new(false);
+        let quiet = Quiet::default();
         let drained: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
@@ -105,7 +105,7 @@ impl Engine {
     ) -> Result<()> {
         let mut errors = 0u32;
         loop {
-            if pass.quiet.load(Ordering::Acquire) {
+            if pass.quiet.is_set() {
                 return Ok(());
             }
             match w.run_once(w.config().claim_limit) {
@@ -130,12 +130,13 @@ impl Engine {
             // One indexed probe per consumer: counting every delivery here (`stats`) cost a
             // core while another worker drained a large backlog.
             if !self.store.has_unfinished(pass.consumers)? {
-                pass.quiet.store(true, Ordering::Release);
+                pass.quiet.set();
                 return Ok(());
             }
             // Work is claimed elsewhere (another of our threads, or a crashed worker whose
             // lease has not expired yet) or the worker is paused by a rate limit.
-            std::thread::sleep(w.paused_for().unwrap_or(pass.poll).min(DRAIN_RECHECK));
+            pass.quiet
+                .wait(w.paused_for().unwrap_or(pass.poll).min(DRAIN_RECHECK));
         }
     }
 }
@@ -145,9 +146,41 @@ struct Pass<'a> {
     consumers: &'a [String],
     totals: &'a DrainTotals,
     /// Set by the first worker that finds every drained consumer done: the pass ends.
-    quiet: &'a AtomicBool,
+    quiet: &'a Quiet,
     started: Instant,
     poll: Duration,
+}
+
+/// The end of a drain pass, which wakes the workers waiting for a recheck: without the wake-up
+/// the drain would end only when the last of them woke by itself, up to [`DRAIN_RECHECK`]
+/// after the work was done — most of a small drain's wall time (one batch claimed by one
+/// worker, the others of its consumer and of the other consumers asleep).
+#[derive(Default)]
+struct Quiet {
+    set: Mutex<bool>,
+    woken: Condvar,
+}
+
+impl Quiet {
+    fn is_set(&self) -> bool {
+        *lock(&self.set)
+    }
+
+    /// Ends the pass and wakes every waiting worker.
+    fn set(&self) {
+        *lock(&self.set) = true;
+        self.woken.notify_all();
+    }
+
+    /// Waits up to `d`, or until the pass ends.
+    fn wait(&self, d: Duration) {
+        let set = lock(&self.set);
+        drop(
+            self.woken
+                .wait_timeout_while(set, d, |set| !*set)
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+    }
 }
 
 /// The distinct events whose deliveries a drain claimed (an event has one delivery per
@@ -193,5 +226,36 @@ impl DrainTotals {
             retried: self.retried.load(Ordering::SeqCst),
             elapsed_ms: ms(started.elapsed()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ending_the_pass_wakes_a_waiting_worker() {
+        let quiet = Quiet::default();
+        let long = Duration::from_secs(120);
+        let waited = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let t = Instant::now();
+                quiet.wait(long);
+                t.elapsed()
+            });
+            // Most likely waiting by now; if not, `wait` sees the pass ended and returns.
+            std::thread::sleep(Duration::from_millis(50));
+            quiet.set();
+            waiter.join().expect("waiter")
+        });
+        assert!(
+            waited < long,
+            "the waiter slept its whole timeout ({waited:?})"
+        );
+        assert!(quiet.is_set());
+        // A pass that has ended does not make anyone wait.
+        let t = Instant::now();
+        quiet.wait(long);
+        assert!(t.elapsed() < long);
     }
 }
