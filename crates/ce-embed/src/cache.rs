@@ -38,6 +38,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use sha2::{Digest, Sha256};
 
@@ -130,6 +131,9 @@ impl EmbeddingCache {
     fn init(mut conn: Connection, path: PathBuf) -> Result<Self, EmbedError> {
         let err = |e: rusqlite::Error| cache_err(&path, "cannot initialise", e);
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        // Plans that do not depend on bound values (docs/store.md, "Prepared statements").
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+            .map_err(err)?;
         // Takes effect only while the file is empty (SQLite ignores it afterwards).
         conn.execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE}"))
             .map_err(err)?;

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ce_core::CtxUri;
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use crate::error::{IndexError, Result, sqlite_error};
@@ -35,6 +36,9 @@ pub(crate) fn open_conn(path: &Path, file: &str) -> Result<Connection> {
     let conn = Connection::open(path)
         .map_err(|e| IndexError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
     conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| sqlite_error(file, e))?;
+    // Plans that do not depend on bound values (docs/store.md, "Prepared statements").
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(|e| sqlite_error(file, e))?;
     Ok(conn)
 }
@@ -282,6 +286,33 @@ mod tests {
         let (lo, hi) = subtree_bounds(&all);
         assert!("ctx://z/y" > lo.as_str() && "ctx://z/y" < hi.as_str());
         assert!(within("ctx://z", &all));
+    }
+
+    /// A cached statement is compiled once: rusqlite clears a statement's bindings when it
+    /// returns to the cache, and SQLite expires a statement whose plan it tied to bound values
+    /// (here the range and `LIMIT` over the key) when its bindings are cleared, so without the
+    /// query planner stability guarantee every call of such a statement compiled it again.
+    #[test]
+    fn a_cached_statement_is_not_compiled_again_on_every_call() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let c = open_conn(&dir.path().join("t.db"), "t.db").expect("open");
+        c.execute_batch(
+            "CREATE TABLE blocks (term TEXT NOT NULL, last_doc INTEGER NOT NULL,
+                 PRIMARY KEY (term, last_doc)) WITHOUT ROWID;
+             INSERT INTO blocks VALUES ('a', 1), ('a', 9), ('b', 5);",
+        )
+        .expect("schema");
+        let sql = "SELECT last_doc FROM blocks WHERE term = ?1 AND last_doc >= ?2
+                   ORDER BY last_doc LIMIT 1";
+        for (term, doc, want) in [("a", 0, Some(1)), ("a", 2, Some(9)), ("b", 0, Some(5))] {
+            let got: Option<i64> = c
+                .prepare_cached(sql)
+                .and_then(|mut s| s.query_row(params![term, doc], |r| r.get(0)).optional())
+                .expect("query");
+            assert_eq!(got, want, "{term} from {doc}");
+        }
+        let cached = c.prepare_cached(sql).expect("cached");
+        assert_eq!(cached.get_status(rusqlite::StatementStatus::RePrepare), 0);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ce_core::{Clock, Config, ContextNode, CtxUri, Layers, Millis, SystemClock};
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior};
 
 use crate::error::Result;
@@ -248,6 +249,8 @@ fn open_conn(path: &Path, config: &Config) -> Result<Connection> {
     conn.pragma_update(None, "cache_size", -32_000)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(64);
+    // Plans that do not depend on bound values (docs/store.md, "Prepared statements").
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(conn)
 }
 
@@ -361,6 +364,34 @@ mod tests {
     use ce_core::Config;
 
     use super::SqliteStore;
+
+    /// A cached statement with a bound `LIMIT` (as the outbox's claim has) is compiled once,
+    /// not on every call: see `ce_index::sqlite`'s test of the same guarantee.
+    #[test]
+    fn a_cached_statement_with_a_bound_limit_is_compiled_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = super::open_conn(&dir.path().join("t.db"), &Config::default()).expect("open");
+        c.execute_batch(
+            "CREATE TABLE d (consumer TEXT NOT NULL, seq INTEGER NOT NULL,
+                 PRIMARY KEY (consumer, seq));
+             INSERT INTO d VALUES ('k', 1), ('k', 2), ('v', 3);",
+        )
+        .expect("schema");
+        let sql = "SELECT seq FROM d WHERE consumer = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
+        for (consumer, after, want) in [("k", 0, vec![1, 2]), ("k", 1, vec![2]), ("v", 0, vec![3])]
+        {
+            let got: Vec<i64> = c
+                .prepare_cached(sql)
+                .and_then(|mut s| {
+                    s.query_map(rusqlite::params![consumer, after, 10], |r| r.get(0))?
+                        .collect()
+                })
+                .expect("query");
+            assert_eq!(got, want, "{consumer} after {after}");
+        }
+        let cached = c.prepare_cached(sql).expect("cached");
+        assert_eq!(cached.get_status(rusqlite::StatementStatus::RePrepare), 0);
+    }
 
     /// Several openers of one new data directory at once (`ce worker` and `ce put` started
     /// together): every open succeeds, none is answered "database is locked".
