@@ -190,12 +190,8 @@ fn prune_ops(
             _ => None,
         })
         .collect();
-    let existing = store.read_subtree(into)?;
-    let vanished: Vec<&CtxUri> = existing
-        .iter()
-        .map(|n| &n.uri)
-        .filter(|u| !written.contains(u))
-        .collect();
+    let existing = store.subtree_uris(into)?;
+    let vanished: Vec<&CtxUri> = existing.iter().filter(|u| !written.contains(u)).collect();
     if !allow_large_delete {
         DeleteSafety::check(vanished.len() as u64, existing.len() as u64)?;
     }

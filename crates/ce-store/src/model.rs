@@ -472,6 +472,9 @@ pub trait ContextFs: Send + Sync {
     fn tree(&self, uri: &CtxUri, depth: Option<u32>) -> Result<Vec<NodeStat>>;
     /// Reads every node of a subtree (for export and reconcile), in URI order.
     fn read_subtree(&self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+    /// The URIs of `uri` and its descendants, in URI order, without reading the nodes (what
+    /// a delete-safety count or an import's prune needs).
+    fn subtree_uris(&self, uri: &CtxUri) -> Result<Vec<CtxUri>>;
 }
 
 /// The source of truth for relations (spec: RelationStore).

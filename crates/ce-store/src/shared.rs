@@ -28,6 +28,11 @@ pub(crate) fn node_columns_cut(param: &str) -> String {
     )
 }
 
+/// Parses a stored node URI; one that does not parse is corruption.
+pub(crate) fn stored_uri(s: &str) -> Result<CtxUri> {
+    CtxUri::parse_stored(s).map_err(|e| StoreError::Corrupt(format!("node uri {s:?}: {e}")))
+}
+
 /// A node's typed columns decoded from their stored text.
 pub(crate) type Decoded = (CtxUri, CtxUri, ContextType, OwnerSpace, Meta);
 

@@ -72,6 +72,8 @@ pub(crate) trait ReadTx {
     fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>>;
     /// `uri` and its descendants, by URI.
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
+    /// The URIs of [`ReadTx::subtree_nodes`], without reading the nodes.
+    fn subtree_uris(&mut self, uri: &CtxUri) -> Result<Vec<CtxUri>>;
     /// Edges from (`EdgeEnd::From`) or into (`EdgeEnd::To`) `uri`, ordered by
     /// (from, to, type).
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
@@ -851,6 +853,10 @@ macro_rules! impl_source_traits {
                 uri: &ce_core::CtxUri,
             ) -> $crate::Result<Vec<ce_core::ContextNode>> {
                 self.read_source(|tx| $crate::txn::ReadTx::subtree_nodes(tx, uri))
+            }
+
+            fn subtree_uris(&self, uri: &ce_core::CtxUri) -> $crate::Result<Vec<ce_core::CtxUri>> {
+                self.read_source(|tx| $crate::txn::ReadTx::subtree_uris(tx, uri))
             }
         }
 

@@ -458,10 +458,10 @@ fn prepare(
         .filter(|u| !taken.contains(u))
         .collect();
     if !gone.is_empty() {
-        let scope = engine.store().read_subtree(&item.node_uri)?.len() as u64;
+        let scope = engine.store().subtree_uris(&item.node_uri)?.len() as u64;
         let mut removed = 0u64;
         for g in &gone {
-            removed += engine.store().read_subtree(g)?.len() as u64 + 1;
+            removed += engine.store().subtree_uris(g)?.len() as u64 + 1;
         }
         ce_core::safety::DeleteSafety::check(removed, scope).map_err(StoreError::from)?;
     }

@@ -9,7 +9,7 @@ use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql
 use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, subtree_bounds};
+use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, stored_uri, subtree_bounds};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
@@ -86,6 +86,21 @@ impl ReadTx for PgTx<'_, '_> {
             )?
             .iter()
             .map(node_from_row)
+            .collect()
+    }
+
+    fn subtree_uris(&mut self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx
+            .query(
+                &format!(
+                    "SELECT uri FROM nodes WHERE {} ORDER BY uri",
+                    subtree_sql("uri", 1)
+                ),
+                &[&uri.as_str(), &lo, &hi],
+            )?
+            .iter()
+            .map(|r| stored_uri(&r.get::<_, String>(0)))
             .collect()
     }
 

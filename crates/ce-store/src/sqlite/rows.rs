@@ -11,7 +11,7 @@ use super::{
 use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::{dirty_key, node_columns_cut};
+use crate::shared::{dirty_key, node_columns_cut, stored_uri};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
@@ -83,6 +83,16 @@ impl ReadTx for SqlTx<'_> {
         ))?;
         let rows = stmt.query_map(params![uri.as_str(), lo, hi], node_from_row)?;
         rows.map(|r| r?).collect()
+    }
+
+    fn subtree_uris(&mut self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        let (lo, hi) = subtree_bounds(uri);
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT uri FROM nodes WHERE {} ORDER BY uri",
+            subtree_sql("uri", 1)
+        ))?;
+        let rows = stmt.query_map(params![uri.as_str(), lo, hi], |r| r.get::<_, String>(0))?;
+        rows.map(|r| stored_uri(&r?)).collect()
     }
 
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>> {

@@ -205,6 +205,12 @@ pub fn all_jobs(s: &dyn SourceStore) -> Vec<Job> {
 /// Reads the whole state.
 pub fn snapshot(s: &dyn SourceStore) -> Snapshot {
     let nodes = s.read_subtree(&CtxUri::root()).expect("read_subtree(root)");
+    let uris: Vec<CtxUri> = nodes.iter().map(|n| n.uri.clone()).collect();
+    assert_eq!(
+        s.subtree_uris(&CtxUri::root()).expect("subtree_uris(root)"),
+        uris,
+        "subtree_uris agrees with read_subtree"
+    );
     let mut edges = Vec::new();
     for n in &nodes {
         edges.extend(s.get_edges(&n.uri).expect("get_edges"));

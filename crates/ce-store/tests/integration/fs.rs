@@ -523,6 +523,10 @@ fn mv_rewrites_the_subtree_and_its_relations(backend: Backend) {
 
     // Moving back continues every version above both the moved node and the tombstone.
     let at_y: Vec<ContextNode> = s.read_subtree(&to).expect("subtree");
+    let uris_at_y: Vec<CtxUri> = at_y.iter().map(|n| n.uri.clone()).collect();
+    assert_eq!(uris_at_y.len(), 3);
+    assert_eq!(s.subtree_uris(&to).expect("uris"), uris_at_y);
+    assert!(s.subtree_uris(&from).expect("uris").is_empty());
     s.mv(&to, &from, None).expect("mv back");
     for n in &at_y {
         let back = n.uri.rebase(&to, &from).expect("within");
