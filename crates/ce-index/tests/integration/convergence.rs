@@ -742,6 +742,58 @@ pub(crate) fn records_of(target: &dyn IndexTarget) -> BTreeMap<String, IndexReco
         .collect()
 }
 
+/// What a failed check needs to be understood without a replay (the workers' interleaving is
+/// not fixed by the seed): for each URI of `records` (`uri#level`), the source's state and the
+/// journal's events that touched it or an ancestor, with their delivery to `consumer`.
+fn history<'a>(env: &Env, consumer: &str, records: impl Iterator<Item = &'a String>) -> String {
+    let uris: BTreeSet<&str> = records.filter_map(|r| r.split('#').next()).collect();
+    let mut rows = Vec::new();
+    let mut after_seq = None;
+    loop {
+        let page = env
+            .store
+            .list(&ce_store::OutboxFilter {
+                consumer: Some(consumer.to_owned()),
+                after_seq,
+                limit: Some(ce_store::MAX_LIST_LIMIT),
+                ..ce_store::OutboxFilter::default()
+            })
+            .expect("list");
+        after_seq = page.last().map(|r| r.event.seq);
+        let done = page.len() < ce_store::MAX_LIST_LIMIT as usize;
+        rows.extend(page);
+        if done {
+            break;
+        }
+    }
+    let mut out = String::new();
+    for u in uris {
+        let at = uri(u);
+        let touches = |p: &CtxUri| at.is_within(p) || p.is_within(&at);
+        out.push_str(&format!(
+            "{u}: source {:?}\n",
+            env.store
+                .versions(std::slice::from_ref(&at))
+                .expect("versions")
+        ));
+        for r in &rows {
+            let hit = match &r.event.payload {
+                EventPayload::UpsertContext(p) => touches(&p.uri),
+                EventPayload::DeleteContext(p) => touches(&p.uri),
+                EventPayload::MoveContext(p) => touches(&p.from_uri) || touches(&p.to_uri),
+                _ => false,
+            };
+            if hit {
+                out.push_str(&format!(
+                    "  seq {} {:?} -> {:?} retries {}\n",
+                    r.event.seq, r.event.payload, r.delivery.status, r.delivery.retry_count
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Missing, extra and stale records of `got` against `want`.
 pub(crate) fn diff(
     want: &BTreeMap<String, IndexRecord>,
@@ -1033,7 +1085,8 @@ fn converge(backend: Backend, seed: u64, writes: usize, tally: &Arc<Tally>) {
             let (missing, extra, stale) = diff(&want, &got);
             assert!(
                 missing.is_empty() && extra.is_empty() && stale.is_empty(),
-                "seed {seed}, {phase}, {name}: missing {missing:?} extra {extra:?} stale {stale:?}"
+                "seed {seed}, {phase}, {name}: missing {missing:?} extra {extra:?} stale {stale:?}\n{}",
+                history(&env, name, missing.iter().chain(&extra).chain(&stale))
             );
         }
         let edges = relation_index.list_under(&CtxUri::root()).expect("edges");
