@@ -59,6 +59,15 @@ pub(super) struct NodeApplier<'a> {
     pub cfg: &'a WorkerConfig,
 }
 
+/// What the index writes of one pass applied.
+#[derive(Default)]
+struct Written {
+    /// The syncs: URI and version written.
+    synced: Vec<(CtxUri, u64)>,
+    /// The purges.
+    purged: Vec<CtxUri>,
+}
+
 /// A node to write once its embeddings are ready.
 struct PendingNode {
     node: ContextNode,
@@ -120,7 +129,11 @@ impl NodeApplier<'_> {
     /// - a node removed or moved away meanwhile gets its removal written now: the event that
     ///   removed it may already have been applied before our write landed, and its subtree
     ///   sync cannot see a node the index did not hold yet, so no later event would revisit
-    ///   the URI.
+    ///   the URI;
+    /// - a URI purged (the source had never held it when read) that the source now holds live
+    ///   is synced again: a purge is not ordered by versions, so if the node was created after
+    ///   our read and another worker applied its event before our purge landed, the purge
+    ///   removed what that sync wrote, and no later event would restore it.
     fn sync_nodes(
         &self,
         uris: &[CtxUri],
@@ -294,16 +307,25 @@ impl NodeApplier<'_> {
                 None => counts.superseded += 1,
             }
         }
-        let written = self.write_all(writes, failed, counts);
+        let Written { synced, purged } = self.write_all(writes, failed, counts);
 
         // Read after write (see above).
-        if written.is_empty() {
+        let created = super::live_now(self.source, purged)?;
+        if !created.is_empty() {
+            debug!(
+                uris = created.len(),
+                "purged nodes created meanwhile: syncing again"
+            );
+            // They existed by now, so this sync can purge none of them again.
+            self.sync_nodes(&created, &[], failed, counts)?;
+        }
+        if synced.is_empty() {
             return Ok(());
         }
-        let uris: Vec<CtxUri> = written.iter().map(|(u, _)| u.clone()).collect();
+        let uris: Vec<CtxUri> = synced.iter().map(|(u, _)| u.clone()).collect();
         let now = self.source.versions(&uris)?;
         let mut removals: Vec<NodeWrite> = Vec::new();
-        for ((u, v), now) in written.into_iter().zip(now) {
+        for ((u, v), now) in synced.into_iter().zip(now) {
             if now == UriVersion::Live(v) {
                 continue;
             }
@@ -321,15 +343,14 @@ impl NodeApplier<'_> {
         Ok(())
     }
 
-    /// Writes `writes` in chunks of `upsert_batch_size` records; returns the syncs applied
-    /// (URI and version written).
+    /// Writes `writes` in chunks of `upsert_batch_size` records; returns what was applied.
     fn write_all(
         &self,
         writes: Vec<NodeWrite>,
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut ChangeCounts,
-    ) -> Vec<(CtxUri, u64)> {
-        let mut written: Vec<(CtxUri, u64)> = Vec::new();
+    ) -> Written {
+        let mut written = Written::default();
         let removal_cost = usize::from(!self.target.bulk_removals());
         for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size, removal_cost) {
             self.write_chunk(chunk, &mut written, failed, counts);
@@ -361,21 +382,22 @@ impl NodeApplier<'_> {
     }
 
     /// Applies one batched index write (split when refused for good, see [`bisect`]); syncs
-    /// applied go to `written`.
+    /// and purges applied go to `written`.
     fn write_chunk(
         &self,
         writes: Vec<NodeWrite>,
-        written: &mut Vec<(CtxUri, u64)>,
+        written: &mut Written,
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut ChangeCounts,
     ) {
         let kind = self.target.kind();
         let _s = kind.write_span(writes.len());
-        let keys: Vec<(CtxUri, Option<u64>)> = writes
+        let keys: Vec<(CtxUri, Option<u64>, bool)> = writes
             .iter()
             .map(|w| match w {
-                NodeWrite::Sync { uri, version, .. } => (uri.clone(), Some(*version)),
-                _ => (w.uri().clone(), None),
+                NodeWrite::Sync { uri, version, .. } => (uri.clone(), Some(*version), false),
+                NodeWrite::Remove { uri, .. } => (uri.clone(), None, false),
+                NodeWrite::Purge { uri } => (uri.clone(), None, true),
             })
             .collect();
         ce_core::failpoint::hit("worker.after_embed");
@@ -384,10 +406,15 @@ impl NodeApplier<'_> {
         };
         let outcomes = bisect::call_split(writes, &mut call, &self.cfg.consumer, "write");
         ce_core::failpoint::hit("worker.after_index_write");
-        for ((uri, synced), outcome) in keys.into_iter().zip(outcomes) {
+        for ((uri, synced, purge), outcome) in keys.into_iter().zip(outcomes) {
             match (outcome.and_then(|o| o.map_err(WorkError::from)), synced) {
-                (Ok(SyncOutcome::Applied), Some(v)) => written.push((uri, v)),
-                (Ok(SyncOutcome::Applied), None) => counts.removed += 1,
+                (Ok(SyncOutcome::Applied), Some(v)) => written.synced.push((uri, v)),
+                (Ok(SyncOutcome::Applied), None) => {
+                    counts.removed += 1;
+                    if purge {
+                        written.purged.push(uri);
+                    }
+                }
                 (Ok(SyncOutcome::Stale), _) => counts.stale += 1,
                 (Err(e), _) => {
                     warn!(uri = %uri, error = %e, "{} write failed", kind.name());

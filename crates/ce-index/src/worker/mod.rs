@@ -149,6 +149,28 @@ fn each_callback(
     }
 }
 
+/// The URIs of `purged` that the source now holds live. A purge removes what an index holds
+/// for a URI the source had never stored when the worker read it, whatever the versions: if
+/// the URI was created since and another worker applied its event before the purge landed,
+/// the purge removed that worker's write, and only a sync by the purging worker restores it
+/// (found by the convergence simulation: a `purge_missing` of a URI, delayed by retries,
+/// applied just after the URI's creation was).
+fn live_now(
+    source: &dyn SourceStore,
+    purged: Vec<ce_core::CtxUri>,
+) -> Result<Vec<ce_core::CtxUri>, WorkError> {
+    if purged.is_empty() {
+        return Ok(purged);
+    }
+    let now = source.versions(&purged)?;
+    Ok(purged
+        .into_iter()
+        .zip(now)
+        .filter(|(_, v)| matches!(v, ce_store::UriVersion::Live(_)))
+        .map(|(u, _)| u)
+        .collect())
+}
+
 /// What a worker writes to, and how a batch is applied to it.
 enum Sink {
     /// Node records (vector, keyword): project, embed when the target uses vectors, write

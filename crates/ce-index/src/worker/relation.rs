@@ -25,6 +25,9 @@
 //!    *superseded*, not synced again: a content write does not change edges, and every change
 //!    that does (an edge change bumps the relation version, a removal and re-creation) appended
 //!    an event for this consumer in its own transaction (OB1), which reads the newer state.
+//!    An owner purged that the source now holds live is synced again too: a purge ignores
+//!    versions, so it may have removed the edges another worker wrote for the owner created
+//!    after this worker's read (`super::live_now`).
 //!
 //! Failures are per owner: an owner whose read or write failed fails the operations that
 //! include it, and only the events needing those operations are retried. A batched write
@@ -190,14 +193,17 @@ impl RelationApplier<'_> {
     ) -> Result<(), WorkError> {
         let mut pending = owners.to_vec();
         for _ in 0..READ_ROUNDS {
-            let written = self.sync_once(&pending, failed, counts)?;
+            let mut purged = Vec::new();
+            let written = self.sync_once(&pending, failed, counts, &mut purged)?;
             pending = self.gone_since(&written, counts)?;
+            pending.extend(super::live_now(self.source, purged)?);
             if pending.is_empty() {
                 return Ok(());
             }
             debug!(
                 owners = pending.len(),
-                "owners removed after their edges were written: syncing again"
+                "owners removed after their edges were written, or created after their purge: \
+                 syncing again"
             );
         }
         for u in pending {
@@ -235,12 +241,14 @@ impl RelationApplier<'_> {
     }
 
     /// One read-and-write pass over `owners`; returns the owners whose edge set it replaced
-    /// (or found already in place), with the node version it wrote at.
+    /// (or found already in place), with the node version it wrote at; the owners it purged
+    /// go to `purged`.
     fn sync_once(
         &self,
         owners: &[CtxUri],
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut RelationCounts,
+        purged: &mut Vec<CtxUri>,
     ) -> Result<Vec<(CtxUri, u64)>, WorkError> {
         let mut writes: Vec<RelationWrite> = Vec::new();
         let mut todo: Vec<CtxUri> = owners.to_vec();
@@ -258,7 +266,7 @@ impl RelationApplier<'_> {
         }
         let mut written = Vec::new();
         for chunk in writes.chunks(WRITE_BATCH) {
-            written.extend(self.write_chunk(chunk.to_vec(), failed, counts));
+            written.extend(self.write_chunk(chunk.to_vec(), failed, counts, purged));
         }
         Ok(written)
     }
@@ -331,23 +339,25 @@ impl RelationApplier<'_> {
     }
 
     /// Applies one batched index write (split when refused for good), counting outcomes;
-    /// failures go to `failed`. Returns
-    /// the replaces that are in place (applied or already there), with their node versions.
+    /// failures go to `failed`, the purges applied to `purged`. Returns the replaces that are
+    /// in place (applied or already there), with their node versions.
     fn write_chunk(
         &self,
         writes: Vec<RelationWrite>,
         failed: &mut HashMap<CtxUri, WorkError>,
         counts: &mut RelationCounts,
+        purged: &mut Vec<CtxUri>,
     ) -> Vec<(CtxUri, u64)> {
         let _s = IndexKind::Relation.write_span(writes.len());
-        let keys: Vec<(CtxUri, Option<u64>)> = writes
+        let keys: Vec<(CtxUri, Option<u64>, bool)> = writes
             .iter()
             .map(|w| {
                 let replaced = match w {
                     RelationWrite::Replace { version, .. } => Some(version.node_version),
                     _ => None,
                 };
-                (w.owner().clone(), replaced)
+                let purge = matches!(w, RelationWrite::Purge { .. });
+                (w.owner().clone(), replaced, purge)
             })
             .collect();
         let mut in_place = Vec::new();
@@ -355,7 +365,7 @@ impl RelationApplier<'_> {
             bisect::index_write(writes, IndexKind::Relation, |w| self.index.write_owners(w))
         };
         let outcomes = bisect::call_split(writes, &mut call, self.consumer, "write");
-        for ((owner, replaced), outcome) in keys.into_iter().zip(outcomes) {
+        for ((owner, replaced, purge), outcome) in keys.into_iter().zip(outcomes) {
             let outcome = outcome.and_then(|o| o.map_err(WorkError::from));
             if let (Some(v), Ok(RelationOutcome::Applied | RelationOutcome::Unchanged)) =
                 (replaced, &outcome)
@@ -364,7 +374,12 @@ impl RelationApplier<'_> {
             }
             match outcome {
                 Ok(RelationOutcome::Applied) if replaced.is_some() => counts.upserted += 1,
-                Ok(RelationOutcome::Applied) => counts.removed += 1,
+                Ok(RelationOutcome::Applied) => {
+                    counts.removed += 1;
+                    if purge {
+                        purged.push(owner);
+                    }
+                }
                 Ok(RelationOutcome::Unchanged) => counts.unchanged += 1,
                 Ok(RelationOutcome::Stale) => counts.stale += 1,
                 Err(e) => {

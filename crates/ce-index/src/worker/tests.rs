@@ -963,3 +963,101 @@ fn a_hot_node_written_by_several_threads_leaves_no_dead_delivery() {
         "the index ends at the last version"
     );
 }
+
+/// A keyword target that runs `before` once, just before the first write holding a purge.
+struct BeforePurge {
+    inner: KeywordTarget,
+    before: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl IndexTarget for BeforePurge {
+    fn kind(&self) -> IndexKind {
+        self.inner.kind()
+    }
+    fn uses_vectors(&self) -> bool {
+        false
+    }
+    fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
+        self.inner.bind_model(model)
+    }
+    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.get(ids)
+    }
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
+        self.inner.vectors(ids)
+    }
+    fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.list_under(uri)
+    }
+    fn write_nodes(
+        &self,
+        writes: Vec<NodeWrite>,
+    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+        if writes.iter().any(|w| matches!(w, NodeWrite::Purge { .. }))
+            && let Some(before) = self.before.lock().expect("hook").take()
+        {
+            before();
+        }
+        self.inner.write_nodes(writes)
+    }
+}
+
+/// The race the convergence simulation found: a worker reads that the source never held
+/// `x` (the `purge_missing` of a URI not created yet) and purges it; meanwhile `x` is created
+/// and another worker applies its event; the purge lands after that sync. The purging worker
+/// must then sync `x` itself — no later event would.
+#[test]
+fn a_purge_that_lands_after_the_uri_was_created_and_synced_is_undone() {
+    use crate::keyword::KeywordIndex as _;
+    use crate::keyword::memory::MemoryKeywordIndex;
+
+    let env = Env::new("keyword");
+    let cfg = |id: &str| WorkerConfig::from_config(&Config::default(), id, "keyword");
+    let index = Arc::new(MemoryKeywordIndex::new());
+    let x = uri("ctx://acc/x");
+    env.store.purge_missing(&x, None).expect("purge_missing");
+    let (store, other, created) = (env.store.clone(), index.clone(), x.clone());
+    let meanwhile = move || {
+        let req = PutRequest {
+            abstract_text: Some("created meanwhile".into()),
+            content: Some("the node the purge must not hide".into()),
+            ..PutRequest::default()
+        };
+        store.put(&created, req).expect("put");
+        let w2 = IndexWorker::for_target(
+            cfg("w2"),
+            store.clone(),
+            Arc::new(KeywordTarget(other.clone())),
+            None,
+            IndexProjector::default(),
+        )
+        .expect("worker");
+        let r = w2.run_once(100).expect("run");
+        assert_eq!((r.claimed, r.failed), (2, 0), "{r:?}");
+        assert!(
+            !other.list_under(&created).expect("list").is_empty(),
+            "w2 synced x"
+        );
+    };
+    let w1 = IndexWorker::for_target(
+        cfg("w1"),
+        env.store.clone(),
+        Arc::new(BeforePurge {
+            inner: KeywordTarget(index.clone()),
+            before: Mutex::new(Some(Box::new(meanwhile))),
+        }),
+        None,
+        IndexProjector::default(),
+    )
+    .expect("worker");
+    let r = w1.run_once(100).expect("run");
+    assert_eq!((r.claimed, r.succeeded), (1, 1), "{r:?}");
+    let held: BTreeMap<String, IndexRecord> = index
+        .list_under(&CtxUri::root())
+        .expect("list")
+        .into_iter()
+        .map(|s| (s.record.id.clone(), s.record))
+        .collect();
+    assert!(!held.is_empty());
+    assert_eq!(held, expected(&env), "x is indexed after the late purge");
+}

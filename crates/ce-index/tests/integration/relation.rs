@@ -33,6 +33,7 @@ backend_tests!(
     a_permanent_write_failure_goes_dead_and_converges_after_requeue,
     bad_input_gets_typed_errors_and_harms_nothing,
     a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan,
+    a_purge_that_lands_after_the_owner_was_created_and_synced_is_undone,
 );
 
 /// A relation index whose writes fail while faults are on: a whole batch, or single writes
@@ -533,4 +534,59 @@ fn a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan(backend: Ba
             .is_empty(),
         "an orphan edge was left under the moved-away URI"
     );
+}
+
+/// The purge race (`worker::live_now`): worker A reads that the source never held `x` (the
+/// `purge_missing` of a URI not created yet) and purges it; between that read and the purge,
+/// `x` is created with an edge and worker B applies it. A must then sync `x` again: its purge
+/// removed B's write, and no later event would restore it.
+fn a_purge_that_lands_after_the_owner_was_created_and_synced_is_undone(backend: Backend) {
+    let env = env(backend);
+    let inner: Arc<dyn RelationIndex> = Arc::new(MemoryRelationIndex::new());
+    let x = uri("ctx://a/x");
+    env.store.purge_missing(&x, None).expect("purge_missing");
+    let b = worker(&env, inner.clone(), "b");
+    let store = env.store.clone();
+    let once = std::sync::Once::new();
+    let created = x.clone();
+    let hooked = WrappedRelations::new(inner.clone(), move |inner, writes| {
+        if writes
+            .iter()
+            .any(|w| matches!(w, RelationWrite::Purge { .. }))
+        {
+            once.call_once(|| {
+                for u in [created.as_str(), "ctx://a/t"] {
+                    let req = PutRequest {
+                        content: Some(format!("content of {u}")),
+                        ..PutRequest::default()
+                    };
+                    store.put(&uri(u), req).expect("put");
+                }
+                store
+                    .link(LinkRequest {
+                        from: created.clone(),
+                        to: uri("ctx://a/t"),
+                        relation_type: "refers".into(),
+                        weight: 1.0,
+                        reason: String::new(),
+                        trace_id: None,
+                    })
+                    .expect("link");
+                b.run_once(100).expect("worker b");
+                assert!(
+                    !inner.list_under(&created).expect("list").is_empty(),
+                    "B wrote x's edge"
+                );
+            });
+        }
+        inner.write_owners(writes)
+    });
+    let a = worker(&env, hooked, "a");
+    let done = a.run_once(100).expect("worker a");
+    assert_eq!((done.claimed, done.failed), (1, 0), "{done:?}");
+    assert!(
+        !inner.list_under(&x).expect("list").is_empty(),
+        "the late purge left x without its edge"
+    );
+    assert_converged(&env, inner.as_ref(), "after the late purge");
 }
