@@ -764,37 +764,60 @@ fn rate_limits_and_timeouts_are_never_split() {
     }
 }
 
-/// A vector target whose batched writes are refused for good (a non-retryable index error)
-/// whenever they hold a node whose URI contains "poison".
-struct RefusingTarget(VectorTarget);
+/// The write step of a [`HookedTarget`].
+type WriteHook = dyn Fn(&dyn IndexTarget, Vec<NodeWrite>) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
+    + Send
+    + Sync;
 
-impl IndexTarget for RefusingTarget {
+/// A target whose batched writes go through `write`; every other call goes straight to
+/// `inner`.
+struct HookedTarget {
+    inner: Arc<dyn IndexTarget>,
+    write: Box<WriteHook>,
+}
+
+impl HookedTarget {
+    fn new(
+        inner: Arc<dyn IndexTarget>,
+        write: impl Fn(
+            &dyn IndexTarget,
+            Vec<NodeWrite>,
+        ) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Arc<Self> {
+        Arc::new(HookedTarget {
+            inner,
+            write: Box::new(write),
+        })
+    }
+}
+
+impl IndexTarget for HookedTarget {
     fn kind(&self) -> IndexKind {
-        self.0.kind()
+        self.inner.kind()
     }
     fn uses_vectors(&self) -> bool {
-        true
+        self.inner.uses_vectors()
     }
     fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
-        self.0.bind_model(model)
+        self.inner.bind_model(model)
     }
     fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        self.0.get(ids)
+        self.inner.get(ids)
     }
     fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
-        self.0.vectors(ids)
+        self.inner.vectors(ids)
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
-        self.0.list_under(uri)
+        self.inner.list_under(uri)
     }
     fn write_nodes(
         &self,
         writes: Vec<NodeWrite>,
     ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
-        if let Some(w) = writes.iter().find(|w| w.uri().as_str().contains("poison")) {
-            return Err(IndexError::Corrupt(format!("cannot store {}", w.uri())));
-        }
-        self.0.write_nodes(writes)
+        (self.write)(self.inner.as_ref(), writes)
     }
 }
 
@@ -807,7 +830,14 @@ fn a_refused_batched_write_fails_only_the_refused_nodes() {
     let w = IndexWorker::for_target(
         cfg,
         env.store.clone(),
-        Arc::new(RefusingTarget(VectorTarget(index.clone()))),
+        // Batched writes holding a node whose URI contains "poison" are refused for good (a
+        // non-retryable index error).
+        HookedTarget::new(Arc::new(VectorTarget(index.clone())), |inner, writes| {
+            if let Some(w) = writes.iter().find(|w| w.uri().as_str().contains("poison")) {
+                return Err(IndexError::Corrupt(format!("cannot store {}", w.uri())));
+            }
+            inner.write_nodes(writes)
+        }),
         Some(TestEmbedder::new()),
         IndexProjector::default(),
     )
@@ -964,44 +994,6 @@ fn a_hot_node_written_by_several_threads_leaves_no_dead_delivery() {
     );
 }
 
-/// A keyword target that runs `before` once, just before the first write holding a purge.
-struct BeforePurge {
-    inner: KeywordTarget,
-    before: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl IndexTarget for BeforePurge {
-    fn kind(&self) -> IndexKind {
-        self.inner.kind()
-    }
-    fn uses_vectors(&self) -> bool {
-        false
-    }
-    fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
-        self.inner.bind_model(model)
-    }
-    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        self.inner.get(ids)
-    }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
-        self.inner.vectors(ids)
-    }
-    fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
-        self.inner.list_under(uri)
-    }
-    fn write_nodes(
-        &self,
-        writes: Vec<NodeWrite>,
-    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
-        if writes.iter().any(|w| matches!(w, NodeWrite::Purge { .. }))
-            && let Some(before) = self.before.lock().expect("hook").take()
-        {
-            before();
-        }
-        self.inner.write_nodes(writes)
-    }
-}
-
 /// The race the convergence simulation found: a worker reads that the source never held
 /// `x` (the `purge_missing` of a URI not created yet) and purges it; meanwhile `x` is created
 /// and another worker applies its event; the purge lands after that sync. The purging worker
@@ -1017,6 +1009,7 @@ fn a_purge_that_lands_after_the_uri_was_created_and_synced_is_undone() {
     let x = uri("ctx://acc/x");
     env.store.purge_missing(&x, None).expect("purge_missing");
     let (store, other, created) = (env.store.clone(), index.clone(), x.clone());
+    let once = std::sync::Once::new();
     let meanwhile = move || {
         let req = PutRequest {
             abstract_text: Some("created meanwhile".into()),
@@ -1042,10 +1035,16 @@ fn a_purge_that_lands_after_the_uri_was_created_and_synced_is_undone() {
     let w1 = IndexWorker::for_target(
         cfg("w1"),
         env.store.clone(),
-        Arc::new(BeforePurge {
-            inner: KeywordTarget(index.clone()),
-            before: Mutex::new(Some(Box::new(meanwhile))),
-        }),
+        // Just before the purge is written: x is created and another worker syncs it.
+        HookedTarget::new(
+            Arc::new(KeywordTarget(index.clone())),
+            move |inner, writes| {
+                if writes.iter().any(|w| matches!(w, NodeWrite::Purge { .. })) {
+                    once.call_once(&meanwhile);
+                }
+                inner.write_nodes(writes)
+            },
+        ),
         None,
         IndexProjector::default(),
     )

@@ -472,6 +472,29 @@ fn read_prefix(path: &Path) -> Vec<u8> {
     std::fs::read(path).expect("read")
 }
 
+/// Puts a node at `u` with some content.
+fn put_content(store: &Store, u: &str) {
+    let req = PutRequest {
+        content: Some(format!("content of {u}")),
+        ..PutRequest::default()
+    };
+    store.put(&uri(u), req).expect("put");
+}
+
+/// Links `from` to `to` with a `refers` edge.
+fn refers(store: &Store, from: &str, to: &str) {
+    store
+        .link(LinkRequest {
+            from: uri(from),
+            to: uri(to),
+            relation_type: "refers".into(),
+            weight: 1.0,
+            reason: String::new(),
+            trace_id: None,
+        })
+        .expect("link");
+}
+
 /// Found by the crash sweep: worker A applies a move `w → wm` and reads the moved owners;
 /// before its write lands, the subtree moves back and worker B applies that move — B cannot
 /// see, under `wm`, the edges A is about to write there. A's write then lands under `wm`; A
@@ -479,25 +502,9 @@ fn read_prefix(path: &Path) -> Vec<u8> {
 fn a_move_back_applied_between_a_read_and_its_write_leaves_no_orphan(backend: Backend) {
     let env = env(backend);
     let inner: Arc<dyn RelationIndex> = Arc::new(MemoryRelationIndex::new());
-    let put = |u: &str| {
-        let req = PutRequest {
-            content: Some(format!("content of {u}")),
-            ..PutRequest::default()
-        };
-        env.store.put(&uri(u), req).expect("put");
-    };
-    put("ctx://a/w/n");
-    put("ctx://a/t");
-    env.store
-        .link(LinkRequest {
-            from: uri("ctx://a/w/n"),
-            to: uri("ctx://a/t"),
-            relation_type: "refers".into(),
-            weight: 1.0,
-            reason: String::new(),
-            trace_id: None,
-        })
-        .expect("link");
+    put_content(&env.store, "ctx://a/w/n");
+    put_content(&env.store, "ctx://a/t");
+    refers(&env.store, "ctx://a/w/n", "ctx://a/t");
     worker(&env, inner.clone(), "setup")
         .run_once(100)
         .expect("setup");
@@ -555,23 +562,9 @@ fn a_purge_that_lands_after_the_owner_was_created_and_synced_is_undone(backend: 
             .any(|w| matches!(w, RelationWrite::Purge { .. }))
         {
             once.call_once(|| {
-                for u in [created.as_str(), "ctx://a/t"] {
-                    let req = PutRequest {
-                        content: Some(format!("content of {u}")),
-                        ..PutRequest::default()
-                    };
-                    store.put(&uri(u), req).expect("put");
-                }
-                store
-                    .link(LinkRequest {
-                        from: created.clone(),
-                        to: uri("ctx://a/t"),
-                        relation_type: "refers".into(),
-                        weight: 1.0,
-                        reason: String::new(),
-                        trace_id: None,
-                    })
-                    .expect("link");
+                put_content(&store, created.as_str());
+                put_content(&store, "ctx://a/t");
+                refers(&store, created.as_str(), "ctx://a/t");
                 b.run_once(100).expect("worker b");
                 assert!(
                     !inner.list_under(&created).expect("list").is_empty(),
