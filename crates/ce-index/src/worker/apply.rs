@@ -183,15 +183,21 @@ impl NodeApplier<'_> {
                 }
             }
             let records = projection.records;
-            let same_set = ce_core::Level::ALL.iter().all(|l| {
-                let id = ce_core::stable_hash(node.uri.as_str(), l.as_u8());
-                let new = records.iter().find(|r| r.level == *l);
-                match (new, stored.get(&id)) {
-                    (None, None) => true,
-                    (Some(r), Some((s, v))) => *v == node.version && r == s,
-                    _ => false,
-                }
-            });
+            // A node without records (a container) is written even when the index holds none
+            // for it: only a write records its version (VX1), and without it an older write of
+            // the node's records still in flight could land after this one (found by the
+            // convergence simulation: a container re-created at the URI of a moved node kept
+            // the records that node had before the move).
+            let same_set = !records.is_empty()
+                && ce_core::Level::ALL.iter().all(|l| {
+                    let id = ce_core::stable_hash(node.uri.as_str(), l.as_u8());
+                    let new = records.iter().find(|r| r.level == *l);
+                    match (new, stored.get(&id)) {
+                        (None, None) => true,
+                        (Some(r), Some((s, v))) => *v == node.version && r == s,
+                        _ => false,
+                    }
+                });
             if same_set {
                 counts.unchanged += 1;
                 continue;

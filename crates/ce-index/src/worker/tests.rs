@@ -558,8 +558,9 @@ fn error_matrix() {
     let w = worker(&env, TestEmbedder::new(), index.clone(), "w1");
     put(&env, "ctx://acc/x", "text", "");
     let r = w.run_once(100).expect("run");
-    // The container ctx://acc has no text, so it needs no write and succeeds.
-    assert_eq!((r.retried, r.succeeded), (1, 1));
+    // The container ctx://acc has no text, but its write records its version (VX1): both
+    // events retry.
+    assert_eq!((r.retried, r.succeeded), (2, 0));
     index.failing.store(false, Ordering::SeqCst);
     drain(&env, &w);
     assert_eq!(actual(index.as_ref()), expected(&env));
@@ -1059,4 +1060,72 @@ fn a_purge_that_lands_after_the_uri_was_created_and_synced_is_undone() {
         .collect();
     assert!(!held.is_empty());
     assert_eq!(held, expected(&env), "x is indexed after the late purge");
+}
+
+/// The race the convergence simulation found next: worker A reads node `c/d` with text and
+/// is slow to write it; meanwhile `c/d` is moved away and a container is created at its URI,
+/// and worker B applies both. B's write of the container (no records, and the index held none
+/// for `c/d`) must record its version, so that A's older write, landing last, is refused.
+#[test]
+fn an_older_write_landing_after_a_container_took_the_uri_is_refused() {
+    use crate::keyword::KeywordIndex as _;
+    use crate::keyword::memory::MemoryKeywordIndex;
+
+    let env = Env::new("keyword");
+    let cfg = |id: &str| WorkerConfig::from_config(&Config::default(), id, "keyword");
+    let index = Arc::new(MemoryKeywordIndex::new());
+    let keyword = |id: &str, target: Arc<dyn IndexTarget>| {
+        IndexWorker::for_target(
+            cfg(id),
+            env.store.clone(),
+            target,
+            None,
+            IndexProjector::default(),
+        )
+        .expect("worker")
+    };
+    // c/d starts as a container (created with c/d/z), then gets text.
+    put(&env, "ctx://acc/c/d/z", "z", "z");
+    drain(&env, &keyword("w0", Arc::new(KeywordTarget(index.clone()))));
+    put(&env, "ctx://acc/c/d", "d's abstract", "d's content");
+    let store = env.store.clone();
+    let b = keyword("b", Arc::new(KeywordTarget(index.clone())));
+    let once = std::sync::Once::new();
+    let d = uri("ctx://acc/c/d");
+    let a = keyword(
+        "a",
+        // Just before A writes c/d: the move, the container, and B applying them.
+        HookedTarget::new(
+            Arc::new(KeywordTarget(index.clone())),
+            move |inner, writes| {
+                if writes.iter().any(|w| w.uri() == &d) {
+                    once.call_once(|| {
+                        store.mv(&d, &uri("ctx://acc/c/x"), None).expect("mv");
+                        let req = PutRequest {
+                            content: Some("b".into()),
+                            ..PutRequest::default()
+                        };
+                        store.put(&uri("ctx://acc/c/d/b"), req).expect("put");
+                        let r = b.run_once(100).expect("b");
+                        assert_eq!(r.failed, 0, "{r:?}");
+                    });
+                }
+                inner.write_nodes(writes)
+            },
+        ),
+    );
+    let r = a.run_once(100).expect("a");
+    assert_eq!((r.claimed, r.failed), (1, 0), "{r:?}");
+    let held: BTreeMap<String, IndexRecord> = index
+        .list_under(&CtxUri::root())
+        .expect("list")
+        .into_iter()
+        .map(|s| (s.record.id.clone(), s.record))
+        .collect();
+    assert!(!held.is_empty(), "the index holds the moved node");
+    assert_eq!(
+        held,
+        expected(&env),
+        "no record of the moved node is left at c/d"
+    );
 }
