@@ -59,7 +59,7 @@ use self::fresh::Fresh;
 use self::schema::sql;
 use self::table::{KeyTable, Row};
 use super::rules::{
-    check_binding, check_query, check_vector, cosine, metadata_version, missing_vector,
+    check_binding, check_kept, check_query, check_vector, cosine, metadata_version, missing_vector,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
@@ -422,8 +422,11 @@ impl<'c> WriteTx<'c> {
         for NodeRecord { record, vector } in records {
             let vector = match vector {
                 Some(v) => v,
-                None => match schema::key_and_vector(self.tx, &record.id)? {
-                    Some((_, bytes)) => schema::decode_vector(&bytes)?,
+                None => match schema::vector_and_text_hash(self.tx, &record.id)? {
+                    Some((bytes, stored)) => {
+                        check_kept(stored.as_deref(), &record)?;
+                        schema::decode_vector(&bytes)?
+                    }
                     None => return Err(missing_vector(&record)),
                 },
             };

@@ -10,7 +10,8 @@ use ce_core::{CtxUri, IndexRecord};
 use ce_embed::ModelIdentity;
 
 use super::rules::{
-    check_binding, check_query, check_vector, cosine, metadata_version, missing_vector, rank,
+    check_binding, check_kept, check_query, check_vector, cosine, metadata_version, missing_vector,
+    rank, text_hash,
 };
 use super::{
     NodeRecord, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
@@ -184,11 +185,14 @@ impl VectorIndex for MemoryVectorIndex {
         for NodeRecord { record, vector } in records {
             let vector = match vector {
                 Some(v) => v,
-                None => s
-                    .records
-                    .get(&record.id)
-                    .map(|e| e.vector.clone())
-                    .ok_or_else(|| missing_vector(&record))?,
+                None => {
+                    let e = s
+                        .records
+                        .get(&record.id)
+                        .ok_or_else(|| missing_vector(&record))?;
+                    check_kept(text_hash(&e.record), &record)?;
+                    e.vector.clone()
+                }
             };
             check_vector(&record.id, &vector, s.model.as_ref(), dim)?;
             dim = Some(vector.len());

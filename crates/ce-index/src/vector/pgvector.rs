@@ -73,7 +73,7 @@ use serde_json::Value;
 
 use super::embedded::{SearchPlan, SearchReport, SearchStrategy};
 use super::rules::{
-    check_binding, check_query, check_vector, metadata_version, missing_vector, rank,
+    check_binding, check_kept, check_query, check_vector, metadata_version, missing_vector, rank,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
@@ -674,23 +674,27 @@ impl WriteTx<'_, '_> {
             .filter(|r| r.vector.is_none())
             .map(|r| r.record.id.as_str())
             .collect();
-        let stored: Vec<String> = if kept.is_empty() {
-            Vec::new()
+        // Each kept id with its stored record's text hash.
+        let stored: HashMap<String, Option<String>> = if kept.is_empty() {
+            HashMap::new()
         } else {
             self.tx
                 .query(
-                    "SELECT id FROM ce_vector_records WHERE id = ANY($1)",
+                    "SELECT id, (record::jsonb)->'metadata'->>'content_hash'
+                     FROM ce_vector_records WHERE id = ANY($1)",
                     &[&kept],
                 )?
                 .iter()
-                .map(|r| col(r, 0))
+                .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
                 .collect::<Result<_>>()?
         };
         for r in records {
             match &r.vector {
                 Some(v) => self.check_vector(&r.record.id, v)?,
-                None if stored.contains(&r.record.id) => {}
-                None => return Err(missing_vector(&r.record)),
+                None => match stored.get(&r.record.id) {
+                    Some(hash) => check_kept(hash.as_deref(), &r.record)?,
+                    None => return Err(missing_vector(&r.record)),
+                },
             }
         }
         let ids: Vec<&str> = records.iter().map(|r| r.record.id.as_str()).collect();

@@ -110,6 +110,28 @@ pub(super) fn check_binding(
     Ok(())
 }
 
+/// The text hash a record's metadata carries (`content_hash`, set by the projector).
+pub(super) fn text_hash(r: &IndexRecord) -> Option<&str> {
+    r.metadata.get("content_hash").and_then(|v| v.as_str())
+}
+
+/// Checks that a payload-only update (`vector: None`) of `new` may keep the vector stored
+/// for its id, whose record's text hash is `stored`: not when the stored record is of another
+/// text. The worker planned the update when the stored text was `new`'s; an older write of the
+/// node that landed since (another worker's, admitted by VX1 as newer than what was stored)
+/// holds another text's vector, which the new text must not keep. Retryable: the worker plans
+/// again and embeds (found by the convergence simulation, 2026-12-05).
+pub(super) fn check_kept(stored: Option<&str>, new: &IndexRecord) -> Result<()> {
+    match (stored, text_hash(new)) {
+        (Some(s), Some(n)) if s != n => Err(IndexError::Raced(format!(
+            "record {} ({} level {}) holds the vector of another text now (rewritten since it \
+             was read): embed its text",
+            new.id, new.uri, new.level
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The error of a payload-only update (`vector: None`) for a record with no stored vector:
 /// the worker planned it from a stored vector that another worker has since moved or removed
 /// (back-to-back moves of one subtree on two workers), so it is retried and planned again.

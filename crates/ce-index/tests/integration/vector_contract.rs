@@ -628,6 +628,71 @@ fn payload_only_sync_keeps_the_stored_vector() {
     });
 }
 
+/// A payload-only write keeps the stored vector only while the stored record is of the same
+/// text: the worker planned it from a read of the index, and an older write of the node that
+/// landed since (admitted as newer than what was stored) holds another text's vector. Both
+/// the per-node path (`sync_node`) and the batched one (`write_nodes`) refuse it, retryably,
+/// and write nothing.
+#[test]
+fn a_payload_only_write_does_not_keep_the_vector_of_another_text() {
+    each_index(|name, idx| {
+        let u = "ctx://a/notes/k";
+        let node = uri(u);
+        let of_text = |text: &str, vector: Option<Vec<f32>>| {
+            let mut r = nr(u, 0, vector);
+            r.record.text = text.into();
+            r.record
+                .metadata
+                .insert("content_hash".into(), json!(ce_core::sha256_tagged(text)));
+            r
+        };
+        idx.sync_node(&node, 1, vec![of_text("first text", Some(unit(21, DIM)))])
+            .expect("v1");
+        // The older write of another text lands.
+        idx.sync_node(&node, 2, vec![of_text("second text", Some(unit(22, DIM)))])
+            .expect("v2");
+        let before = snapshot(idx);
+        // Planned when the stored text was "first text": refused, nothing written.
+        let err = idx
+            .sync_node(&node, 3, vec![of_text("first text", None)])
+            .expect_err("another text's vector");
+        assert!(err.is_retryable(), "{name}: {err}");
+        assert_eq!(err.code(), ErrorCode::VersionConflict, "{name}: {err}");
+        let batched = idx
+            .write_nodes(vec![NodeWrite::Sync {
+                uri: node.clone(),
+                version: 3,
+                records: vec![of_text("first text", None)],
+            }])
+            .expect("batch");
+        let err = batched[0]
+            .as_ref()
+            .expect_err("batched: another text's vector");
+        assert!(err.is_retryable(), "{name}: {err}");
+        assert_eq!(
+            snapshot(idx),
+            before,
+            "{name}: the refused writes wrote nothing"
+        );
+        // The same text keeps its vector.
+        assert_eq!(
+            idx.sync_node(&node, 3, vec![of_text("second text", None)])
+                .expect("v3"),
+            SyncOutcome::Applied,
+            "{name}"
+        );
+        let hit = &idx
+            .search(&unit(22, DIM), &SearchFilter::default(), 1)
+            .expect("search")[0];
+        assert_eq!(hit.record.text, "second text", "{name}");
+        assert!(
+            hit.score > 0.999,
+            "{name}: the vector is kept ({})",
+            hit.score
+        );
+    });
+}
+
 /// A corpus exercising every filter field.
 fn filter_corpus(idx: &dyn VectorIndex) -> Vec<VectorRecord> {
     let specs: [(&str, &[(&str, serde_json::Value)]); 8] = [

@@ -240,6 +240,19 @@ pub(super) fn key_and_vector(c: &Connection, id: &str) -> Result<Option<(u64, Ve
         .map_err(sql)
 }
 
+/// The vector stored for `id` and its record's text hash (`metadata.content_hash`), for a
+/// payload-only update that keeps the vector ([`crate::vector::rules::check_kept`]).
+pub(super) fn vector_and_text_hash(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<(Vec<u8>, Option<String>)>> {
+    c.prepare_cached(
+        "SELECT vector, json_extract(record, '$.metadata.content_hash') FROM records WHERE id = ?1",
+    )
+    .and_then(|mut s| s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+    .map_err(sql)
+}
+
 /// Deletes the row with `id`, returning its key.
 pub(super) fn delete_row(c: &Connection, id: &str) -> Result<Option<u64>> {
     c.prepare_cached("DELETE FROM records WHERE id = ?1 RETURNING key")

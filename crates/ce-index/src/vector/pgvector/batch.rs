@@ -29,13 +29,17 @@ use ce_core::{CtxUri, IndexRecord};
 use super::{NodeRecord, NodeWrite, PgVector, SyncOutcome, WriteTx, col, pairs_of};
 use crate::error::{IndexError, Result};
 use crate::records::{SeenVersion, check_node_records, to_i64};
-use crate::vector::rules::{check_vector, missing_vector};
+use crate::vector::rules::{check_kept, check_vector, missing_vector, text_hash};
 
 /// A row of the working set.
 #[derive(Debug, Clone, Copy)]
 enum Row<'a> {
-    /// As stored when the batch began, on node `uri`.
-    Stored { uri: &'a str },
+    /// As stored when the batch began, on node `uri`; `text_hash`: its record's text hash,
+    /// read for the ids the batch may keep the vector of.
+    Stored {
+        uri: &'a str,
+        text_hash: Option<&'a str>,
+    },
     /// Written with a vector of the batch.
     Put {
         record: &'a IndexRecord,
@@ -50,9 +54,18 @@ enum Row<'a> {
 }
 
 impl<'a> Row<'a> {
+    /// The text hash of the row's record (a payload-only write may keep its vector only for
+    /// the same text, [`check_kept`]).
+    fn text_hash(&self) -> Option<&'a str> {
+        match *self {
+            Row::Stored { text_hash, .. } => text_hash,
+            Row::Put { record, .. } | Row::Rewritten { record, .. } => text_hash(record),
+        }
+    }
+
     fn uri(&self) -> &'a str {
         match *self {
-            Row::Stored { uri } => uri,
+            Row::Stored { uri, .. } => uri,
             Row::Put { record, .. } | Row::Rewritten { record, .. } => record.uri.as_str(),
         }
     }
@@ -78,7 +91,7 @@ pub(super) struct Plan<'a> {
 /// Strings read from the database, owned here so the plan can borrow them.
 #[derive(Debug, Default)]
 pub(super) struct Loaded {
-    rows: Vec<(String, String)>,
+    rows: Vec<(String, String, Option<String>)>,
     seen: Vec<(String, SeenVersion)>,
 }
 
@@ -102,13 +115,25 @@ impl Loaded {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        let kept: Vec<&str> = writes
+            .iter()
+            .filter_map(|nw| match nw {
+                NodeWrite::Sync { records, .. } => Some(records),
+                _ => None,
+            })
+            .flatten()
+            .filter(|r| r.vector.is_none())
+            .map(|r| r.record.id.as_str())
+            .collect();
         let rows =
             w.tx.query(
-                "SELECT id, uri FROM ce_vector_records WHERE uri = ANY($1) OR id = ANY($2)",
-                &[&uris, &ids],
+                "SELECT id, uri, CASE WHEN id = ANY($3)
+                     THEN (record::jsonb)->'metadata'->>'content_hash' END
+                 FROM ce_vector_records WHERE uri = ANY($1) OR id = ANY($2)",
+                &[&uris, &ids, &kept],
             )?
             .iter()
-            .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+            .map(|r| Ok((col(r, 0)?, col(r, 1)?, col(r, 2)?)))
             .collect::<Result<_>>()?;
         let seen =
             w.tx.query(
@@ -134,8 +159,14 @@ impl<'a> Plan<'a> {
     /// The working set as `loaded` read it.
     pub(super) fn new(loaded: &'a Loaded) -> Plan<'a> {
         let mut plan = Plan::default();
-        for (id, uri) in &loaded.rows {
-            plan.rows.insert(id, Row::Stored { uri });
+        for (id, uri, text_hash) in &loaded.rows {
+            plan.rows.insert(
+                id,
+                Row::Stored {
+                    uri,
+                    text_hash: text_hash.as_deref(),
+                },
+            );
             plan.by_uri.entry(uri).or_default().insert(id);
             plan.stored.insert(id);
         }
@@ -220,8 +251,10 @@ impl<'a> Plan<'a> {
         for r in records {
             match &r.vector {
                 Some(v) => check_vector(&r.record.id, v, w.model.as_ref(), w.dimension)?,
-                None if self.rows.contains_key(r.record.id.as_str()) => {}
-                None => return Err(missing_vector(&r.record)),
+                None => match self.rows.get(r.record.id.as_str()) {
+                    Some(row) => check_kept(row.text_hash(), &r.record)?,
+                    None => return Err(missing_vector(&r.record)),
+                },
             }
         }
         // The per-node path fails on the version where it first writes it: a record's row,
