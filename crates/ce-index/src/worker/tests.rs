@@ -298,9 +298,12 @@ fn expected(env: &Env) -> BTreeMap<String, IndexRecord> {
 }
 
 fn actual(index: &dyn VectorIndex) -> BTreeMap<String, IndexRecord> {
-    index
-        .list_under(&CtxUri::root())
-        .expect("list")
+    by_id(index.list_under(&CtxUri::root()).expect("list"))
+}
+
+/// Stored records by id.
+fn by_id(stored: Vec<StoredRecord>) -> BTreeMap<String, IndexRecord> {
+    stored
         .into_iter()
         .map(|s| (s.record.id.clone(), s.record))
         .collect()
@@ -1052,12 +1055,7 @@ fn a_purge_that_lands_after_the_uri_was_created_and_synced_is_undone() {
     .expect("worker");
     let r = w1.run_once(100).expect("run");
     assert_eq!((r.claimed, r.succeeded), (1, 1), "{r:?}");
-    let held: BTreeMap<String, IndexRecord> = index
-        .list_under(&CtxUri::root())
-        .expect("list")
-        .into_iter()
-        .map(|s| (s.record.id.clone(), s.record))
-        .collect();
+    let held = by_id(index.list_under(&CtxUri::root()).expect("list"));
     assert!(!held.is_empty());
     assert_eq!(held, expected(&env), "x is indexed after the late purge");
 }
@@ -1116,12 +1114,7 @@ fn an_older_write_landing_after_a_container_took_the_uri_is_refused() {
     );
     let r = a.run_once(100).expect("a");
     assert_eq!((r.claimed, r.failed), (1, 0), "{r:?}");
-    let held: BTreeMap<String, IndexRecord> = index
-        .list_under(&CtxUri::root())
-        .expect("list")
-        .into_iter()
-        .map(|s| (s.record.id.clone(), s.record))
-        .collect();
+    let held = by_id(index.list_under(&CtxUri::root()).expect("list"));
     assert!(!held.is_empty(), "the index holds the moved node");
     assert_eq!(
         held,

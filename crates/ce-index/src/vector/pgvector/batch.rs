@@ -104,24 +104,23 @@ impl Loaded {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let ids: Vec<&str> = writes
+        let synced: Vec<&NodeRecord> = writes
             .iter()
             .filter_map(|nw| match nw {
                 NodeWrite::Sync { records, .. } => Some(records),
                 _ => None,
             })
             .flatten()
+            .collect();
+        let ids: Vec<&str> = synced
+            .iter()
             .map(|r| r.record.id.as_str())
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let kept: Vec<&str> = writes
+        // The ids whose stored vector a payload-only write may keep: their text hash is read.
+        let kept: Vec<&str> = synced
             .iter()
-            .filter_map(|nw| match nw {
-                NodeWrite::Sync { records, .. } => Some(records),
-                _ => None,
-            })
-            .flatten()
             .filter(|r| r.vector.is_none())
             .map(|r| r.record.id.as_str())
             .collect();
