@@ -18,6 +18,7 @@
 
 pub mod engine;
 pub mod error;
+mod flag;
 pub mod guarded;
 pub mod http;
 pub mod jobs;

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ce_core::OutboxEvent;
@@ -12,6 +12,7 @@ use tracing::warn;
 
 use super::{Engine, holds, lock, ms};
 use crate::error::{Result, ServerError};
+use crate::flag::Flag;
 use crate::status::{DrainProgress, DrainReport};
 
 /// How often [`Engine::drain`] rechecks the outbox while others hold claims.
@@ -45,7 +46,7 @@ impl Engine {
         }
         let started = Instant::now();
         let poll = Duration::from_millis(self.config.index.worker.poll_interval_ms);
-        let quiet = Quiet::default();
+        let quiet = Flag::default();
         let drained: Vec<String> = consumers.iter().map(|c| (*c).to_owned()).collect();
         let outcome: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = workers
@@ -145,42 +146,13 @@ impl Engine {
 struct Pass<'a> {
     consumers: &'a [String],
     totals: &'a DrainTotals,
-    /// Set by the first worker that finds every drained consumer done: the pass ends.
-    quiet: &'a Quiet,
+    /// Set by the first worker that finds every drained consumer done: the pass ends, and
+    /// the workers waiting for a recheck wake at once (without the wake-up the drain would end
+    /// only when the last of them woke by itself, up to [`DRAIN_RECHECK`] after the work was
+    /// done — most of a small drain's wall time).
+    quiet: &'a Flag,
     started: Instant,
     poll: Duration,
-}
-
-/// The end of a drain pass, which wakes the workers waiting for a recheck: without the wake-up
-/// the drain would end only when the last of them woke by itself, up to [`DRAIN_RECHECK`]
-/// after the work was done — most of a small drain's wall time (one batch claimed by one
-/// worker, the others of its consumer and of the other consumers asleep).
-#[derive(Default)]
-struct Quiet {
-    set: Mutex<bool>,
-    woken: Condvar,
-}
-
-impl Quiet {
-    fn is_set(&self) -> bool {
-        *lock(&self.set)
-    }
-
-    /// Ends the pass and wakes every waiting worker.
-    fn set(&self) {
-        *lock(&self.set) = true;
-        self.woken.notify_all();
-    }
-
-    /// Waits up to `d`, or until the pass ends.
-    fn wait(&self, d: Duration) {
-        let set = lock(&self.set);
-        drop(
-            self.woken
-                .wait_timeout_while(set, d, |set| !*set)
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-    }
 }
 
 /// The distinct events whose deliveries a drain claimed (an event has one delivery per
@@ -226,36 +198,5 @@ impl DrainTotals {
             retried: self.retried.load(Ordering::SeqCst),
             elapsed_ms: ms(started.elapsed()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ending_the_pass_wakes_a_waiting_worker() {
-        let quiet = Quiet::default();
-        let long = Duration::from_secs(120);
-        let waited = std::thread::scope(|s| {
-            let waiter = s.spawn(|| {
-                let t = Instant::now();
-                quiet.wait(long);
-                t.elapsed()
-            });
-            // Most likely waiting by now; if not, `wait` sees the pass ended and returns.
-            std::thread::sleep(Duration::from_millis(50));
-            quiet.set();
-            waiter.join().expect("waiter")
-        });
-        assert!(
-            waited < long,
-            "the waiter slept its whole timeout ({waited:?})"
-        );
-        assert!(quiet.is_set());
-        // A pass that has ended does not make anyone wait.
-        let t = Instant::now();
-        quiet.wait(long);
-        assert!(t.elapsed() < long);
     }
 }

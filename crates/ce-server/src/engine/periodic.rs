@@ -2,15 +2,17 @@
 //! on [`Periodic::stop`] or drop (a step in progress finishes first). The vector index
 //! upkeep, the repair schedule and the hold keeper each run on one.
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tracing::warn;
 
+use crate::flag::Flag;
+
 /// A running periodic thread.
 pub struct Periodic {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<Flag>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -22,22 +24,13 @@ impl Periodic {
         first: Duration,
         mut step: impl FnMut() -> Duration + Send + 'static,
     ) -> Periodic {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop = Arc::new(Flag::default());
         let signal = stop.clone();
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
-                let (lock, cv) = &*signal;
                 let mut wait = first;
-                loop {
-                    let stopped = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                    let (stopped, _) = cv
-                        .wait_timeout_while(stopped, wait, |s| !*s)
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if *stopped {
-                        return;
-                    }
-                    drop(stopped);
+                while !signal.wait(wait) {
                     wait = step();
                 }
             })
@@ -52,9 +45,7 @@ impl Periodic {
     }
 
     fn halt(&mut self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        cv.notify_all();
+        self.stop.set();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

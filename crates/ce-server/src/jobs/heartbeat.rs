@@ -5,7 +5,7 @@
 //! [`JobContext`]; the heartbeat never interrupts it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ce_core::{Classify as _, ErrorCode};
@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 
 use super::JobStop;
 use crate::error::{Result, ServerError};
+use crate::flag::Flag;
 
 /// What the heartbeat and the handler of one job share.
 #[derive(Default)]
@@ -23,23 +24,16 @@ pub(super) struct Beat {
     progress: Mutex<Option<Value>>,
     cancel_requested: AtomicBool,
     lost: AtomicBool,
-    stopped: Mutex<bool>,
-    wake: Condvar,
+    stopped: Flag,
 }
 
 impl Beat {
     /// Renews `claim` every `every` until [`Beat::stop`], or until the claim is gone.
     pub(super) fn keep(&self, jobs: &dyn JobStore, claim: &JobClaim, every: Duration) {
         loop {
-            let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
-            let (stopped, _) = self
-                .wake
-                .wait_timeout_while(stopped, every, |s| !*s)
-                .unwrap_or_else(PoisonError::into_inner);
-            if *stopped {
+            if self.stopped.wait(every) {
                 return;
             }
-            drop(stopped);
             let progress = self
                 .progress
                 .lock()
@@ -65,8 +59,7 @@ impl Beat {
 
     /// Ends [`Beat::keep`].
     pub(super) fn stop(&self) {
-        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.wake.notify_all();
+        self.stopped.set();
     }
 
     /// Why the handler should stop, if it should: a lost lease first (nothing it does can
