@@ -34,7 +34,8 @@ use serde::Serialize;
 
 use self::blocks::{Frontier, Posting, PostingLog};
 use self::schema::{
-    decode, decode_terms, encode_head, encode_terms, init, open_conn, set_meta, sql, stats,
+    decode, decode_terms, decode_view, encode_head, encode_terms, init, open_conn, set_meta, sql,
+    stats,
 };
 use super::{
     Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
@@ -720,7 +721,7 @@ impl<'t> TermBlocks<'t> {
 fn score(
     tx: &Transaction<'_>,
     terms: &[String],
-    filter: &SearchFilter,
+    verdicts: &mut Verdicts<'_>,
     top_k: usize,
 ) -> Result<Vec<(i64, f64)>> {
     let (docs, total_len) = stats(tx)?;
@@ -747,12 +748,11 @@ fn score(
         .prepare_cached("SELECT data FROM blocks WHERE term = ?1 ORDER BY last_doc")
         .map_err(sql)?;
     let mut cands = Candidates::new(terms.len());
-    let mut passes: HashMap<i64, bool> = HashMap::new();
     let mut pruned = None;
     let mut postings: Vec<Posting> = Vec::new();
     for (j, &(i, _, idf)) in plan.iter().enumerate() {
         if j > 0
-            && let Some(theta) = threshold(tx, &cands, &mut passes, filter, top_k)?
+            && let Some(theta) = threshold(tx, &cands, verdicts, top_k)?
             && cannot_reach(rest[j], theta)
         {
             pruned = Some((j, theta));
@@ -813,22 +813,72 @@ fn score(
         .collect())
 }
 
+/// Which candidates pass a search's filter: each looked up once (its filter fields only), or
+/// none at all when the filter is unrestricted (every stored record passes).
+struct Verdicts<'f> {
+    filter: &'f SearchFilter,
+    all: bool,
+    seen: HashMap<i64, bool>,
+}
+
+impl<'f> Verdicts<'f> {
+    fn new(filter: &'f SearchFilter) -> Self {
+        Verdicts {
+            filter,
+            all: filter.is_unrestricted(),
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The verdict on `doc` if known without a lookup.
+    fn known(&self, doc: i64) -> Option<bool> {
+        if self.all {
+            return Some(true);
+        }
+        self.seen.get(&doc).copied()
+    }
+
+    /// Whether record `doc` passes the filter (looked up and remembered if not known).
+    fn check(&mut self, tx: &Transaction<'_>, doc: i64) -> Result<bool> {
+        if let Some(p) = self.known(doc) {
+            return Ok(p);
+        }
+        let head: Option<String> = tx
+            .prepare_cached("SELECT head FROM records WHERE doc = ?1")
+            .and_then(|mut s| s.query_row([doc], |r| r.get(0)).optional())
+            .map_err(sql)?;
+        let pass = match head {
+            Some(h) => self.filter.matches_view(&decode_view(&h)?),
+            None => false,
+        };
+        self.seen.insert(doc, pass);
+        Ok(pass)
+    }
+}
+
 /// The `top_k`-th best partial score among filter-passing candidates, if `top_k` of them are
-/// found within [`PRUNE_PROBES`] head lookups (best partial scores first; results cached).
+/// found within [`PRUNE_PROBES`] filter lookups (best partial scores first; verdicts kept).
 fn threshold(
     tx: &Transaction<'_>,
     cands: &Candidates,
-    passes: &mut HashMap<i64, bool>,
-    filter: &SearchFilter,
+    verdicts: &mut Verdicts<'_>,
     top_k: usize,
 ) -> Result<Option<f64>> {
     let mut best: Vec<(f64, i64)> = (0..cands.docs.len())
         .map(|c| (cands.sum(c), cands.docs[c]))
         .collect();
-    // At most `top_k` passes, `PRUNE_PROBES` new lookups and every cached failure are
+    if verdicts.all {
+        // Every candidate passes: the `top_k`-th best partial score, if there are that many.
+        if best.len() < top_k {
+            return Ok(None);
+        }
+        let (_, kth, _) = best.select_nth_unstable_by(top_k - 1, |a, b| b.0.total_cmp(&a.0));
+        return Ok(Some(kth.0));
+    }
+    // At most `top_k` passes, `PRUNE_PROBES` new lookups and every known failure are
     // examined below: only that many best candidates need ordering, not all of them (any `k`
     // passing candidates give a valid threshold, so ties at the cut do not matter).
-    let examined = top_k + PRUNE_PROBES + passes.len() + 1;
+    let examined = top_k + PRUNE_PROBES + verdicts.seen.len() + 1;
     if examined < best.len() {
         best.select_nth_unstable_by(examined - 1, |a, b| b.0.total_cmp(&a.0));
         best.truncate(examined);
@@ -836,19 +886,13 @@ fn threshold(
     best.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
     let (mut found, mut probes) = (0, 0);
     for (partial, doc) in best {
-        let pass = match passes.get(&doc) {
-            Some(&p) => p,
-            None => {
-                probes += 1;
-                if probes > PRUNE_PROBES {
-                    return Ok(None);
-                }
-                let p = head(tx, doc)?.is_some_and(|r| filter.matches(&r));
-                passes.insert(doc, p);
-                p
+        if verdicts.known(doc).is_none() {
+            probes += 1;
+            if probes > PRUNE_PROBES {
+                return Ok(None);
             }
-        };
-        if pass {
+        }
+        if verdicts.check(tx, doc)? {
             found += 1;
             if found == top_k {
                 return Ok(Some(partial));
@@ -856,15 +900,6 @@ fn threshold(
         }
     }
     Ok(None)
-}
-
-/// The head (record without text) of record `doc`.
-fn head(tx: &Transaction<'_>, doc: i64) -> Result<Option<IndexRecord>> {
-    let head: Option<String> = tx
-        .prepare_cached("SELECT head FROM records WHERE doc = ?1")
-        .and_then(|mut s| s.query_row([doc], |r| r.get(0)).optional())
-        .map_err(sql)?;
-    head.map(|h| decode(&h, String::new())).transpose()
 }
 
 /// Decodes a stored row `(head, text, node_version)`.
@@ -907,17 +942,18 @@ impl KeywordIndex for EmbeddedKeywordIndex {
         self.read(|tx| {
             // A heap (built in linear time) yields the candidates best first without sorting
             // all of them: only the pages checked are ordered.
-            let mut candidates: BinaryHeap<ByScore> = score(tx, &terms, filter, top_k)?
+            let mut verdicts = Verdicts::new(filter);
+            let mut candidates: BinaryHeap<ByScore> = score(tx, &terms, &mut verdicts, top_k)?
                 .into_iter()
                 .map(|(doc, s)| ByScore(s as f32, doc))
                 .collect();
             // Candidates are checked in score order, so `passed` is in score order too; its
             // `top_k`-th entry bounds what an unchecked candidate must reach to be a hit.
-            let mut passed: Vec<Passed> = Vec::new();
+            let mut passed: Vec<(f32, i64)> = Vec::new();
             let mut page = self.options.first_page.max(top_k).max(1);
             while let Some(next) = candidates.peek() {
                 if let Some(kth) = passed.get(top_k - 1)
-                    && next.0 < kth.score
+                    && next.0 < kth.0
                 {
                     break;
                 }
@@ -925,23 +961,28 @@ impl KeywordIndex for EmbeddedKeywordIndex {
                     let Some(ByScore(score, doc)) = candidates.pop() else {
                         break;
                     };
-                    // Filters never read the text: the head is enough to check them.
-                    if let Some(r) = head(tx, doc)?
-                        && filter.matches(&r)
-                    {
-                        passed.push(Passed {
-                            score,
-                            id: r.id,
-                            doc,
-                        });
+                    // Filters never read the text: the head's filter fields are enough.
+                    if verdicts.check(tx, doc)? {
+                        passed.push((score, doc));
                     }
                 }
                 page = page
                     .saturating_mul(PAGE_GROWTH)
                     .min(self.options.max_page.max(1));
             }
-            passed.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
-            passed.truncate(top_k);
+            // Ties are ordered by record id: only the ids of the scores that reach the cut.
+            let cut = passed.get(top_k - 1).map_or(f32::NEG_INFINITY, |p| p.0);
+            let mut id_of = tx
+                .prepare_cached("SELECT id FROM records WHERE doc = ?1")
+                .map_err(sql)?;
+            let mut ranked: Vec<Passed> = Vec::with_capacity(passed.len());
+            for (score, doc) in passed.into_iter().filter(|p| p.0 >= cut) {
+                let id: String = id_of.query_row([doc], |r| r.get(0)).map_err(sql)?;
+                ranked.push(Passed { score, id, doc });
+            }
+            ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+            ranked.truncate(top_k);
+            let passed = ranked;
             let mut st = tx
                 .prepare_cached("SELECT head, text FROM records WHERE doc = ?1")
                 .map_err(sql)?;

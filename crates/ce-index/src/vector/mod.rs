@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use ce_core::{CtxUri, IndexRecord, Level};
 use ce_embed::ModelIdentity;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::Result;
@@ -159,15 +159,35 @@ impl SearchFilter {
     /// Whether `r` passes every set field (the reference semantics every implementation must
     /// agree with).
     pub fn matches(&self, r: &IndexRecord) -> bool {
-        let f = |k: &str| r.filters.get(k);
+        self.admits(&r.uri, &r.parent_uri, r.level) && self.admits_filters(&r.filters)
+    }
+
+    /// Whether no field is set, so that every record passes.
+    pub fn is_unrestricted(&self) -> bool {
+        *self == SearchFilter::default()
+    }
+
+    /// [`SearchFilter::matches`] on the parts of a record a filter reads (an index that
+    /// stores records decodes only these to check a candidate).
+    pub(crate) fn matches_view(&self, v: &FilterView) -> bool {
+        self.admits(&v.uri, &v.parent_uri, v.level) && self.admits_filters(&v.filters)
+    }
+
+    /// The checks of the record's own fields.
+    fn admits(&self, uri: &CtxUri, parent_uri: &CtxUri, level: Level) -> bool {
+        self.subtree.as_ref().is_none_or(|s| uri.is_within(s))
+            && self.parent_uri.as_ref().is_none_or(|p| parent_uri == p)
+            && self.level.is_none_or(|l| level == l)
+    }
+
+    /// The checks of the record's filter scalars.
+    fn admits_filters(&self, filters: &BTreeMap<String, Value>) -> bool {
+        let f = |k: &str| filters.get(k);
         let str_eq = |k: &str, want: &Option<String>| {
             want.as_ref()
                 .is_none_or(|w| f(k).and_then(Value::as_str) == Some(w.as_str()))
         };
-        self.subtree.as_ref().is_none_or(|s| r.uri.is_within(s))
-            && self.parent_uri.as_ref().is_none_or(|p| &r.parent_uri == p)
-            && self.level.is_none_or(|l| r.level == l)
-            && str_eq("context_type", &self.context_type)
+        str_eq("context_type", &self.context_type)
             && str_eq("category", &self.category)
             && str_eq("account_id", &self.account_id)
             && self.owner_spaces.as_ref().is_none_or(|o| {
@@ -177,6 +197,17 @@ impl SearchFilter {
             })
             && self.meta.iter().all(|(k, v)| f(k) == Some(v))
     }
+}
+
+/// The parts of an [`IndexRecord`] a [`SearchFilter`] reads, decoded from a stored record
+/// without its text and descriptive metadata (unknown fields are skipped).
+#[derive(Debug, Deserialize)]
+pub(crate) struct FilterView {
+    pub uri: CtxUri,
+    pub parent_uri: CtxUri,
+    pub level: Level,
+    #[serde(default)]
+    pub filters: BTreeMap<String, Value>,
 }
 
 /// Appends the canonical text of `v` to `out`: one text per value under

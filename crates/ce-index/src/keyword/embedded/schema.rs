@@ -10,6 +10,7 @@ use rusqlite::Connection;
 use super::super::Terms;
 use super::blocks::{self, Posting};
 use crate::error::{IndexError, Result};
+use crate::vector::FilterView;
 
 /// File name of the database inside the index directory.
 pub const DB_FILE: &str = "keywords.db";
@@ -187,6 +188,11 @@ pub(super) fn decode(head: &str, text: String) -> Result<IndexRecord> {
     let mut r: IndexRecord = serde_json::from_str(head).map_err(|e| corrupt("record", e))?;
     r.text = text;
     Ok(r)
+}
+
+/// The fields a search filter reads, from a stored head (the rest is skipped, not built).
+pub(super) fn decode_view(head: &str) -> Result<FilterView> {
+    serde_json::from_str(head).map_err(|e| corrupt("record", e))
 }
 
 /// The record as stored in `head`: everything but the text.
