@@ -206,7 +206,6 @@ pub(crate) struct FilterView {
     pub uri: CtxUri,
     pub parent_uri: CtxUri,
     pub level: Level,
-    #[serde(default)]
     pub filters: BTreeMap<String, Value>,
 }
 
