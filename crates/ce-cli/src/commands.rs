@@ -289,6 +289,16 @@ fn open_engine_for(
 
 /// An engine running continuously (`ce serve`, `ce worker`): `workers` per consumer of
 /// `consumers` (empty: all with an index), and the job runner.
+/// How long a long-running process keeps trying to open its engine while the store is
+/// unavailable ([`ServerError::is_store_unavailable`]) before it gives up.
+const START_RETRY_FOR: Duration = Duration::from_secs(60);
+/// The longest pause between two attempts.
+const START_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Opens the engine of `ce serve` / `ce worker` with its workers running. A store that
+/// cannot be reached for now (its database restarting, a connection dropped mid-start) is
+/// waited out for up to [`START_RETRY_FOR`], each failed attempt logged as a warning; any
+/// other error (bad configuration, a consumer owned elsewhere) ends the process at once.
 fn start_engine(
     data_dir: &Path,
     config: Config,
@@ -302,7 +312,18 @@ fn start_engine(
         role: role.to_owned(),
         consumers,
     };
-    Ok(Engine::open_shared(data_dir, config, options)?)
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match Engine::open_shared(data_dir, config.clone(), options.clone()) {
+            Err(e) if e.is_store_unavailable() && started.elapsed() + pause < START_RETRY_FOR => {
+                tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, gives_up_after_s = START_RETRY_FOR.as_secs(), "the store is unavailable: starting again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(START_RETRY_MAX_PAUSE);
+            }
+            opened => return Ok(opened?),
+        }
+    }
 }
 
 fn check_workers(n: usize, min: usize) -> Result<()> {
@@ -861,12 +882,14 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
         }
         .into());
     }
-    let served = engine.status()?.worker_consumers.join(", ");
+    // What runs is known without the store (which may be gone for a moment already).
+    let consumers = engine.worker_consumers();
+    let served = consumers.join(", ");
     let jobs = engine.job_runner_running();
     let line = if cli.json {
         format!(
             "{}\n",
-            serde_json::json!({"workers": engine.running_workers(), "consumers": engine.status()?.worker_consumers, "job_runner": jobs})
+            serde_json::json!({"workers": engine.running_workers(), "consumers": consumers, "job_runner": jobs})
         )
     } else {
         format!(

@@ -167,6 +167,13 @@ impl ServerError {
             message: e.to_string(),
         }
     }
+
+    /// Whether the store cannot be reached for now (its database restarting, a connection
+    /// dropped, the embedded file busy): what a long-running process waits out at start
+    /// instead of exiting (`ce serve`, `ce worker`).
+    pub fn is_store_unavailable(&self) -> bool {
+        matches!(self, ServerError::Store(e) if e.code() == ErrorCode::Unavailable)
+    }
 }
 
 impl Classify for ServerError {

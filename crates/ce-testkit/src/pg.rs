@@ -7,7 +7,10 @@
 //! with a message saying how to start one: these tests never skip. [`TestDb::create_on`] does
 //! the same on another server (e.g. the pgvector server of [`crate::pgvector`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The variable that overrides the administrative connection URL.
 pub const URL_VAR: &str = "CE_TEST_PG_URL";
@@ -139,9 +142,93 @@ impl Drop for TestDb {
     }
 }
 
+/// A TCP gate in front of a test server (fault injection): while closed it accepts every
+/// connection and closes it at once, as a restarting server does, so a client sees the
+/// connection closed; while open it relays bytes both ways to the server. [`Gate::url`]
+/// rewrites a database URL to go through the gate.
+#[derive(Debug)]
+pub struct Gate {
+    addr: SocketAddr,
+    open: Arc<AtomicBool>,
+}
+
+impl Gate {
+    /// A gate to the TCP server of `url` (a `postgres://` URL with a host name or address),
+    /// open or closed.
+    pub fn start(url: &str, open: bool) -> Gate {
+        let config = postgres::Config::from_str(url)
+            .unwrap_or_else(|e| panic!("not a PostgreSQL URL: {url}: {e}"));
+        let host = match config.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(h)) => h.clone(),
+            other => panic!("a gate needs a TCP host, {url} has {other:?}"),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let target = format!("{host}:{port}");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the gate");
+        let addr = listener.local_addr().expect("gate address");
+        let open = Arc::new(AtomicBool::new(open));
+        let is_open = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !is_open.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let target = target.clone();
+                std::thread::spawn(move || relay(client, &target));
+            }
+        });
+        Gate { addr, open }
+    }
+
+    /// `url` with its host and port replaced by the gate's.
+    pub fn url(&self, url: &str) -> String {
+        let scheme_end = url.find("://").map_or(0, |i| i + 3);
+        let rest = &url[scheme_end..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let user = rest[..authority_end].rfind('@').map_or("", |i| &rest[..=i]);
+        format!(
+            "{}{user}{}{}",
+            &url[..scheme_end],
+            self.addr,
+            &rest[authority_end..]
+        )
+    }
+
+    /// Lets new connections through (those already relayed stay up either way).
+    pub fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Relays `client` to `target` until either side closes.
+fn relay(client: TcpStream, target: &str) {
+    let Ok(server) = TcpStream::connect(target) else {
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    };
+    let (Ok(mut client_in), Ok(mut server_in)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let (mut client_out, mut server_out) = (client, server);
+    let up = std::thread::spawn(move || {
+        copy_then_close(&mut client_in, &mut server_out);
+    });
+    copy_then_close(&mut server_in, &mut client_out);
+    let _ = up.join();
+}
+
+/// Copies until `from` ends or fails (a reset is an end too), then closes both.
+fn copy_then_close(from: &mut TcpStream, to: &mut TcpStream) {
+    let _ = std::io::copy(from, to);
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
 #[cfg(test)]
 mod tests {
-    use super::with_database;
+    use super::{Gate, with_database};
 
     #[test]
     fn database_names_are_replaced_keeping_the_query() {
@@ -155,6 +242,20 @@ mod tests {
             with_database("postgresql://postgres@%2Ftmp%2Fpg/postgres", "x"),
             "postgresql://postgres@%2Ftmp%2Fpg/x",
             "a unix socket directory as the host"
+        );
+    }
+
+    #[test]
+    fn a_gate_url_keeps_user_database_and_query() {
+        let gate = Gate::start("postgres://u@127.0.0.1:5432/test", false);
+        let addr = gate.addr;
+        assert_eq!(
+            gate.url("postgres://u:pw@127.0.0.1:5432/db?sslmode=disable"),
+            format!("postgres://u:pw@{addr}/db?sslmode=disable")
+        );
+        assert_eq!(
+            gate.url("postgresql://127.0.0.1/db"),
+            format!("postgresql://{addr}/db")
         );
     }
 }

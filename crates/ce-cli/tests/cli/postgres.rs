@@ -6,7 +6,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ce_testkit::pg::TestDb;
+use ce_testkit::pg::{Gate, TestDb};
 use serde_json::Value;
 
 use super::harness::{Ce, Server, eventually, success};
@@ -354,6 +354,78 @@ fn workers_and_status_use_the_postgres_store() {
     let status = pg(&ce, url, &["status"]);
     assert_eq!(status["store_backend"], "postgres", "{status}");
     assert_eq!(status["store_location"], url, "{status}");
+}
+
+/// `ce worker` and `ce serve` started while their database refuses connections (a restart:
+/// the gate closes every connection at once) wait for it, saying why in their log, and run
+/// once it is back; a one-shot command fails at once instead (above: unavailable, exit 6).
+#[test]
+fn daemons_started_while_the_database_is_down_wait_for_it() {
+    let db = TestDb::create("cli_start_down");
+    let ce = Ce::hash("[index.outbox]\nconsumers = [\"keyword\"]\n");
+    pg(
+        &ce,
+        db.url(),
+        &["put", "ctx://acc/notes/n1", "--content", "waiting worker"],
+    );
+    let waiting = "the store is unavailable: starting again";
+
+    let gate = Gate::start(db.url(), false);
+    let gated = gate.url(db.url());
+    let log_path = ce.data_dir().join("worker.log");
+    let log = std::fs::File::create(&log_path).expect("worker log");
+    let mut worker = ce
+        .command(&["--store", &gated, "worker", "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("ce worker starts");
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let warned = eventually(Duration::from_secs(20), || {
+        read_log().contains(waiting).then_some(())
+    });
+    assert!(warned.is_some(), "no warning while down:\n{}", read_log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        worker.try_wait().expect("wait").is_none(),
+        "the worker exited while the database was down:\n{}",
+        read_log()
+    );
+    gate.open();
+    let keyword_open = || {
+        let stats = pg(&ce, db.url(), &["outbox", "stats"]);
+        let k = stats_of(&stats, "keyword");
+        k["pending"].as_u64().unwrap_or(1)
+            + k["claimed"].as_u64().unwrap_or(1)
+            + k["retry_wait"].as_u64().unwrap_or(1)
+    };
+    let drained = eventually(Duration::from_secs(60), || {
+        (keyword_open() == 0).then_some(())
+    });
+    assert!(drained.is_some(), "not drained once up:\n{}", read_log());
+    assert!(worker.try_wait().expect("wait").is_none(), "{}", read_log());
+    let _ = worker.kill();
+    let _ = worker.wait();
+
+    // The server: it binds only once its engine is open.
+    let gate = Gate::start(db.url(), false);
+    let gated = gate.url(db.url());
+    let server = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(1500));
+            gate.open();
+        });
+        ce.serve(&["--store", &gated, "--workers", "1"])
+    });
+    assert!(server.log().contains(waiting), "{}", server.log());
+    let (status, body) = server.post(
+        "/v1/search",
+        &serde_json::json!({"query": "waiting", "mode": "keyword"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["hits"][0]["uri"], "ctx://acc/notes/n1", "{body}");
+    let (code, _) = server.stop();
+    assert_eq!(code, Some(0));
 }
 
 /// A write committed by one process wakes the workers of a `ce serve` in another at once,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use ce_core::{Config, CtxUri, IndexProjector};
 use ce_store::postgres::PgStore;
-use ce_store::{ContextFs as _, OutboxStore as _, PutRequest, WriteOp};
+use ce_store::{ConsumerStats, ContextFs as _, OutboxStore as _, PutRequest, WriteOp};
 use ce_testkit::pg::TestDb;
 
 use super::fake_embeddings::{FLAKY, FakeEmbeddings, POISON};
@@ -96,43 +96,66 @@ impl Cluster {
         Seeded { poisoned }
     }
 
-    /// A worker process with its own data directory.
+    /// A worker process with its own data directory; its log (`info`, the default of `ce worker`) goes to
+    /// [`WORKER_LOG`] there, shown when the run stalls ([`Cluster::wait_settled`]).
     fn worker(&self) -> (Ce, Child) {
         let ce = Ce::new();
         ce.write_config(&self.config);
+        let log = std::fs::File::create(ce.data_dir().join(WORKER_LOG)).expect("worker log");
         let child = ce
             .command(&["worker", "--consumer", "vector", "--workers", "2"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("ce worker starts");
         (ce, child)
     }
 
-    /// (done, dead, open) deliveries of the vector consumer.
-    fn progress(&self) -> (u64, u64, u64) {
-        let s = self
-            .store
+    /// The outbox counts of the vector consumer.
+    fn vector_stats(&self) -> ConsumerStats {
+        self.store
             .stats()
             .expect("stats")
             .into_iter()
             .find(|s| s.consumer == "vector")
-            .expect("vector stats");
+            .expect("vector stats")
+    }
+
+    /// (done, dead, open) deliveries of the vector consumer.
+    fn progress(&self) -> (u64, u64, u64) {
+        let s = self.vector_stats();
         (s.done, s.dead, s.pending + s.claimed + s.retry_wait)
     }
 
-    /// Waits until no delivery is open, failing after `timeout`.
-    fn wait_settled(&self, timeout: Duration) {
+    /// Waits until no delivery is open, failing after `timeout` with the state of every
+    /// delivery and of every worker process (exit status and the end of its log).
+    fn wait_settled(&self, timeout: Duration, workers: &mut [(Ce, Child)]) {
         let deadline = Instant::now() + timeout;
         loop {
             let (done, dead, open) = self.progress();
             if open == 0 {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "not settled after {timeout:?}: {done} done, {dead} dead, {open} open"
-            );
+            if Instant::now() >= deadline {
+                let s = self.vector_stats();
+                let mut report = format!(
+                    "not settled after {timeout:?}: {done} done, {dead} dead, {open} open \
+                     ({} pending, {} claimed, {} retrying)\n",
+                    s.pending, s.claimed, s.retry_wait
+                );
+                for (ce, child) in workers.iter_mut() {
+                    let log =
+                        std::fs::read_to_string(ce.data_dir().join(WORKER_LOG)).unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                    report.push_str(&format!(
+                        "--- worker {} (exit: {:?}), last lines of its log:\n{tail}\n",
+                        ce.data_dir().display(),
+                        child.try_wait().expect("wait")
+                    ));
+                }
+                panic!("{report}");
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
     }
@@ -204,6 +227,9 @@ struct Seeded {
     poisoned: BTreeSet<String>,
 }
 
+/// A worker process's log, in its data directory.
+const WORKER_LOG: &str = "worker.log";
+
 /// The pgvector destination's record table.
 const VECTOR_TABLE: &str = "ce_vector_records";
 
@@ -235,7 +261,7 @@ fn four_worker_processes_share_fifty_thousand_events() {
     kill(&mut workers[0].1);
     workers[0] = cluster.worker();
 
-    cluster.wait_settled(Duration::from_secs(600));
+    cluster.wait_settled(Duration::from_secs(600), &mut workers);
     for (_, child) in &mut workers {
         kill(child);
     }
@@ -255,7 +281,7 @@ fn workers_reconnect_after_their_connections_are_killed() {
         killed += cluster.db.terminate_connections();
     }
     assert!(killed > 0, "the workers were connected");
-    cluster.wait_settled(Duration::from_secs(300));
+    cluster.wait_settled(Duration::from_secs(300), &mut workers);
     for (ce, child) in &mut workers {
         assert!(
             child.try_wait().expect("wait").is_none(),

@@ -46,8 +46,8 @@ impl Engine {
         self.running_workers.load(Ordering::SeqCst)
     }
 
-    /// The consumers the running workers serve.
-    pub(super) fn pool_consumers(&self) -> Vec<String> {
+    /// The consumers the running workers serve (empty while none run).
+    pub fn worker_consumers(&self) -> Vec<String> {
         lock(&self.pool)
             .as_ref()
             .map(|r| r.consumers.clone())

@@ -105,7 +105,7 @@ impl Engine {
             relation_records: None,
             consumers: self.consumer_statuses(now, |_| true)?,
             workers: self.running_workers(),
-            worker_consumers: self.pool_consumers(),
+            worker_consumers: self.worker_consumers(),
             embed_cache: self.embed_cache_status(),
             holds: self
                 .store
