@@ -177,14 +177,44 @@ pub(crate) fn mark_done(s: &impl OutboxBackend, claim: &Claim) -> Result<()> {
 /// [`crate::model::OutboxStore::mark_done_batch`]: one transaction, one answer per claim.
 /// Rows are locked in key order (stable, so repeated claims of one delivery keep their
 /// order), so batches that share rows cannot deadlock.
+///
+/// The live claims of each consumer are marked in one set-wise step ([`OutboxTx::done_live`]:
+/// on PostgreSQL one statement for the batch instead of a lock and an update per delivery);
+/// only the claims it did not mark (already done, lost, missing) go through the one-by-one
+/// fence, which tells those apart.
 pub(crate) fn mark_done_batch(s: &impl OutboxBackend, claims: &[Claim]) -> Result<Vec<Result<()>>> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by(|&a, &b| {
         (&claims[a].consumer, claims[a].seq).cmp(&(&claims[b].consumer, claims[b].seq))
     });
     s.write_outbox(Commit::Bookkeeping, |tx, _| {
+        let now = s.outbox_clock().now_ms();
+        let mut marked = vec![false; claims.len()];
+        for group in order.chunk_by(|&a, &b| claims[a].consumer == claims[b].consumer) {
+            // A delivery claimed more than once in the batch is answered claim by claim, in
+            // the given order (the first live one marks it, a stale one before it is lost).
+            let once: Vec<usize> = group
+                .chunk_by(|&a, &b| claims[a].seq == claims[b].seq)
+                .filter_map(|same| (same.len() == 1).then_some(same[0]))
+                .collect();
+            let live: Vec<(i64, &str)> = once
+                .iter()
+                .map(|&i| (claims[i].seq, claims[i].token.as_str()))
+                .collect();
+            let mut done_now = tx.done_live(&claims[group[0]].consumer, &live, now)?;
+            done_now.sort_unstable();
+            for &i in &once {
+                marked[i] = done_now
+                    .binary_search_by_key(&claims[i].seq, |(seq, _)| *seq)
+                    .is_ok_and(|at| done_now[at].1 == claims[i].token);
+            }
+        }
         let mut out: Vec<(usize, Result<()>)> = Vec::with_capacity(claims.len());
         for i in order {
+            if marked[i] {
+                out.push((i, Ok(())));
+                continue;
+            }
             match done(tx, s.outbox_clock(), &claims[i]) {
                 Ok(()) => out.push((i, Ok(()))),
                 // A lost claim does not stop the others.

@@ -204,6 +204,16 @@ pub(crate) trait OutboxTx: OutboxReadTx {
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>>;
     /// The fencing columns of one delivery, locked until the transaction ends.
     fn lock_delivery(&mut self, consumer: &str, seq: i64) -> Result<Option<FenceRow>>;
+    /// Marks done each delivery of `consumer` in `claims` (sequence, token; sorted by
+    /// sequence) whose claim is live at `now` — claimed, with that token, lease not over:
+    /// the fence of [`crate::queue::fence`] — locking the rows in sequence order; the
+    /// claims marked (sequence, token). The others are left as they are.
+    fn done_live(
+        &mut self,
+        consumer: &str,
+        claims: &[(i64, &str)],
+        now: Millis,
+    ) -> Result<Vec<(i64, String)>>;
     /// Writes the new state of one delivery.
     fn update_delivery(
         &mut self,

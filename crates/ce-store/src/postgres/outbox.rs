@@ -52,6 +52,22 @@ const CLAIM_SQL: &str = "WITH picked AS (
      FROM picked WHERE d.consumer = picked.consumer AND d.seq = picked.seq
      RETURNING d.seq, d.retry_count";
 
+/// Marks done the deliveries of consumer `$1` among sequences `$2` whose claim is live at
+/// `$4`: claimed (1) with the token at the same place in `$3`, lease not over. The rows are
+/// locked in sequence order first (as the one-by-one path does, so two acknowledgements
+/// sharing rows cannot deadlock); a row changed meanwhile is checked again once its lock is
+/// held (READ COMMITTED). Returns each row marked: sequence and token.
+const DONE_LIVE_SQL: &str = "WITH live AS (
+        SELECT d.seq FROM deliveries d
+        JOIN unnest($2::bigint[], $3::text[]) AS c(seq, token)
+          ON d.seq = c.seq AND d.claim_token = c.token
+        WHERE d.consumer = $1 AND d.status = 1 AND d.claimed_until > $4
+        ORDER BY d.seq
+        FOR UPDATE OF d)
+     UPDATE deliveries d SET status = 3, visible_at = NULL, updated_at = $4
+     FROM live WHERE d.consumer = $1 AND d.seq = live.seq
+     RETURNING d.seq, d.claim_token";
+
 /// The oldest non-terminal delivery of consumer `$1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
@@ -404,6 +420,20 @@ impl OutboxTx for PgTx<'_, '_> {
                 })
             })
             .transpose()
+    }
+
+    fn done_live(
+        &mut self,
+        consumer: &str,
+        claims: &[(i64, &str)],
+        now: Millis,
+    ) -> Result<Vec<(i64, String)>> {
+        let (seqs, tokens): (Vec<i64>, Vec<&str>) = claims.iter().copied().unzip();
+        self.tx
+            .query(DONE_LIVE_SQL, &[&consumer, &seqs, &tokens, &now])?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
     }
 
     fn update_delivery(

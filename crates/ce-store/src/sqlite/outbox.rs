@@ -368,6 +368,28 @@ impl OutboxTx for SqlTx<'_> {
             .optional()?)
     }
 
+    fn done_live(
+        &mut self,
+        consumer: &str,
+        claims: &[(i64, &str)],
+        now: Millis,
+    ) -> Result<Vec<(i64, String)>> {
+        // One cheap statement per row: SQLite runs in-process, and its single writer is
+        // the lock.
+        let mut st = self.conn.prepare_cached(
+            "UPDATE deliveries SET status = 3, visible_at = NULL, updated_at = ?4
+             WHERE consumer = ?1 AND seq = ?2 AND status = 1 AND claim_token = ?3
+               AND claimed_until > ?4",
+        )?;
+        let mut done = Vec::with_capacity(claims.len());
+        for &(seq, token) in claims {
+            if st.execute(params![consumer, seq, token, now])? == 1 {
+                done.push((seq, token.to_owned()));
+            }
+        }
+        Ok(done)
+    }
+
     fn update_delivery(
         &mut self,
         consumer: &str,
