@@ -287,15 +287,14 @@ fn open_engine_for(
     Ok(Engine::open_with(&data_dir, config, options)?)
 }
 
-/// An engine running continuously (`ce serve`, `ce worker`): `workers` per consumer of
-/// `consumers` (empty: all with an index), and the job runner.
 /// How long a long-running process keeps trying to open its engine while the store is
 /// unavailable ([`ServerError::is_store_unavailable`]) before it gives up.
 const START_RETRY_FOR: Duration = Duration::from_secs(60);
 /// The longest pause between two attempts.
 const START_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
 
-/// Opens the engine of `ce serve` / `ce worker` with its workers running. A store that
+/// An engine running continuously (`ce serve`, `ce worker`): `workers` per consumer of
+/// `consumers` (empty: all with an index), and the job runner. A store that
 /// cannot be reached for now (its database restarting, a connection dropped mid-start) is
 /// waited out for up to [`START_RETRY_FOR`], each failed attempt logged as a warning; any
 /// other error (bad configuration, a consumer owned elsewhere) ends the process at once.

@@ -180,8 +180,8 @@ pub(crate) fn mark_done(s: &impl OutboxBackend, claim: &Claim) -> Result<()> {
 ///
 /// The live claims of each consumer are marked in one set-wise step ([`OutboxTx::done_live`]:
 /// on PostgreSQL one statement for the batch instead of a lock and an update per delivery);
-/// only the claims it did not mark (already done, lost, missing) go through the one-by-one
-/// fence, which tells those apart.
+/// only the claims it did not mark (already done, lost, missing, or one delivery claimed
+/// twice in the batch) go through the one-by-one fence, which tells those apart.
 pub(crate) fn mark_done_batch(s: &impl OutboxBackend, claims: &[Claim]) -> Result<Vec<Result<()>>> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by(|&a, &b| {
