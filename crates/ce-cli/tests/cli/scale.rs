@@ -96,8 +96,9 @@ impl Cluster {
         Seeded { poisoned }
     }
 
-    /// A worker process with its own data directory; its log (`info`, the default of `ce worker`) goes to
-    /// [`WORKER_LOG`] there, shown when the run stalls ([`Cluster::wait_settled`]).
+    /// A worker process with its own data directory; its log (`info`, the default of
+    /// `ce worker`) goes to [`WORKER_LOG`] there, shown when the run stalls
+    /// ([`Cluster::wait_settled`]).
     fn worker(&self) -> (Ce, Child) {
         let ce = Ce::new();
         ce.write_config(&self.config);
@@ -132,16 +133,15 @@ impl Cluster {
     fn wait_settled(&self, timeout: Duration, workers: &mut [(Ce, Child)]) {
         let deadline = Instant::now() + timeout;
         loop {
-            let (done, dead, open) = self.progress();
-            if open == 0 {
+            let s = self.vector_stats();
+            if s.pending + s.claimed + s.retry_wait == 0 {
                 return;
             }
             if Instant::now() >= deadline {
-                let s = self.vector_stats();
                 let mut report = format!(
-                    "not settled after {timeout:?}: {done} done, {dead} dead, {open} open \
-                     ({} pending, {} claimed, {} retrying)\n",
-                    s.pending, s.claimed, s.retry_wait
+                    "not settled after {timeout:?}: {} done, {} dead, {} pending, {} claimed, \
+                     {} retrying\n",
+                    s.done, s.dead, s.pending, s.claimed, s.retry_wait
                 );
                 for (ce, child) in workers.iter_mut() {
                     let log =
