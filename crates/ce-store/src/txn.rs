@@ -64,6 +64,33 @@ pub(crate) trait ReadTx {
     fn live_version(&mut self, uri: &CtxUri) -> Result<Option<u64>>;
     /// How many nodes have `uri` as parent.
     fn count_children(&mut self, uri: &CtxUri) -> Result<u64>;
+    /// The live nodes among `uris`, in their order. A backend where a statement costs a
+    /// round trip reads them all in one.
+    fn nodes(&mut self, uris: &[CtxUri]) -> Result<Vec<ContextNode>> {
+        let mut out = Vec::with_capacity(uris.len());
+        for u in uris {
+            out.extend(self.node(u)?);
+        }
+        Ok(out)
+    }
+    /// Per URI of `uris`: live, deleted or unknown. A backend where a statement costs a
+    /// round trip reads them all in one.
+    fn uri_versions(&mut self, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
+        uris.iter()
+            .map(|u| {
+                Ok(match self.live_version(u)? {
+                    Some(v) => UriVersion::Live(v),
+                    None => self
+                        .tombstone(u)?
+                        .map_or(UriVersion::Unknown, UriVersion::Deleted),
+                })
+            })
+            .collect()
+    }
+    /// [`ReadTx::count_children`] of each URI of `uris`, in their order.
+    fn children_counts(&mut self, uris: &[CtxUri]) -> Result<Vec<u64>> {
+        uris.iter().map(|u| self.count_children(u)).collect()
+    }
     /// The nodes whose parent is `uri`, by URI.
     fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
     /// [`ReadTx::children`] with each child's L2 content cut to its first `content_chars`
@@ -195,11 +222,14 @@ fn create_ancestors(
     trace_id: &str,
 ) -> Result<Vec<EventPayload>> {
     let mut events = Vec::new();
-    for anc in uri.ancestors() {
-        if tx.node(&anc)?.is_some() {
-            continue;
-        }
-        let tomb = tx.tombstone(&anc)?;
+    let ancestors = uri.ancestors();
+    let versions = tx.uri_versions(&ancestors)?;
+    for (anc, v) in ancestors.into_iter().zip(versions) {
+        let tomb = match v {
+            UriVersion::Live(_) => continue,
+            UriVersion::Deleted(t) => Some(t),
+            UriVersion::Unknown => None,
+        };
         let mut c = container(&anc, next_version(None, tomb), now, trace_id);
         derive::settle_origins(&mut c, rules);
         tx.insert_node(&c)?;
@@ -658,30 +688,6 @@ pub(crate) fn stat_of(tx: &mut dyn ReadTx, n: ContextNode) -> Result<NodeStat> {
     })
 }
 
-/// `read_nodes`: the live ones among `uris`, in order.
-pub(crate) fn read_nodes(tx: &mut dyn ReadTx, uris: &[CtxUri]) -> Result<Vec<ContextNode>> {
-    let mut out = Vec::with_capacity(uris.len());
-    for u in uris {
-        if let Some(n) = tx.node(u)? {
-            out.push(n);
-        }
-    }
-    Ok(out)
-}
-
-/// `versions`: live, deleted or unknown, per URI.
-pub(crate) fn versions(tx: &mut dyn ReadTx, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
-    let mut out = Vec::with_capacity(uris.len());
-    for u in uris {
-        out.push(match (tx.live_version(u)?, tx.tombstone(u)?) {
-            (Some(v), _) => UriVersion::Live(v),
-            (None, Some(t)) => UriVersion::Deleted(t),
-            (None, None) => UriVersion::Unknown,
-        });
-    }
-    Ok(out)
-}
-
 /// `stat`.
 pub(crate) fn stat(tx: &mut dyn ReadTx, uri: &CtxUri) -> Result<NodeStat> {
     let n = tx
@@ -809,27 +815,24 @@ macro_rules! impl_source_traits {
                 &self,
                 uris: &[ce_core::CtxUri],
             ) -> $crate::Result<Vec<ce_core::ContextNode>> {
-                self.read_source(|tx| $crate::txn::read_nodes(tx, uris))
+                self.read_source(|tx| $crate::txn::ReadTx::nodes(tx, uris))
             }
 
             fn kinds(&self, uris: &[ce_core::CtxUri]) -> $crate::Result<Vec<ce_core::NodeKind>> {
-                self.read_source(|tx| {
-                    uris.iter()
-                        .map(|u| {
-                            Ok(ce_core::NodeKind::of(
-                                u,
-                                $crate::txn::ReadTx::count_children(tx, u)?,
-                            ))
-                        })
-                        .collect()
-                })
+                let counts =
+                    self.read_source(|tx| $crate::txn::ReadTx::children_counts(tx, uris))?;
+                Ok(uris
+                    .iter()
+                    .zip(counts)
+                    .map(|(u, n)| ce_core::NodeKind::of(u, n))
+                    .collect())
             }
 
             fn versions(
                 &self,
                 uris: &[ce_core::CtxUri],
             ) -> $crate::Result<Vec<$crate::model::UriVersion>> {
-                self.read_source(|tx| $crate::txn::versions(tx, uris))
+                self.read_source(|tx| $crate::txn::ReadTx::uri_versions(tx, uris))
             }
 
             fn stat(&self, uri: &ce_core::CtxUri) -> $crate::Result<$crate::model::NodeStat> {

@@ -367,6 +367,25 @@ fn subtree_sql(col: &str, n: usize) -> String {
     )
 }
 
+/// The plan PostgreSQL runs for `sql` as a prepared statement executed with `args` (SQL
+/// literals) under `plan_cache_mode` `mode`: what the store's cached statements get.
+#[cfg(test)]
+pub(crate) fn explain(store: &PgStore, mode: &str, sql: &str, args: &str) -> String {
+    store
+        .write(WriteKind::Bookkeeping, |tx, _| {
+            tx.batch(&format!(
+                "SET LOCAL plan_cache_mode = {mode}; PREPARE plan_probe AS {sql}"
+            ))?;
+            let rows = tx.query(&format!("EXPLAIN EXECUTE plan_probe{args}"), &[])?;
+            tx.batch("DEALLOCATE plan_probe")?;
+            rows.iter()
+                .map(|r| Ok(r.try_get::<_, String>(0)?))
+                .collect::<crate::Result<Vec<_>>>()
+                .map(|l| l.join("\n"))
+        })
+        .expect("explain")
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact_url;

@@ -52,20 +52,25 @@ const CLAIM_SQL: &str = "WITH picked AS (
      FROM picked WHERE d.consumer = picked.consumer AND d.seq = picked.seq
      RETURNING d.seq, d.retry_count";
 
-/// Marks done the deliveries of consumer `$1` among sequences `$2` whose claim is live at
-/// `$4`: claimed (1) with the token at the same place in `$3`, lease not over. The rows are
-/// locked in sequence order first (as the one-by-one path does, so two acknowledgements
-/// sharing rows cannot deadlock); a row changed meanwhile is checked again once its lock is
-/// held (READ COMMITTED). Returns each row marked: sequence and token.
+/// Marks done the deliveries of consumer `$1` among sequences `$2` (ascending) whose claim
+/// is live at `$4`: claimed (1) with the token at the same place in `$3`, lease not over.
+/// The rows are locked first, in sequence order (as the one-by-one path does, so two
+/// acknowledgements sharing rows cannot deadlock); a row changed meanwhile is checked again
+/// once its lock is held (READ COMMITTED). Returns each row marked: sequence and token.
+///
+/// Each row is found by a primary-key probe of its own (a LATERAL subquery per sequence, the
+/// update by `seq = ANY`), whatever the statistics say: as a join, a store never analyzed
+/// (a fresh one under its first load) got a plan that read every runnable delivery of the
+/// consumer per acknowledgement — 3 ms of 4 at 10,000 pending.
 const DONE_LIVE_SQL: &str = "WITH live AS (
-        SELECT d.seq FROM deliveries d
-        JOIN unnest($2::bigint[], $3::text[]) AS c(seq, token)
-          ON d.seq = c.seq AND d.claim_token = c.token
-        WHERE d.consumer = $1 AND d.status = 1 AND d.claimed_until > $4
-        ORDER BY d.seq
-        FOR UPDATE OF d)
+        SELECT d.seq FROM unnest($2::bigint[], $3::text[]) AS c(seq, token)
+        CROSS JOIN LATERAL (
+            SELECT seq FROM deliveries
+            WHERE consumer = $1 AND seq = c.seq AND claim_token = c.token
+              AND status = 1 AND claimed_until > $4
+            FOR UPDATE) AS d)
      UPDATE deliveries d SET status = 3, visible_at = NULL, updated_at = $4
-     FROM live WHERE d.consumer = $1 AND d.seq = live.seq
+     WHERE d.consumer = $1 AND d.seq = ANY(ARRAY(SELECT seq FROM live))
      RETURNING d.seq, d.claim_token";
 
 /// The oldest non-terminal delivery of consumer `$1` (the low watermark).
@@ -540,10 +545,11 @@ mod tests {
     use postgres::fallible_iterator::FallibleIterator as _;
 
     use super::{
-        CLAIM_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL,
-        PgStore, WriteKind,
+        CLAIM_SQL, DONE_LIVE_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL,
+        LOW_WATERMARK_SQL, PgStore, WriteKind,
     };
     use crate::model::OutboxStore as _;
+    use crate::postgres::explain;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -575,24 +581,6 @@ mod tests {
                 trace_id: "t".into(),
             }),
         }
-    }
-
-    /// The plan PostgreSQL runs for `sql` as a prepared statement executed with `args` (SQL
-    /// literals) under `plan_cache_mode` `mode`: what the store's cached statements get.
-    fn plan(store: &PgStore, mode: &str, sql: &str, args: &str) -> String {
-        store
-            .write(WriteKind::Bookkeeping, |tx, _| {
-                tx.batch(&format!(
-                    "SET LOCAL plan_cache_mode = {mode}; PREPARE plan_probe AS {sql}"
-                ))?;
-                let rows = tx.query(&format!("EXPLAIN EXECUTE plan_probe{args}"), &[])?;
-                tx.batch("DEALLOCATE plan_probe")?;
-                rows.iter()
-                    .map(|r| Ok(r.try_get::<_, String>(0)?))
-                    .collect::<crate::Result<Vec<_>>>()
-                    .map(|l| l.join("\n"))
-            })
-            .expect("explain")
     }
 
     /// The claim, the low watermark and the last-error queries walk the partial indexes of
@@ -635,11 +623,61 @@ mod tests {
                 (LAST_ERROR_RUNNABLE_SQL, "('vector')", "deliveries_runnable"),
                 (LAST_ERROR_DEAD_SQL, "('vector')", "deliveries_dead"),
             ] {
-                let plan = plan(&store, mode, sql, args);
+                let plan = explain(&store, mode, sql, args);
                 assert!(plan.contains(index), "{mode}: {sql}\n{plan}");
                 // A generic plan leaves the parameters open; a custom one inlines them.
                 let generic = mode == "force_generic_plan";
                 assert_eq!(plan.contains("$1"), generic, "{mode}: {sql}\n{plan}");
+            }
+        }
+    }
+
+    /// An acknowledgement finds each delivery by an index probe on its sequence, in a store never
+    /// analyzed (a fresh one under its first load, where a join plan read every runnable
+    /// delivery of the consumer per acknowledgement) as in an analyzed one, for custom and
+    /// generic plans alike.
+    #[test]
+    fn acknowledgements_probe_each_sequence_whatever_the_statistics() {
+        let (store, _clock, _db) = open("ob_explain_done", config(&["vector"]));
+        store
+            .write(WriteKind::Source, |tx, _| {
+                tx.batch(
+                    "INSERT INTO events (event_id, event_type, uri, payload, created_at)
+                       SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', 0
+                       FROM generate_series(1, 10000) g;
+                     INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at,
+                         updated_at, claim_token, claimed_until)
+                       SELECT 'vector', seq, CASE WHEN seq <= 100 THEN 1 ELSE 0 END, 0, 0,
+                         seq, CASE WHEN seq <= 100 THEN 't' END,
+                         CASE WHEN seq <= 100 THEN 9000000000000000 END
+                       FROM events;",
+                )
+            })
+            .expect("queue");
+        let seqs: Vec<String> = (1..=100).map(|s| s.to_string()).collect();
+        let args = format!(
+            "('vector', '{{{}}}', '{{{}}}', {T0})",
+            seqs.join(","),
+            vec!["t"; 100].join(",")
+        );
+        for analyzed in [false, true] {
+            if analyzed {
+                store
+                    .write(WriteKind::Bookkeeping, |tx, _| {
+                        tx.batch("ANALYZE deliveries")
+                    })
+                    .expect("analyze");
+            }
+            for mode in ["force_custom_plan", "force_generic_plan"] {
+                let plan = explain(&store, mode, DONE_LIVE_SQL, &args);
+                let ctx = format!("analyzed {analyzed}, {mode}:\n{plan}");
+                // Both the locking probe and the update look rows up by sequence.
+                let conds: Vec<&str> = plan.lines().filter(|l| l.contains("Index Cond")).collect();
+                assert!(conds.len() >= 2, "{ctx}");
+                assert!(conds.iter().all(|c| c.contains("seq = ")), "{ctx}");
+                for bad in ["Seq Scan on deliveries", "Hash"] {
+                    assert!(!plan.contains(bad), "{ctx}");
+                }
             }
         }
     }

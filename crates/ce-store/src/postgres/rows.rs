@@ -8,7 +8,7 @@ use super::outbox::append_events_tx;
 use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql};
 use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
-use crate::model::{LinkRequest, WriteFence};
+use crate::model::{LinkRequest, UriVersion, WriteFence};
 use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, stored_uri, subtree_bounds};
 use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
@@ -18,6 +18,31 @@ pub(super) struct PgTx<'t, 'c> {
     /// The consumers that get a delivery per appended event.
     pub(super) consumers: &'t [String],
 }
+
+// The batched reads take the URIs as one `text[]` parameter (`$1`) and look each one up in a
+// subquery of its own (a scalar subquery, or a LATERAL one that `LIMIT 1` keeps from being
+// flattened into a join): a primary-key probe per URI whatever the table's statistics say.
+// As a join, a generic plan cached while the table was near empty (a fresh store being
+// imported into) hashed the whole table on every call: 0.4 ms per three-URI ancestor check
+// at 10,000 nodes.
+
+/// [`ReadTx::nodes`]: the live nodes among `$1`, in its order.
+fn nodes_sql() -> String {
+    format!(
+        "SELECT n.* FROM unnest($1::text[]) WITH ORDINALITY AS want(key, i)
+         CROSS JOIN LATERAL (SELECT {NODE_COLUMNS} FROM nodes WHERE uri = want.key LIMIT 1) AS n
+         ORDER BY want.i"
+    )
+}
+
+/// [`ReadTx::uri_versions`]: the live version and the tombstone of each URI of `$1`.
+const URI_VERSIONS_SQL: &str = "SELECT (SELECT version FROM nodes WHERE uri = want.key),
+         (SELECT version FROM tombstones WHERE uri = want.key)
+     FROM unnest($1::text[]) WITH ORDINALITY AS want(key, i) ORDER BY want.i";
+
+/// [`ReadTx::children_counts`]: how many children each URI of `$1` has.
+const CHILDREN_COUNTS_SQL: &str = "SELECT (SELECT count(*) FROM nodes WHERE parent_uri = want.key)
+     FROM unnest($1::text[]) WITH ORDINALITY AS want(key, i) ORDER BY want.i";
 
 impl ReadTx for PgTx<'_, '_> {
     fn node(&mut self, uri: &CtxUri) -> Result<Option<ContextNode>> {
@@ -46,6 +71,38 @@ impl ReadTx for PgTx<'_, '_> {
             )?
             .try_get(0)?;
         Ok(n as u64)
+    }
+
+    fn nodes(&mut self, uris: &[CtxUri]) -> Result<Vec<ContextNode>> {
+        self.tx
+            .query(&nodes_sql(), &[&uri_strs(uris)])?
+            .iter()
+            .map(node_from_row)
+            .collect()
+    }
+
+    fn uri_versions(&mut self, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
+        self.tx
+            .query(URI_VERSIONS_SQL, &[&uri_strs(uris)])?
+            .iter()
+            .map(|r| {
+                let live: Option<i64> = r.try_get(0)?;
+                let removed: Option<i64> = r.try_get(1)?;
+                Ok(match (live, removed) {
+                    (Some(v), _) => UriVersion::Live(v as u64),
+                    (None, Some(t)) => UriVersion::Deleted(t as u64),
+                    (None, None) => UriVersion::Unknown,
+                })
+            })
+            .collect()
+    }
+
+    fn children_counts(&mut self, uris: &[CtxUri]) -> Result<Vec<u64>> {
+        self.tx
+            .query(CHILDREN_COUNTS_SQL, &[&uri_strs(uris)])?
+            .iter()
+            .map(|r| Ok(r.try_get::<_, i64>(0)? as u64))
+            .collect()
     }
 
     fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
@@ -399,5 +456,48 @@ impl WriteTx for PgTx<'_, '_> {
             ],
         )?;
         Ok(())
+    }
+}
+
+/// The URIs of `uris` as text, for a `text[]` parameter.
+fn uri_strs(uris: &[CtxUri]) -> Vec<&str> {
+    uris.iter().map(CtxUri::as_str).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use ce_core::Config;
+    use ce_testkit::pg::TestDb;
+
+    use super::super::{PgStore, explain};
+    use super::{CHILDREN_COUNTS_SQL, URI_VERSIONS_SQL, nodes_sql};
+
+    /// The batched reads probe the primary key (or the parent index) once per URI, in a
+    /// store never analyzed and near empty — the statistics of a fresh store at the start of
+    /// its first import, when a prepared statement caches the plan it keeps — for custom and
+    /// generic plans alike; never a scan or a hash of the table.
+    #[test]
+    fn batched_reads_probe_an_index_per_uri_whatever_the_statistics() {
+        let db = TestDb::create("rows_explain");
+        let store = PgStore::open(db.url(), Config::default()).expect("open");
+        let args = "('{ctx://a,ctx://a/b,ctx://a/b/c}')";
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            for (sql, indexes) in [
+                (nodes_sql(), &["nodes_pkey"][..]),
+                (
+                    URI_VERSIONS_SQL.to_owned(),
+                    &["nodes_pkey", "tombstones_pkey"][..],
+                ),
+                (CHILDREN_COUNTS_SQL.to_owned(), &["nodes_by_parent"][..]),
+            ] {
+                let plan = explain(&store, mode, &sql, args);
+                for index in indexes {
+                    assert!(plan.contains(index), "{mode}: {sql}\n{plan}");
+                }
+                for bad in ["Seq Scan on nodes", "Seq Scan on tombstones", "Hash"] {
+                    assert!(!plan.contains(bad), "{mode}: {sql}\n{plan}");
+                }
+            }
+        }
     }
 }

@@ -7,7 +7,8 @@ use ce_core::{
     UpsertReason, test_cases,
 };
 use ce_store::{
-    LinkRequest, PutMode, PutRequest, SourceStore, StoreError, WriteFence, WriteOp, WriteOutcome,
+    LinkRequest, PutMode, PutRequest, SourceStore, StoreError, UriVersion, WriteFence, WriteOp,
+    WriteOutcome,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -812,6 +813,7 @@ fn random_writes_keep_the_invariants(backend: Backend) {
         }
         uri(&u)
     };
+    let mut seen = std::collections::BTreeMap::new();
     for step in 0..test_cases(300) {
         clock.advance(rng.random_range(0..2000));
         let before = snapshot(s);
@@ -895,7 +897,59 @@ fn random_writes_keep_the_invariants(backend: Backend) {
             "{desc} (CE_SEED={seed}): invariants broken:\n  {}",
             bad.join("\n  ")
         );
+        for n in &after.nodes {
+            let v = seen.entry(n.uri.clone()).or_insert(n.version);
+            *v = (*v).max(n.version);
+        }
+        let asked: Vec<CtxUri> = (0..rng.random_range(0..8))
+            .map(|_| pick(&mut rng))
+            .collect();
+        check_batched_reads(s, &after, &seen, &asked, &desc);
     }
+}
+
+/// The batched reads (`read_nodes`, `versions`, `kinds`) of `asked` — duplicates, absent and
+/// removed URIs included — agree URI by URI, in order, with the snapshot `now` and `seen`
+/// (the newest version of every URI ever live: one not live now has a tombstone at least as
+/// new).
+fn check_batched_reads(
+    s: &dyn SourceStore,
+    now: &common::Snapshot,
+    seen: &std::collections::BTreeMap<CtxUri, u64>,
+    asked: &[CtxUri],
+    desc: &str,
+) {
+    let live = |u: &CtxUri| now.nodes.iter().find(|n| &n.uri == u);
+    let want: Vec<&ContextNode> = asked.iter().filter_map(live).collect();
+    let got = s.read_nodes(asked).expect("read_nodes");
+    assert_eq!(
+        got.iter().collect::<Vec<_>>(),
+        want,
+        "{desc}: read_nodes({asked:?})"
+    );
+    let versions = s.versions(asked).expect("versions");
+    assert_eq!(versions.len(), asked.len(), "{desc}: versions({asked:?})");
+    for (u, v) in asked.iter().zip(versions) {
+        match (live(u), seen.get(u), v) {
+            (Some(n), _, UriVersion::Live(v)) => assert_eq!(v, n.version, "{desc}: {u}"),
+            (None, Some(last), UriVersion::Deleted(t)) => {
+                assert!(t >= *last, "{desc}: {u} tombstone {t} older than {last}")
+            }
+            (None, None, UriVersion::Unknown) => {}
+            (n, last, v) => {
+                panic!("{desc}: versions says {v:?} of {u} (live {n:?}, seen {last:?})")
+            }
+        }
+    }
+    let kinds = s.kinds(asked).expect("kinds");
+    let want_kinds: Vec<ce_core::NodeKind> = asked
+        .iter()
+        .map(|u| {
+            let children = now.nodes.iter().filter(|n| &n.parent_uri == u).count();
+            ce_core::NodeKind::of(u, children as u64)
+        })
+        .collect();
+    assert_eq!(kinds, want_kinds, "{desc}: kinds({asked:?})");
 }
 
 fn apply_batch_is_all_or_nothing(backend: Backend) {
