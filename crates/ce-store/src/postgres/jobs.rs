@@ -216,14 +216,14 @@ impl PgStore {
             if durable {
                 tx.batch("SET LOCAL synchronous_commit = on")?;
             }
-            f(&mut PgTx { tx, consumers }, now)
+            f(&mut PgTx::new(tx, consumers), now)
         })
     }
 
     /// A read snapshot of the job queue.
     fn read_jobs<T>(&self, f: impl FnOnce(&mut dyn JobTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|tx| f(&mut PgTx { tx, consumers }))
+        self.read(|tx| f(&mut PgTx::new(tx, consumers)))
     }
 }
 

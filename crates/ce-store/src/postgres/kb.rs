@@ -196,7 +196,7 @@ impl PgStore {
     /// A read snapshot of the knowledge-base tables.
     fn read_kb<T>(&self, f: impl FnOnce(&mut dyn KbTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|tx| f(&mut PgTx { tx, consumers }))
+        self.read(|tx| f(&mut PgTx::new(tx, consumers)))
     }
 }
 

@@ -251,14 +251,14 @@ impl PgStore {
     fn write_source<T>(&self, f: impl FnOnce(&mut dyn WriteTx, Millis) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
         self.write(WriteKind::Source, |tx, now| {
-            f(&mut rows::PgTx { tx, consumers }, now)
+            f(&mut rows::PgTx::new(tx, consumers), now)
         })
     }
 
     /// A read snapshot with the row operations of `crate::txn`.
     fn read_source<T>(&self, f: impl FnOnce(&mut dyn ReadTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|tx| f(&mut rows::PgTx { tx, consumers }))
+        self.read(|tx| f(&mut rows::PgTx::new(tx, consumers)))
     }
 }
 
@@ -322,9 +322,11 @@ fn insert_node(tx: &mut Tx<'_>, n: &ContextNode) -> Result<()> {
     let provenance = encode_provenance(&n.provenance)?;
     let owner = n.owner_space.to_string();
     let (version, relation_version) = (n.version as i64, n.relation_version as i64);
+    // One statement (one round trip) for the node and its tombstone.
     tx.execute(
         &format!(
-            "INSERT INTO nodes ({NODE_COLUMNS})
+            "WITH revived AS (DELETE FROM tombstones WHERE uri = $1)
+             INSERT INTO nodes ({NODE_COLUMNS})
              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)
              ON CONFLICT (uri) DO UPDATE SET parent_uri=excluded.parent_uri,
                context_type=excluded.context_type, category=excluded.category,
@@ -354,7 +356,6 @@ fn insert_node(tx: &mut Tx<'_>, n: &ContextNode) -> Result<()> {
             &provenance,
         ],
     )?;
-    tx.execute("DELETE FROM tombstones WHERE uri = $1", &[&n.uri.as_str()])?;
     Ok(())
 }
 

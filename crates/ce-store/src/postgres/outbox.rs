@@ -515,13 +515,13 @@ impl OutboxBackend for PgStore {
                 // Durable at commit, as SQLite commits a repair with `FULL`.
                 tx.batch("SET LOCAL synchronous_commit = on")?;
             }
-            f(&mut PgTx { tx, consumers }, now)
+            f(&mut PgTx::new(tx, consumers), now)
         })
     }
 
     fn read_outbox<T>(&self, f: impl FnOnce(&mut dyn OutboxReadTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|tx| f(&mut PgTx { tx, consumers }))
+        self.read(|tx| f(&mut PgTx::new(tx, consumers)))
     }
 }
 

@@ -10,13 +10,24 @@ use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, UriVersion, WriteFence};
 use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, stored_uri, subtree_bounds};
-use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
+use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
 pub(super) struct PgTx<'t, 'c> {
     pub(super) tx: &'t mut Tx<'c>,
     /// The consumers that get a delivery per appended event.
-    pub(super) consumers: &'t [String],
+    consumers: &'t [String],
+    memo: DirtyMemo,
+}
+
+impl<'t, 'c> PgTx<'t, 'c> {
+    pub(super) fn new(tx: &'t mut Tx<'c>, consumers: &'t [String]) -> Self {
+        PgTx {
+            tx,
+            consumers,
+            memo: DirtyMemo::default(),
+        }
+    }
 }
 
 // The batched reads take the URIs as one `text[]` parameter (`$1`) and look each one up in a
@@ -408,7 +419,7 @@ impl WriteTx for PgTx<'_, '_> {
         super::holds::insert_hold_tx(self.tx, id, at, lease, now)
     }
 
-    fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
+    fn bump_dirty_row(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
         self.tx.execute(
             "INSERT INTO derive_dirty (uri, coalesce_version, derived_version, dirtied_at)
              VALUES ($1, 1, 0, $2)
@@ -420,7 +431,7 @@ impl WriteTx for PgTx<'_, '_> {
         Ok(())
     }
 
-    fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
+    fn mark_derived_row(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
         self.tx.execute(
             "UPDATE derive_dirty SET derived_version = GREATEST(derived_version, $2)
              WHERE uri = $1",
@@ -429,7 +440,11 @@ impl WriteTx for PgTx<'_, '_> {
         Ok(())
     }
 
-    fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()> {
+    fn dirty_memo(&mut self) -> &mut DirtyMemo {
+        &mut self.memo
+    }
+
+    fn delete_dirty_rows_within(&mut self, uri: &CtxUri) -> Result<()> {
         let (lo, hi) = subtree_bounds(uri);
         self.tx.execute(
             &format!("DELETE FROM derive_dirty WHERE {}", subtree_sql("uri", 1)),

@@ -171,14 +171,14 @@ impl SqliteStore {
             Durability::Normal
         };
         self.write(durability, |conn, now| {
-            f(&mut SqlTx { conn, consumers }, now)
+            f(&mut SqlTx::new(conn, consumers), now)
         })
     }
 
     /// A read snapshot of the job queue.
     fn read_jobs<T>(&self, f: impl FnOnce(&mut dyn JobTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|conn| f(&mut SqlTx { conn, consumers }))
+        self.read(|conn| f(&mut SqlTx::new(conn, consumers)))
     }
 }
 

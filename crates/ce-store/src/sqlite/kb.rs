@@ -203,7 +203,7 @@ impl SqliteStore {
     /// A read snapshot of the knowledge-base tables.
     fn read_kb<T>(&self, f: impl FnOnce(&mut dyn KbTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|conn| f(&mut SqlTx { conn, consumers }))
+        self.read(|conn| f(&mut SqlTx::new(conn, consumers)))
     }
 }
 

@@ -219,20 +219,14 @@ impl SqliteStore {
     fn write_source<T>(&self, f: impl FnOnce(&mut dyn WriteTx, Millis) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
         self.write(Durability::Full, |tx, now| {
-            f(
-                &mut rows::SqlTx {
-                    conn: tx,
-                    consumers,
-                },
-                now,
-            )
+            f(&mut rows::SqlTx::new(tx, consumers), now)
         })
     }
 
     /// A read snapshot with the row operations of `crate::txn`.
     fn read_source<T>(&self, f: impl FnOnce(&mut dyn ReadTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|conn| f(&mut rows::SqlTx { conn, consumers }))
+        self.read(|conn| f(&mut rows::SqlTx::new(conn, consumers)))
     }
 }
 

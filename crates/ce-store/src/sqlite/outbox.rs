@@ -466,20 +466,12 @@ impl OutboxBackend for SqliteStore {
             Commit::Bookkeeping => Durability::Normal,
         };
         let consumers = &self.config.index.outbox.consumers;
-        self.write(durability, |tx, now| {
-            f(
-                &mut SqlTx {
-                    conn: tx,
-                    consumers,
-                },
-                now,
-            )
-        })
+        self.write(durability, |tx, now| f(&mut SqlTx::new(tx, consumers), now))
     }
 
     fn read_outbox<T>(&self, f: impl FnOnce(&mut dyn OutboxReadTx) -> Result<T>) -> Result<T> {
         let consumers = &self.config.index.outbox.consumers;
-        self.read(|conn| f(&mut SqlTx { conn, consumers }))
+        self.read(|conn| f(&mut SqlTx::new(conn, consumers)))
     }
 }
 

@@ -12,13 +12,24 @@ use crate::derive::{DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
 use crate::shared::{dirty_key, node_columns_cut, stored_uri};
-use crate::txn::{EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
+use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
 pub(super) struct SqlTx<'a> {
     pub(super) conn: &'a Connection,
     /// The consumers that get a delivery per appended event.
-    pub(super) consumers: &'a [String],
+    consumers: &'a [String],
+    memo: DirtyMemo,
+}
+
+impl<'a> SqlTx<'a> {
+    pub(super) fn new(conn: &'a Connection, consumers: &'a [String]) -> Self {
+        SqlTx {
+            conn,
+            consumers,
+            memo: DirtyMemo::default(),
+        }
+    }
 }
 
 impl SqlTx<'_> {
@@ -350,7 +361,7 @@ impl WriteTx for SqlTx<'_> {
         super::holds::insert_hold_tx(self.conn, id, at, lease, now)
     }
 
-    fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
+    fn bump_dirty_row(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
         self.conn
             .prepare_cached(
                 "INSERT INTO derive_dirty (uri, coalesce_version, derived_version, dirtied_at)
@@ -362,7 +373,7 @@ impl WriteTx for SqlTx<'_> {
         Ok(())
     }
 
-    fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
+    fn mark_derived_row(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
         self.conn
             .prepare_cached(
                 "UPDATE derive_dirty SET derived_version = max(derived_version, ?2)
@@ -372,7 +383,11 @@ impl WriteTx for SqlTx<'_> {
         Ok(())
     }
 
-    fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()> {
+    fn dirty_memo(&mut self) -> &mut DirtyMemo {
+        &mut self.memo
+    }
+
+    fn delete_dirty_rows_within(&mut self, uri: &CtxUri) -> Result<()> {
         let (lo, hi) = subtree_bounds(uri);
         self.conn
             .prepare_cached(&format!(

@@ -4,7 +4,7 @@
 
 use ce_core::{Config, Derivation, LayerOrigin, Level};
 use ce_store::derive::{DerivedOutcome, DerivedWrite, LayerWrite};
-use ce_store::{PutMode, PutRequest, StoreError};
+use ce_store::{PutMode, PutRequest, StoreError, WriteOp};
 
 use crate::common::{Backend, Store, backend_tests, fresh, uri};
 
@@ -362,4 +362,50 @@ backend_tests!(
     a_user_layer_is_never_overwritten_and_can_be_handed_back,
     removing_and_moving_dirty_the_folders_and_carry_the_keys,
     without_the_derive_consumer_nothing_is_pending,
+    a_batch_bumps_each_key_once_until_it_is_derived,
 );
+
+/// A batch that adds many children to one folder bumps the folder's key once (an import of
+/// 10,000 files into one folder made 10,000 updates of one row: quadratic on PostgreSQL),
+/// and the key moves on again with the next transaction after a write-back.
+fn a_batch_bumps_each_key_once_until_it_is_derived(backend: Backend) {
+    let (_p, s, _c) = fresh(backend, derive_on());
+    put(&s, "ctx://a/resources/docs/first", content("first"));
+    let folder = |s: &Store| {
+        s.dirty_within(&uri("ctx://a/resources/docs"))
+            .expect("dirty")
+            .into_iter()
+            .find(|k| k.uri == uri("ctx://a/resources/docs"))
+            .expect("the folder has a key")
+    };
+    let before = folder(&s).coalesce_version;
+    let children = |from: usize| {
+        (from..from + 50)
+            .map(|i| WriteOp::Put {
+                uri: uri(&format!("ctx://a/resources/docs/n{i}")),
+                req: content(&format!("child {i}")),
+            })
+            .collect::<Vec<_>>()
+    };
+    s.apply_batch(children(0)).expect("batch");
+    let after = folder(&s);
+    assert_eq!(
+        after.coalesce_version,
+        before + 1,
+        "one bump for 50 children"
+    );
+    assert!(
+        after.coalesce_version > after.derived_version,
+        "the key is open"
+    );
+    let w = write_back(&s, "ctx://a/resources/docs", "Docs.", "- docs");
+    s.write_derived(vec![w]).expect("write back");
+    assert!(
+        !dirty_uris(&s).contains(&"ctx://a/resources/docs".to_owned()),
+        "derived: the key is clean"
+    );
+    s.apply_batch(children(50)).expect("batch");
+    let again = folder(&s);
+    assert_eq!(again.coalesce_version, after.coalesce_version + 1);
+    assert_eq!(again.derived_version, after.coalesce_version, "open again");
+}
