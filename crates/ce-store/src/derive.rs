@@ -257,6 +257,11 @@ pub(crate) fn dirty_parent(
     let Some(parent) = child.parent().filter(|p| !p.is_root()) else {
         return Ok(());
     };
+    if tx.dirty_memo().bumped(&parent) {
+        // Already bumped by this transaction: the bump would be skipped, so is the read (one
+        // round trip per child on PostgreSQL when a batch adds many to one folder).
+        return Ok(());
+    }
     if let Some(p) = tx.node(&parent)? {
         dirty_node(tx, rules, &p, now)?;
     }

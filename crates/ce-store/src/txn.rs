@@ -7,13 +7,13 @@
 //! model). Backends then implement the public traits with [`impl_source_traits!`], which
 //! routes each method through their `write` / `read` transaction runners.
 
+use std::collections::HashSet;
+
 use ce_core::{
     ContextNode, CoreError, CtxUri, DeleteContextPayload, EVENT_VERSION, EventPayload, Millis,
     MoveContextPayload, RelationEdge, RelationMode, UpsertContextPayload, UpsertReason,
     UpsertRelationPayload, node::validate_relation_type,
 };
-
-use std::collections::HashSet;
 
 use crate::derive::{self as derive, DeriveUsage, DirtyKey, Rules};
 use crate::error::{Result, StoreError};
@@ -67,10 +67,26 @@ pub(crate) fn fence_lineage(fence: &WriteFence) -> Vec<String> {
 #[derive(Debug, Default)]
 pub(crate) struct DirtyMemo(HashSet<CtxUri>);
 
+impl DirtyMemo {
+    /// Whether this transaction bumped `uri`'s key (and has not marked it derived or deleted
+    /// it since).
+    pub(crate) fn bumped(&self, uri: &CtxUri) -> bool {
+        self.0.contains(uri)
+    }
+}
+
 /// Reads inside one transaction (one snapshot).
 pub(crate) trait ReadTx {
     /// The live node at `uri`.
     fn node(&mut self, uri: &CtxUri) -> Result<Option<ContextNode>>;
+    /// The live node at `uri`, or else the version of its tombstone. A backend where a
+    /// statement costs a round trip reads both in one.
+    fn node_or_tombstone(&mut self, uri: &CtxUri) -> Result<(Option<ContextNode>, Option<u64>)> {
+        match self.node(uri)? {
+            Some(n) => Ok((Some(n), None)),
+            None => Ok((None, self.tombstone(uri)?)),
+        }
+    }
     /// The last version of a removed node at `uri`.
     fn tombstone(&mut self, uri: &CtxUri) -> Result<Option<u64>>;
     /// The live version at `uri` without reading the node.
@@ -284,12 +300,7 @@ pub(crate) fn put(
     now: Millis,
 ) -> Result<WriteOutcome> {
     let trace_id = trace_id_or_new(req.trace_id.clone());
-    let existing = tx.node(uri)?;
-    // A live node has no tombstone (`insert_node` clears it).
-    let tomb = match existing {
-        Some(_) => None,
-        None => tx.tombstone(uri)?,
-    };
+    let (existing, tomb) = tx.node_or_tombstone(uri)?;
     let Some(planned) = plan_put(uri, existing.as_ref(), tomb, req, now, rules, &trace_id)? else {
         return Ok(unchanged(uri, existing.map_or(0, |n| n.version), trace_id));
     };

@@ -60,6 +60,23 @@ impl ReadTx for PgTx<'_, '_> {
         get_node(self.tx, uri)
     }
 
+    fn node_or_tombstone(&mut self, uri: &CtxUri) -> Result<(Option<ContextNode>, Option<u64>)> {
+        let row = self.tx.query_one(
+            &format!(
+                "SELECT {NODE_COLUMNS},
+                     (SELECT version FROM tombstones WHERE tombstones.uri = want.key)
+                 FROM (SELECT $1::text AS key) AS want
+                 LEFT JOIN nodes ON nodes.uri = want.key"
+            ),
+            &[&uri.as_str()],
+        )?;
+        if row.try_get::<_, Option<&str>>(0)?.is_none() {
+            let tomb: Option<i64> = row.try_get(16)?;
+            return Ok((None, tomb.map(|v| v as u64)));
+        }
+        Ok((Some(node_from_row(&row)?), None))
+    }
+
     fn tombstone(&mut self, uri: &CtxUri) -> Result<Option<u64>> {
         get_tombstone(self.tx, uri)
     }
