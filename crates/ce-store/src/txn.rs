@@ -79,6 +79,10 @@ impl DirtyMemo {
 pub(crate) trait ReadTx {
     /// The live node at `uri`.
     fn node(&mut self, uri: &CtxUri) -> Result<Option<ContextNode>>;
+    /// A hint: the write being applied will call [`ReadTx::node_or_tombstone`] for `uris`,
+    /// in this order. A backend where a statement costs a round trip reads them ahead, a
+    /// window at a time; the default ignores it.
+    fn read_ahead(&mut self, _uris: Vec<CtxUri>) {}
     /// The live node at `uri`, or else the version of its tombstone. A backend where a
     /// statement costs a round trip reads both in one.
     fn node_or_tombstone(&mut self, uri: &CtxUri) -> Result<(Option<ContextNode>, Option<u64>)> {
@@ -492,6 +496,16 @@ pub(crate) fn apply_fenced(
 ) -> Result<Vec<WriteOutcome>> {
     for f in fences {
         check_fence(tx, f, now)?;
+    }
+    let puts: Vec<CtxUri> = ops
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Put { uri, .. } => Some(uri.clone()),
+            _ => None,
+        })
+        .collect();
+    if puts.len() > 1 {
+        tx.read_ahead(puts);
     }
     let mut appended = false;
     ops.into_iter()

@@ -2,6 +2,8 @@
 //! [`WriteTx`]); what the writes mean is written once in `crate::txn`. The SQL mirrors
 //! `sqlite/rows.rs` statement for statement.
 
+use std::collections::HashMap;
+
 use ce_core::{ContextNode, CtxUri, EventPayload, Millis, RelationEdge};
 
 use super::outbox::append_events_tx;
@@ -18,6 +20,48 @@ pub(super) struct PgTx<'t, 'c> {
     /// The consumers that get a delivery per appended event.
     consumers: &'t [String],
     memo: DirtyMemo,
+    ahead: ReadAhead,
+}
+
+/// What a batch will read with [`ReadTx::node_or_tombstone`] ([`ReadTx::read_ahead`]), and
+/// what has been read ahead of it. A miss on an upcoming URI reads the next
+/// [`READ_AHEAD_WINDOW`] of them in one statement: a batch of 10,000 puts costs 40 round trips
+/// instead of 10,000 (a no-op `ce import` of 10,000 files: 1.2 s before). An entry is the
+/// state when it was read; the transaction's own writes drop the entries they touch
+/// (`insert_node`, `remove_subtree`, `bump_relation_version`: every statement that writes
+/// `nodes` or `tombstones`), and no other transaction writes them meanwhile (source writes
+/// hold the source lock), so a hit is what a read would return.
+#[derive(Default)]
+struct ReadAhead {
+    queue: Vec<CtxUri>,
+    /// The first position of `queue` not read ahead yet.
+    next: usize,
+    /// By URI: the node, or else its tombstone's version.
+    read: HashMap<String, (Option<ContextNode>, Option<u64>)>,
+}
+
+/// URIs per read-ahead statement (nodes held at once, at most).
+const READ_AHEAD_WINDOW: usize = 256;
+
+impl ReadAhead {
+    /// The window of upcoming URIs that starts at `uri`, if `uri` is upcoming; advances
+    /// past it.
+    fn window_from(&mut self, uri: &CtxUri) -> Option<&[CtxUri]> {
+        let at = self.next + self.queue[self.next..].iter().position(|u| u == uri)?;
+        self.next = (at + READ_AHEAD_WINDOW).min(self.queue.len());
+        Some(&self.queue[at..self.next])
+    }
+
+    /// Forgets what was read of `uri`.
+    fn forget(&mut self, uri: &str) {
+        self.read.remove(uri);
+    }
+
+    /// Forgets what was read within the subtree `uri`.
+    fn forget_within(&mut self, uri: &CtxUri) {
+        self.read
+            .retain(|u, _| CtxUri::parse_stored(u).is_ok_and(|u| !u.is_within(uri)));
+    }
 }
 
 impl<'t, 'c> PgTx<'t, 'c> {
@@ -26,6 +70,7 @@ impl<'t, 'c> PgTx<'t, 'c> {
             tx,
             consumers,
             memo: DirtyMemo::default(),
+            ahead: ReadAhead::default(),
         }
     }
 }
@@ -46,6 +91,17 @@ fn nodes_sql() -> String {
     )
 }
 
+/// [`ReadTx::read_ahead`]: per URI of `$1`, its node's columns (all null without a node),
+/// its tombstone's version and the URI.
+fn read_ahead_sql() -> String {
+    format!(
+        "SELECT n.*, (SELECT version FROM tombstones WHERE tombstones.uri = want.key), want.key
+         FROM unnest($1::text[]) AS want(key)
+         LEFT JOIN LATERAL
+             (SELECT {NODE_COLUMNS} FROM nodes WHERE uri = want.key LIMIT 1) AS n ON true"
+    )
+}
+
 /// [`ReadTx::uri_versions`]: the live version and the tombstone of each URI of `$1`.
 const URI_VERSIONS_SQL: &str = "SELECT (SELECT version FROM nodes WHERE uri = want.key),
          (SELECT version FROM tombstones WHERE uri = want.key)
@@ -60,7 +116,31 @@ impl ReadTx for PgTx<'_, '_> {
         get_node(self.tx, uri)
     }
 
+    fn read_ahead(&mut self, uris: Vec<CtxUri>) {
+        self.ahead = ReadAhead {
+            queue: uris,
+            ..ReadAhead::default()
+        };
+    }
+
     fn node_or_tombstone(&mut self, uri: &CtxUri) -> Result<(Option<ContextNode>, Option<u64>)> {
+        if let Some(hit) = self.ahead.read.remove(uri.as_str()) {
+            return Ok(hit);
+        }
+        if let Some(window) = self.ahead.window_from(uri) {
+            let rows = self.tx.query(&read_ahead_sql(), &[&uri_strs(window)])?;
+            for r in &rows {
+                let key: String = r.try_get(17)?;
+                let state = match r.try_get::<_, Option<&str>>(0)? {
+                    Some(_) => (Some(node_from_row(r)?), None),
+                    None => (None, r.try_get::<_, Option<i64>>(16)?.map(|v| v as u64)),
+                };
+                self.ahead.read.insert(key, state);
+            }
+            if let Some(hit) = self.ahead.read.remove(uri.as_str()) {
+                return Ok(hit);
+            }
+        }
         let row = self.tx.query_one(
             &format!(
                 "SELECT {NODE_COLUMNS},
@@ -270,10 +350,12 @@ impl ReadTx for PgTx<'_, '_> {
 
 impl WriteTx for PgTx<'_, '_> {
     fn insert_node(&mut self, n: &ContextNode) -> Result<()> {
+        self.ahead.forget(n.uri.as_str());
         insert_node(self.tx, n)
     }
 
     fn remove_subtree(&mut self, uri: &CtxUri, now: Millis) -> Result<u64> {
+        self.ahead.forget_within(uri);
         let (lo, hi) = subtree_bounds(uri);
         let within = subtree_sql("uri", 1);
         self.tx.execute(
@@ -340,6 +422,7 @@ impl WriteTx for PgTx<'_, '_> {
     }
 
     fn bump_relation_version(&mut self, owner: &str) -> Result<Option<u64>> {
+        self.ahead.forget(owner);
         Ok(self
             .tx
             .query_opt(
