@@ -23,8 +23,8 @@ pub(super) struct PgTx<'t, 'c> {
     ahead: ReadAhead,
 }
 
-/// What a batch will read with [`ReadTx::node_or_tombstone`] ([`ReadTx::read_ahead`]), and
-/// what has been read ahead of it. A miss on an upcoming URI reads the next
+/// What a batch will read with [`ReadTx::node_or_tombstone`] ([`ReadTx::read_ahead`]), what
+/// has been read ahead of it, and what it inserted. A miss on an upcoming URI reads the next
 /// [`READ_AHEAD_WINDOW`] of them in one statement: a batch of 10,000 puts costs 40 round trips
 /// instead of 10,000 (a no-op `ce import` of 10,000 files: 1.2 s before). An entry is the
 /// state when it was read; the transaction's own writes drop the entries they touch
@@ -38,6 +38,11 @@ struct ReadAhead {
     next: usize,
     /// By URI: the node, or else its tombstone's version.
     read: HashMap<String, (Option<ContextNode>, Option<u64>)>,
+    /// The nodes this transaction inserted and has not removed since, by URI: their version.
+    /// For the same reasons these are live at that version, and [`ReadTx::uri_versions`] of
+    /// them needs no statement (the ancestors a put checks are mostly folders the same import
+    /// wrote).
+    inserted: HashMap<String, u64>,
 }
 
 /// URIs per read-ahead statement (nodes held at once, at most).
@@ -57,10 +62,11 @@ impl ReadAhead {
         self.read.remove(uri);
     }
 
-    /// Forgets what was read within the subtree `uri`.
+    /// Forgets what was read or inserted within the subtree `uri`.
     fn forget_within(&mut self, uri: &CtxUri) {
-        self.read
-            .retain(|u, _| CtxUri::parse_stored(u).is_ok_and(|u| !u.is_within(uri)));
+        let outside = |u: &String| CtxUri::parse_stored(u).is_ok_and(|u| !u.is_within(uri));
+        self.read.retain(|u, _| outside(u));
+        self.inserted.retain(|u, _| outside(u));
     }
 }
 
@@ -117,10 +123,9 @@ impl ReadTx for PgTx<'_, '_> {
     }
 
     fn read_ahead(&mut self, uris: Vec<CtxUri>) {
-        self.ahead = ReadAhead {
-            queue: uris,
-            ..ReadAhead::default()
-        };
+        self.ahead.queue = uris;
+        self.ahead.next = 0;
+        self.ahead.read.clear();
     }
 
     fn node_or_tombstone(&mut self, uri: &CtxUri) -> Result<(Option<ContextNode>, Option<u64>)> {
@@ -190,6 +195,18 @@ impl ReadTx for PgTx<'_, '_> {
     }
 
     fn uri_versions(&mut self, uris: &[CtxUri]) -> Result<Vec<UriVersion>> {
+        let inserted: Option<Vec<UriVersion>> = uris
+            .iter()
+            .map(|u| {
+                self.ahead
+                    .inserted
+                    .get(u.as_str())
+                    .map(|v| UriVersion::Live(*v))
+            })
+            .collect();
+        if let Some(known) = inserted {
+            return Ok(known);
+        }
         self.tx
             .query(URI_VERSIONS_SQL, &[&uri_strs(uris)])?
             .iter()
@@ -351,7 +368,11 @@ impl ReadTx for PgTx<'_, '_> {
 impl WriteTx for PgTx<'_, '_> {
     fn insert_node(&mut self, n: &ContextNode) -> Result<()> {
         self.ahead.forget(n.uri.as_str());
-        insert_node(self.tx, n)
+        insert_node(self.tx, n)?;
+        self.ahead
+            .inserted
+            .insert(n.uri.as_str().to_owned(), n.version);
+        Ok(())
     }
 
     fn remove_subtree(&mut self, uri: &CtxUri, now: Millis) -> Result<u64> {

@@ -33,6 +33,7 @@ backend_tests!(
     apply_batch_is_all_or_nothing,
     writes_under_an_older_fencing_token_are_refused,
     a_hold_lasts_until_its_batch_is_applied_by_the_named_consumers,
+    a_batch_writes_over_what_it_removed,
 );
 
 fn store(backend: Backend) -> (Place, Store, ce_core::ManualClock) {
@@ -1192,8 +1193,15 @@ fn random_batches_apply_alike_on_both_backends() {
     let mut rng = StdRng::seed_from_u64(seed);
     let (_a, lite, lite_clock) = common::fresh(Backend::Sqlite, common::two_consumers());
     let (_b, pg, pg_clock) = common::fresh(Backend::Postgres, common::two_consumers());
-    let pick = |rng: &mut StdRng| {
-        let mut u = String::from("ctx://r");
+    // Half the URIs under an account of the round's own, so a batch also writes whole new
+    // chains (which PostgreSQL then knows live without reading them).
+    let pick = |rng: &mut StdRng, round: u32| {
+        let account = if rng.random_bool(0.5) {
+            "r".to_owned()
+        } else {
+            format!("s{}", round / 4)
+        };
+        let mut u = format!("ctx://{account}");
         for _ in 0..rng.random_range(1..=3) {
             u.push_str(&format!("/{}", ["a", "b", "c"][rng.random_range(0..3)]));
         }
@@ -1207,26 +1215,30 @@ fn random_batches_apply_alike_on_both_backends() {
             .collect::<Vec<_>>()
     };
     let mut ok = 0;
-    for round in 0..test_cases(60) {
+    for round in 0..test_cases(100) {
         let advance = rng.random_range(0..2000);
         lite_clock.advance(advance);
         pg_clock.advance(advance);
         // Removals, moves and relations mostly of nodes that exist (a batch with one op that
         // fails writes nothing), moves to new names.
-        let live: Vec<CtxUri> = nodes(&lite)
+        // The nodes that exist, then also those the batch puts.
+        let mut live: Vec<CtxUri> = nodes(&lite)
             .into_iter()
             .map(|n| n.0)
             .filter(|u| u.depth() > 1)
             .collect();
         let ops: Vec<WriteOp> = (0..rng.random_range(2..30))
             .map(|i| {
-                let (mut a, mut b) = (pick(&mut rng), pick(&mut rng));
+                let (mut a, mut b) = (pick(&mut rng, round), pick(&mut rng, round));
                 let what = rng.random_range(0..100);
                 if what >= 70 && !live.is_empty() && rng.random_bool(0.9) {
                     a = live[rng.random_range(0..live.len())].clone();
                     if what >= 92 {
                         b = live[rng.random_range(0..live.len())].clone();
                     }
+                }
+                if what < 75 {
+                    live.push(a.clone());
                 }
                 let b = if (82..92).contains(&what) {
                     b.join(&format!("m{round}-{i}")).expect("uri")
@@ -1283,4 +1295,43 @@ fn random_batches_apply_alike_on_both_backends() {
         ok * 3 >= test_cases(60),
         "only {ok} batches applied: the test tests little"
     );
+}
+
+/// One batch writes a chain (a new account's), removes it and writes under it again: the
+/// removed folder comes back as a container, the rewritten node's version continues past its
+/// tombstone (what a batch wrote or read earlier is not taken for what the store holds after
+/// it removed it).
+fn a_batch_writes_over_what_it_removed(backend: Backend) {
+    let (_d, s, _c) = store(backend);
+    let s = s.as_ref();
+    let put_op = |u: &str, t: &str| WriteOp::Put {
+        uri: uri(u),
+        req: text(t),
+    };
+    let rm_op = |u: &str| WriteOp::Rm {
+        uri: uri(u),
+        recursive: true,
+        expect_version: None,
+        trace_id: None,
+    };
+    put(s, "ctx://n/old/x", "one");
+    let outs = s
+        .apply_batch(vec![
+            put_op("ctx://m/a/b", "b"),
+            put_op("ctx://n/old/x", "two"),
+            rm_op("ctx://m/a"),
+            rm_op("ctx://n/old"),
+            put_op("ctx://m/a/c", "c"),
+            put_op("ctx://n/old/x", "three"),
+        ])
+        .expect("batch");
+    assert_eq!(outs[1].version, 2);
+    assert_eq!(outs[5].version, 3, "past the tombstone of version 2");
+    assert!(absent(s, "ctx://m/a/b"));
+    assert_eq!(node(s, "ctx://m/a/c").layers.content, "c");
+    assert_eq!(node(s, "ctx://n/old/x").layers.content, "three");
+    for folder in ["ctx://m/a", "ctx://n/old"] {
+        assert!(!absent(s, folder), "{folder} was created again");
+    }
+    assert_invariants(s);
 }
