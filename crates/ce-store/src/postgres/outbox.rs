@@ -583,6 +583,13 @@ mod tests {
         }
     }
 
+    /// Runs `sql` (statements without parameters) in one source write transaction.
+    fn run_sql(store: &PgStore, sql: &str) {
+        store
+            .write(WriteKind::Source, |tx, _| tx.batch(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// The claim, the low watermark and the last-error queries walk the partial indexes of
     /// runnable (and dead) deliveries, never the primary key over the done history (which
     /// made claims O(history)). What this proves: with statistics of a realistic queue (a
@@ -593,27 +600,24 @@ mod tests {
     #[test]
     fn claim_and_watermark_use_the_runnable_index() {
         let (store, _clock, _db) = open("ob_explain", config(&["vector", "keyword"]));
-        store
-            .write(WriteKind::Source, |tx, _| {
-                tx.batch(
-                    "INSERT INTO events (event_id, event_type, uri, payload, created_at)
-                       SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', 0
-                       FROM generate_series(1, 30000) g;
-                     INSERT INTO deliveries
-                         (consumer, seq, status, retry_count, visible_at, updated_at,
-                          last_error)
-                       SELECT c, seq,
-                         CASE WHEN seq > 29980 THEN 0 WHEN seq % 3000 = 0 THEN 5 ELSE 3 END,
-                         0,
-                         CASE WHEN seq > 29980 THEN 0 END,
-                         seq,
-                         CASE WHEN seq % 3000 = 0 OR seq > 29995 THEN 'boom' END
-                       FROM events, unnest(ARRAY['vector', 'keyword']) c;
-                     ANALYZE events;
-                     ANALYZE deliveries;",
-                )
-            })
-            .expect("history");
+        run_sql(
+            &store,
+            "INSERT INTO events (event_id, event_type, uri, payload, created_at)
+               SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', 0
+               FROM generate_series(1, 30000) g;
+             INSERT INTO deliveries
+                 (consumer, seq, status, retry_count, visible_at, updated_at,
+                  last_error)
+               SELECT c, seq,
+                 CASE WHEN seq > 29980 THEN 0 WHEN seq % 3000 = 0 THEN 5 ELSE 3 END,
+                 0,
+                 CASE WHEN seq > 29980 THEN 0 END,
+                 seq,
+                 CASE WHEN seq % 3000 = 0 OR seq > 29995 THEN 'boom' END
+               FROM events, unnest(ARRAY['vector', 'keyword']) c;
+             ANALYZE events;
+             ANALYZE deliveries;",
+        );
         let claim = format!("('vector', {T0}, 'w', 'token', {}, 64)", T0 + 60_000);
         for mode in ["force_custom_plan", "force_generic_plan"] {
             for (sql, args, index) in [
@@ -632,28 +636,25 @@ mod tests {
         }
     }
 
-    /// An acknowledgement finds each delivery by an index probe on its sequence, in a store never
-    /// analyzed (a fresh one under its first load, where a join plan read every runnable
-    /// delivery of the consumer per acknowledgement) as in an analyzed one, for custom and
-    /// generic plans alike.
+    /// An acknowledgement finds each delivery by an index probe on its sequence, in a store
+    /// never analyzed (a fresh one under its first load, where a join plan read every
+    /// runnable delivery of the consumer per acknowledgement) as in an analyzed one, for
+    /// custom and generic plans alike.
     #[test]
     fn acknowledgements_probe_each_sequence_whatever_the_statistics() {
         let (store, _clock, _db) = open("ob_explain_done", config(&["vector"]));
-        store
-            .write(WriteKind::Source, |tx, _| {
-                tx.batch(
-                    "INSERT INTO events (event_id, event_type, uri, payload, created_at)
-                       SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', 0
-                       FROM generate_series(1, 10000) g;
-                     INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at,
-                         updated_at, claim_token, claimed_until)
-                       SELECT 'vector', seq, CASE WHEN seq <= 100 THEN 1 ELSE 0 END, 0, 0,
-                         seq, CASE WHEN seq <= 100 THEN 't' END,
-                         CASE WHEN seq <= 100 THEN 9000000000000000 END
-                       FROM events;",
-                )
-            })
-            .expect("queue");
+        run_sql(
+            &store,
+            "INSERT INTO events (event_id, event_type, uri, payload, created_at)
+               SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', 0
+               FROM generate_series(1, 10000) g;
+             INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at,
+                 updated_at, claim_token, claimed_until)
+               SELECT 'vector', seq, CASE WHEN seq <= 100 THEN 1 ELSE 0 END, 0, 0,
+                 seq, CASE WHEN seq <= 100 THEN 't' END,
+                 CASE WHEN seq <= 100 THEN 9000000000000000 END
+               FROM events;",
+        );
         let seqs: Vec<String> = (1..=100).map(|s| s.to_string()).collect();
         let args = format!(
             "('vector', '{{{}}}', '{{{}}}', {T0})",
@@ -662,11 +663,7 @@ mod tests {
         );
         for analyzed in [false, true] {
             if analyzed {
-                store
-                    .write(WriteKind::Bookkeeping, |tx, _| {
-                        tx.batch("ANALYZE deliveries")
-                    })
-                    .expect("analyze");
+                run_sql(&store, "ANALYZE deliveries");
             }
             for mode in ["force_custom_plan", "force_generic_plan"] {
                 let plan = explain(&store, mode, DONE_LIVE_SQL, &args);
