@@ -1,6 +1,9 @@
 //! The row operations of ContextFS and RelationStore on PostgreSQL ([`ReadTx`],
 //! [`WriteTx`]); what the writes mean is written once in `crate::txn`. The SQL mirrors
-//! `sqlite/rows.rs` statement for statement.
+//! `sqlite/rows.rs` statement for statement, except where a statement per URI would cost a
+//! round trip per URI: the batched reads (`nodes`, `uri_versions`, `children_counts`,
+//! `node_or_tombstone` and the read-ahead), which SQLite answers with a cached statement per
+//! URI (the traits' defaults).
 
 use std::collections::HashMap;
 
@@ -606,7 +609,7 @@ mod tests {
     use ce_testkit::pg::TestDb;
 
     use super::super::{PgStore, explain};
-    use super::{CHILDREN_COUNTS_SQL, URI_VERSIONS_SQL, nodes_sql};
+    use super::{CHILDREN_COUNTS_SQL, URI_VERSIONS_SQL, nodes_sql, read_ahead_sql};
 
     /// The batched reads probe the primary key (or the parent index) once per URI, in a
     /// store never analyzed and near empty — the statistics of a fresh store at the start of
@@ -620,6 +623,7 @@ mod tests {
         for mode in ["force_custom_plan", "force_generic_plan"] {
             for (sql, indexes) in [
                 (nodes_sql(), &["nodes_pkey"][..]),
+                (read_ahead_sql(), &["nodes_pkey", "tombstones_pkey"][..]),
                 (
                     URI_VERSIONS_SQL.to_owned(),
                     &["nodes_pkey", "tombstones_pkey"][..],
