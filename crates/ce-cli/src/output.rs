@@ -68,10 +68,25 @@ pub fn print_error(err: &CliError, json: bool) {
         });
         format!("{body}\n")
     } else {
-        format!("error: {err} [{code}]\n")
+        format!("error: {} [{code}]\n", escape_controls(&err.to_string()))
     };
     // Nothing sensible is left to do if stderr itself is gone.
     let _ = io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`, …): an error names what
+/// was wrong, a file name with a newline included, and still prints as the one documented
+/// line (found by `cli::fuzz_args`: `--abstract-file` of a name with a newline).
+fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `ce migrate`.
@@ -1122,6 +1137,15 @@ pub fn export(r: &ExportReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_text_is_one_line_with_control_characters_escaped() {
+        assert_eq!(
+            escape_controls("failed to open file `a.md\ndocs\t\u{1b}[31m-😀\u{202e}`"),
+            "failed to open file `a.md\\ndocs\\t\\u{1b}[31m-😀\u{202e}`"
+        );
+        assert_eq!(escape_controls("plain: 100 % é"), "plain: 100 % é");
+    }
 
     #[test]
     fn table_aligns_columns_and_trims_line_ends() {
