@@ -52,10 +52,15 @@ struct ReadAhead {
 const READ_AHEAD_WINDOW: usize = 256;
 
 impl ReadAhead {
-    /// The window of upcoming URIs that starts at `uri`, if `uri` is upcoming; advances
-    /// past it.
+    /// The next window of URIs when `uri` is the first not read ahead yet; advances past
+    /// it. The puts of a batch read their URIs in queue order, so a miss past the windows
+    /// read is the URI at `next`; any other miss (an entry its own write dropped) is read
+    /// alone — one comparison, not a search of the queue per miss.
     fn window_from(&mut self, uri: &CtxUri) -> Option<&[CtxUri]> {
-        let at = self.next + self.queue[self.next..].iter().position(|u| u == uri)?;
+        if self.queue.get(self.next) != Some(uri) {
+            return None;
+        }
+        let at = self.next;
         self.next = (at + READ_AHEAD_WINDOW).min(self.queue.len());
         Some(&self.queue[at..self.next])
     }
