@@ -15,6 +15,8 @@
 //!    to load it (its last graph snapshot and the vectors written after it, which the
 //!    commands above, never searching, did not load) and to move every vector still outside
 //!    the graph into it — the graph work those commands left for later.
+//! 8. `delete_rest`: every remaining document is removed from the folder (`--prune
+//!    --allow-large-delete`), a bulk delete of 99 % of the corpus.
 //!
 //! Per phase: wall seconds of the import and of the drain, the texts embedded (new entries of
 //! the embedding cache, which never embeds a text twice), the embedder's HTTP requests and
@@ -171,26 +173,26 @@ fn run_import(args: &BenchIngestArgs, setup: Setup) -> anyhow::Result<Value> {
     };
     let mut phases = serde_json::Map::new();
     let mut seen = Seen::default();
-    let mut phase = |name: &str, prune: bool| -> anyhow::Result<()> {
+    let mut phase = |name: &str, flags: &[&str]| -> anyhow::Result<()> {
         eprintln!("bench: phase {name}");
-        let v = ce.phase(prune, server.as_ref(), &mut seen)?;
+        let v = ce.phase(flags, server.as_ref(), &mut seen)?;
         phases.insert(name.to_owned(), v);
         Ok(())
     };
-    phase("cold", false)?;
-    phase("noop", false)?;
+    phase("cold", &[])?;
+    phase("noop", &[])?;
     for i in (0..n).step_by(100).take(one_pct) {
         write_doc(&docs, i, &doc_text(i, 1), &format!("g{}", i % 10))?;
     }
-    phase("text_1pct", false)?;
+    phase("text_1pct", &[])?;
     for i in (1..n).step_by(100).take(one_pct) {
         write_doc(&docs, i, &doc_text(i, 0), "edited")?;
     }
-    phase("meta_1pct", false)?;
+    phase("meta_1pct", &[])?;
     for i in (2..n).step_by(100).take(one_pct) {
         fs_err::remove_dir_all(doc_dir(&docs, i))?;
     }
-    phase("delete_1pct", true)?;
+    phase("delete_1pct", &["--prune"])?;
     let t = Instant::now();
     let drained = ce.run(&["worker", "--once"])?;
     let empty = json!({
@@ -201,6 +203,17 @@ fn run_import(args: &BenchIngestArgs, setup: Setup) -> anyhow::Result<Value> {
     if consumers.contains("vector") {
         phases.insert("graph_settle".into(), settle_graph(&data)?);
     }
+    // Everything left is removed from the folder: a bulk delete of 99 % of the documents.
+    for i in 0..n {
+        let dir = doc_dir(&docs, i);
+        if dir.exists() {
+            fs_err::remove_dir_all(dir)?;
+        }
+    }
+    eprintln!("bench: phase delete_rest");
+    let flags = ["--prune", "--allow-large-delete"];
+    let v = ce.phase(&flags, server.as_ref(), &mut seen)?;
+    phases.insert("delete_rest".into(), v);
 
     Ok(json!({
         "benchmark": "ingest",
@@ -284,18 +297,16 @@ impl Ce {
         Ok(status)
     }
 
-    /// One phase: import, drain, then the counters and sizes.
+    /// One phase: import (with `flags`), drain, then the counters and sizes.
     fn phase(
         &self,
-        prune: bool,
+        flags: &[&str],
         server: Option<&LoopbackServer>,
         seen: &mut Seen,
     ) -> anyhow::Result<Value> {
         let docs = self.docs.display().to_string();
         let mut import = vec!["import", &docs, "--into", "ctx://bench/docs"];
-        if prune {
-            import.push("--prune");
-        }
+        import.extend_from_slice(flags);
         let t = Instant::now();
         let imported = self.run(&import)?;
         let import_s = t.elapsed().as_secs_f64();

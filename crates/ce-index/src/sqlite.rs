@@ -192,16 +192,21 @@ pub(crate) fn savepoint<T>(
     file: &str,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<Result<T>> {
-    let sql = |e| sqlite_error(file, e);
-    c.execute_batch("SAVEPOINT one_write").map_err(sql)?;
+    // Cached statements: a batch opens one savepoint per write.
+    let run = |stmt: &str| {
+        c.prepare_cached(stmt)
+            .and_then(|mut s| s.execute([]))
+            .map_err(|e| sqlite_error(file, e))
+    };
+    run("SAVEPOINT one_write")?;
     match f() {
         Ok(v) => {
-            c.execute_batch("RELEASE one_write").map_err(sql)?;
+            run("RELEASE one_write")?;
             Ok(Ok(v))
         }
         Err(e) => {
-            c.execute_batch("ROLLBACK TO one_write; RELEASE one_write")
-                .map_err(sql)?;
+            run("ROLLBACK TO one_write")?;
+            run("RELEASE one_write")?;
             Ok(Err(e))
         }
     }
@@ -247,6 +252,27 @@ pub(crate) fn subtree_bounds(uri: &CtxUri) -> (String, String) {
 /// `uri, subtree_bounds(uri)`; it can use an index on `col`.
 pub(crate) fn within_sql(col: &str) -> String {
     format!("({col} = ?1 OR ({col} > ?2 AND {col} < ?3))")
+}
+
+/// The distinct URIs within `uri` of the `records` table of `file` (its `uri` column, read
+/// from its index: no row is decoded), in URI order.
+pub(crate) fn uris_within(c: &Connection, file: &str, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+    let uris: Vec<String> = select_within(
+        c,
+        file,
+        &format!(
+            "SELECT DISTINCT uri FROM records WHERE {} ORDER BY uri",
+            within_sql("uri")
+        ),
+        uri,
+        |r| r.get(0),
+    )?;
+    uris.iter()
+        .map(|u| {
+            CtxUri::parse_stored(u)
+                .map_err(|e| IndexError::Corrupt(format!("{file}: record uri {u:?}: {e}")))
+        })
+        .collect()
 }
 
 /// Whether `uri` (a stored URI string) equals `root` or lies below it.

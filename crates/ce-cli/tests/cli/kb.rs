@@ -3,8 +3,9 @@
 //! searchable; `ce kb status`, `rm-items`, `reindex` and `rm`; a process killed -9 in the
 //! middle of `kb-index-documents` (the job's lease expires, another process reruns it, and
 //! the nodes are written once); and the same over `--server`, where local paths are refused
-//! unless `[ingest].allowed_paths` allows them. Last, `ce bench ingest --source kb` on a
-//! small generated corpus, with the invariants of its phases.
+//! unless `[ingest].allowed_paths` allows them. Last, `ce bench ingest` (`--source kb`, and
+//! the node layout through `ce import`) on small generated corpora, with the invariants of
+//! their phases.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -483,6 +484,61 @@ fn figure(bench: &Value, phase: &str, key: &str) -> u64 {
     bench["phases"][phase][key]
         .as_u64()
         .unwrap_or_else(|| panic!("phases.{phase}.{key} is not a count: {bench:#}"))
+}
+
+#[test]
+fn bench_ingest_import_measures_every_phase_with_its_invariants() {
+    let ce = Ce::new();
+    let work = ce.data_dir().display().to_string();
+    let b = ce.json(&[
+        "bench",
+        "ingest",
+        "--docs",
+        "200",
+        "--consumers",
+        "all",
+        "--work-dir",
+        &work,
+    ]);
+    assert_eq!(
+        (b["docs"].as_u64(), b["changed_per_phase"].as_u64()),
+        (Some(200), Some(2))
+    );
+    // Every event reaches the three consumers, in every phase.
+    for phase in [
+        "cold",
+        "noop",
+        "text_1pct",
+        "meta_1pct",
+        "delete_1pct",
+        "delete_rest",
+    ] {
+        assert_eq!(
+            figure(&b, phase, "deliveries"),
+            3 * figure(&b, phase, "events"),
+            "{phase}: {b:#}"
+        );
+    }
+    assert!(figure(&b, "cold", "nodes_written") >= 200, "{b:#}");
+    assert!(figure(&b, "cold", "texts_embedded") >= 200, "{b:#}");
+    assert_eq!(figure(&b, "noop", "events"), 0, "{b:#}");
+    assert_eq!(figure(&b, "text_1pct", "nodes_written"), 2, "{b:#}");
+    assert!(figure(&b, "text_1pct", "texts_embedded") >= 2, "{b:#}");
+    // A metadata-only edit re-embeds nothing; removals embed nothing.
+    assert_eq!(figure(&b, "meta_1pct", "nodes_written"), 2, "{b:#}");
+    assert_eq!(figure(&b, "meta_1pct", "texts_embedded"), 0, "{b:#}");
+    assert_eq!(figure(&b, "delete_1pct", "nodes_removed"), 2, "{b:#}");
+    // The bulk delete removes every document left, one event each.
+    assert_eq!(figure(&b, "delete_rest", "nodes_removed"), 198, "{b:#}");
+    assert_eq!(figure(&b, "delete_rest", "events"), 198, "{b:#}");
+    assert_eq!(figure(&b, "delete_rest", "texts_embedded"), 0, "{b:#}");
+    assert_eq!(figure(&b, "empty_drain", "deliveries"), 0, "{b:#}");
+    assert!(
+        b["phases"]["graph_settle"]["graph_vectors"]
+            .as_u64()
+            .is_some(),
+        "{b:#}"
+    );
 }
 
 #[test]

@@ -35,7 +35,7 @@ use serde::Serialize;
 use self::blocks::{Frontier, Posting, PostingLog};
 use self::schema::{
     decode, decode_terms, decode_view, encode_head, encode_terms, init, open_conn, set_meta, sql,
-    stats,
+    stats, term_names,
 };
 use super::{
     Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
@@ -159,21 +159,43 @@ impl<'c> WriteTx<'c> {
         let Some((len, terms)) = row else {
             return Ok(false);
         };
-        for (term, _) in decode_terms(&terms)? {
-            self.log.remove(term, doc);
-        }
-        self.docs -= 1;
-        self.total_len -= len as u64;
+        self.forget(doc, len, &terms)?;
         Ok(true)
     }
 
-    /// Deletes every record of node `uri`; how many.
-    fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
-        let mut n = 0;
-        for (doc, _) in self.node_docs(uri)? {
-            n += u64::from(self.delete_doc(doc)?);
+    /// Accounts for the deletion of record `doc` of `len` terms holding `terms` (its stored
+    /// `terms` column): logs the removal of its postings and updates the statistics.
+    fn forget(&mut self, doc: i64, len: i64, terms: &str) -> Result<()> {
+        for term in term_names(terms) {
+            self.log.remove(term?, doc);
         }
-        Ok(n)
+        self.docs -= 1;
+        self.total_len -= len as u64;
+        Ok(())
+    }
+
+    /// Deletes every record of node `uri`; how many. Two statements whatever the number of
+    /// records (a node's removal is the bulk of a subtree's or a folder's).
+    fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
+        let rows: Vec<(i64, i64, String)> = self
+            .tx
+            .prepare_cached("SELECT doc, len, terms FROM records WHERE uri = ?1")
+            .and_then(|mut s| {
+                s.query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(sql)?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        self.tx
+            .prepare_cached("DELETE FROM records WHERE uri = ?1")
+            .and_then(|mut s| s.execute([uri.as_str()]))
+            .map_err(sql)?;
+        for (doc, len, terms) in &rows {
+            self.forget(*doc, *len, terms)?;
+        }
+        Ok(rows.len() as u64)
     }
 
     /// Deletes every record within `uri`; how many.
@@ -1038,6 +1060,10 @@ impl KeywordIndex for EmbeddedKeywordIndex {
                 .map(|(head, text, v)| stored(&head, text, v))
                 .collect()
         })
+    }
+
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        self.read(|tx| sqlite::uris_within(tx, DB_FILE, uri))
     }
 
     fn count(&self) -> Result<u64> {

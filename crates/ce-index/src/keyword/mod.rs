@@ -110,6 +110,11 @@ pub trait KeywordIndex: Send + Sync {
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
     /// Every stored record within `uri` (the root lists all), in (uri, level) order.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// The distinct URIs of the records within `uri`, in URI order: what a subtree sync
+    /// must visit, without decoding the records.
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        Ok(crate::vector::uris_of(self.list_under(uri)?))
+    }
     /// Number of stored records.
     fn count(&self) -> Result<u64>;
     /// Removes every record and version (for a rebuild).

@@ -399,13 +399,17 @@ impl<'c> WriteTx<'c> {
         Ok(key.is_some())
     }
 
-    /// Deletes every record of node `uri`; how many.
+    /// Deletes every record of node `uri`; how many. Two statements whatever the number of
+    /// records (a node's removal is the bulk of a subtree's or a folder's).
     fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
-        let mut n = 0;
-        for (id, _) in schema::node_rows(self.tx, uri)? {
-            n += u64::from(self.delete(&id)?);
+        let rows = schema::node_rows(self.tx, uri)?;
+        if rows.is_empty() {
+            return Ok(0);
         }
-        Ok(n)
+        schema::delete_node_rows(self.tx, uri)?;
+        self.ops
+            .extend(rows.iter().map(|&(_, key)| Op::Remove(key)));
+        Ok(rows.len() as u64)
     }
 
     /// [`VectorIndex::sync_node`] inside this transaction (records already checked).
@@ -1718,6 +1722,10 @@ impl VectorIndex for EmbeddedVectorIndex {
             .into_iter()
             .map(|(_, s)| s)
             .collect())
+    }
+
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        crate::sqlite::uris_within(&lock(&self.reader), DB_FILE, uri)
     }
 
     fn count(&self) -> Result<u64> {

@@ -63,6 +63,13 @@ pub struct StoredRecord {
     pub node_version: u64,
 }
 
+/// The distinct URIs of `records` (listed in URI order), in order.
+pub(crate) fn uris_of(records: Vec<StoredRecord>) -> Vec<CtxUri> {
+    let mut uris: Vec<CtxUri> = records.into_iter().map(|r| r.record.uri).collect();
+    uris.dedup();
+    uris
+}
+
 /// A search hit.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VectorHit {
@@ -311,6 +318,11 @@ pub trait VectorIndex: Send + Sync {
     fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
     /// Every stored record within `uri` (the root lists all), in (uri, level) order.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// The distinct URIs of the records within `uri`, in URI order: what a subtree sync
+    /// must visit, without decoding the records.
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        Ok(uris_of(self.list_under(uri)?))
+    }
     /// Number of stored records.
     fn count(&self) -> Result<u64>;
     /// Removes every record, version and the model binding (for a rebuild).

@@ -452,6 +452,31 @@ fn rows_within(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         .collect()
 }
 
+/// The distinct URIs of the records within `uri`, in URI order (no record decoded).
+fn uris_within(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+    let rows = if uri.is_root() {
+        tx.query(
+            "SELECT DISTINCT uri FROM ce_vector_records ORDER BY uri",
+            &[],
+        )?
+    } else {
+        let (lo, hi) = subtree_bounds(uri);
+        tx.query(
+            "SELECT DISTINCT uri FROM ce_vector_records
+             WHERE uri = $1 OR (uri > $2 AND uri < $3) ORDER BY uri",
+            &[&uri.as_str(), &lo, &hi],
+        )?
+    };
+    rows.iter()
+        .map(|r| {
+            let u = col::<String>(r, 0)?;
+            CtxUri::parse_stored(&u).map_err(|e| {
+                IndexError::Corrupt(format!("ce_vector_records: record uri {u:?}: {e}"))
+            })
+        })
+        .collect()
+}
+
 /// One write transaction: its lock mode and the schema state it read under the lock.
 struct WriteTx<'t, 'c> {
     tx: &'t mut Tx<'c>,
@@ -1267,6 +1292,10 @@ impl VectorIndex for PgVectorIndex {
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         self.pool.run(Begin::Read, |tx| rows_within(tx, uri))
+    }
+
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        self.pool.run(Begin::Read, |tx| uris_within(tx, uri))
     }
 
     fn count(&self) -> Result<u64> {

@@ -107,13 +107,8 @@ impl NodeApplier<'_> {
 
     /// Every URI within `u` that the source or the index knows.
     fn subtree_uris(&self, u: &CtxUri) -> Result<Vec<CtxUri>, WorkError> {
-        let mut set: BTreeSet<CtxUri> = self
-            .source
-            .read_subtree(u)?
-            .into_iter()
-            .map(|n| n.uri)
-            .collect();
-        set.extend(self.target.list_under(u)?.into_iter().map(|r| r.record.uri));
+        let mut set: BTreeSet<CtxUri> = self.source.subtree_uris(u)?.into_iter().collect();
+        set.extend(self.target.uris_under(u)?);
         set.insert(u.clone());
         Ok(set.into_iter().collect())
     }

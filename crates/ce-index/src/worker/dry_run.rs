@@ -204,6 +204,9 @@ impl IndexTarget for RecordingTarget<'_> {
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
     }
+    fn uris_under(&self, uri: &CtxUri) -> crate::Result<Vec<CtxUri>> {
+        self.inner.uris_under(uri)
+    }
     fn write_nodes(
         &self,
         writes: Vec<NodeWrite>,

@@ -159,12 +159,7 @@ impl RelationApplier<'_> {
     /// Every owner within `u` that the source or the index knows, `u` itself, and the owners
     /// of the edges the index holds into the subtree.
     fn owners_within(&self, u: &CtxUri) -> Result<BTreeSet<CtxUri>, WorkError> {
-        let mut set: BTreeSet<CtxUri> = self
-            .source
-            .read_subtree(u)?
-            .into_iter()
-            .map(|n| n.uri)
-            .collect();
+        let mut set: BTreeSet<CtxUri> = self.source.subtree_uris(u)?.into_iter().collect();
         set.extend(
             self.index
                 .list_under(u)?

@@ -71,6 +71,11 @@ pub trait IndexTarget: Send + Sync {
     fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
     /// Every stored record within `uri`.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
+    /// The distinct URIs of the stored records within `uri`, in URI order (what a subtree
+    /// sync visits; the indexes answer it without decoding records).
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        Ok(crate::vector::uris_of(self.list_under(uri)?))
+    }
     /// Versioned node writes (see [`VectorIndex::write_nodes`]).
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>>;
     /// Whether the worker should send every removal of a batch in one write, whatever
@@ -112,6 +117,9 @@ impl IndexTarget for VectorTarget {
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         self.0.list_under(uri)
     }
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        self.0.uris_under(uri)
+    }
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
         self.0.write_nodes(writes)
     }
@@ -144,6 +152,9 @@ impl IndexTarget for KeywordTarget {
     }
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         self.0.list_under(uri)
+    }
+    fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
+        self.0.uris_under(uri)
     }
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
         let writes = writes

@@ -1002,6 +1002,13 @@ fn run_case(ops: &[Op], tally: &Tally) -> Result<(), TestCaseError> {
                 op
             );
             prop_assert_eq!(e.count().map_err(fail)?, state.len() as u64, "step {}", i);
+            prop_assert_eq!(
+                e.uris_under(&root).map_err(fail)?,
+                oracle.uris_under(&root).map_err(fail)?,
+                "step {}: {}: the URIs held",
+                i,
+                name
+            );
             if let Op::Search { query, filter, k } = op {
                 let got = e.search(query, &filter.build(), *k).map_err(fail)?;
                 let ids =

@@ -75,8 +75,16 @@ fn upsert_get_count_are_idempotent() {
     });
 }
 
+fn uris(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
+    idx.uris_under(&uri(under))
+        .expect("uris")
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 #[test]
-fn list_under_is_ordered_by_uri_then_level() {
+fn list_under_is_ordered_by_uri_then_level_and_uris_under_lists_each_uri_once() {
     each_index(|name, idx| {
         idx.upsert(&[
             vr("ctx://a/z", 2, unit(1, DIM)),
@@ -102,6 +110,18 @@ fn list_under_is_ordered_by_uri_then_level() {
             ["ctx://a/b#1", "ctx://a/b/c#0"],
             "{name}"
         );
+        assert_eq!(
+            uris(idx, "ctx://"),
+            ["ctx://a/b", "ctx://a/b!", "ctx://a/b/c", "ctx://a/z"],
+            "{name}"
+        );
+        assert_eq!(
+            uris(idx, "ctx://a/b"),
+            ["ctx://a/b", "ctx://a/b/c"],
+            "{name}: not the look-alike ctx://a/b!"
+        );
+        assert_eq!(uris(idx, "ctx://a/z"), ["ctx://a/z"], "{name}");
+        assert!(uris(idx, "ctx://a/y").is_empty(), "{name}");
     });
 }
 

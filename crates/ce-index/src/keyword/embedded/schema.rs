@@ -217,6 +217,15 @@ pub(super) fn encode_terms(t: &Terms) -> String {
     out
 }
 
+/// The terms of a stored `terms` column, without their frequencies (what a removal needs).
+pub(super) fn term_names(s: &str) -> impl Iterator<Item = Result<&str>> {
+    s.lines().map(|line| {
+        line.split_once('\t')
+            .map(|(term, _)| term)
+            .ok_or_else(|| corrupt("record terms", format!("line {line:?}")))
+    })
+}
+
 pub(super) fn decode_terms(s: &str) -> Result<BTreeMap<&str, u32>> {
     s.lines()
         .map(|line| {

@@ -261,6 +261,14 @@ pub(super) fn delete_row(c: &Connection, id: &str) -> Result<Option<u64>> {
         .map_err(sql)
 }
 
+/// Deletes the records of node `uri` (all levels).
+pub(super) fn delete_node_rows(c: &Connection, uri: &CtxUri) -> Result<()> {
+    c.prepare_cached("DELETE FROM records WHERE uri = ?1")
+        .and_then(|mut s| s.execute([uri.as_str()]))
+        .map(drop)
+        .map_err(sql)
+}
+
 /// `(id, key)` of the records of node `uri` (all levels).
 pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
     c.prepare_cached("SELECT id, key FROM records WHERE uri = ?1")
