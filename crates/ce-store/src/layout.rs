@@ -196,11 +196,15 @@ fn prune_ops(
         DeleteSafety::check(vanished.len() as u64, existing.len() as u64)?;
     }
     report.nodes_removed = vanished.len() as u64;
-    // Parents sort before their children: keep only the topmost of each vanished subtree.
+    // Parents sort before their children: keep only the topmost of each vanished subtree
+    // (an ancestor looked up per node, not every root so far: a folder of 10,000 removed
+    // files made that quadratic).
     let mut roots: Vec<&CtxUri> = Vec::new();
+    let mut root_set: std::collections::HashSet<&CtxUri> = std::collections::HashSet::new();
     for u in vanished {
-        if !roots.iter().any(|r| u.is_within(r)) {
+        if !u.ancestors().iter().any(|a| root_set.contains(a)) {
             roots.push(u);
+            root_set.insert(u);
         }
     }
     Ok(roots
@@ -617,6 +621,44 @@ mod tests {
             .expect("list")
             .len();
         assert_eq!(before, after);
+    }
+
+    /// A prune removes each vanished subtree with one recursive rm of its topmost node, also
+    /// when a look-alike sibling (`b!x`, which sorts between `b` and `b/c`) vanished too.
+    #[test]
+    fn a_prune_removes_each_vanished_subtree_from_its_top() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(&tmp.path().join("s"));
+        let d = tmp.path().join("d");
+        for (dir, text) in [
+            ("b", "b"),
+            ("b/c", "c"),
+            ("b/c/e", "e"),
+            ("b!x", "x"),
+            ("k", "k"),
+        ] {
+            fs_err::create_dir_all(d.join(dir)).expect("mkdir");
+            fs_err::write(d.join(dir).join("content.md"), text).expect("write");
+        }
+        import_dir(&s, &d, &uri("ctx://acc/t")).expect("import");
+        fs_err::remove_dir_all(d.join("b")).expect("rm b");
+        fs_err::remove_dir_all(d.join("b!x")).expect("rm b!x");
+        let options = ImportOptions {
+            prune: true,
+            allow_large_delete: true,
+        };
+        let (rep, _) =
+            import_dir_fenced(&s, &d, &uri("ctx://acc/t"), options, &[], None).expect("prune");
+        assert_eq!(rep.nodes_removed, 4, "{rep:?}");
+        // One DELETE event per recursive rm: b and b!x, not b/c or b/c/e again.
+        assert_eq!(rep.events, 2, "{rep:?}");
+        let left: Vec<String> = s
+            .subtree_uris(&uri("ctx://acc/t"))
+            .expect("uris")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(left, ["ctx://acc/t", "ctx://acc/t/k"]);
     }
 
     #[test]
