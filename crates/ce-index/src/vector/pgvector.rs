@@ -432,42 +432,37 @@ fn decode_stored(record: &str, node_version: i64) -> Result<StoredRecord> {
     })
 }
 
+/// The rows of `SELECT {select} FROM ce_vector_records` for the records within `uri` (the
+/// root: all), ordered by `order`.
+fn select_within(tx: &mut Tx<'_>, select: &str, order: &str, uri: &CtxUri) -> Result<Vec<Row>> {
+    if uri.is_root() {
+        return tx.query(
+            &format!("SELECT {select} FROM ce_vector_records ORDER BY {order}"),
+            &[],
+        );
+    }
+    let (lo, hi) = subtree_bounds(uri);
+    tx.query(
+        &format!(
+            "SELECT {select} FROM ce_vector_records
+             WHERE uri = $1 OR (uri > $2 AND uri < $3) ORDER BY {order}"
+        ),
+        &[&uri.as_str(), &lo, &hi],
+    )
+}
+
 /// Stored records within `uri` (the root: all), in (uri, level) order.
 fn rows_within(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
-    let rows = if uri.is_root() {
-        tx.query(
-            "SELECT record, node_version FROM ce_vector_records ORDER BY uri, level",
-            &[],
-        )?
-    } else {
-        let (lo, hi) = subtree_bounds(uri);
-        tx.query(
-            "SELECT record, node_version FROM ce_vector_records
-             WHERE uri = $1 OR (uri > $2 AND uri < $3) ORDER BY uri, level",
-            &[&uri.as_str(), &lo, &hi],
-        )?
-    };
-    rows.iter()
+    select_within(tx, "record, node_version", "uri, level", uri)?
+        .iter()
         .map(|r| decode_stored(&col::<String>(r, 0)?, col(r, 1)?))
         .collect()
 }
 
 /// The distinct URIs of the records within `uri`, in URI order (no record decoded).
 fn uris_within(tx: &mut Tx<'_>, uri: &CtxUri) -> Result<Vec<CtxUri>> {
-    let rows = if uri.is_root() {
-        tx.query(
-            "SELECT DISTINCT uri FROM ce_vector_records ORDER BY uri",
-            &[],
-        )?
-    } else {
-        let (lo, hi) = subtree_bounds(uri);
-        tx.query(
-            "SELECT DISTINCT uri FROM ce_vector_records
-             WHERE uri = $1 OR (uri > $2 AND uri < $3) ORDER BY uri",
-            &[&uri.as_str(), &lo, &hi],
-        )?
-    };
-    rows.iter()
+    select_within(tx, "DISTINCT uri", "uri", uri)?
+        .iter()
         .map(|r| {
             let u = col::<String>(r, 0)?;
             CtxUri::parse_stored(&u).map_err(|e| {
