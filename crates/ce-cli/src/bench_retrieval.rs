@@ -195,13 +195,7 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
     let engine = open(dir, &[VECTOR_CONSUMER], &[], args.workers)?;
     let ops = tree_ops(args.nodes, &mut rng)?;
     let nodes = ops.len();
-    let uris: Vec<CtxUri> = ops
-        .iter()
-        .filter_map(|op| match op {
-            WriteOp::Put { uri, .. } => Some(uri.clone()),
-            _ => None,
-        })
-        .collect();
+    let uris: Vec<CtxUri> = ops.iter().filter_map(WriteOp::put_uri).cloned().collect();
     let t = Instant::now();
     for chunk in ops.chunks(1000) {
         engine.store().apply_batch(chunk.to_vec())?;

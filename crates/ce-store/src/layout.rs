@@ -183,13 +183,8 @@ fn prune_ops(
     allow_large_delete: bool,
     report: &mut ImportReport,
 ) -> Result<Vec<WriteOp>> {
-    let written: std::collections::HashSet<&CtxUri> = puts
-        .iter()
-        .filter_map(|op| match op {
-            WriteOp::Put { uri, .. } => Some(uri),
-            _ => None,
-        })
-        .collect();
+    let written: std::collections::HashSet<&CtxUri> =
+        puts.iter().filter_map(WriteOp::put_uri).collect();
     let existing = store.subtree_uris(into)?;
     let vanished: Vec<&CtxUri> = existing.iter().filter(|u| !written.contains(u)).collect();
     if !allow_large_delete {

@@ -241,6 +241,16 @@ pub enum WriteOp {
     },
 }
 
+impl WriteOp {
+    /// The node a [`WriteOp::Put`] writes; `None` for every other op.
+    pub fn put_uri(&self) -> Option<&CtxUri> {
+        match self {
+            WriteOp::Put { uri, .. } => Some(uri),
+            _ => None,
+        }
+    }
+}
+
 /// A path lock's fencing token carried by a write made under the lock (docs/locks.md,
 /// docs/store.md "Fencing"). The store keeps the newest token it has seen per path and, in
 /// the write's own transaction, refuses a write whose token is older than one seen for the

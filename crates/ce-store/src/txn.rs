@@ -497,13 +497,7 @@ pub(crate) fn apply_fenced(
     for f in fences {
         check_fence(tx, f, now)?;
     }
-    let puts: Vec<CtxUri> = ops
-        .iter()
-        .filter_map(|op| match op {
-            WriteOp::Put { uri, .. } => Some(uri.clone()),
-            _ => None,
-        })
-        .collect();
+    let puts: Vec<CtxUri> = ops.iter().filter_map(WriteOp::put_uri).cloned().collect();
     if puts.len() > 1 {
         tx.read_ahead(puts);
     }
