@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ce_core::{CtxUri, IndexRecord, Level, stable_hash};
@@ -14,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
+use super::super::rules::cosine;
 use super::{EmbeddedVectorIndex, SearchPlan, SearchStrategy};
 use crate::error::{IndexError, Result};
 use crate::vector::{SearchFilter, VectorIndex, VectorRecord};
@@ -149,6 +151,161 @@ fn measure(
     }))
 }
 
+/// Upserts `vectors` as records `first..` in batches of `batch`, calling `before(start, end)`
+/// before writing the vectors `start..end` of `vectors`.
+fn write_records(
+    index: &EmbeddedVectorIndex,
+    vectors: &[Vec<f32>],
+    first: usize,
+    batch: usize,
+    mut before: impl FnMut(usize, usize),
+) -> Result<()> {
+    for (b, chunk) in vectors.chunks(batch.max(1)).enumerate() {
+        let start = b * batch.max(1);
+        before(start, start + chunk.len());
+        let records: Vec<VectorRecord> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, v)| VectorRecord {
+                record: synthetic_record(first + start + j),
+                vector: v.clone(),
+            })
+            .collect();
+        index.upsert(&records)?;
+    }
+    Ok(())
+}
+
+/// The write load of [`bench_search`]'s `unfiltered_during_insertion` section.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteLoad {
+    /// Vectors written (as new records).
+    pub vectors: usize,
+    /// Target vectors per second (paced per batch).
+    pub rate: u32,
+    /// Vectors per write (the vector consumer's batch is 100 events).
+    pub batch: usize,
+}
+
+/// Searches (unfiltered, planner's choice) in a loop while another thread writes `load.vectors`
+/// new records at `load.rate` — the background inserter moving them from the fresh segment
+/// into the graph meanwhile — and reports the latency of every search, and recall@10 of the
+/// searches that no write overlapped (their index held exactly `base` plus a known prefix of
+/// `extra`; the truth is a brute-force scan of that set, with the index's own cosine).
+fn measure_during_writes(
+    index: &EmbeddedVectorIndex,
+    base: &[Vec<f32>],
+    extra: &[Vec<f32>],
+    queries: &[Vec<f32>],
+    load: WriteLoad,
+) -> Result<Value> {
+    const K: usize = 10;
+    if queries.is_empty() || extra.is_empty() {
+        return Ok(Value::Null);
+    }
+    let graph_before = index.stats().graph_vectors;
+    // Vectors whose write has completed, and whose write has begun.
+    let committed = AtomicUsize::new(0);
+    let begun = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let mut fresh_peak = 0usize;
+    let mut latencies = Vec::new();
+    let mut plans: BTreeMap<String, usize> = BTreeMap::new();
+    // (query, extra vectors present, hit ids) of the searches no write overlapped.
+    let mut stable: Vec<(usize, usize, Vec<String>)> = Vec::new();
+    let written = std::thread::scope(|s| -> Result<Duration> {
+        let writer = s.spawn(|| {
+            let t = Instant::now();
+            let per_vector = 1.0 / f64::from(load.rate.max(1));
+            let out = write_records(index, extra, base.len(), load.batch, |start, end| {
+                // The vectors before `start` are written; none is being written while
+                // `begun == committed`, i.e. until the next batch is due.
+                committed.store(start, Ordering::SeqCst);
+                let due = Duration::from_secs_f64(start as f64 * per_vector);
+                if let Some(wait) = due.checked_sub(t.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                begun.store(end, Ordering::SeqCst);
+            });
+            committed.store(extra.len(), Ordering::SeqCst);
+            done.store(true, Ordering::SeqCst);
+            out.map(|()| t.elapsed())
+        });
+        let mut i = 0usize;
+        while !done.load(Ordering::SeqCst) {
+            let q = i % queries.len();
+            let present = committed.load(Ordering::SeqCst);
+            let t = Instant::now();
+            let got = index.search_with(
+                &queries[q],
+                &SearchFilter::default(),
+                K,
+                SearchStrategy::Auto,
+            )?;
+            latencies.push(t.elapsed());
+            if begun.load(Ordering::SeqCst) == present {
+                stable.push((
+                    q,
+                    present,
+                    got.hits.iter().map(|h| h.record.id.clone()).collect(),
+                ));
+            }
+            *plans.entry(plan_name(got.plan).into()).or_default() += 1;
+            fresh_peak = fresh_peak.max(index.stats().fresh_vectors);
+            i += 1;
+        }
+        writer
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })?;
+    let fresh_at_end = index.stats().fresh_vectors;
+    let graph_during = index.stats().graph_vectors.saturating_sub(graph_before);
+    let t = Instant::now();
+    index.settle()?;
+    let settle = t.elapsed();
+
+    // Recall over at most `queries.len()` of the stable searches, spread over the run.
+    let step = stable.len().div_ceil(queries.len()).max(1);
+    let (mut found, mut wanted, mut sampled) = (0usize, 0usize, 0usize);
+    for (q, present, hits) in stable.iter().step_by(step) {
+        let mut scored: Vec<(f32, usize)> = base
+            .iter()
+            .chain(&extra[..*present])
+            .enumerate()
+            .map(|(j, v)| (cosine(&queries[*q], v), j))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let truth: HashSet<String> = scored
+            .iter()
+            .take(K)
+            .map(|(_, j)| synthetic_record(*j).id)
+            .collect();
+        wanted += truth.len();
+        found += hits.iter().filter(|h| truth.contains(*h)).count();
+        sampled += 1;
+    }
+    latencies.sort();
+    Ok(json!({
+        "vectors_written": extra.len(),
+        "batch": load.batch,
+        "target_rate": load.rate,
+        "write_seconds": written.as_secs_f64(),
+        "writes_per_s": extra.len() as f64 / written.as_secs_f64(),
+        "searches": latencies.len(),
+        "p50_us": percentile(&latencies, 0.50),
+        "p99_us": percentile(&latencies, 0.99),
+        "max_us": percentile(&latencies, 1.0),
+        "recall_at_10": if wanted == 0 { Value::Null } else { json!(found as f64 / wanted as f64) },
+        "recall_searches": sampled,
+        "stable_searches": stable.len(),
+        "plans": plans,
+        "graph_inserted_during": graph_during,
+        "fresh_vectors_peak": fresh_peak,
+        "fresh_vectors_at_end": fresh_at_end,
+        "settle_after_ms": ms(settle),
+    }))
+}
+
 fn plan_name(p: SearchPlan) -> &'static str {
     match p {
         SearchPlan::Empty => "empty",
@@ -163,9 +320,17 @@ fn plan_name(p: SearchPlan) -> &'static str {
 /// the fresh segment), build time (every vector in the graph), snapshot save / load time, for
 /// `queries` queries the p50/p99 latency and recall@10 against an exact scan — unfiltered, with
 /// a 10 % and a 1 % filter (planner's choice), with the 10 % filter forced through the graph
-/// and a full exact scan — then the open time after a crash that followed `n / 20` more
-/// writes (snapshot catch-up) and without any snapshot (full rebuild).
-pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<Value> {
+/// and a full exact scan — then unfiltered searches while `load` writes go on and the
+/// background inserter moves them into the graph ([`measure_during_writes`]), then the open
+/// time after a crash that followed `n / 20` more writes (snapshot catch-up) and without any
+/// snapshot (full rebuild).
+pub fn bench_search(
+    dir: &Path,
+    n: usize,
+    dim: usize,
+    queries: usize,
+    load: WriteLoad,
+) -> Result<Value> {
     if n == 0 || dim == 0 {
         return Err(IndexError::InvalidQuery(
             "bench needs at least one vector of at least one dimension".into(),
@@ -173,22 +338,15 @@ pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<
     }
     let centres = (n / 100).max(1);
     let noise = default_noise(dim);
-    let vectors = clustered_vectors(n + queries, dim, centres, noise, 42);
-    let (data, qs) = vectors.split_at(n);
+    // Queries and the vectors written during the searches come from the same clusters as
+    // the data (the generator's output for a seed is a prefix of its output for more).
+    let vectors = clustered_vectors(n + queries + load.vectors, dim, centres, noise, 42);
+    let (data, rest) = vectors.split_at(n);
+    let (qs, written) = rest.split_at(queries);
 
     let index = EmbeddedVectorIndex::open(dir)?;
     let t = Instant::now();
-    for (start, chunk) in data.chunks(1000).enumerate() {
-        let batch: Vec<VectorRecord> = chunk
-            .iter()
-            .enumerate()
-            .map(|(j, v)| VectorRecord {
-                record: synthetic_record(start * 1000 + j),
-                vector: v.clone(),
-            })
-            .collect();
-        index.upsert(&batch)?;
-    }
+    write_records(&index, data, 0, 1000, |_, _| {})?;
     // Durable and searchable (fresh segment) …
     let commit = t.elapsed();
     // … and every vector in the graph.
@@ -201,7 +359,7 @@ pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<
 
     let t = Instant::now();
     let index = EmbeddedVectorIndex::open(dir)?;
-    let load = t.elapsed();
+    let load_time = t.elapsed();
 
     let cat = SearchFilter {
         category: Some("cat3".into()),
@@ -217,20 +375,13 @@ pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<
     let filtered_10_graph = measure(&index, qs, &cat, SearchStrategy::Ann)?;
     let exact_all = measure(&index, qs, &SearchFilter::default(), SearchStrategy::Exact)?;
 
+    let during = measure_during_writes(&index, data, written, qs, load)?;
+
     // A crash after more writes: the next open loads the snapshot and catches up.
+    index.flush()?;
     let extra = (n / 20).max(1);
     let more = clustered_vectors(extra, dim, centres, noise, 43);
-    for (start, chunk) in more.chunks(1000).enumerate() {
-        let batch: Vec<VectorRecord> = chunk
-            .iter()
-            .enumerate()
-            .map(|(j, v)| VectorRecord {
-                record: synthetic_record(n + start * 1000 + j),
-                vector: v.clone(),
-            })
-            .collect();
-        index.upsert(&batch)?;
-    }
+    write_records(&index, &more, n + written.len(), 1000, |_, _| {})?;
     index.close_without_snapshot();
     let t = Instant::now();
     let index = EmbeddedVectorIndex::open(dir)?;
@@ -265,7 +416,7 @@ pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<
         "build_ms": ms(build),
         "build_per_sec": n as f64 / build.as_secs_f64(),
         "snapshot_save_ms": ms(save),
-        "open_with_snapshot_ms": ms(load),
+        "open_with_snapshot_ms": ms(load_time),
         "open_catch_up_ms": ms(catch_up),
         "open_catch_up_vectors": caught_up,
         "open_rebuild_ms": ms(rebuild),
@@ -276,10 +427,38 @@ pub fn bench_search(dir: &Path, n: usize, dim: usize, queries: usize) -> Result<
         "filtered_1pct": filtered_1,
         "filtered_10pct_graph": filtered_10_graph,
         "exact_scan_all": exact_all,
+        "unfiltered_during_insertion": during,
         "options": index_options(),
     }))
 }
 
 fn index_options() -> Value {
     serde_json::to_value(super::EmbeddedOptions::default()).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The searches during the write load are measured, and recall is computed against the
+    /// set each stable search saw: below the exact-scan limit every search is exact, so any
+    /// recall under 1 would be a truth computed on the wrong set.
+    #[test]
+    fn searches_during_writes_are_timed_and_scored_against_the_set_they_saw() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let load = WriteLoad {
+            vectors: 400,
+            rate: 2_000,
+            batch: 20,
+        };
+        let report = bench_search(dir.path(), 1_000, 16, 20, load).expect("bench");
+        let during = &report["unfiltered_during_insertion"];
+        assert_eq!(during["vectors_written"], json!(400));
+        let count = |k: &str| during[k].as_u64().expect(k);
+        let (searches, stable) = (count("searches"), count("stable_searches"));
+        assert!(searches > 0 && stable > 0 && stable <= searches, "{during}");
+        assert!(count("recall_searches") <= 20, "{during}");
+        assert_eq!(during["recall_at_10"], json!(1.0), "{during}");
+        assert_eq!(report["open_catch_up_vectors"], json!(50), "{report}");
+    }
 }
