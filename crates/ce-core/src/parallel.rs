@@ -31,9 +31,67 @@ pub fn map_chunks<T: Sync, R: Send>(
     })
 }
 
+/// Lowers the scheduling priority of the calling thread to `nice` (0 normal, 19 lowest), for
+/// background work that foreground threads should preempt; threads it spawns afterwards
+/// inherit it. Linux only (elsewhere an error, and the thread keeps its priority).
+pub fn lower_thread_priority(nice: i32) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // Linux keeps the nice value per thread: `setpriority` of a thread id changes that
+        // thread alone.
+        #[allow(unsafe_code)]
+        // SAFETY: two system calls on integers; no memory is shared with the kernel.
+        let rc = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = nice;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "thread priorities are set on Linux only",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The nice value of the calling thread, from `/proc/thread-self/stat` (field 19).
+    #[cfg(target_os = "linux")]
+    fn own_nice() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+        // The command name (field 2) may hold spaces; the fields after it follow its `)`.
+        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+        rest.split(' ')
+            .nth(16)
+            .and_then(|n| n.parse().ok())
+            .expect("nice")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_lowered_thread_and_its_children_run_at_that_priority_and_no_other_thread_does() {
+        let before = own_nice();
+        assert!(before <= 14, "the test needs room below nice {before}");
+        let (lowered, child) = std::thread::spawn(move || {
+            lower_thread_priority(before + 5).expect("lower");
+            let child = std::thread::spawn(own_nice).join().expect("child");
+            (own_nice(), child)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!((lowered, child), (before + 5, before + 5));
+        assert_eq!(own_nice(), before, "the caller's own thread is unchanged");
+    }
 
     #[test]
     fn chunks_cover_the_slice_in_order_above_and_below_the_threshold() {

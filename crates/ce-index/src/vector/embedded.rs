@@ -7,8 +7,9 @@
 //! apply those changes: new vectors go to the fresh segment (`fresh.rs`, a contiguous buffer
 //! scanned exactly), so a write is searchable as soon as it returns; removed keys leave the
 //! part that holds them. Vectors durable first, graph later: a background thread
-//! (`Shared::run_inserter`) moves fresh vectors into the graph in large batches, on all cores,
-//! outside the state lock, and retires them from the fresh segment. When the fresh segment
+//! (`Shared::run_inserter`, at a lower scheduling priority than searches and writes) moves
+//! fresh vectors into the graph in large batches, on all cores, outside the state lock, and
+//! retires them from the fresh segment. When the fresh segment
 //! outgrows [`EmbeddedOptions::fresh_max_bytes`], the writer inserts itself before returning
 //! (back-pressure). An empty graph (first import, after `clear` for a reindex) is built once
 //! from every fresh vector.
@@ -268,6 +269,11 @@ thread_local! {
     /// start (back-pressure, `settle`) are skipped instead of waiting for the step it is in.
     static IN_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
+
+/// The nice value of the background graph inserter's threads (Linux): a search or a write
+/// that wakes on a busy machine preempts a graph insertion instead of waiting out its time
+/// slice (docs/indexing.md, "Search during graph insertion").
+const INSERTER_NICE: i32 = 10;
 
 /// Source of [`Mem::epoch`] values.
 static EPOCH: AtomicU64 = AtomicU64::new(1);
@@ -1148,7 +1154,14 @@ impl EmbeddedVectorIndex {
             Some(
                 std::thread::Builder::new()
                     .name("ce-vector-graph".into())
-                    .spawn(move || s.run_inserter())
+                    .spawn(move || {
+                        // Background work: searches and writes preempt it (the threads of an
+                        // insertion step inherit the priority).
+                        if let Err(e) = ce_core::parallel::lower_thread_priority(INSERTER_NICE) {
+                            tracing::debug!(error = %e, "vector graph inserter keeps its priority");
+                        }
+                        s.run_inserter()
+                    })
                     .map_err(|e| {
                         IndexError::Unavailable(format!("vector graph inserter thread: {e}"))
                     })?,
