@@ -9,8 +9,8 @@
 //! part that holds them. Vectors durable first, graph later: a background thread
 //! (`Shared::run_inserter`, at a lower scheduling priority than searches and writes) moves
 //! fresh vectors into the graph in large batches, on all cores, outside the state lock, and
-//! retires them from the fresh segment. When the fresh segment
-//! outgrows [`EmbeddedOptions::fresh_max_bytes`], the writer inserts itself before returning
+//! retires them from the fresh segment. When the fresh segment outgrows
+//! [`EmbeddedOptions::fresh_max_bytes`], the writer inserts itself before returning
 //! (back-pressure). An empty graph (first import, after `clear` for a reindex) is built once
 //! from every fresh vector.
 //!
