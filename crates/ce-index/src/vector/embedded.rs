@@ -33,10 +33,13 @@
 //! table; small candidate sets (see [`EmbeddedOptions::exact_limit`]: 5,000, or 10 % of the
 //! records up to 20·√records) are scanned exactly; larger ones scan the fresh segment exactly
 //! (filter before scoring) and go through the graph for the rest (filtered search with the
-//! table as predicate), merged by exact score; if the graph returns fewer than `top_k` while
-//! enough of its records pass, the search falls back to an exact scan. Hits are then read from
-//! SQLite and checked against the filter once more, so a search racing a write never returns a
-//! record that does not match.
+//! table as predicate), merged by score; if the graph returns fewer than `top_k` while enough
+//! of its records pass, the search falls back to an exact scan. The graph holds each vector
+//! rounded to `f16` (`ann.rs`), so a score computed on its copy is within a known bound of the
+//! true one: the in-memory search keeps a *shortlist* — the best `top_k` and the near-ties
+//! within twice that bound — whose rows are then read from SQLite, rescored with their stored
+//! `f32` vectors (the scores every hit reports) and checked against the filter once more, so a
+//! search racing a write never returns a record that does not match.
 
 mod ann;
 pub mod bench;
@@ -668,11 +671,11 @@ impl Mem {
         if graph.len() + fresh.len() != table.len() {
             return Err(mismatch("vector count differs from the database"));
         }
-        let mut buf = vec![0.0; dimension];
+        let (mut buf, mut scratch) = (ann::GraphVector::default(), Vec::new());
         for (k, v) in schema::sample_vectors(conn, 32)? {
             let same = match fresh.get(k) {
                 Some(f) => f == v.as_slice(),
-                None => graph.get(k, &mut buf) && buf == v,
+                None => graph.holds(k, &v, &mut buf, &mut scratch),
             };
             if !same {
                 return Err(mismatch(&format!("vector of key {k} differs")));
@@ -782,7 +785,8 @@ impl Mem {
         Ok(())
     }
 
-    /// Keys of the best `top_k` hits with their scores, and the plan taken.
+    /// The shortlist of the best `top_k` hits (keys with scores, see [`Mem::shortlist`]), the
+    /// plan taken and the candidate count.
     fn search(
         &self,
         query: &[f32],
@@ -834,10 +838,13 @@ impl Mem {
         let fresh_matches = scored.len();
         let mut graph_found = 0;
         if let Some(ann) = &self.ann {
+            // Asked for a shortlist's worth: near-ties the graph's rounding cannot tell apart
+            // are then all rescored.
+            let wanted = shortlist_cap(top_k);
             let found = if trivial {
-                ann.search(query, top_k)
+                ann.search(query, wanted)
             } else {
-                ann.filtered_search(query, top_k, admit)
+                ann.filtered_search(query, wanted, admit)
             };
             // A graph error (e.g. every search context busy) degrades to the exact path.
             let found: Vec<u64> = found
@@ -859,7 +866,7 @@ impl Mem {
         if graph_found >= top_k.min(count.saturating_sub(fresh_matches))
             && scored.len() >= top_k.min(count)
         {
-            return (self.top(scored, top_k), SearchPlan::Ann, count);
+            return (self.shortlist(scored, top_k), SearchPlan::Ann, count);
         }
         let (count, keys) = if trivial {
             (n, table.keys().collect())
@@ -873,40 +880,59 @@ impl Mem {
         )
     }
 
-    /// Scores `keys` exactly (from the fresh segment or the graph) and keeps the best `top_k`
-    /// (score descending, id ascending).
+    /// Scores `keys` (exactly from the fresh segment, within [`ann::SCORE_ERROR`] from the
+    /// graph's copies) and keeps their [`Mem::shortlist`].
     fn exact(&self, query: &[f32], keys: &[u64], top_k: usize) -> Vec<(u64, f32)> {
         const PARALLEL_FROM: usize = 16_384;
-        let dimension = self.ann.as_ref().map_or(query.len(), Ann::dimension);
         let score = |keys: &[u64]| -> Vec<(u64, f32)> {
-            let mut buf = vec![0.0; dimension];
+            let mut buf = ann::GraphVector::default();
             let scored = keys
                 .iter()
                 .filter_map(|k| {
                     if let Some(v) = self.fresh.get(*k) {
                         return Some((*k, cosine(query, v)));
                     }
-                    let ann = self.ann.as_ref()?;
-                    ann.get(*k, &mut buf).then(|| (*k, cosine(query, &buf)))
+                    let v = self.ann.as_ref()?.get(*k, &mut buf)?;
+                    Some((*k, cosine(query, v)))
                 })
                 .collect();
-            self.top(scored, top_k)
+            self.shortlist(scored, top_k)
         };
         let merged = ce_core::parallel::map_chunks(keys, PARALLEL_FROM, score);
-        self.top(merged.into_iter().flatten().collect(), top_k)
+        self.shortlist(merged.into_iter().flatten().collect(), top_k)
     }
 
-    fn top(&self, mut scored: Vec<(u64, f32)>, top_k: usize) -> Vec<(u64, f32)> {
+    /// The best `top_k` of `scored` (score descending, id ascending) and every other within
+    /// 2·[`ann::SCORE_ERROR`] of the `top_k`-th — up to [`shortlist_cap`] in all — best
+    /// first. A graph score is within `SCORE_ERROR` of the stored vector's, so rescoring
+    /// this shortlist with the stored vectors (`search_with`) finds the exact best `top_k`
+    /// among `scored`; only a crowd of more near-ties than the cap allows could displace one.
+    fn shortlist(&self, mut scored: Vec<(u64, f32)>, top_k: usize) -> Vec<(u64, f32)> {
+        if top_k == 0 {
+            return Vec::new();
+        }
         let id = |k: u64| self.table.id(k).unwrap_or("");
         let order =
             |a: &(u64, f32), b: &(u64, f32)| b.1.total_cmp(&a.1).then_with(|| id(a.0).cmp(id(b.0)));
-        if scored.len() > top_k && top_k > 0 {
-            scored.select_nth_unstable_by(top_k - 1, order);
+        let cap = shortlist_cap(top_k);
+        if scored.len() > cap {
+            scored.select_nth_unstable_by(cap - 1, order);
+            scored.truncate(cap);
         }
-        scored.truncate(top_k);
         scored.sort_by(order);
+        if let Some(&(_, kth)) = scored.get(top_k - 1) {
+            let floor = kth - 2.0 * ann::SCORE_ERROR;
+            let near = scored[top_k..].iter().take_while(|(_, s)| *s >= floor);
+            let keep = top_k + near.count();
+            scored.truncate(keep);
+        }
         scored
     }
+}
+
+/// The most candidates a shortlist of the best `top_k` holds (see [`Mem::shortlist`]).
+fn shortlist_cap(top_k: usize) -> usize {
+    2 * top_k + 32
 }
 
 fn table_row(r: schema::TableRowSql) -> Row {
@@ -1427,19 +1453,7 @@ impl EmbeddedVectorIndex {
                 }
                 mem.search(query, filter, top_k, strategy, &self.options)
             };
-            let keys: Vec<u64> = scored.iter().map(|(k, _)| *k).collect();
-            let mut rows = schema::get_by_keys(&lock(&self.reader), &keys)?;
-            let hits: Vec<VectorHit> = scored
-                .iter()
-                .filter_map(|(k, score)| {
-                    let r = rows.remove(k)?.record;
-                    filter.matches(&r).then_some(VectorHit {
-                        record: r,
-                        score: *score,
-                    })
-                })
-                .collect();
-            let complete = hits.len() == scored.len();
+            let (hits, complete) = self.rescore(query, filter, &scored, top_k)?;
             report = SearchReport {
                 hits,
                 plan,
@@ -1450,6 +1464,41 @@ impl EmbeddedVectorIndex {
             }
         }
         Ok(report)
+    }
+
+    /// Reads the rows of a search's `shortlist`, scores them with their stored vectors and
+    /// returns the best `top_k` that still match `filter` — and whether the result is
+    /// complete: false when a row vanished or stopped matching since the in-memory search (a
+    /// write raced it), then the caller searches again.
+    fn rescore(
+        &self,
+        query: &[f32],
+        filter: &SearchFilter,
+        shortlist: &[(u64, f32)],
+        top_k: usize,
+    ) -> Result<(Vec<VectorHit>, bool)> {
+        let keys: Vec<u64> = shortlist.iter().map(|(k, _)| *k).collect();
+        let mut rows = schema::shortlist_rows(&lock(&self.reader), &keys)?;
+        let mut complete = rows.len() == keys.len();
+        let mut ranked: Vec<(f32, schema::ShortlistRow)> = keys
+            .iter()
+            .filter_map(|k| rows.remove(k))
+            .map(|row| (cosine(query, &row.vector), row))
+            .collect();
+        ranked.sort_by(|(a, ra), (b, rb)| b.total_cmp(a).then_with(|| ra.id.cmp(&rb.id)));
+        let mut hits = Vec::with_capacity(top_k.min(ranked.len()));
+        for (score, row) in ranked {
+            if hits.len() == top_k {
+                break;
+            }
+            let record = schema::stored(&row.record, row.node_version)?.record;
+            if filter.matches(&record) {
+                hits.push(VectorHit { record, score });
+            } else {
+                complete = false;
+            }
+        }
+        Ok((hits, complete))
     }
 
     /// Moves every fresh vector into the graph, then writes a snapshot of the graph if it
@@ -1529,7 +1578,7 @@ impl EmbeddedVectorIndex {
         let mem = self.mem();
         let mut problems = Vec::new();
         let mut rows = 0usize;
-        let mut buf = vec![0.0; mem.ann.as_ref().map_or(0, Ann::dimension)];
+        let (mut buf, mut scratch) = (ann::GraphVector::default(), Vec::new());
         schema::scan_rows(&conn, true, |r, v| {
             rows += 1;
             if mem.table.id(r.key) != Some(r.id.as_str()) {
@@ -1541,7 +1590,7 @@ impl EmbeddedVectorIndex {
             let in_graph = mem.ann.as_ref().is_some_and(|a| a.contains(r.key));
             let same = match (mem.fresh.get(r.key), &mem.ann, v) {
                 (Some(f), _, Some(v)) => !in_graph && f == v.as_slice(),
-                (None, Some(a), Some(v)) => a.get(r.key, &mut buf) && buf == v,
+                (None, Some(a), Some(v)) => a.holds(r.key, &v, &mut buf, &mut scratch),
                 _ => false,
             };
             if !same {

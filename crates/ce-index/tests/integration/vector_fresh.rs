@@ -9,6 +9,7 @@
 //! last test, which races it for real.
 
 use ce_core::CtxUri;
+use ce_index::vector::embedded::bench::random_unit_vectors;
 use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex, SearchStrategy};
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{NodeRecord, SearchFilter, VectorHit, VectorIndex, VectorRecord};
@@ -400,4 +401,76 @@ fn background_insertion_races_writes_and_searches() {
     eprintln!(
         "background_insertion_races_writes_and_searches: mixed fresh+graph state seen: {mixed}"
     );
+}
+
+/// The graph holds each vector normalised and rounded to `f16`: records whose vectors differ
+/// only below that precision score alike on the graph's copies, yet every search — exact or
+/// through the graph, with the vectors in the graph or still fresh — ranks them by their
+/// stored `f32` vectors, with the oracle's bit-identical scores. Vectors of any scale (`f16`
+/// overflows past 65,504) behave the same. Without the rescoring of the shortlist the order
+/// among these near-ties is the ids', not the scores'.
+#[test]
+fn near_ties_below_the_graphs_precision_rank_by_the_stored_vectors() {
+    const NEAR: usize = 48;
+    let dim = 64;
+    let mut random = random_unit_vectors(202, dim, 7).into_iter();
+    let (base, other) = (random.next().expect("base"), random.next().expect("other"));
+    let records: Vec<VectorRecord> = (0..NEAR)
+        .map(|i| {
+            let scale = [1.0, 1e-3, 1e5][i % 3];
+            let mut v = base.clone();
+            v[i % dim] += 2e-5 * i as f32;
+            VectorRecord {
+                record: crate::common::record(&format!("ctx://p/near/n{i:02}"), 0, &[]),
+                vector: v.into_iter().map(|x| x * scale).collect(),
+            }
+        })
+        .chain(
+            random
+                .enumerate()
+                .map(|(i, v)| crate::common::vr(&format!("ctx://p/far/n{i}"), 0, v)),
+        )
+        .collect();
+    // Close to the near-ties' direction, not along it (so a perturbation moves the score).
+    let query: Vec<f32> = base.iter().zip(other).map(|(b, o)| b + 0.3 * o).collect();
+    let oracle = MemoryVectorIndex::new();
+    oracle.upsert(&records).expect("oracle upsert");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = EmbeddedOptions {
+        background_insert: false,
+        ..graph_only()
+    };
+    let idx = EmbeddedVectorIndex::open_with(dir.path(), options).expect("open");
+    idx.upsert(&records).expect("upsert");
+    for part in ["fresh", "graph"] {
+        if part == "graph" {
+            idx.settle().expect("settle");
+            assert_eq!(idx.stats().graph_vectors, records.len(), "all in the graph");
+        }
+        for top_k in [1, 5, 10, 30] {
+            let want = oracle
+                .search(&query, &SearchFilter::default(), top_k)
+                .expect("oracle search");
+            assert!(
+                want.iter()
+                    .all(|h| h.record.uri.as_str().contains("/near/")),
+                "the near-ties are the best hits: {:?}",
+                want.iter()
+                    .map(|h| (h.record.uri.as_str(), h.score))
+                    .collect::<Vec<_>>()
+            );
+            for strategy in [SearchStrategy::Exact, SearchStrategy::Ann] {
+                let got = idx
+                    .search_with(&query, &SearchFilter::default(), top_k, strategy)
+                    .expect("search");
+                assert_eq!(
+                    ids_scores(&got.hits),
+                    ids_scores(&want),
+                    "{part}, {strategy:?}, top {top_k}"
+                );
+            }
+        }
+    }
+    idx.check_consistency()
+        .expect("graph agrees with the records");
 }

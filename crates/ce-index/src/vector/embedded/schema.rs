@@ -347,24 +347,39 @@ pub(super) fn get_by_ids(c: &Connection, ids: &[String]) -> Result<Vec<StoredRec
 }
 
 /// Stored records by key (absent keys skipped).
-pub(super) fn get_by_keys(c: &Connection, keys: &[u64]) -> Result<BTreeMap<u64, StoredRecord>> {
+/// A row read to rescore a search's shortlist: the record is decoded only if it is returned.
+pub(super) struct ShortlistRow {
+    pub id: String,
+    pub record: String,
+    pub node_version: i64,
+    pub vector: Vec<f32>,
+}
+
+/// The rows of `keys` (absent keys skipped), with their stored vectors.
+pub(super) fn shortlist_rows(c: &Connection, keys: &[u64]) -> Result<BTreeMap<u64, ShortlistRow>> {
     let mut out = BTreeMap::new();
     for chunk in keys.chunks(256) {
         let marks = vec!["?"; chunk.len()].join(",");
         let mut st = c
             .prepare_cached(&format!(
-                "SELECT key, record, node_version FROM records WHERE key IN ({marks})"
+                "SELECT key, id, record, node_version, vector FROM records WHERE key IN ({marks})"
             ))
             .map_err(sql)?;
-        let rows: Vec<(i64, String, i64)> = st
+        let rows: Vec<(i64, String, String, i64, Vec<u8>)> = st
             .query_map(
                 rusqlite::params_from_iter(chunk.iter().map(|k| *k as i64)),
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .and_then(|it| it.collect())
             .map_err(sql)?;
-        for (k, rec, v) in rows {
-            out.insert(k as u64, stored(&rec, v)?);
+        for (k, id, record, node_version, blob) in rows {
+            let row = ShortlistRow {
+                id,
+                record,
+                node_version,
+                vector: decode_vector(&blob)?,
+            };
+            out.insert(k as u64, row);
         }
     }
     Ok(out)
