@@ -179,7 +179,7 @@ pub trait Embedder: Send + Sync {
 
 /// Scales `v` to unit length in place; returns false (leaving `v` alone) when its norm is
 /// zero or not finite.
-pub(crate) fn normalize(v: &mut [f32]) -> bool {
+pub fn normalize(v: &mut [f32]) -> bool {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if !(norm.is_finite() && norm > 0.0) {
         return false;

@@ -57,10 +57,7 @@ fn gaussian(rng: &mut StdRng) -> f32 {
 }
 
 fn normalised(mut v: Vec<f32>) -> Vec<f32> {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if norm > 0.0 {
-        v.iter_mut().for_each(|x| *x /= norm);
-    }
+    ce_embed::normalize(&mut v);
     v
 }
 
