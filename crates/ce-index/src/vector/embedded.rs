@@ -66,8 +66,8 @@ use super::rules::{
     check_binding, check_kept, check_query, check_vector, cosine, metadata_version, missing_vector,
 };
 use super::{
-    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
-    VectorRecord,
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit,
+    VectorIndex, VectorRecord,
 };
 use crate::error::{IndexError, Result};
 use crate::records::{
@@ -1768,12 +1768,16 @@ impl VectorIndex for EmbeddedVectorIndex {
         schema::get_by_ids(&lock(&self.reader), ids)
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
         let conn = lock(&self.reader);
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some((_, blob)) = schema::key_and_vector(&conn, id)? {
-                out.push((id.clone(), schema::decode_vector(&blob)?));
+            if let Some((blob, text_hash)) = schema::vector_and_text_hash(&conn, id)? {
+                out.push(StoredVector {
+                    id: id.clone(),
+                    text_hash,
+                    vector: schema::decode_vector(&blob)?,
+                });
             }
         }
         Ok(out)

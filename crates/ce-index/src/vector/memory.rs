@@ -14,7 +14,8 @@ use super::rules::{
     rank, text_hash,
 };
 use super::{
-    NodeRecord, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex, VectorRecord,
+    NodeRecord, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit, VectorIndex,
+    VectorRecord,
 };
 use crate::error::Result;
 use crate::records::{SeenVersion, check_move, check_node_records, move_versions, moved_record};
@@ -234,11 +235,17 @@ impl VectorIndex for MemoryVectorIndex {
             .collect())
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
         let s = self.state();
         Ok(ids
             .iter()
-            .filter_map(|id| s.records.get(id).map(|e| (id.clone(), e.vector.clone())))
+            .filter_map(|id| {
+                s.records.get(id).map(|e| StoredVector {
+                    id: id.clone(),
+                    text_hash: text_hash(&e.record).map(str::to_owned),
+                    vector: e.vector.clone(),
+                })
+            })
             .collect())
     }
 

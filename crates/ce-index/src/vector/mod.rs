@@ -63,6 +63,19 @@ pub struct StoredRecord {
     pub node_version: u64,
 }
 
+/// A stored vector with the text hash (`metadata.content_hash`) of its record, read together
+/// in one snapshot of the index: a vector read apart from its record may already belong to a
+/// text written since (another worker's write landing between the two reads).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredVector {
+    /// The record's id.
+    pub id: String,
+    /// The hash of the text the vector embeds (`None` for a record written without one).
+    pub text_hash: Option<String>,
+    /// The vector.
+    pub vector: Vec<f32>,
+}
+
 /// The distinct URIs of `records` (listed in URI order), in order.
 pub(crate) fn uris_of(records: Vec<StoredRecord>) -> Vec<CtxUri> {
     let mut uris: Vec<CtxUri> = records.into_iter().map(|r| r.record.uri).collect();
@@ -314,8 +327,9 @@ pub trait VectorIndex: Send + Sync {
 
     /// Stored records by id (absent ids are skipped).
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
-    /// Stored vectors by id (absent ids are skipped), e.g. for a moved node to reuse.
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
+    /// Stored vectors by id with their records' text hashes (absent ids are skipped), e.g.
+    /// for a moved node to reuse for the same text.
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>>;
     /// Every stored record within `uri` (the root lists all), in (uri, level) order.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// The distinct URIs of the records within `uri`, in URI order: what a subtree sync

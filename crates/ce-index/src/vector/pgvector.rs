@@ -76,8 +76,8 @@ use super::rules::{
     check_binding, check_kept, check_query, check_vector, metadata_version, missing_vector, rank,
 };
 use super::{
-    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorIndex,
-    VectorRecord, canonical_value, push_json_string,
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit,
+    VectorIndex, VectorRecord, canonical_value, push_json_string,
 };
 use crate::error::{IndexError, Result};
 use crate::records::{
@@ -212,10 +212,10 @@ impl ToSql for PgVector<'_> {
     to_sql_checked!();
 }
 
-/// A stored vector read in pgvector's binary format.
-struct StoredVector(Vec<f32>);
+/// A vector read in pgvector's binary format.
+struct ReadVector(Vec<f32>);
 
-impl<'a> FromSql<'a> for StoredVector {
+impl<'a> FromSql<'a> for ReadVector {
     fn from_sql(
         _ty: &Type,
         raw: &'a [u8],
@@ -227,7 +227,7 @@ impl<'a> FromSql<'a> for StoredVector {
         if body.len() != 4 * dim {
             return Err(format!("vector of dimension {dim} has {} bytes", body.len()).into());
         }
-        Ok(StoredVector(
+        Ok(ReadVector(
             body.chunks_exact(4)
                 .map(|c| f32::from_be_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
@@ -1264,7 +1264,7 @@ impl VectorIndex for PgVectorIndex {
         Ok(ids.iter().filter_map(|id| found.get(id).cloned()).collect())
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -1272,17 +1272,24 @@ impl VectorIndex for PgVectorIndex {
             // Not cached: the result type follows the column's dimension, which a cached
             // statement would keep across a concurrent `clear` and rebind.
             let rows = tx.query_uncached(
-                "SELECT id, embedding FROM ce_vector_records WHERE id = ANY($1)",
+                "SELECT id, (record::jsonb)->'metadata'->>'content_hash', embedding
+                 FROM ce_vector_records WHERE id = ANY($1)",
                 &[&ids],
             )?;
             rows.iter()
-                .map(|r| Ok((col::<String>(r, 0)?, col::<StoredVector>(r, 1)?.0)))
+                .map(|r| {
+                    let id: String = col(r, 0)?;
+                    let v = StoredVector {
+                        id: id.clone(),
+                        text_hash: col(r, 1)?,
+                        vector: col::<ReadVector>(r, 2)?.0,
+                    };
+                    Ok((id, v))
+                })
                 .collect::<Result<HashMap<_, _>>>()
         })?;
-        Ok(ids
-            .iter()
-            .filter_map(|id| found.get(id).map(|v| (id.clone(), v.clone())))
-            .collect())
+        // In the order asked.
+        Ok(ids.iter().filter_map(|id| found.get(id).cloned()).collect())
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
@@ -1372,9 +1379,9 @@ mod tests {
         PgVector(&v).to_sql(&Type::TEXT, &mut buf).expect("to_sql");
         assert_eq!(&buf[..4], &[0, 4, 0, 0], "dimension, then an unused int16");
         assert_eq!(&buf[4..8], &1.5f32.to_be_bytes(), "big-endian float4");
-        let back = StoredVector::from_sql(&Type::TEXT, &buf).expect("from_sql");
+        let back = ReadVector::from_sql(&Type::TEXT, &buf).expect("from_sql");
         assert_eq!(back.0, v);
-        assert!(StoredVector::from_sql(&Type::TEXT, &buf[..7]).is_err());
+        assert!(ReadVector::from_sql(&Type::TEXT, &buf[..7]).is_err());
     }
 
     #[test]

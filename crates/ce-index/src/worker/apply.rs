@@ -448,22 +448,17 @@ impl NodeApplier<'_> {
         if old_ids.is_empty() {
             return Ok(());
         }
-        let by_hash: HashMap<String, String> = self
+        // Each vector with the text hash read with it: a vector and a record read apart could
+        // straddle another worker's write of the source URI, and lend one text's vector to
+        // another (found by the convergence simulation, 2026-12-06).
+        let by_hash: HashMap<String, Vec<f32>> = self
             .target
-            .get(&old_ids)?
+            .vectors(&old_ids)?
             .into_iter()
-            .filter_map(|s| {
-                Some((
-                    s.record.metadata.get("content_hash")?.as_str()?.to_owned(),
-                    s.record.id,
-                ))
-            })
+            .filter_map(|s| Some((s.text_hash?, s.vector)))
             .collect();
-        let wanted: Vec<String> = by_hash.values().cloned().collect();
-        let stored: HashMap<String, Vec<f32>> = self.target.vectors(&wanted)?.into_iter().collect();
         for (i, text) in texts.iter().enumerate() {
-            let hash = ce_core::sha256_tagged(text);
-            if let Some(v) = by_hash.get(&hash).and_then(|id| stored.get(id)) {
+            if let Some(v) = by_hash.get(&ce_core::sha256_tagged(text)) {
                 vectors[i] = Some(v.clone());
             }
         }

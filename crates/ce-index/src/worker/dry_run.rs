@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::apply::NodeApplier;
 use super::target::{IndexKind, IndexTarget};
 use super::{WorkError, WorkerConfig, compact};
-use crate::vector::{NodeWrite, StoredRecord, SyncOutcome};
+use crate::vector::{NodeWrite, StoredRecord, StoredVector, SyncOutcome};
 
 /// URIs kept per sampled action.
 pub const SAMPLE_SIZE: usize = 10;
@@ -198,7 +198,7 @@ impl IndexTarget for RecordingTarget<'_> {
     fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
         self.inner.get(ids)
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
         self.inner.vectors(ids)
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {

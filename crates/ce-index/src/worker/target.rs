@@ -10,7 +10,7 @@ use ce_embed::ModelIdentity;
 
 use crate::Result;
 use crate::keyword::{KeywordIndex, KeywordWrite};
-use crate::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex};
+use crate::vector::{NodeWrite, StoredRecord, StoredVector, SyncOutcome, VectorIndex};
 
 /// Which index a worker writes: it names the span, the latency histogram and the log
 /// messages of the worker's batched writes, so each index is observed under its own name.
@@ -67,8 +67,9 @@ pub trait IndexTarget: Send + Sync {
     fn bind_model(&self, model: &ModelIdentity) -> Result<()>;
     /// Stored records by id (absent ids are skipped).
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
-    /// Stored vectors by id (targets without vectors return none).
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>>;
+    /// Stored vectors by id with their records' text hashes (targets without vectors return
+    /// none).
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>>;
     /// Every stored record within `uri`.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// The distinct URIs of the stored records within `uri`, in URI order (what a subtree
@@ -111,7 +112,7 @@ impl IndexTarget for VectorTarget {
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
         self.0.get(ids)
     }
-    fn vectors(&self, ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
         self.0.vectors(ids)
     }
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
@@ -147,7 +148,7 @@ impl IndexTarget for KeywordTarget {
     fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
         self.0.get(ids)
     }
-    fn vectors(&self, _ids: &[String]) -> Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, _ids: &[String]) -> Result<Vec<StoredVector>> {
         Ok(Vec::new())
     }
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

@@ -20,7 +20,8 @@ use super::*;
 use crate::error::IndexError;
 use crate::vector::memory::MemoryVectorIndex;
 use crate::vector::{
-    NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, VectorHit, VectorRecord,
+    NodeRecord, NodeWrite, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit,
+    VectorRecord,
 };
 
 /// Decides the fault of one embedding call: 0 ok, 1 timeout, 2 rate limit, 3 5xx, 4 permanent
@@ -222,7 +223,7 @@ impl VectorIndex for FlakyIndex {
     fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
         self.inner.get(ids)
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
         self.inner.vectors(ids)
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
@@ -309,27 +310,33 @@ fn by_id(stored: Vec<StoredRecord>) -> BTreeMap<String, IndexRecord> {
         .collect()
 }
 
-/// Vectors must be the embedding of the record's current text (no stale vector).
+/// Each stored vector is the embedding of its record's current text (no stale vector), read
+/// with that text's hash.
 fn assert_vectors_match_text(index: &dyn VectorIndex) {
-    for s in index.list_under(&CtxUri::root()).expect("list") {
-        // Siblings may share a text (and so a vector): look for this record among the hits.
-        let filter = SearchFilter {
-            parent_uri: Some(s.record.parent_uri.clone()),
-            level: Some(s.record.level),
-            ..SearchFilter::default()
-        };
-        let hits = index
-            .search(&TestEmbedder::vector(&s.record.text), &filter, 64)
-            .expect("search");
-        let own = hits
-            .iter()
-            .find(|h| h.record.id == s.record.id)
-            .expect("record is searchable");
-        assert!(
-            own.score > 0.9999,
-            "vector of {} is stale (score {})",
-            s.record.id,
-            own.score
+    let stored = index.list_under(&CtxUri::root()).expect("list");
+    let ids: Vec<String> = stored.iter().map(|s| s.record.id.clone()).collect();
+    let vectors: BTreeMap<String, StoredVector> = index
+        .vectors(&ids)
+        .expect("vectors")
+        .into_iter()
+        .map(|v| (v.id.clone(), v))
+        .collect();
+    for s in stored {
+        let v = vectors
+            .get(&s.record.id)
+            .expect("every record has a vector");
+        assert_eq!(
+            (&v.vector, v.text_hash.as_deref()),
+            (
+                &TestEmbedder::vector(&s.record.text),
+                s.record
+                    .metadata
+                    .get("content_hash")
+                    .and_then(|h| h.as_str())
+            ),
+            "the vector of {} level {} is not its text's",
+            s.record.uri,
+            s.record.level
         );
     }
 }
@@ -773,11 +780,15 @@ type WriteHook = dyn Fn(&dyn IndexTarget, Vec<NodeWrite>) -> crate::Result<Vec<c
     + Send
     + Sync;
 
-/// A target whose batched writes go through `write`; every other call goes straight to
-/// `inner`.
+/// What a [`HookedTarget`] runs after each of its record or vector reads, with the ids read.
+type ReadHook = dyn Fn(&[String]) + Send + Sync;
+
+/// A target whose batched writes go through `write`, and which runs `after_read` after each
+/// `get` and `vectors`; every other call goes straight to `inner`.
 struct HookedTarget {
     inner: Arc<dyn IndexTarget>,
     write: Box<WriteHook>,
+    after_read: Box<ReadHook>,
 }
 
 impl HookedTarget {
@@ -794,6 +805,19 @@ impl HookedTarget {
         Arc::new(HookedTarget {
             inner,
             write: Box::new(write),
+            after_read: Box::new(|_| {}),
+        })
+    }
+
+    /// Writes go straight to `inner`; `after_read` runs after each read.
+    fn reading(
+        inner: Arc<dyn IndexTarget>,
+        after_read: impl Fn(&[String]) + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(HookedTarget {
+            inner,
+            write: Box::new(|inner, writes| inner.write_nodes(writes)),
+            after_read: Box::new(after_read),
         })
     }
 }
@@ -809,10 +833,14 @@ impl IndexTarget for HookedTarget {
         self.inner.bind_model(model)
     }
     fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        self.inner.get(ids)
+        let read = self.inner.get(ids);
+        (self.after_read)(ids);
+        read
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<(String, Vec<f32>)>> {
-        self.inner.vectors(ids)
+    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
+        let read = self.inner.vectors(ids);
+        (self.after_read)(ids);
+        read
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
@@ -1121,4 +1149,56 @@ fn an_older_write_landing_after_a_container_took_the_uri_is_refused() {
         expected(&env),
         "no record of the moved node is left at c/d"
     );
+}
+
+/// The race the convergence simulation found on 2026-12-06: worker A applies a move and looks
+/// up the vectors left at the source URI to reuse them for the same texts; between A's reads,
+/// a node with another text is created at the source URI and worker B indexes it. A must not
+/// lend B's vector to the moved text (it did when it read the source's records and their
+/// vectors in two calls).
+#[test]
+fn a_moved_node_never_takes_the_vector_of_a_text_written_at_its_source_meanwhile() {
+    let env = env();
+    let emb = TestEmbedder::new();
+    let index = Arc::new(MemoryVectorIndex::new());
+    put(&env, "ctx://acc/a", "alpha", "alpha's content");
+    drain(&env, &worker(&env, emb.clone(), index.clone(), "w0"));
+    env.store
+        .mv(&uri("ctx://acc/a"), &uri("ctx://acc/b"), None)
+        .expect("mv");
+
+    let store = env.store.clone();
+    let b = worker(&env, emb.clone(), index.clone(), "b");
+    let source: Vec<String> = ce_core::Level::ALL
+        .map(|l| ce_core::stable_hash("ctx://acc/a", l.as_u8()))
+        .to_vec();
+    let once = std::sync::Once::new();
+    let a = IndexWorker::for_target(
+        wcfg("a"),
+        env.store.clone(),
+        // Right after A reads anything stored at the source URI: a is re-created with another
+        // text, and B indexes it.
+        HookedTarget::reading(Arc::new(VectorTarget(index.clone())), move |ids| {
+            if ids.iter().any(|id| source.contains(id)) {
+                once.call_once(|| {
+                    let req = PutRequest {
+                        abstract_text: Some("omega".into()),
+                        content: Some("omega's content".into()),
+                        ..PutRequest::default()
+                    };
+                    store.put(&uri("ctx://acc/a"), req).expect("put");
+                    let r = b.run_once(100).expect("b");
+                    assert_eq!((r.claimed, r.failed), (1, 0), "{r:?}");
+                });
+            }
+        }),
+        Some(emb.clone() as Arc<dyn Embedder>),
+        IndexProjector::default(),
+    )
+    .expect("worker");
+    let r = a.run_once(100).expect("a");
+    assert_eq!((r.claimed, r.failed), (1, 0), "{r:?}");
+    drain(&env, &a);
+    assert_eq!(actual(index.as_ref()), expected(&env));
+    assert_vectors_match_text(index.as_ref());
 }

@@ -15,7 +15,9 @@ use ce_core::{
 };
 use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex};
 use ce_index::vector::memory::MemoryVectorIndex;
-use ce_index::vector::{NodeRecord, SearchFilter, StoredRecord, VectorIndex, VectorRecord};
+use ce_index::vector::{
+    NodeRecord, SearchFilter, StoredRecord, StoredVector, VectorIndex, VectorRecord,
+};
 use ce_index::vector::{PgVectorIndex, PgVectorOptions};
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::postgres::PgStore;
@@ -295,7 +297,7 @@ impl VectorIndex for Shaped {
     fn get(&self, ids: &[String]) -> ce_index::Result<Vec<StoredRecord>> {
         self.read(|i| i.get(ids))
     }
-    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<StoredVector>> {
         self.read(|i| i.vectors(ids))
     }
     fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {

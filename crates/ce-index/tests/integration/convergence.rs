@@ -66,7 +66,7 @@ use ce_index::keyword::memory::MemoryKeywordIndex;
 use ce_index::relation::RelationIndex;
 use ce_index::relation::memory::MemoryRelationIndex;
 use ce_index::vector::memory::MemoryVectorIndex;
-use ce_index::vector::{NodeWrite, StoredRecord, SyncOutcome, VectorIndex as _};
+use ce_index::vector::{NodeWrite, StoredRecord, StoredVector, SyncOutcome, VectorIndex as _};
 use ce_index::worker::target::{IndexKind, IndexTarget, KeywordTarget, VectorTarget};
 use ce_index::worker::{IndexWorker, WorkError, WorkerCallbacks, WorkerConfig};
 use ce_store::{LinkRequest, PutMode, PutRequest, WriteOutcome};
@@ -498,7 +498,7 @@ impl IndexTarget for FaultyTarget {
     fn get(&self, ids: &[String]) -> ce_index::Result<Vec<StoredRecord>> {
         self.inner.get(ids)
     }
-    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<(String, Vec<f32>)>> {
+    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<StoredVector>> {
         self.inner.vectors(ids)
     }
     fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {
@@ -1111,21 +1111,35 @@ fn converge(backend: Backend, seed: u64, writes: usize, tally: &Arc<Tally>) {
         // Every stored vector is the embedding of its record's current text.
         let stored = vector_index.list_under(&CtxUri::root()).expect("list");
         let ids: Vec<String> = stored.iter().map(|s| s.record.id.clone()).collect();
-        let vectors: BTreeMap<String, Vec<f32>> = vector_index
+        let vectors: BTreeMap<String, StoredVector> = vector_index
             .vectors(&ids)
             .expect("vectors")
             .into_iter()
+            .map(|v| (v.id.clone(), v))
             .collect();
         for s in &stored {
             let want = emb
                 .inner
                 .embed_texts(&[&s.record.text], Duration::from_secs(5))
                 .expect("embed");
-            assert_eq!(
-                vectors.get(&s.record.id),
-                want.first(),
-                "seed {seed}: {}",
-                s.record.id
+            let got = vectors.get(&s.record.id);
+            let hash = s
+                .record
+                .metadata
+                .get("content_hash")
+                .and_then(|h| h.as_str());
+            assert!(
+                got.is_some_and(
+                    |v| Some(&v.vector) == want.first() && v.text_hash.as_deref() == hash
+                ),
+                "seed {seed}: the vector of {} level {} is not its text's: {got:?}, want {want:?}\n{}",
+                s.record.uri,
+                s.record.level,
+                history(
+                    &env,
+                    "vector",
+                    [format!("{}#{}", s.record.uri, s.record.level)].iter()
+                )
             );
         }
     };

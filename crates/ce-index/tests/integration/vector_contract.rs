@@ -12,7 +12,8 @@ use ce_embed::ModelIdentity;
 use ce_index::IndexError;
 use ce_index::vector::memory::MemoryVectorIndex;
 use ce_index::vector::{
-    NodeWrite, PgVectorIndex, PgVectorOptions, SearchFilter, SyncOutcome, VectorIndex, VectorRecord,
+    NodeWrite, PgVectorIndex, PgVectorOptions, SearchFilter, StoredVector, SyncOutcome,
+    VectorIndex, VectorRecord,
 };
 use serde_json::json;
 
@@ -59,9 +60,35 @@ fn upsert_get_count_are_idempotent() {
         // Overwrite by id: new text and vector, same id.
         let mut changed = recs[0].clone();
         changed.record.text = "new text".into();
+        changed
+            .record
+            .metadata
+            .insert("content_hash".into(), json!("hash of the new text"));
         changed.vector = unit(9, DIM);
         idx.upsert(&[changed.clone()]).expect("overwrite");
         assert_eq!(idx.count().expect("count"), 3, "{name}");
+        // Vectors by id come with their records' text hashes, in the order asked.
+        let want = [
+            changed.record.id.clone(),
+            "nope".into(),
+            recs[1].record.id.clone(),
+        ];
+        assert_eq!(
+            idx.vectors(&want).expect("vectors"),
+            [
+                StoredVector {
+                    id: changed.record.id.clone(),
+                    text_hash: Some("hash of the new text".into()),
+                    vector: unit(9, DIM),
+                },
+                StoredVector {
+                    id: recs[1].record.id.clone(),
+                    text_hash: None,
+                    vector: unit(2, DIM),
+                },
+            ],
+            "{name}"
+        );
         let hits = idx
             .search(&unit(9, DIM), &SearchFilter::default(), 1)
             .expect("search");
@@ -1142,10 +1169,13 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
         SyncOutcome::Stale
     );
     let x = vec![stable_hash("ctx://a/docs/x", 0)];
-    assert_eq!(
-        c.vectors(&x).expect("vectors"),
-        [(x[0].clone(), unit(1, DIM))]
-    );
+    let got: Vec<(String, Vec<f32>)> = c
+        .vectors(&x)
+        .expect("vectors")
+        .into_iter()
+        .map(|s| (s.id, s.vector))
+        .collect();
+    assert_eq!(got, [(x[0].clone(), unit(1, DIM))]);
 
     // One opener clears and binds a model of another dimension: the other keeps working
     // (its prepared statements outlive the column's change of type).
@@ -1158,10 +1188,13 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
     c.upsert(&[vr("ctx://a/docs/z", 0, unit(5, DIM * 2))])
         .expect("upsert after rebind");
     let z = vec![stable_hash("ctx://a/docs/z", 0)];
-    assert_eq!(
-        c.vectors(&z).expect("vectors"),
-        [(z[0].clone(), unit(5, DIM * 2))]
-    );
+    let got: Vec<(String, Vec<f32>)> = c
+        .vectors(&z)
+        .expect("vectors")
+        .into_iter()
+        .map(|s| (s.id, s.vector))
+        .collect();
+    assert_eq!(got, [(z[0].clone(), unit(5, DIM * 2))]);
     let hits = c
         .search(&unit(5, DIM * 2), &SearchFilter::default(), 3)
         .expect("search");
@@ -1388,7 +1421,7 @@ fn with_vectors(idx: &dyn VectorIndex) -> Vec<(String, u64, Vec<f32>)> {
             (
                 serde_json::to_string(&s.record).expect("record json"),
                 s.node_version,
-                v.into_iter().next().expect("one").1,
+                v.into_iter().next().expect("one").vector,
             )
         })
         .collect()
