@@ -961,6 +961,18 @@ impl Shared {
         self.mem.write().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Stops the background inserter for good: a running step stops within a few vectors
+    /// (what it added is kept), no other starts, and later steps (back-pressure, `settle`)
+    /// add nothing.
+    fn stop(&self) {
+        {
+            let mut ctl = crate::lock(&self.ctl);
+            ctl.stop = true;
+            self.wake.notify_all();
+        }
+        self.abort.store(true, Ordering::Relaxed);
+    }
+
     fn notify(&self) {
         let mut ctl = crate::lock(&self.ctl);
         if !ctl.pending {
@@ -1227,6 +1239,15 @@ impl EmbeddedVectorIndex {
             snapshot_catch_up: mem.loaded.unwrap_or(0),
             resident: mem.resident,
         }
+    }
+
+    /// What a closing process does (also on drop): stops graph insertion for good — a running
+    /// step within a few vectors, what it added kept — and writes the snapshot of the graph as
+    /// it is, without waiting for the rest of the fresh segment (the next open reads it back
+    /// as the tail). Searches and writes go on; what is written after it stays fresh.
+    pub fn close_graph(&self) -> Result<()> {
+        self.shared.stop();
+        self.save_snapshot()
     }
 
     /// Closes the index without writing a snapshot, as a crash would: the next open rebuilds
@@ -1621,12 +1642,7 @@ impl Drop for EmbeddedVectorIndex {
     fn drop(&mut self) {
         // The inserter stops within a few vectors (what it added is retired); what is still
         // fresh stays in the database and is the tail the next open reads back.
-        {
-            let mut ctl = crate::lock(&self.shared.ctl);
-            ctl.stop = true;
-            self.shared.wake.notify_all();
-        }
-        self.shared.abort.store(true, Ordering::Relaxed);
+        self.shared.stop();
         if let Some(h) = self.inserter.take() {
             let _ = h.join();
         }

@@ -163,7 +163,7 @@ pub trait Consumer: Any + Send + Sync {
         None
     }
 
-    /// Writes what the index keeps in memory (on shutdown).
+    /// Stops the index's background work and writes what it keeps in memory (on shutdown).
     fn flush(&self) {}
 }
 

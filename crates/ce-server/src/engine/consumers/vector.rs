@@ -191,9 +191,10 @@ impl Consumer for VectorConsumer {
 
     fn flush(&self) {
         if let Some(embedded) = &self.embedded
-            // The graph as it is: fresh vectors are read back from the database at the next
-            // start, so a short-lived `ce` command does not wait for graph insertion.
-            && let Err(e) = embedded.save_snapshot()
+            // The graph as it is, a running insertion stopped: fresh vectors are read back
+            // from the database at the next start, so a short-lived `ce` command does not wait
+            // for graph insertion (not even for a first build of the whole graph).
+            && let Err(e) = embedded.close_graph()
         {
             warn!(error = %e, "vector index snapshot not written (the next start rebuilds it)");
         }
