@@ -1169,13 +1169,12 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
         SyncOutcome::Stale
     );
     let x = vec![stable_hash("ctx://a/docs/x", 0)];
-    let got: Vec<(String, Vec<f32>)> = c
-        .vectors(&x)
-        .expect("vectors")
-        .into_iter()
-        .map(|s| (s.id, s.vector))
-        .collect();
-    assert_eq!(got, [(x[0].clone(), unit(1, DIM))]);
+    let want = StoredVector {
+        id: x[0].clone(),
+        text_hash: None,
+        vector: unit(1, DIM),
+    };
+    assert_eq!(c.vectors(&x).expect("vectors"), [want]);
 
     // One opener clears and binds a model of another dimension: the other keeps working
     // (its prepared statements outlive the column's change of type).
@@ -1188,13 +1187,12 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
     c.upsert(&[vr("ctx://a/docs/z", 0, unit(5, DIM * 2))])
         .expect("upsert after rebind");
     let z = vec![stable_hash("ctx://a/docs/z", 0)];
-    let got: Vec<(String, Vec<f32>)> = c
-        .vectors(&z)
-        .expect("vectors")
-        .into_iter()
-        .map(|s| (s.id, s.vector))
-        .collect();
-    assert_eq!(got, [(z[0].clone(), unit(5, DIM * 2))]);
+    let want = StoredVector {
+        id: z[0].clone(),
+        text_hash: None,
+        vector: unit(5, DIM * 2),
+    };
+    assert_eq!(c.vectors(&z).expect("vectors"), [want]);
     let hits = c
         .search(&unit(5, DIM * 2), &SearchFilter::default(), 3)
         .expect("search");

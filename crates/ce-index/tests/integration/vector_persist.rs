@@ -413,6 +413,17 @@ fn snapshots_of_another_lineage_are_ignored() {
     drop(at_backup);
 }
 
+/// A copy of the index directory `dir` without its snapshot files: opened, its graph is
+/// rebuilt from the stored vectors (the oracle of a snapshot + tail).
+fn without_snapshot(dir: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir, copy.path());
+    for f in snapshot_files(copy.path()) {
+        fs_err::remove_file(copy.path().join(f)).expect("remove snapshot");
+    }
+    copy
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     fs_err::create_dir_all(to).expect("mkdir");
     for e in fs_err::read_dir(from).expect("read dir") {
@@ -563,11 +574,7 @@ fn writes_alone_leave_the_graph_unloaded_and_the_next_load_catches_up() {
     );
 
     // The oracle: the same database with no snapshot, its graph built from the vectors.
-    let rebuilt = tempfile::tempdir().expect("tempdir");
-    copy_dir(dir.path(), rebuilt.path());
-    for f in &files {
-        fs_err::remove_file(rebuilt.path().join(f)).expect("remove snapshot");
-    }
+    let rebuilt = without_snapshot(dir.path());
     let qs = queries(&vs);
     let oracle = open(rebuilt.path());
     let expected = observe(&oracle, &qs);
@@ -667,11 +674,7 @@ fn closing_stops_graph_insertion_and_keeps_every_vector() {
     );
 
     // The oracle: the same database with no snapshot, its graph built from the vectors.
-    let rebuilt = tempfile::tempdir().expect("tempdir");
-    copy_dir(dir.path(), rebuilt.path());
-    for f in snapshot_files(rebuilt.path()) {
-        fs_err::remove_file(rebuilt.path().join(f)).expect("remove snapshot");
-    }
+    let rebuilt = without_snapshot(dir.path());
     let qs = queries(&vs[..400]);
     let oracle = open(rebuilt.path());
     let expected = observe(&oracle, &qs);
