@@ -63,9 +63,9 @@ pub struct StoredRecord {
     pub node_version: u64,
 }
 
-/// A stored vector with the text hash (`metadata.content_hash`) of its record, read together
-/// in one snapshot of the index: a vector read apart from its record may already belong to a
-/// text written since (another worker's write landing between the two reads).
+/// A stored vector with the text hash (`metadata.content_hash`) of its record, both read from
+/// the same row at once: a vector read apart from its record may already belong to a text
+/// written since (another worker's write landing between the two reads).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredVector {
     /// The record's id.
