@@ -8,6 +8,7 @@
 //! Every function takes the database's file name (`file`), which error messages name (see
 //! [`crate::error::sqlite_error`]).
 
+use std::cell::Cell;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -40,10 +41,11 @@ pub(crate) fn open_conn(path: &Path, file: &str) -> Result<Connection> {
     // Plans that do not depend on bound values (docs/store.md, "Prepared statements").
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(|e| sqlite_error(file, e))?;
-    // Savepoint sub-journals in memory: each node write of a batch is isolated in a
-    // savepoint, and with 8 KiB pages its sub-journal passes SQLite's 64 KiB spill threshold
-    // and went to a temporary file, a `pwrite` per page (8 % of a cold drain's main thread).
-    // Crash safety is the WAL's, not the sub-journal's.
+    // Savepoint sub-journals in memory: a batch that runs again with each node write in a
+    // savepoint ([`write_batch`]), or a statement journal, passes SQLite's 64 KiB spill
+    // threshold with 8 KiB pages and went to a temporary file, a `pwrite` per page (8 % of a
+    // cold drain's main thread when every batch took savepoints). Crash safety is the WAL's,
+    // not the sub-journal's.
     conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(|e| sqlite_error(file, e))?;
     Ok(conn)
@@ -190,14 +192,68 @@ pub(crate) fn write<T>(
     Ok(out)
 }
 
+/// How the writes of one batch are kept apart inside its transaction ([`write_batch`]).
+pub(crate) struct Isolation {
+    /// Each write in its own savepoint; otherwise (the optimistic pass) none.
+    per_write: bool,
+    /// Whether a write of the optimistic pass failed, aborting it.
+    aborted: Cell<bool>,
+}
+
+impl Isolation {
+    fn new(per_write: bool) -> Self {
+        Isolation {
+            per_write,
+            aborted: Cell::new(false),
+        }
+    }
+
+    /// Runs one write of a batch in the transaction on `c`. In the savepoint pass as
+    /// [`savepoint`] does: a failure is rolled back alone and returned inside `Ok` (callers undo
+    /// their own in-memory changes). In the optimistic pass directly: a failure is returned as
+    /// the outer error, which must abort the transaction (the batch then runs again, each
+    /// write in its own savepoint).
+    pub(crate) fn run<T>(
+        &self,
+        c: &Connection,
+        file: &str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<Result<T>> {
+        if self.per_write {
+            return savepoint(c, file, f);
+        }
+        f().map(Ok).inspect_err(|_| self.aborted.set(true))
+    }
+}
+
+/// Runs a batch of writes that each have their own outcome in one transaction, so that a
+/// failing write fails alone. `pass` runs the whole transaction, each write through
+/// [`Isolation::run`], and returns one result per write.
+///
+/// The first pass takes no savepoints: a savepoint copies every page its write first touches
+/// to a sub-journal, 6–9 % of a drain's CPU (docs/indexing.md, "Index writes"), for a failure
+/// that almost never happens. Only when a write fails is that pass rolled back and the batch
+/// run again from the start, each write in its own savepoint. An error of the transaction
+/// itself (not of one write) is returned as it is, without a second pass.
+pub(crate) fn write_batch<W: Clone, T>(
+    writes: Vec<W>,
+    mut pass: impl FnMut(Vec<W>, &Isolation) -> Result<Vec<Result<T>>>,
+) -> Result<Vec<Result<T>>> {
+    let again = writes.clone();
+    let optimistic = Isolation::new(false);
+    match pass(writes, &optimistic) {
+        Err(e) if optimistic.aborted.get() => {
+            tracing::debug!(error = %e, "a write of the batch failed: again, one savepoint each");
+            pass(again, &Isolation::new(true))
+        }
+        out => out,
+    }
+}
+
 /// Runs `f` in a savepoint of the transaction on `c`: if it fails, its rows are rolled back
 /// and its error is returned inside `Ok` (the transaction goes on; callers undo their own
 /// in-memory changes). The outer error means the savepoint itself failed.
-pub(crate) fn savepoint<T>(
-    c: &Connection,
-    file: &str,
-    f: impl FnOnce() -> Result<T>,
-) -> Result<Result<T>> {
+fn savepoint<T>(c: &Connection, file: &str, f: impl FnOnce() -> Result<T>) -> Result<Result<T>> {
     // Cached statements: a batch opens one savepoint per write.
     let run = |stmt: &str| {
         c.prepare_cached(stmt)
@@ -364,5 +420,80 @@ mod tests {
         let e = init_writer(&mut c, "t.db", schema, 2).expect_err("other version");
         assert!(matches!(e, IndexError::SchemaMismatch(_)), "{e}");
         assert!(e.to_string().contains("t.db has layout version 1"), "{e}");
+    }
+
+    /// A batch of writes each inserting `(w, 0)` and `(w, 1)`; a negative `w` inserts
+    /// `(w, 0)` and then breaks the table's check, failing after a change. Returns the
+    /// outcomes, the passes run (whether each took a savepoint per write) and the rows
+    /// committed.
+    fn run_batch(
+        writes: Vec<i64>,
+        fail_transaction: bool,
+    ) -> (Result<Vec<Result<()>>>, Vec<bool>, Vec<(i64, i64)>) {
+        let c = Connection::open_in_memory().expect("open");
+        c.execute_batch(
+            "CREATE TABLE t (w INTEGER NOT NULL, part INTEGER NOT NULL CHECK (part < 2))",
+        )
+        .expect("schema");
+        let conn = Mutex::new(c);
+        let mut passes = Vec::new();
+        let out = write_batch(writes, |writes, isolation| {
+            passes.push(isolation.per_write);
+            write(&conn, "t.db", |tx| {
+                let mut out = Vec::new();
+                for w in writes {
+                    out.push(isolation.run(tx, "t.db", || {
+                        let second = if w < 0 { 2 } else { 1 };
+                        for part in [0, second] {
+                            tx.execute("INSERT INTO t (w, part) VALUES (?1, ?2)", params![w, part])
+                                .map_err(|e| sqlite_error("t.db", e))?;
+                        }
+                        Ok(())
+                    })?);
+                }
+                if fail_transaction {
+                    return Err(IndexError::Unavailable("the disk went away".into()));
+                }
+                Ok(out)
+            })
+        });
+        let rows = lock(&conn)
+            .prepare("SELECT w, part FROM t ORDER BY w, part")
+            .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .expect("rows");
+        (out, passes, rows)
+    }
+
+    #[test]
+    fn a_batch_runs_once_without_savepoints_unless_a_write_fails() {
+        let (out, passes, rows) = run_batch(vec![1, 2, 3], false);
+        assert!(out.expect("batch").iter().all(Result::is_ok));
+        assert_eq!(passes, [false], "no write failed: one pass, no savepoint");
+        assert_eq!(rows, [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]);
+    }
+
+    #[test]
+    fn a_write_failing_after_a_change_fails_alone_and_leaves_nothing() {
+        let (out, passes, rows) = run_batch(vec![1, -2, 3], false);
+        let out = out.expect("batch");
+        assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");
+        let e = out[1].as_ref().expect_err("the bad write fails");
+        assert!(e.to_string().contains("CHECK"), "{e}");
+        assert_eq!(
+            passes,
+            [false, true],
+            "the optimistic pass was rolled back and run again, one savepoint per write"
+        );
+        // Nothing of the bad write's first insert, and the good writes once each.
+        assert_eq!(rows, [(1, 0), (1, 1), (3, 0), (3, 1)]);
+    }
+
+    #[test]
+    fn a_failure_of_the_transaction_is_not_run_again() {
+        let (out, passes, rows) = run_batch(vec![1, 2], true);
+        let e = out.expect_err("the transaction fails");
+        assert!(matches!(e, IndexError::Unavailable(_)), "{e}");
+        assert_eq!(passes, [false], "only a failing write earns a second pass");
+        assert!(rows.is_empty(), "rolled back: {rows:?}");
     }
 }

@@ -6,8 +6,9 @@
 //!
 //! Write path ([`KeywordIndex::write_nodes`]): the records' texts are tokenized first, outside
 //! any lock; then one `IMMEDIATE` transaction on the writer connection (WAL,
-//! `synchronous=FULL`) applies the writes, each in a savepoint, so a write that fails leaves
-//! nothing behind while the others commit together. The records' rows change at once; their
+//! `synchronous=FULL`) applies the writes ([`sqlite::write_batch`]: without savepoints, and
+//! only if one fails again with each in a savepoint), so a write that fails leaves nothing
+//! behind while the others commit together. The records' rows change at once; their
 //! posting changes are logged and applied to the blocks in one pass before the commit
 //! ([`blocks::flush`]), so a batch removing thousands of records rewrites each affected block
 //! once.
@@ -316,11 +317,15 @@ impl<'c> WriteTx<'c> {
         Ok(SyncOutcome::Applied)
     }
 
-    /// Runs `f` in a savepoint (see [`sqlite::savepoint`]): if it fails, its rows and
-    /// statistics are rolled back and its error is returned inside `Ok`.
-    fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
+    /// Runs `f` as one write of a batch ([`sqlite::Isolation::run`]): if it fails in its
+    /// savepoint, its rows and statistics are rolled back and its error is returned inside `Ok`.
+    fn isolated<T>(
+        &mut self,
+        isolation: &sqlite::Isolation,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<Result<T>> {
         let saved = (self.docs, self.total_len, self.log.mark());
-        let out = sqlite::savepoint(self.tx, DB_FILE, || f(self))?;
+        let out = isolation.run(self.tx, DB_FILE, || f(self))?;
         if out.is_err() {
             (self.docs, self.total_len) = (saved.0, saved.1);
             self.log.rollback(saved.2);
@@ -934,15 +939,17 @@ fn stored(head: &str, text: String, node_version: i64) -> Result<StoredRecord> {
 
 impl KeywordIndex for EmbeddedKeywordIndex {
     fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>> {
-        let prepared: Vec<Result<Prepared>> = writes.into_iter().map(Prepared::of).collect();
-        self.write(|w| {
-            prepared
-                .into_iter()
-                .map(|p| match p {
-                    Ok(p) => w.isolated(|w| w.apply(p)),
-                    Err(e) => Ok(Err(e)),
-                })
-                .collect()
+        sqlite::write_batch(writes, |writes, isolation| {
+            let prepared: Vec<Result<Prepared>> = writes.into_iter().map(Prepared::of).collect();
+            self.write(|w| {
+                prepared
+                    .into_iter()
+                    .map(|p| match p {
+                        Ok(p) => w.isolated(isolation, |w| w.apply(p)),
+                        Err(e) => Ok(Err(e)),
+                    })
+                    .collect()
+            })
         })
     }
 

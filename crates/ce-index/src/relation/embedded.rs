@@ -3,8 +3,9 @@
 //!
 //! Write path ([`RelationIndex::write_owners`]): the writes are checked first, outside any
 //! lock; then one `IMMEDIATE` transaction on the writer connection (WAL, `synchronous=FULL`)
-//! applies them, each in a savepoint, so a write that fails leaves nothing behind while the
-//! others commit together. Reads run on a second, read-only connection, each in one read
+//! applies them ([`sqlite::write_batch`]: without savepoints, and only if one fails again with
+//! each in a savepoint), so a write that fails leaves nothing behind while the others commit
+//! together. Reads run on a second, read-only connection, each in one read
 //! transaction (a consistent snapshot).
 //!
 //! Everything lives in SQLite, so several connections (or processes) may open the same file.
@@ -23,7 +24,7 @@ use super::{
 };
 use crate::error::{IndexError, Result};
 use crate::sqlite::{
-    self, init_writer, open_conn, savepoint, select_within, subtree_bounds, within, within_sql,
+    self, init_writer, open_conn, select_within, subtree_bounds, within, within_sql,
 };
 
 /// File name of the database inside the index directory.
@@ -287,18 +288,20 @@ impl EmbeddedRelationIndex {
 
 impl RelationIndex for EmbeddedRelationIndex {
     fn write_owners(&self, writes: Vec<RelationWrite>) -> Result<Vec<Result<RelationOutcome>>> {
-        let checked: Vec<Result<RelationWrite>> = writes
-            .into_iter()
-            .map(|w| check_write(&w).map(|()| w))
-            .collect();
-        self.write(|tx| {
-            checked
+        sqlite::write_batch(writes, |writes, isolation| {
+            let checked: Vec<Result<RelationWrite>> = writes
                 .into_iter()
-                .map(|w| match w {
-                    Ok(w) => savepoint(tx, DB_FILE, || apply_write(&mut Tables(tx), w)),
-                    Err(e) => Ok(Err(e)),
-                })
-                .collect()
+                .map(|w| check_write(&w).map(|()| w))
+                .collect();
+            self.write(|tx| {
+                checked
+                    .into_iter()
+                    .map(|w| match w {
+                        Ok(w) => isolation.run(tx, DB_FILE, || apply_write(&mut Tables(tx), w)),
+                        Err(e) => Ok(Err(e)),
+                    })
+                    .collect()
+            })
         })
     }
 

@@ -468,11 +468,16 @@ impl<'c> WriteTx<'c> {
         Ok(SyncOutcome::Applied)
     }
 
-    /// Runs `f` in a savepoint (see [`crate::sqlite::savepoint`]): if it fails, its rows and
-    /// its in-memory changes are rolled back and its error is returned inside `Ok`.
-    fn isolated<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<Result<T>> {
+    /// Runs `f` as one write of a batch ([`crate::sqlite::Isolation::run`]): if it fails in
+    /// its savepoint, its rows and its in-memory changes are rolled back and its error is
+    /// returned inside `Ok`.
+    fn isolated<T>(
+        &mut self,
+        isolation: &crate::sqlite::Isolation,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<Result<T>> {
         let (ops, next_key, dimension) = (self.ops.len(), self.next_key, self.dimension);
-        let out = crate::sqlite::savepoint(self.tx, DB_FILE, || f(self))?;
+        let out = isolation.run(self.tx, DB_FILE, || f(self))?;
         if out.is_err() {
             self.ops.truncate(ops);
             self.next_key = next_key;
@@ -1751,32 +1756,34 @@ impl VectorIndex for EmbeddedVectorIndex {
         self.write(|w| w.remove_node(uri, version))
     }
 
-    /// One transaction for the whole batch (one fsync); each write runs in a savepoint, so a
-    /// failing write is rolled back alone.
+    /// One transaction for the whole batch (one fsync); a failing write is rolled back alone
+    /// ([`crate::sqlite::write_batch`]).
     fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
-        self.write(|w| {
-            let mut out = Vec::with_capacity(writes.len());
-            for nw in writes {
-                out.push(w.isolated(|w| match nw {
-                    NodeWrite::Sync {
-                        uri,
-                        version,
-                        records,
-                    } => {
-                        check_node_records(&uri, records.iter().map(|r| &r.record))?;
-                        w.sync_node(&uri, version, records)
-                    }
-                    NodeWrite::Remove { uri, version } => w.remove_node(&uri, version),
-                    NodeWrite::Purge { uri } => {
-                        w.delete_node(&uri)?;
-                        Ok(SyncOutcome::Applied)
-                    }
-                })?);
-            }
-            Ok(out)
+        crate::sqlite::write_batch(writes, |writes, isolation| {
+            self.write(|w| {
+                let mut out = Vec::with_capacity(writes.len());
+                for nw in writes {
+                    out.push(w.isolated(isolation, |w| match nw {
+                        NodeWrite::Sync {
+                            uri,
+                            version,
+                            records,
+                        } => {
+                            check_node_records(&uri, records.iter().map(|r| &r.record))?;
+                            w.sync_node(&uri, version, records)
+                        }
+                        NodeWrite::Remove { uri, version } => w.remove_node(&uri, version),
+                        NodeWrite::Purge { uri } => {
+                            w.delete_node(&uri)?;
+                            Ok(SyncOutcome::Applied)
+                        }
+                    })?);
+                }
+                Ok(out)
+            })
         })
     }
 
