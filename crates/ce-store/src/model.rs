@@ -485,6 +485,9 @@ pub trait ContextFs: Send + Sync {
     /// The URIs of `uri` and its descendants, in URI order, without reading the nodes (what
     /// a delete-safety count or an import's prune needs).
     fn subtree_uris(&self, uri: &CtxUri) -> Result<Vec<CtxUri>>;
+    /// [`ContextFs::subtree_uris`] of each URI, in order, in one snapshot (an index worker's
+    /// batch of subtree operations reads them at once, not one transaction each).
+    fn subtrees_uris(&self, uris: &[CtxUri]) -> Result<Vec<Vec<CtxUri>>>;
 }
 
 /// The source of truth for relations (spec: RelationStore).

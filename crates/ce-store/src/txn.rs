@@ -920,6 +920,17 @@ macro_rules! impl_source_traits {
             fn subtree_uris(&self, uri: &ce_core::CtxUri) -> $crate::Result<Vec<ce_core::CtxUri>> {
                 self.read_source(|tx| $crate::txn::ReadTx::subtree_uris(tx, uri))
             }
+
+            fn subtrees_uris(
+                &self,
+                uris: &[ce_core::CtxUri],
+            ) -> $crate::Result<Vec<Vec<ce_core::CtxUri>>> {
+                self.read_source(|tx| {
+                    uris.iter()
+                        .map(|u| $crate::txn::ReadTx::subtree_uris(tx, u))
+                        .collect()
+                })
+            }
         }
 
         impl $crate::derive::DeriveStore for $store {

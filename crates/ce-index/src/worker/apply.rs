@@ -19,7 +19,7 @@ use super::WorkerConfig;
 use super::bisect::{self, Refusal};
 use super::compact::Op;
 use super::error::WorkError;
-use super::fanout::{Applied, OpFanout};
+use super::fanout::{Applied, OpFanout, SourceSubtrees};
 use super::target::IndexTarget;
 use crate::vector::{NodeRecord, NodeWrite, SyncOutcome};
 
@@ -91,10 +91,11 @@ impl NodeApplier<'_> {
             .collect();
 
         // 2. Resolve every node URI the syncs cover, remembering which ops need it.
+        let subtrees = SourceSubtrees::read(self.source, ops);
         let mut fanout = OpFanout::expand(ops, |op| match op {
             Op::Move { .. } => None,
             Op::SyncNode(u) => Some(Ok(vec![u.clone()])),
-            Op::SyncSubtree(u) => Some(self.subtree_uris(u)),
+            Op::SyncSubtree(u) => Some(self.subtree_uris(u, &subtrees)),
         });
         let mut failed: HashMap<CtxUri, WorkError> = HashMap::new();
         if let Err(e) = self.sync_nodes(&fanout.uris(), &moves, &mut failed, &mut counts) {
@@ -105,9 +106,13 @@ impl NodeApplier<'_> {
         fanout.finish(counts)
     }
 
-    /// Every URI within `u` that the source or the index knows.
-    fn subtree_uris(&self, u: &CtxUri) -> Result<Vec<CtxUri>, WorkError> {
-        let mut set: BTreeSet<CtxUri> = self.source.subtree_uris(u)?.into_iter().collect();
+    /// Every URI within `u` that the source (as read in `subtrees`) or the index knows.
+    fn subtree_uris(
+        &self,
+        u: &CtxUri,
+        subtrees: &SourceSubtrees,
+    ) -> Result<Vec<CtxUri>, WorkError> {
+        let mut set: BTreeSet<CtxUri> = subtrees.within(u)?.iter().cloned().collect();
         set.extend(self.target.uris_under(u)?);
         set.insert(u.clone());
         Ok(set.into_iter().collect())

@@ -9,9 +9,45 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ce_core::CtxUri;
+use ce_store::SourceStore;
 
 use super::compact::Op;
 use super::error::WorkError;
+
+/// What the source holds within each subtree operation ([`Op::SyncSubtree`]) of a plan, read
+/// in one snapshot: a batch of 100 single-node removals costs one read transaction, not 100.
+pub(super) struct SourceSubtrees(Result<HashMap<CtxUri, Vec<CtxUri>>, WorkError>);
+
+impl SourceSubtrees {
+    /// Reads the source's subtree of every subtree operation of `ops`.
+    pub fn read(source: &dyn SourceStore, ops: &[Op]) -> Self {
+        let roots: Vec<CtxUri> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::SyncSubtree(u) => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        if roots.is_empty() {
+            return SourceSubtrees(Ok(HashMap::new()));
+        }
+        SourceSubtrees(
+            source
+                .subtrees_uris(&roots)
+                .map(|subtrees| roots.into_iter().zip(subtrees).collect())
+                .map_err(WorkError::from),
+        )
+    }
+
+    /// The URIs the source holds within `u` (`u` included if it holds it); the read's error
+    /// if it failed.
+    pub fn within(&self, u: &CtxUri) -> Result<&[CtxUri], WorkError> {
+        match &self.0 {
+            Ok(subtrees) => Ok(subtrees.get(u).map(Vec::as_slice).unwrap_or(&[])),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
 
 /// The outcome of each operation of a plan (by index), plus counts of type `C`.
 pub(super) struct Applied<C> {

@@ -42,7 +42,7 @@ use tracing::{debug, info_span, warn};
 use super::bisect;
 use super::compact::Op;
 use super::error::WorkError;
-use super::fanout::{Applied, OpFanout};
+use super::fanout::{Applied, OpFanout, SourceSubtrees};
 use super::target::IndexKind;
 use crate::relation::{Direction, RelationIndex, RelationOutcome, RelationVersion, RelationWrite};
 
@@ -102,6 +102,7 @@ impl RelationApplier<'_> {
 
         // 1. Expand every operation into owners, remembering which operations need each.
         let gone = self.gone_nodes(ops);
+        let subtrees = SourceSubtrees::read(self.source, ops);
         let mut fanout = OpFanout::expand(ops, |op| match op {
             Op::Move { .. } => None,
             Op::SyncNode(u) => Some(match &gone {
@@ -112,7 +113,7 @@ impl RelationApplier<'_> {
                 Ok(_) => Ok(BTreeSet::from([u.clone()])),
                 Err(e) => Err(e.clone()),
             }),
-            Op::SyncSubtree(u) => Some(self.owners_within(u)),
+            Op::SyncSubtree(u) => Some(self.owners_within(u, &subtrees)),
         });
 
         // 2-3. Read and write every owner once.
@@ -156,10 +157,14 @@ impl RelationApplier<'_> {
             .collect())
     }
 
-    /// Every owner within `u` that the source or the index knows, `u` itself, and the owners
-    /// of the edges the index holds into the subtree.
-    fn owners_within(&self, u: &CtxUri) -> Result<BTreeSet<CtxUri>, WorkError> {
-        let mut set: BTreeSet<CtxUri> = self.source.subtree_uris(u)?.into_iter().collect();
+    /// Every owner within `u` that the source (as read in `subtrees`) or the index knows, `u`
+    /// itself, and the owners of the edges the index holds into the subtree.
+    fn owners_within(
+        &self,
+        u: &CtxUri,
+        subtrees: &SourceSubtrees,
+    ) -> Result<BTreeSet<CtxUri>, WorkError> {
+        let mut set: BTreeSet<CtxUri> = subtrees.within(u)?.iter().cloned().collect();
         set.extend(
             self.index
                 .list_under(u)?
