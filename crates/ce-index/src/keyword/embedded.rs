@@ -175,23 +175,16 @@ impl<'c> WriteTx<'c> {
         Ok(())
     }
 
-    /// Deletes every record of node `uri`; how many. Two statements whatever the number of
+    /// Deletes every record of node `uri`; how many. One statement whatever the number of
     /// records (a node's removal is the bulk of a subtree's or a folder's).
     fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
         let rows: Vec<(i64, i64, String)> = self
             .tx
-            .prepare_cached("SELECT doc, len, terms FROM records WHERE uri = ?1")
+            .prepare_cached("DELETE FROM records WHERE uri = ?1 RETURNING doc, len, terms")
             .and_then(|mut s| {
                 s.query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                     .collect()
             })
-            .map_err(sql)?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        self.tx
-            .prepare_cached("DELETE FROM records WHERE uri = ?1")
-            .and_then(|mut s| s.execute([uri.as_str()]))
             .map_err(sql)?;
         for (doc, len, terms) in &rows {
             self.forget(*doc, *len, terms)?;

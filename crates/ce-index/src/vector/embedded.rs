@@ -408,17 +408,12 @@ impl<'c> WriteTx<'c> {
         Ok(key.is_some())
     }
 
-    /// Deletes every record of node `uri`; how many. Two statements whatever the number of
+    /// Deletes every record of node `uri`; how many. One statement whatever the number of
     /// records (a node's removal is the bulk of a subtree's or a folder's).
     fn delete_node(&mut self, uri: &CtxUri) -> Result<u64> {
-        let rows = schema::node_rows(self.tx, uri)?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        schema::delete_node_rows(self.tx, uri)?;
-        self.ops
-            .extend(rows.iter().map(|&(_, key)| Op::Remove(key)));
-        Ok(rows.len() as u64)
+        let keys = schema::delete_node_rows(self.tx, uri)?;
+        self.ops.extend(keys.iter().map(|&key| Op::Remove(key)));
+        Ok(keys.len() as u64)
     }
 
     /// [`VectorIndex::sync_node`] inside this transaction (records already checked).

@@ -261,11 +261,13 @@ pub(super) fn delete_row(c: &Connection, id: &str) -> Result<Option<u64>> {
         .map_err(sql)
 }
 
-/// Deletes the records of node `uri` (all levels).
-pub(super) fn delete_node_rows(c: &Connection, uri: &CtxUri) -> Result<()> {
-    c.prepare_cached("DELETE FROM records WHERE uri = ?1")
-        .and_then(|mut s| s.execute([uri.as_str()]))
-        .map(drop)
+/// Deletes the records of node `uri` (all levels), returning their keys.
+pub(super) fn delete_node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<u64>> {
+    c.prepare_cached("DELETE FROM records WHERE uri = ?1 RETURNING key")
+        .and_then(|mut s| {
+            s.query_map([uri.as_str()], |r| Ok(r.get::<_, i64>(0)? as u64))?
+                .collect()
+        })
         .map_err(sql)
 }
 
