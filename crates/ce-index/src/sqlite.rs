@@ -422,14 +422,18 @@ mod tests {
         assert!(e.to_string().contains("t.db has layout version 1"), "{e}");
     }
 
+    /// What [`run_batch`] saw.
+    struct BatchRun {
+        out: Result<Vec<Result<()>>>,
+        /// Per pass: whether it took a savepoint per write.
+        passes: Vec<bool>,
+        /// The rows committed.
+        rows: Vec<(i64, i64)>,
+    }
+
     /// A batch of writes each inserting `(w, 0)` and `(w, 1)`; a negative `w` inserts
-    /// `(w, 0)` and then breaks the table's check, failing after a change. Returns the
-    /// outcomes, the passes run (whether each took a savepoint per write) and the rows
-    /// committed.
-    fn run_batch(
-        writes: Vec<i64>,
-        fail_transaction: bool,
-    ) -> (Result<Vec<Result<()>>>, Vec<bool>, Vec<(i64, i64)>) {
+    /// `(w, 0)` and then breaks the table's check, failing after a change.
+    fn run_batch(writes: Vec<i64>, fail_transaction: bool) -> BatchRun {
         let c = Connection::open_in_memory().expect("open");
         c.execute_batch(
             "CREATE TABLE t (w INTEGER NOT NULL, part INTEGER NOT NULL CHECK (part < 2))",
@@ -461,12 +465,12 @@ mod tests {
             .prepare("SELECT w, part FROM t ORDER BY w, part")
             .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
             .expect("rows");
-        (out, passes, rows)
+        BatchRun { out, passes, rows }
     }
 
     #[test]
     fn a_batch_runs_once_without_savepoints_unless_a_write_fails() {
-        let (out, passes, rows) = run_batch(vec![1, 2, 3], false);
+        let BatchRun { out, passes, rows } = run_batch(vec![1, 2, 3], false);
         assert!(out.expect("batch").iter().all(Result::is_ok));
         assert_eq!(passes, [false], "no write failed: one pass, no savepoint");
         assert_eq!(rows, [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]);
@@ -474,7 +478,7 @@ mod tests {
 
     #[test]
     fn a_write_failing_after_a_change_fails_alone_and_leaves_nothing() {
-        let (out, passes, rows) = run_batch(vec![1, -2, 3], false);
+        let BatchRun { out, passes, rows } = run_batch(vec![1, -2, 3], false);
         let out = out.expect("batch");
         assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");
         let e = out[1].as_ref().expect_err("the bad write fails");
@@ -490,7 +494,7 @@ mod tests {
 
     #[test]
     fn a_failure_of_the_transaction_is_not_run_again() {
-        let (out, passes, rows) = run_batch(vec![1, 2], true);
+        let BatchRun { out, passes, rows } = run_batch(vec![1, 2], true);
         let e = out.expect_err("the transaction fails");
         assert!(matches!(e, IndexError::Unavailable(_)), "{e}");
         assert_eq!(passes, [false], "only a failing write earns a second pass");
