@@ -13,10 +13,10 @@
 //!   the events of one URI in any order therefore converge on its newest state.
 //!
 //! Also here, shared by every implementation: the versions a move records
-//! ([`move_versions`]), how a move rewrites a record ([`moved_record`], spec §6.3) and the
-//! checks of a move and of a node's records.
+//! ([`move_versions`]), how a move rewrites a record ([`moved_record`], spec §6.3), the
+//! checks of a move and of a node's records, and the order of a node read ([`of_nodes`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ce_core::{CoreError, CtxUri, IndexRecord, PathDefaults, stable_hash};
 use serde_json::Value;
@@ -215,4 +215,32 @@ pub(crate) fn check_node_records<'r>(
 /// invalid `what`.
 pub(crate) fn to_i64(v: u64, what: &str) -> Result<i64> {
     i64::try_from(v).map_err(|_| invalid("version", format!("{what} {v} exceeds the stored range")))
+}
+
+/// The entries among `entries` that belong to the nodes `uris` (by `node_level`: an entry's
+/// URI and level), in the order every index's `get` returns them: node by node as asked (a
+/// URI asked twice, twice), levels ascending.
+pub(crate) fn of_nodes<'e, E>(
+    entries: impl IntoIterator<Item = &'e E>,
+    uris: &[CtxUri],
+    node_level: impl Fn(&E) -> (&str, u8),
+) -> Vec<&'e E> {
+    let mut by_uri: HashMap<&str, Vec<&'e E>> =
+        uris.iter().map(|u| (u.as_str(), Vec::new())).collect();
+    for e in entries {
+        if let Some(found) = by_uri.get_mut(node_level(e).0) {
+            found.push(e);
+        }
+    }
+    for found in by_uri.values_mut() {
+        found.sort_by_key(|e| node_level(e).1);
+    }
+    uris.iter()
+        .flat_map(|u| by_uri.get(u.as_str()).into_iter().flatten().copied())
+        .collect()
+}
+
+/// A record's URI and level, as [`of_nodes`] takes them.
+pub(crate) fn node_level(r: &IndexRecord) -> (&str, u8) {
+    (r.uri.as_str(), r.level.as_u8())
 }

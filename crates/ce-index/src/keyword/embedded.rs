@@ -1024,18 +1024,20 @@ impl KeywordIndex for EmbeddedKeywordIndex {
         })
     }
 
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
         self.read(|tx| {
             let mut st = tx
-                .prepare_cached("SELECT head, text, node_version FROM records WHERE id = ?1")
+                .prepare_cached(
+                    "SELECT head, text, node_version FROM records WHERE uri = ?1 ORDER BY level",
+                )
                 .map_err(sql)?;
-            let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
-                let row: Option<(String, String, i64)> = st
-                    .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()
+            let mut out = Vec::with_capacity(uris.len() * 3);
+            for uri in uris {
+                let rows: Vec<(String, String, i64)> = st
+                    .query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .and_then(|rows| rows.collect())
                     .map_err(sql)?;
-                if let Some((head, text, v)) = row {
+                for (head, text, v) in rows {
                     out.push(stored(&head, text, v)?);
                 }
             }

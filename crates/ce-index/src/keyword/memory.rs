@@ -13,7 +13,7 @@ use super::{
     query_terms, rank,
 };
 use crate::error::Result;
-use crate::records::{SeenVersion, check_node_records};
+use crate::records::{SeenVersion, check_node_records, node_level, of_nodes};
 
 /// Exact in-memory keyword index (the test oracle).
 #[derive(Debug, Default)]
@@ -192,12 +192,14 @@ impl KeywordIndex for MemoryKeywordIndex {
         Ok(hits)
     }
 
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
         let s = self.state();
-        Ok(ids
-            .iter()
-            .filter_map(|id| s.records.get(id).map(State::stored))
-            .collect())
+        Ok(
+            of_nodes(s.records.values(), uris, |e| node_level(&e.record))
+                .into_iter()
+                .map(State::stored)
+                .collect(),
+        )
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

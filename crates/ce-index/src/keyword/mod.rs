@@ -106,8 +106,9 @@ pub trait KeywordIndex: Send + Sync {
     /// The `top_k` best records for `query` that pass `filter`, best first (score descending,
     /// then id ascending). A query without terms finds nothing.
     fn search(&self, query: &str, filter: &SearchFilter, top_k: usize) -> Result<Vec<KeywordHit>>;
-    /// Stored records by id, in the order asked (absent ids are skipped).
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
+    /// The stored records of the nodes `uris` (every level each holds), node by node in the
+    /// order asked, levels ascending; a node the index holds nothing of adds nothing.
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>>;
     /// Every stored record within `uri` (the root lists all), in (uri, level) order.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// The distinct URIs of the records within `uri`, in URI order: what a subtree sync

@@ -1782,23 +1782,12 @@ impl VectorIndex for EmbeddedVectorIndex {
         })
     }
 
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
-        schema::get_by_ids(&lock(&self.reader), ids)
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
+        schema::get_nodes(&lock(&self.reader), uris)
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
-        let conn = lock(&self.reader);
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some((blob, text_hash)) = schema::vector_and_text_hash(&conn, id)? {
-                out.push(StoredVector {
-                    id: id.clone(),
-                    text_hash,
-                    vector: schema::decode_vector(&blob)?,
-                });
-            }
-        }
-        Ok(out)
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
+        schema::node_vectors(&lock(&self.reader), uris)
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

@@ -18,7 +18,9 @@ use super::{
     VectorRecord,
 };
 use crate::error::Result;
-use crate::records::{SeenVersion, check_move, check_node_records, move_versions, moved_record};
+use crate::records::{
+    SeenVersion, check_move, check_node_records, move_versions, moved_record, node_level, of_nodes,
+};
 
 /// Exact in-memory vector index (the test oracle).
 #[derive(Debug, Default)]
@@ -227,26 +229,28 @@ impl VectorIndex for MemoryVectorIndex {
         Ok(SyncOutcome::Applied)
     }
 
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
         let s = self.state();
-        Ok(ids
-            .iter()
-            .filter_map(|id| s.records.get(id).map(State::stored))
-            .collect())
+        Ok(
+            of_nodes(s.records.values(), uris, |e| node_level(&e.record))
+                .into_iter()
+                .map(State::stored)
+                .collect(),
+        )
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
         let s = self.state();
-        Ok(ids
-            .iter()
-            .filter_map(|id| {
-                s.records.get(id).map(|e| StoredVector {
-                    id: id.clone(),
+        Ok(
+            of_nodes(s.records.values(), uris, |e| node_level(&e.record))
+                .into_iter()
+                .map(|e| StoredVector {
+                    id: e.record.id.clone(),
                     text_hash: text_hash(&e.record).map(str::to_owned),
                     vector: e.vector.clone(),
                 })
-            })
-            .collect())
+                .collect(),
+        )
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

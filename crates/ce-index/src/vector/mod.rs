@@ -325,11 +325,12 @@ pub trait VectorIndex: Send + Sync {
         Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
     }
 
-    /// Stored records by id (absent ids are skipped).
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
-    /// Stored vectors by id with their records' text hashes (absent ids are skipped), e.g.
-    /// for a moved node to reuse for the same text.
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>>;
+    /// The stored records of the nodes `uris` (every level each holds), node by node in the
+    /// order asked, levels ascending; a node the index holds nothing of adds nothing.
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>>;
+    /// The stored vectors of the nodes `uris` with their records' text hashes, in the order
+    /// of [`VectorIndex::get`], e.g. for a moved node to reuse for the same text.
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>>;
     /// Every stored record within `uri` (the root lists all), in (uri, level) order.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// The distinct URIs of the records within `uri`, in URI order: what a subtree sync

@@ -81,7 +81,8 @@ use super::{
 };
 use crate::error::{IndexError, Result};
 use crate::records::{
-    SeenVersion, SeenVersions, check_move, check_node_records, move_versions, moved_record, to_i64,
+    SeenVersion, SeenVersions, check_move, check_node_records, move_versions, moved_record,
+    node_level, of_nodes, to_i64,
 };
 
 mod batch;
@@ -1244,52 +1245,57 @@ impl VectorIndex for PgVectorIndex {
         })
     }
 
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
-        if ids.is_empty() {
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
+        if uris.is_empty() {
             return Ok(Vec::new());
         }
+        let asked: Vec<&str> = uris.iter().map(CtxUri::as_str).collect();
         let found = self.pool.run(Begin::Read, |tx| {
             let rows = tx.query(
-                "SELECT id, record, node_version FROM ce_vector_records WHERE id = ANY($1)",
-                &[&ids],
+                "SELECT record, node_version FROM ce_vector_records WHERE uri = ANY($1)",
+                &[&asked],
             )?;
             rows.iter()
-                .map(|r| {
-                    let id: String = col(r, 0)?;
-                    Ok((id, decode_stored(&col::<String>(r, 1)?, col(r, 2)?)?))
-                })
-                .collect::<Result<HashMap<_, _>>>()
+                .map(|r| decode_stored(&col::<String>(r, 0)?, col(r, 1)?))
+                .collect::<Result<Vec<_>>>()
         })?;
-        // In the order asked (an id asked twice is returned twice).
-        Ok(ids.iter().filter_map(|id| found.get(id).cloned()).collect())
+        Ok(of_nodes(&found, uris, |s| node_level(&s.record))
+            .into_iter()
+            .cloned()
+            .collect())
     }
 
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
-        if ids.is_empty() {
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
+        if uris.is_empty() {
             return Ok(Vec::new());
         }
+        let asked: Vec<&str> = uris.iter().map(CtxUri::as_str).collect();
         let found = self.pool.run(Begin::Read, |tx| {
             // Not cached: the result type follows the column's dimension, which a cached
             // statement would keep across a concurrent `clear` and rebind.
             let rows = tx.query_uncached(
-                "SELECT id, (record::jsonb)->'metadata'->>'content_hash', embedding
-                 FROM ce_vector_records WHERE id = ANY($1)",
-                &[&ids],
+                "SELECT id, (record::jsonb)->'metadata'->>'content_hash', embedding, uri, level
+                 FROM ce_vector_records WHERE uri = ANY($1)",
+                &[&asked],
             )?;
             rows.iter()
                 .map(|r| {
-                    let id: String = col(r, 0)?;
                     let v = StoredVector {
-                        id: id.clone(),
+                        id: col(r, 0)?,
                         text_hash: col(r, 1)?,
                         vector: col::<ReadVector>(r, 2)?.0,
                     };
-                    Ok((id, v))
+                    let level: i16 = col(r, 4)?;
+                    Ok((col::<String>(r, 3)?, level as u8, v))
                 })
-                .collect::<Result<HashMap<_, _>>>()
+                .collect::<Result<Vec<_>>>()
         })?;
-        // In the order asked.
-        Ok(ids.iter().filter_map(|id| found.get(id).cloned()).collect())
+        Ok(
+            of_nodes(&found, uris, |(uri, level, _)| (uri.as_str(), *level))
+                .into_iter()
+                .map(|(_, _, v)| v.clone())
+                .collect(),
+        )
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

@@ -161,15 +161,10 @@ impl NodeApplier<'_> {
         let mut pending: Vec<PendingNode> = Vec::new();
         let mut texts: Vec<String> = Vec::new();
         let mut text_index: HashMap<String, usize> = HashMap::new();
-        let ids: Vec<String> = live
-            .values()
-            .flat_map(|n| {
-                ce_core::Level::ALL.map(|l| ce_core::stable_hash(n.uri.as_str(), l.as_u8()))
-            })
-            .collect();
+        let uris: Vec<CtxUri> = live.keys().cloned().collect();
         let stored: HashMap<String, (IndexRecord, u64)> = self
             .target
-            .get(&ids)?
+            .get(&uris)?
             .into_iter()
             .map(|s| (s.record.id.clone(), (s.record, s.node_version)))
             .collect();
@@ -440,17 +435,15 @@ impl NodeApplier<'_> {
         texts: &[String],
         vectors: &mut [Option<Vec<f32>>],
     ) -> Result<(), WorkError> {
-        let mut old_ids: Vec<String> = Vec::new();
+        let mut old_uris: Vec<CtxUri> = Vec::new();
         for p in pending {
             for (from, to) in moves {
                 if let Ok(old) = p.node.uri.rebase(to, from) {
-                    old_ids.extend(
-                        ce_core::Level::ALL.map(|l| ce_core::stable_hash(old.as_str(), l.as_u8())),
-                    );
+                    old_uris.push(old);
                 }
             }
         }
-        if old_ids.is_empty() {
+        if old_uris.is_empty() {
             return Ok(());
         }
         // Each vector with the text hash read with it: a vector and a record read apart could
@@ -458,7 +451,7 @@ impl NodeApplier<'_> {
         // another (found by the convergence simulation, 2026-12-06).
         let by_hash: HashMap<String, Vec<f32>> = self
             .target
-            .vectors(&old_ids)?
+            .vectors(&old_uris)?
             .into_iter()
             .filter_map(|s| Some((s.text_hash?, s.vector)))
             .collect();

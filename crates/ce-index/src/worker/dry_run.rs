@@ -195,11 +195,11 @@ impl IndexTarget for RecordingTarget<'_> {
     fn bind_model(&self, _model: &ModelIdentity) -> crate::Result<()> {
         Ok(())
     }
-    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        self.inner.get(ids)
+    fn get(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.get(uris)
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
-        self.inner.vectors(ids)
+    fn vectors(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredVector>> {
+        self.inner.vectors(uris)
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
@@ -220,12 +220,8 @@ impl IndexTarget for RecordingTarget<'_> {
                 NodeWrite::Purge { .. } => "purge",
             };
             // A removal of a node the index holds nothing of changes nothing: not a delta.
-            let holds = kind == "sync" || {
-                let ids = ce_core::Level::ALL
-                    .map(|l| ce_core::stable_hash(w.uri().as_str(), l.as_u8()))
-                    .to_vec();
-                !self.inner.get(&ids)?.is_empty()
-            };
+            let holds =
+                kind == "sync" || !self.inner.get(std::slice::from_ref(w.uri()))?.is_empty();
             if holds {
                 log.push((kind, w.uri().clone()));
             }

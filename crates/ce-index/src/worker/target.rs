@@ -65,11 +65,11 @@ pub trait IndexTarget: Send + Sync {
     fn uses_vectors(&self) -> bool;
     /// Binds the index to the embedder's model (vector targets; others accept any).
     fn bind_model(&self, model: &ModelIdentity) -> Result<()>;
-    /// Stored records by id (absent ids are skipped).
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>>;
-    /// Stored vectors by id with their records' text hashes (targets without vectors return
-    /// none).
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>>;
+    /// The stored records of the nodes `uris` ([`crate::vector::VectorIndex::get`]).
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>>;
+    /// The stored vectors of the nodes `uris` with their records' text hashes (targets
+    /// without vectors return none).
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>>;
     /// Every stored record within `uri`.
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>>;
     /// The distinct URIs of the stored records within `uri`, in URI order (what a subtree
@@ -109,11 +109,11 @@ impl IndexTarget for VectorTarget {
     fn bind_model(&self, model: &ModelIdentity) -> Result<()> {
         self.0.bind_model(model)
     }
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
-        self.0.get(ids)
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
+        self.0.get(uris)
     }
-    fn vectors(&self, ids: &[String]) -> Result<Vec<StoredVector>> {
-        self.0.vectors(ids)
+    fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
+        self.0.vectors(uris)
     }
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         self.0.list_under(uri)
@@ -145,10 +145,10 @@ impl IndexTarget for KeywordTarget {
     fn bind_model(&self, _model: &ModelIdentity) -> Result<()> {
         Ok(())
     }
-    fn get(&self, ids: &[String]) -> Result<Vec<StoredRecord>> {
-        self.0.get(ids)
+    fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
+        self.0.get(uris)
     }
-    fn vectors(&self, _ids: &[String]) -> Result<Vec<StoredVector>> {
+    fn vectors(&self, _uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
         Ok(Vec::new())
     }
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

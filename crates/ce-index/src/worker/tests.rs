@@ -220,11 +220,11 @@ impl VectorIndex for FlakyIndex {
         self.fault()?;
         Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
     }
-    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        self.inner.get(ids)
+    fn get(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredRecord>> {
+        self.inner.get(uris)
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
-        self.inner.vectors(ids)
+    fn vectors(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredVector>> {
+        self.inner.vectors(uris)
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
@@ -314,9 +314,14 @@ fn by_id(stored: Vec<StoredRecord>) -> BTreeMap<String, IndexRecord> {
 /// with that text's hash.
 fn assert_vectors_match_text(index: &dyn VectorIndex) {
     let stored = index.list_under(&CtxUri::root()).expect("list");
-    let ids: Vec<String> = stored.iter().map(|s| s.record.id.clone()).collect();
+    let uris: Vec<CtxUri> = stored
+        .iter()
+        .map(|s| s.record.uri.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let vectors: BTreeMap<String, StoredVector> = index
-        .vectors(&ids)
+        .vectors(&uris)
         .expect("vectors")
         .into_iter()
         .map(|v| (v.id.clone(), v))
@@ -781,7 +786,7 @@ type WriteHook = dyn Fn(&dyn IndexTarget, Vec<NodeWrite>) -> crate::Result<Vec<c
     + Sync;
 
 /// What a [`HookedTarget`] runs after each of its record or vector reads, with the ids read.
-type ReadHook = dyn Fn(&[String]) + Send + Sync;
+type ReadHook = dyn Fn(&[CtxUri]) + Send + Sync;
 
 /// A target whose batched writes go through `write`, and which runs `after_read` after each
 /// `get` and `vectors`; every other call goes straight to `inner`.
@@ -812,7 +817,7 @@ impl HookedTarget {
     /// Writes go straight to `inner`; `after_read` runs after each read.
     fn reading(
         inner: Arc<dyn IndexTarget>,
-        after_read: impl Fn(&[String]) + Send + Sync + 'static,
+        after_read: impl Fn(&[CtxUri]) + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(HookedTarget {
             inner,
@@ -832,14 +837,14 @@ impl IndexTarget for HookedTarget {
     fn bind_model(&self, model: &ModelIdentity) -> crate::Result<()> {
         self.inner.bind_model(model)
     }
-    fn get(&self, ids: &[String]) -> crate::Result<Vec<StoredRecord>> {
-        let read = self.inner.get(ids);
-        (self.after_read)(ids);
+    fn get(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredRecord>> {
+        let read = self.inner.get(uris);
+        (self.after_read)(uris);
         read
     }
-    fn vectors(&self, ids: &[String]) -> crate::Result<Vec<StoredVector>> {
-        let read = self.inner.vectors(ids);
-        (self.after_read)(ids);
+    fn vectors(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredVector>> {
+        let read = self.inner.vectors(uris);
+        (self.after_read)(uris);
         read
     }
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
@@ -953,9 +958,7 @@ fn a_node_changing_while_it_is_indexed_is_superseded_not_failed() {
         .read_node(&uri("ctx://acc/hot"))
         .expect("read")
         .expect("node");
-    let stored = index
-        .get(&[ce_core::stable_hash("ctx://acc/hot", 0)])
-        .expect("get");
+    let stored = index.get(&[uri("ctx://acc/hot")]).expect("get");
     assert_eq!(
         stored[0].node_version, node.version,
         "the index ends at the last version"
@@ -1169,17 +1172,15 @@ fn a_moved_node_never_takes_the_vector_of_a_text_written_at_its_source_meanwhile
 
     let store = env.store.clone();
     let b = worker(&env, emb.clone(), index.clone(), "b");
-    let source: Vec<String> = ce_core::Level::ALL
-        .map(|l| ce_core::stable_hash("ctx://acc/a", l.as_u8()))
-        .to_vec();
+    let source = uri("ctx://acc/a");
     let once = std::sync::Once::new();
     let a = IndexWorker::for_target(
         wcfg("a"),
         env.store.clone(),
         // Right after A reads anything stored at the source URI: a is re-created with another
         // text, and B indexes it.
-        HookedTarget::reading(Arc::new(VectorTarget(index.clone())), move |ids| {
-            if ids.iter().any(|id| source.contains(id)) {
+        HookedTarget::reading(Arc::new(VectorTarget(index.clone())), move |uris| {
+            if uris.contains(&source) {
                 once.call_once(|| {
                     let req = PutRequest {
                         abstract_text: Some("omega".into()),

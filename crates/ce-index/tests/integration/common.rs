@@ -294,11 +294,11 @@ impl VectorIndex for Shaped {
         self.after_write();
         r
     }
-    fn get(&self, ids: &[String]) -> ce_index::Result<Vec<StoredRecord>> {
-        self.read(|i| i.get(ids))
+    fn get(&self, uris: &[CtxUri]) -> ce_index::Result<Vec<StoredRecord>> {
+        self.read(|i| i.get(uris))
     }
-    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<StoredVector>> {
-        self.read(|i| i.vectors(ids))
+    fn vectors(&self, uris: &[CtxUri]) -> ce_index::Result<Vec<StoredVector>> {
+        self.read(|i| i.vectors(uris))
     }
     fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {
         self.read(|i| i.list_under(uri))

@@ -495,11 +495,11 @@ impl IndexTarget for FaultyTarget {
     fn bind_model(&self, model: &ModelIdentity) -> ce_index::Result<()> {
         self.inner.bind_model(model)
     }
-    fn get(&self, ids: &[String]) -> ce_index::Result<Vec<StoredRecord>> {
-        self.inner.get(ids)
+    fn get(&self, uris: &[CtxUri]) -> ce_index::Result<Vec<StoredRecord>> {
+        self.inner.get(uris)
     }
-    fn vectors(&self, ids: &[String]) -> ce_index::Result<Vec<StoredVector>> {
-        self.inner.vectors(ids)
+    fn vectors(&self, uris: &[CtxUri]) -> ce_index::Result<Vec<StoredVector>> {
+        self.inner.vectors(uris)
     }
     fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
@@ -1110,9 +1110,14 @@ fn converge(backend: Backend, seed: u64, writes: usize, tally: &Arc<Tally>) {
         }
         // Every stored vector is the embedding of its record's current text.
         let stored = vector_index.list_under(&CtxUri::root()).expect("list");
-        let ids: Vec<String> = stored.iter().map(|s| s.record.id.clone()).collect();
+        let nodes: Vec<CtxUri> = stored
+            .iter()
+            .map(|s| s.record.uri.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let vectors: BTreeMap<String, StoredVector> = vector_index
-            .vectors(&ids)
+            .vectors(&nodes)
             .expect("vectors")
             .into_iter()
             .map(|v| (v.id.clone(), v))

@@ -508,9 +508,9 @@ fn versioned_writes_follow_vx1() {
             "{name}: clear forgets versions"
         );
         let got = idx
-            .get(&[record(n, 0, &[]).id, "nope".into()])
+            .get(&[uri(n), uri("ctx://acme/resources/nope")])
             .expect("get");
-        assert_eq!(got.len(), 1, "{name}: absent ids skipped");
+        assert_eq!(got.len(), 1, "{name}: absent nodes add nothing");
         assert_eq!(got[0].node_version, 1, "{name}");
         assert_eq!(got[0].record.text, "fresh", "{name}");
     });

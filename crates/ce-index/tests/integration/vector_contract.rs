@@ -45,14 +45,18 @@ fn upsert_get_count_are_idempotent() {
         );
         assert_eq!(idx.count().expect("count"), 3, "{name}");
         let want = [
-            recs[1].record.id.clone(),
-            "nope".into(),
-            recs[0].record.id.clone(),
+            uri("ctx://a/docs/y"),
+            uri("ctx://a/docs/nope"),
+            uri("ctx://a/docs/x"),
         ];
         let got = idx.get(&want).expect("get");
-        assert_eq!(got.len(), 2, "{name}: absent ids are skipped");
-        assert_eq!(got[0].record, recs[1].record, "{name}: in the order asked");
-        assert_eq!(got[1].record, recs[0].record, "{name}");
+        assert_eq!(got.len(), 3, "{name}: absent nodes add nothing");
+        assert_eq!(
+            got[0].record, recs[2].record,
+            "{name}: nodes in the order asked"
+        );
+        assert_eq!(got[1].record, recs[0].record, "{name}: levels ascending");
+        assert_eq!(got[2].record, recs[1].record, "{name}");
         assert_eq!(
             got[0].node_version, 1,
             "{name}: version from metadata.node_version"
@@ -67,11 +71,11 @@ fn upsert_get_count_are_idempotent() {
         changed.vector = unit(9, DIM);
         idx.upsert(&[changed.clone()]).expect("overwrite");
         assert_eq!(idx.count().expect("count"), 3, "{name}");
-        // Vectors by id come with their records' text hashes, in the order asked.
+        // Vectors come with their records' text hashes, in the order of `get`.
         let want = [
-            changed.record.id.clone(),
-            "nope".into(),
-            recs[1].record.id.clone(),
+            uri("ctx://a/docs/nope"),
+            uri("ctx://a/docs/x"),
+            uri("ctx://a/docs/y"),
         ];
         assert_eq!(
             idx.vectors(&want).expect("vectors"),
@@ -85,6 +89,11 @@ fn upsert_get_count_are_idempotent() {
                     id: recs[1].record.id.clone(),
                     text_hash: None,
                     vector: unit(2, DIM),
+                },
+                StoredVector {
+                    id: recs[2].record.id.clone(),
+                    text_hash: None,
+                    vector: unit(3, DIM),
                 },
             ],
             "{name}"
@@ -354,8 +363,8 @@ fn move_rewrites_uris_parents_and_ids_and_keeps_vectors() {
                 "{name}: same vector, same score"
             );
         }
-        // The old ids are gone; the sibling with the shared prefix did not move.
-        let old: Vec<String> = recs[..4].iter().map(|r| r.record.id.clone()).collect();
+        // Nothing is left at the old URIs; the sibling with the shared prefix did not move.
+        let old: Vec<CtxUri> = recs[..4].iter().map(|r| r.record.uri.clone()).collect();
         assert!(idx.get(&old).expect("get").is_empty(), "{name}");
         assert_eq!(idx.count().expect("count"), 5, "{name}");
         // Subtree filters see the new place.
@@ -1168,9 +1177,9 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
         c.remove_node(&n1, 5).expect("older removal"),
         SyncOutcome::Stale
     );
-    let x = vec![stable_hash("ctx://a/docs/x", 0)];
+    let x = [uri("ctx://a/docs/x")];
     let want = StoredVector {
-        id: x[0].clone(),
+        id: stable_hash("ctx://a/docs/x", 0),
         text_hash: None,
         vector: unit(1, DIM),
     };
@@ -1186,9 +1195,9 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
     assert_eq!(pg_schema(db.url()).1, format!("vector({})", DIM * 2));
     c.upsert(&[vr("ctx://a/docs/z", 0, unit(5, DIM * 2))])
         .expect("upsert after rebind");
-    let z = vec![stable_hash("ctx://a/docs/z", 0)];
+    let z = [uri("ctx://a/docs/z")];
     let want = StoredVector {
-        id: z[0].clone(),
+        id: stable_hash("ctx://a/docs/z", 0),
         text_hash: None,
         vector: unit(5, DIM * 2),
     };
@@ -1412,9 +1421,12 @@ fn with_vectors(idx: &dyn VectorIndex) -> Vec<(String, u64, Vec<f32>)> {
     snapshot(idx)
         .into_iter()
         .map(|s| {
-            let v = idx
-                .vectors(std::slice::from_ref(&s.record.id))
-                .expect("vectors");
+            let v: Vec<StoredVector> = idx
+                .vectors(std::slice::from_ref(&s.record.uri))
+                .expect("vectors")
+                .into_iter()
+                .filter(|v| v.id == s.record.id)
+                .collect();
             assert_eq!(v.len(), 1, "{} has a vector", s.record.id);
             (
                 serde_json::to_string(&s.record).expect("record json"),

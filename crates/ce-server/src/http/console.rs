@@ -231,20 +231,17 @@ fn node_records(e: &Engine, node: &ContextNode) -> Result<NodeRecords, super::Ap
     let want = IndexProjector::new(e.config().projector)
         .build_context_records(node)
         .records;
-    let ids: Vec<String> = Level::ALL
-        .into_iter()
-        .map(|l| stable_hash(node.uri.as_str(), l.as_u8()))
-        .collect();
+    let uris = std::slice::from_ref(&node.uri);
     let map =
         |r: ce_index::Result<Vec<StoredRecord>>| -> Result<Vec<StoredRecord>, super::ApiError> {
             r.map_err(|err| crate::error::ServerError::from(err).into())
         };
     let vector = match e.index() {
-        Some(v) => Some(map(v.get(&ids))?),
+        Some(v) => Some(map(v.get(uris))?),
         None => None,
     };
     let keyword = match e.keyword_index() {
-        Some(k) => Some(map(ce_index::keyword::KeywordIndex::get(k.as_ref(), &ids))?),
+        Some(k) => Some(map(ce_index::keyword::KeywordIndex::get(k.as_ref(), uris))?),
         None => None,
     };
     let indexes = [("vector", vector), ("keyword", keyword)]

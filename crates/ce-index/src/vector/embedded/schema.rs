@@ -20,7 +20,7 @@ use ce_embed::ModelIdentity;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::super::StoredRecord;
+use super::super::{StoredRecord, StoredVector};
 use crate::error::{IndexError, Result};
 use crate::records::to_i64;
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
@@ -330,19 +330,45 @@ pub(super) fn stored(record: &str, node_version: i64) -> Result<StoredRecord> {
     })
 }
 
-/// Stored records by id, in the order asked (absent ids skipped).
-pub(super) fn get_by_ids(c: &Connection, ids: &[String]) -> Result<Vec<StoredRecord>> {
+/// The stored records of the nodes `uris`, node by node as asked, levels ascending.
+pub(super) fn get_nodes(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
     let mut st = c
-        .prepare_cached("SELECT record, node_version FROM records WHERE id = ?1")
+        .prepare_cached("SELECT record, node_version FROM records WHERE uri = ?1 ORDER BY level")
         .map_err(sql)?;
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let row: Option<(String, i64)> = st
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()
+    let mut out = Vec::with_capacity(uris.len() * 3);
+    for uri in uris {
+        let rows: Vec<(String, i64)> = st
+            .query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
             .map_err(sql)?;
-        if let Some((rec, v)) = row {
+        for (rec, v) in rows {
             out.push(stored(&rec, v)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The stored vectors of the nodes `uris` with their records' text hashes
+/// (`metadata.content_hash`), read from the same rows, in the order of [`get_nodes`].
+pub(super) fn node_vectors(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
+    let mut st = c
+        .prepare_cached(
+            "SELECT id, vector, json_extract(record, '$.metadata.content_hash') FROM records
+             WHERE uri = ?1 ORDER BY level",
+        )
+        .map_err(sql)?;
+    let mut out = Vec::with_capacity(uris.len() * 3);
+    for uri in uris {
+        let rows: Vec<(String, Vec<u8>, Option<String>)> = st
+            .query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(sql)?;
+        for (id, blob, text_hash) in rows {
+            out.push(StoredVector {
+                id,
+                text_hash,
+                vector: decode_vector(&blob)?,
+            });
         }
     }
     Ok(out)
