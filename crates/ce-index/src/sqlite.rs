@@ -175,6 +175,85 @@ pub(crate) fn read<T>(
     f(&tx)
 }
 
+/// Migrates a file whose `records` table is keyed by a unique `id` (layout `from`) to layout
+/// `to`, where `(uri, level)` is the unique key and `id` a plain column, in one transaction:
+/// the old table is renamed, `schema` (the new layout's `CREATE … IF NOT EXISTS` statements)
+/// creates the new one, `columns` are copied, the old table and its indexes are dropped.
+/// Does nothing to a new file or one at another layout. A record's id is the hash of its
+/// `(uri, level)`, so two records never share them; a file where they do is refused as
+/// [`IndexError::Corrupt`] (rebuild it with `ce reindex`).
+///
+/// Why (docs/indexing.md, "Index writes"): the ids are random, and every batch of writes or
+/// removals touched most pages of their index — one WAL frame each, 2.5× the WAL of the
+/// rows alone.
+pub(crate) fn rekey_records_by_node(
+    conn: &mut Connection,
+    file: &str,
+    (from, to): (u64, u64),
+    schema: &str,
+    columns: &str,
+) -> Result<()> {
+    let sql = |e| sqlite_error(file, e);
+    let has_meta: bool = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(sql)?
+        > 0;
+    if !has_meta || meta_u64(conn, file, "schema_version")? != Some(from) {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    let shared: Option<(String, i64)> = tx
+        .query_row(
+            "SELECT uri, level FROM records GROUP BY uri, level HAVING COUNT(*) > 1 LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(sql)?;
+    if let Some((uri, level)) = shared {
+        return Err(IndexError::Corrupt(format!(
+            "{file}: two records of {uri} at level {level}; rebuild this index (`ce reindex`)"
+        )));
+    }
+    // The old table's own indexes go first: a name the new layout reuses would otherwise
+    // still be taken (by the renamed table) when `schema` creates it.
+    let indexes: Vec<String> = tx
+        .prepare(
+            "SELECT name FROM sqlite_master
+             WHERE type = 'index' AND tbl_name = 'records' AND sql IS NOT NULL",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(sql)?;
+    for name in indexes {
+        tx.execute_batch(&format!("DROP INDEX \"{name}\""))
+            .map_err(sql)?;
+    }
+    tx.execute_batch(&format!(
+        "ALTER TABLE records RENAME TO records_before_layout_{to};
+         {schema}
+         INSERT INTO records ({columns}) SELECT {columns} FROM records_before_layout_{to};
+         DROP TABLE records_before_layout_{to};"
+    ))
+    .map_err(sql)?;
+    let rows = count_rows(&tx, file, "records")?;
+    set_meta(&tx, file, "schema_version", &to.to_string())?;
+    tx.commit().map_err(sql)?;
+    tracing::info!(
+        file,
+        rows,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "index file migrated from layout {from} to layout {to} (records keyed by node and level)"
+    );
+    Ok(())
+}
+
 /// Runs `f` in one `IMMEDIATE` write transaction on `conn`, committed if `f` succeeds.
 pub(crate) fn write<T>(
     conn: &Mutex<Connection>,

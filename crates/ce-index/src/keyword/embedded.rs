@@ -208,15 +208,17 @@ impl<'c> WriteTx<'c> {
         Ok(n)
     }
 
-    /// Inserts or replaces (by id) record `r` with its terms. Replacing logs only the
+    /// Inserts or replaces (by node and level) record `r` with its terms. Replacing logs only the
     /// postings that changed (none when the text did not: a payload-only update).
     fn put(&mut self, r: &IndexRecord, node_version: u64, terms: &Terms) -> Result<()> {
         let old: Option<(i64, i64, String)> = self
             .tx
-            .prepare_cached("SELECT doc, len, terms FROM records WHERE id = ?1")
+            .prepare_cached("SELECT doc, len, terms FROM records WHERE uri = ?1 AND level = ?2")
             .and_then(|mut s| {
-                s.query_row([&r.id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()
+                s.query_row(params![r.uri.as_str(), r.level.as_u8()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()
             })
             .map_err(sql)?;
         let head = encode_head(r)?;

@@ -53,7 +53,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLoc
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ce_core::{CtxUri, IndexRecord};
+use ce_core::{CtxUri, IndexRecord, Level};
 use ce_embed::ModelIdentity;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 use serde::Serialize;
@@ -381,7 +381,7 @@ impl<'c> WriteTx<'c> {
     fn put(&mut self, r: &IndexRecord, node_version: u64, vector: Vec<f32>) -> Result<()> {
         let bytes = schema::encode_vector(&vector);
         let row = Row::of(r);
-        match schema::key_and_vector(self.tx, &r.id)? {
+        match schema::key_and_vector(self.tx, &r.uri, r.level)? {
             Some((key, old)) if old == bytes => {
                 schema::put_row(self.tx, r, node_version, &bytes, key)?;
                 self.ops.push(Op::Update { key, row });
@@ -399,13 +399,22 @@ impl<'c> WriteTx<'c> {
         Ok(())
     }
 
-    /// Deletes the record `id`; whether it existed.
-    fn delete(&mut self, id: &str) -> Result<bool> {
-        let key = schema::delete_row(self.tx, id)?;
+    /// Deletes the record of node `uri` at `level`; whether it existed.
+    fn delete_at(&mut self, uri: &CtxUri, level: Level) -> Result<bool> {
+        let key = schema::delete_row_at(self.tx, uri, level)?;
         if let Some(key) = key {
             self.ops.push(Op::Remove(key));
         }
         Ok(key.is_some())
+    }
+
+    /// Deletes the record with `key`; whether it existed.
+    fn delete_key(&mut self, key: u64) -> Result<bool> {
+        let deleted = schema::delete_row_key(self.tx, key)?;
+        if deleted {
+            self.ops.push(Op::Remove(key));
+        }
+        Ok(deleted)
     }
 
     /// Deletes every record of node `uri`; how many. One statement whatever the number of
@@ -430,7 +439,7 @@ impl<'c> WriteTx<'c> {
         for NodeRecord { record, vector } in records {
             let vector = match vector {
                 Some(v) => v,
-                None => match schema::vector_and_text_hash(self.tx, &record.id)? {
+                None => match schema::vector_and_text_hash(self.tx, &record.uri, record.level)? {
                     Some((bytes, stored)) => {
                         check_kept(stored.as_deref(), &record)?;
                         schema::decode_vector(&bytes)?
@@ -441,9 +450,9 @@ impl<'c> WriteTx<'c> {
             self.check_vector(&record.id, &vector)?;
             resolved.push((record, vector));
         }
-        for (id, _) in schema::node_rows(self.tx, uri)? {
-            if !resolved.iter().any(|(r, _)| r.id == id) {
-                self.delete(&id)?;
+        for (level, key) in schema::node_rows(self.tx, uri)? {
+            if !resolved.iter().any(|(r, _)| r.level.as_u8() == level) {
+                self.delete_key(key)?;
             }
         }
         for (record, vector) in resolved {
@@ -1692,8 +1701,8 @@ impl VectorIndex for EmbeddedVectorIndex {
                 return w.delete_node(uri);
             }
             let mut n = 0;
-            for (id, _) in schema::ids_within(w.tx, uri)? {
-                n += u64::from(w.delete(&id)?);
+            for key in schema::keys_within(w.tx, uri)? {
+                n += u64::from(w.delete_key(key)?);
             }
             Ok(n)
         })
@@ -1712,12 +1721,12 @@ impl VectorIndex for EmbeddedVectorIndex {
             let mut moved = 0;
             for ((key, old), new) in moving.into_iter().zip(rewritten) {
                 if !move_versions(w, &old.record.uri, &new.uri, old.node_version)? {
-                    w.delete(&old.record.id)?;
+                    w.delete_key(key)?;
                     continue;
                 }
                 // A record already at the target (a half-done earlier move) is replaced; the
                 // moved row keeps its key and vector, so the graph does not change.
-                w.delete(&new.id)?;
+                w.delete_at(&new.uri, new.level)?;
                 if !schema::rewrite_row(w.tx, key, &new, old.node_version)? {
                     continue;
                 }

@@ -385,9 +385,48 @@ fn bulk_removals_leave_exactly_the_oracles_state() {
 // ---------------------------------------------------------------------------------------------
 // Migration of a layout-1 file.
 
-/// Rewrites the keyword index in `dir` into layout 1: one `postings (term, doc, tf, len)` row
-/// per posting (from the records' stored terms), no blocks and no stored frequencies.
+/// Rewrites the keyword index in `dir` into layout 2: records keyed by a unique `id`, a plain
+/// index on `(uri, level)` (what files written before 2026-12-06 hold).
+fn downgrade_to_layout_2(dir: &std::path::Path) {
+    let c = rusqlite::Connection::open(dir.join(DB_FILE)).expect("open");
+    let columns = "doc, id, uri, level, node_version, len, terms, head, text";
+    c.execute_batch(&format!(
+        "BEGIN;
+         DROP INDEX records_by_node;
+         ALTER TABLE records RENAME TO records_new;
+         CREATE TABLE records (
+             doc INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, uri TEXT NOT NULL,
+             level INTEGER NOT NULL, node_version INTEGER NOT NULL, len INTEGER NOT NULL,
+             terms TEXT NOT NULL, head TEXT NOT NULL, text TEXT NOT NULL
+         );
+         CREATE INDEX records_by_uri ON records (uri, level);
+         INSERT INTO records ({columns}) SELECT {columns} FROM records_new;
+         DROP TABLE records_new;
+         UPDATE meta SET value = '2' WHERE key = 'schema_version';
+         COMMIT;"
+    ))
+    .expect("downgrade to layout 2");
+}
+
+/// The layout version of the keyword index in `dir`, and whether its records' `id` still
+/// has a unique index.
+fn layout(dir: &std::path::Path) -> (String, bool) {
+    let c = rusqlite::Connection::open(dir.join(DB_FILE)).expect("open");
+    c.query_row(
+        "SELECT (SELECT value FROM meta WHERE key = 'schema_version'),
+                (SELECT COUNT(*) FROM pragma_index_list('records')
+                 WHERE name LIKE 'sqlite_autoindex%') > 0",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .expect("layout")
+}
+
+/// Rewrites the keyword index in `dir` into layout 1: the records of layout 2, one
+/// `postings (term, doc, tf, len)` row per posting (from the records' stored terms), no blocks
+/// and no stored frequencies.
 fn downgrade_to_layout_1(dir: &std::path::Path) {
+    downgrade_to_layout_2(dir);
     let c = rusqlite::Connection::open(dir.join(DB_FILE)).expect("open");
     c.execute_batch(
         "CREATE TABLE postings (
@@ -458,8 +497,8 @@ fn a_layout_1_file_is_migrated_on_open() {
         .expect("layout");
     assert_eq!(
         (postings, version.as_str()),
-        (0, "2"),
-        "the old table is gone"
+        (0, "3"),
+        "the old table is gone, and the records were rekeyed too"
     );
     // Versions survived: the removal at 2 still makes a sync at 2 stale.
     let out = e
@@ -470,4 +509,28 @@ fn a_layout_1_file_is_migrated_on_open() {
         )])
         .expect("write");
     assert!(matches!(out[0], Ok(SyncOutcome::Stale)), "{out:?}");
+}
+
+#[test]
+fn a_layout_2_file_is_rekeyed_by_node_on_open() {
+    let seed = seed("keyword_bulk::a_layout_2_file_is_rekeyed_by_node_on_open");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let oracle = MemoryKeywordIndex::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(open(dir.path()));
+    assert_eq!(layout(dir.path()), ("3".into(), false), "a new file");
+    {
+        let e = open(dir.path());
+        fill(&mut rng, 4, 100, &[&oracle, &e]);
+    }
+    downgrade_to_layout_2(dir.path());
+    assert_eq!(layout(dir.path()), ("2".into(), true), "downgraded");
+    let e = open(dir.path());
+    assert_eq!(layout(dir.path()), ("3".into(), false), "rekeyed");
+    assert_same(&oracle, &e, "rekeyed");
+    e.check_consistency().expect("consistent");
+    // Writes land where reads look: overwrites, removals and new records.
+    fill(&mut rng, 4, 100, &[&oracle, &e]);
+    assert_same(&oracle, &e, "after more writes");
+    e.check_consistency().expect("consistent after more writes");
 }

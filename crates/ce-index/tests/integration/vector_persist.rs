@@ -688,3 +688,97 @@ fn closing_stops_graph_insertion_and_keeps_every_vector() {
     same(&observe(&idx, &qs), &expected, "reopened");
     idx.check_consistency().expect("consistent");
 }
+
+/// Rewrites `vectors.db` in `dir` into layout 1: records keyed by a unique `id`, a plain
+/// index on `(uri, level)` (what files written before 2026-12-06 hold).
+fn downgrade_to_layout_1(dir: &Path) {
+    let c = rusqlite::Connection::open(dir.join("vectors.db")).expect("open");
+    let columns = "id, uri, parent_uri, level, account_id, owner_space, context_type, \
+                   category, node_version, filters, record, vector, key";
+    c.execute_batch(&format!(
+        "BEGIN;
+         DROP INDEX records_by_node;
+         ALTER TABLE records RENAME TO records_new;
+         CREATE TABLE records (
+             id TEXT PRIMARY KEY NOT NULL, uri TEXT NOT NULL, parent_uri TEXT NOT NULL,
+             level INTEGER NOT NULL, account_id TEXT NOT NULL, owner_space TEXT NOT NULL,
+             context_type TEXT NOT NULL, category TEXT NOT NULL, node_version INTEGER NOT NULL,
+             filters TEXT NOT NULL, record TEXT NOT NULL, vector BLOB NOT NULL,
+             key INTEGER NOT NULL UNIQUE
+         );
+         CREATE INDEX records_by_uri ON records (uri, level);
+         INSERT INTO records ({columns}) SELECT {columns} FROM records_new;
+         DROP TABLE records_new;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version';
+         COMMIT;"
+    ))
+    .expect("downgrade");
+}
+
+/// The indexes of `records` in the file at `path`: name and whether it is unique.
+fn record_indexes(path: &Path) -> Vec<(String, bool)> {
+    let c = rusqlite::Connection::open(path).expect("open");
+    let mut v: Vec<(String, bool)> = c
+        .prepare("SELECT name, \"unique\" FROM pragma_index_list('records')")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .expect("index list");
+    v.sort();
+    v
+}
+
+#[test]
+fn a_layout_1_file_is_rekeyed_by_node_on_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    idx.settle().expect("settle");
+    drop(idx);
+    downgrade_to_layout_1(dir.path());
+    let db = dir.path().join("vectors.db");
+    assert!(
+        record_indexes(&db)
+            .iter()
+            .any(|(n, u)| n.starts_with("sqlite_autoindex") && *u),
+        "layout 1 has the unique id index: {:?}",
+        record_indexes(&db)
+    );
+
+    let idx = open(dir.path());
+    same(&observe(&idx, &qs), &before, "after the migration");
+    idx.check_consistency().expect("consistent");
+    let c = rusqlite::Connection::open(&db).expect("open");
+    let version: String = c
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("version");
+    assert_eq!(version, "2");
+    // The key's own unique index stays; the one on `id` is gone, `(uri, level)` is unique.
+    let indexes = record_indexes(&db);
+    assert_eq!(
+        indexes.iter().filter(|(_, u)| *u).count(),
+        2,
+        "unique: key and (uri, level): {indexes:?}"
+    );
+    assert!(
+        indexes.contains(&("records_by_node".into(), true)),
+        "{indexes:?}"
+    );
+    // Writes go on at the new key (adds, deletes, an overwrite, a move) exactly as on a
+    // file that never had the old layout.
+    late_writes(&idx, &vs);
+    idx.check_consistency().expect("consistent after writes");
+    let other = tempfile::tempdir().expect("tempdir");
+    let never = open(other.path());
+    fill(&never);
+    late_writes(&never, &vs);
+    same(
+        &observe(&idx, &qs),
+        &observe(&never, &qs),
+        "migrated vs never migrated, after the same writes",
+    );
+}

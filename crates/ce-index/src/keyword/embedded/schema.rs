@@ -16,8 +16,13 @@ use crate::vector::FilterView;
 pub const DB_FILE: &str = "keywords.db";
 
 /// Version of the file layout. A file of layout 1 (one row per posting) is migrated in place
-/// when opened (see [`migrate_v1`]); a file of any other version is refused.
-const SCHEMA_VERSION: u64 = 2;
+/// when opened (see [`migrate_v1`]), then as one of layout 2 (records keyed by a unique `id`,
+/// [`crate::sqlite::rekey_records_by_node`]); a file of any other version is refused.
+const SCHEMA_VERSION: u64 = 3;
+
+/// The columns of `records`, as the layout-2 migration copies them (`doc` kept: the postings
+/// refer to it).
+const RECORD_COLUMNS: &str = "doc, id, uri, level, node_version, len, terms, head, text";
 
 /// Tables:
 /// - `records`: one row per record; `doc` is its key in the postings, `len` its length in
@@ -39,7 +44,7 @@ const SCHEMA_VERSION: u64 = 2;
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
     doc INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
+    id TEXT NOT NULL,
     uri TEXT NOT NULL,
     level INTEGER NOT NULL,
     node_version INTEGER NOT NULL,
@@ -48,7 +53,7 @@ CREATE TABLE IF NOT EXISTS records (
     head TEXT NOT NULL,
     text TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS records_by_uri ON records (uri, level);
+CREATE UNIQUE INDEX IF NOT EXISTS records_by_node ON records (uri, level);
 CREATE TABLE IF NOT EXISTS blocks (
     term TEXT NOT NULL,
     last_doc INTEGER NOT NULL,
@@ -95,6 +100,13 @@ pub(super) fn open_conn(path: &Path) -> Result<Connection> {
 /// schema and layout version (see [`crate::sqlite::init_writer`]).
 pub(super) fn init(conn: &mut Connection) -> Result<()> {
     migrate_v1(conn)?;
+    crate::sqlite::rekey_records_by_node(
+        conn,
+        DB_FILE,
+        (2, SCHEMA_VERSION),
+        SCHEMA,
+        RECORD_COLUMNS,
+    )?;
     crate::sqlite::init_writer(conn, DB_FILE, SCHEMA, SCHEMA_VERSION)?
         .commit()
         .map_err(sql)
@@ -155,7 +167,8 @@ fn migrate_v1(conn: &mut Connection) -> Result<()> {
         finish(&term, &mut list)?;
     }
     tx.execute_batch("DROP TABLE postings").map_err(sql)?;
-    crate::sqlite::set_meta(&tx, DB_FILE, "schema_version", &SCHEMA_VERSION.to_string())?;
+    // Layout 2: its records are keyed by `id` until the next migration rekeys them.
+    crate::sqlite::set_meta(&tx, DB_FILE, "schema_version", "2")?;
     tx.commit().map_err(sql)?;
     tracing::info!(
         file = DB_FILE,

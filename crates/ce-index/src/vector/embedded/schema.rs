@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ce_core::{CtxUri, IndexRecord};
+use ce_core::{CtxUri, IndexRecord, Level};
 use ce_embed::ModelIdentity;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
@@ -31,12 +31,17 @@ use crate::sqlite::{select_within, subtree_bounds, within_sql};
 /// (docs/indexing.md "Footprint").
 const PAGE_SIZE: u32 = 8192;
 
-/// Version of this layout; a file with another version is refused.
-pub(super) const SCHEMA_VERSION: u64 = 1;
+/// Version of this layout. A file of layout 1 (records keyed by a unique `id`) is migrated
+/// when opened ([`crate::sqlite::rekey_records_by_node`]); any other version is refused.
+pub(super) const SCHEMA_VERSION: u64 = 2;
+
+/// The columns of `records`, as the layout-1 migration copies them.
+const RECORD_COLUMNS: &str = "id, uri, parent_uri, level, account_id, owner_space, \
+    context_type, category, node_version, filters, record, vector, key";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS records (
-    id TEXT PRIMARY KEY NOT NULL,
+    id TEXT NOT NULL,
     uri TEXT NOT NULL,
     parent_uri TEXT NOT NULL,
     level INTEGER NOT NULL,
@@ -50,7 +55,7 @@ CREATE TABLE IF NOT EXISTS records (
     vector BLOB NOT NULL,
     key INTEGER NOT NULL UNIQUE
 );
-CREATE INDEX IF NOT EXISTS records_by_uri ON records (uri, level);
+CREATE UNIQUE INDEX IF NOT EXISTS records_by_node ON records (uri, level);
 CREATE TABLE IF NOT EXISTS uri_versions (
     uri TEXT PRIMARY KEY NOT NULL,
     version INTEGER NOT NULL,
@@ -79,6 +84,13 @@ pub(super) fn init(conn: &mut Connection) -> Result<String> {
     // A new file only (SQLite keeps an existing file's page size): see [`PAGE_SIZE`].
     conn.pragma_update(None, "page_size", PAGE_SIZE)
         .map_err(sql)?;
+    crate::sqlite::rekey_records_by_node(
+        conn,
+        super::DB_FILE,
+        (1, SCHEMA_VERSION),
+        SCHEMA,
+        RECORD_COLUMNS,
+    )?;
     let tx = crate::sqlite::init_writer(conn, super::DB_FILE, SCHEMA, SCHEMA_VERSION)?;
     let id = match meta(&tx, "db_id")? {
         Some(id) => id,
@@ -158,7 +170,7 @@ fn encoded(r: &IndexRecord, node_version: u64) -> Result<(String, String, i64)> 
     Ok((filters, record, to_i64(node_version, "node version")?))
 }
 
-/// Inserts or replaces the row of `r` (by id).
+/// Inserts or replaces the row of `r` (by node and level).
 pub(super) fn put_row(
     c: &Connection,
     r: &IndexRecord,
@@ -230,34 +242,59 @@ pub(super) fn rewrite_row(
     .map_err(sql)
 }
 
-/// The key and vector bytes of the row with `id`.
-pub(super) fn key_and_vector(c: &Connection, id: &str) -> Result<Option<(u64, Vec<u8>)>> {
-    c.prepare_cached("SELECT key, vector FROM records WHERE id = ?1")
+/// The key and vector bytes of the record of node `uri` at `level`.
+pub(super) fn key_and_vector(
+    c: &Connection,
+    uri: &CtxUri,
+    level: Level,
+) -> Result<Option<(u64, Vec<u8>)>> {
+    c.prepare_cached("SELECT key, vector FROM records WHERE uri = ?1 AND level = ?2")
         .and_then(|mut s| {
-            s.query_row([id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
-                .optional()
+            s.query_row(params![uri.as_str(), level.as_u8()], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))
+            })
+            .optional()
         })
         .map_err(sql)
 }
 
-/// The vector stored for `id` and its record's text hash (`metadata.content_hash`), for a
-/// payload-only update that keeps the vector ([`crate::vector::rules::check_kept`]).
+/// The vector stored for the record of node `uri` at `level` and its text hash
+/// (`metadata.content_hash`), for a payload-only update that keeps the vector
+/// ([`crate::vector::rules::check_kept`]).
 pub(super) fn vector_and_text_hash(
     c: &Connection,
-    id: &str,
+    uri: &CtxUri,
+    level: Level,
 ) -> Result<Option<(Vec<u8>, Option<String>)>> {
     c.prepare_cached(
-        "SELECT vector, json_extract(record, '$.metadata.content_hash') FROM records WHERE id = ?1",
+        "SELECT vector, json_extract(record, '$.metadata.content_hash') FROM records
+         WHERE uri = ?1 AND level = ?2",
     )
-    .and_then(|mut s| s.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+    .and_then(|mut s| {
+        s.query_row(params![uri.as_str(), level.as_u8()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+    })
     .map_err(sql)
 }
 
-/// Deletes the row with `id`, returning its key.
-pub(super) fn delete_row(c: &Connection, id: &str) -> Result<Option<u64>> {
-    c.prepare_cached("DELETE FROM records WHERE id = ?1 RETURNING key")
-        .and_then(|mut s| s.query_row([id], |r| r.get::<_, i64>(0)).optional())
+/// Deletes the record of node `uri` at `level`, returning its key.
+pub(super) fn delete_row_at(c: &Connection, uri: &CtxUri, level: Level) -> Result<Option<u64>> {
+    c.prepare_cached("DELETE FROM records WHERE uri = ?1 AND level = ?2 RETURNING key")
+        .and_then(|mut s| {
+            s.query_row(params![uri.as_str(), level.as_u8()], |r| r.get::<_, i64>(0))
+                .optional()
+        })
         .map(|k| k.map(|k| k as u64))
+        .map_err(sql)
+}
+
+/// Deletes the record with `key`; whether there was one.
+pub(super) fn delete_row_key(c: &Connection, key: u64) -> Result<bool> {
+    c.prepare_cached("DELETE FROM records WHERE key = ?1")
+        .and_then(|mut s| s.execute([key as i64]))
+        .map(|n| n > 0)
         .map_err(sql)
 }
 
@@ -271,9 +308,9 @@ pub(super) fn delete_node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<u64>>
         .map_err(sql)
 }
 
-/// `(id, key)` of the records of node `uri` (all levels).
-pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
-    c.prepare_cached("SELECT id, key FROM records WHERE uri = ?1")
+/// `(level, key)` of the records of node `uri` (all levels).
+pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(u8, u64)>> {
+    c.prepare_cached("SELECT level, key FROM records WHERE uri = ?1")
         .and_then(|mut s| {
             s.query_map([uri.as_str()], |r| {
                 Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))
@@ -307,19 +344,16 @@ pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, Stor
         .collect()
 }
 
-/// `(id, key)` of every record within `uri`.
-pub(super) fn ids_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(String, u64)>> {
-    let rows: Vec<(String, i64)> = select_within(
+/// The keys of every record within `uri`.
+pub(super) fn keys_within(c: &Connection, uri: &CtxUri) -> Result<Vec<u64>> {
+    let rows: Vec<i64> = select_within(
         c,
         super::DB_FILE,
-        &format!(
-            "SELECT uri, id, key FROM records WHERE {}",
-            within_sql("uri")
-        ),
+        &format!("SELECT uri, key FROM records WHERE {}", within_sql("uri")),
         uri,
-        |r| Ok((r.get(1)?, r.get(2)?)),
+        |r| r.get(1),
     )?;
-    Ok(rows.into_iter().map(|(id, k)| (id, k as u64)).collect())
+    Ok(rows.into_iter().map(|k| k as u64).collect())
 }
 
 /// Decodes a stored record.
