@@ -25,7 +25,8 @@ const SCHEMA_VERSION: u64 = 3;
 const RECORD_COLUMNS: &str = "doc, id, uri, level, node_version, len, terms, head, text";
 
 /// Tables:
-/// - `records`: one row per record; `doc` is its key in the postings, `len` its length in
+/// - `records`: one row per record, unique by `(uri, level)` (`id` is a plain column: see
+///   [`crate::sqlite::rekey_records_by_node`]); `doc` is its key in the postings, `len` its length in
 ///   terms, `terms` its postings (`term\ttf` lines: what to delete or update when it changes,
 ///   without an index of the postings by record), `head` the record as JSON with an empty
 ///   text (what filters are checked on), `text` the text.

@@ -2,10 +2,13 @@
 //! small statements every write is made of.
 //!
 //! Tables:
-//! - `records`: one row per record — the filter columns, the record as JSON, the filters
-//!   alone as JSON (so the in-memory filter table is rebuilt without parsing texts), the
-//!   vector as little-endian `f32`s and `key`, the record's key in the ANN graph. A key is
-//!   allocated from `meta.next_key` and never reused; it changes only when the vector does.
+//! - `records`: one row per record, unique by `(uri, level)` — the filter columns, the record
+//!   as JSON, the filters alone as JSON (so the in-memory filter table is rebuilt without
+//!   parsing texts), the vector as little-endian `f32`s and `key`, the record's key in the ANN
+//!   graph. A key is allocated from `meta.next_key` and never reused; it changes only when the
+//!   vector does. The record's `id` is a plain column: it is a hash, and a unique index on it
+//!   cost every batch a WAL frame for most of that index's pages (layout 1; docs/indexing.md,
+//!   "Index writes").
 //! - `uri_versions`: the newest source version seen per URI, and whether it was a removal
 //!   (invariant VX1 of the versioned writes).
 //! - `meta`: `db_id` (random, names snapshot files), `generation` (bumped by every commit
