@@ -175,6 +175,22 @@ pub(crate) fn read<T>(
     f(&tx)
 }
 
+/// The layout version a file records (`meta.schema_version`); `None` for a new, empty file.
+pub(crate) fn layout_version(c: &Connection, file: &str) -> Result<Option<u64>> {
+    let has_meta: bool = c
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(|e| sqlite_error(file, e))?
+        > 0;
+    if !has_meta {
+        return Ok(None);
+    }
+    meta_u64(c, file, "schema_version")
+}
+
 /// Migrates a file whose `records` table is keyed by a unique `id` (layout `from`) to layout
 /// `to`, where `(uri, level)` is the unique key and `id` a plain column, in one transaction:
 /// the old table is renamed, `schema` (the new layout's `CREATE … IF NOT EXISTS` statements)
@@ -194,15 +210,7 @@ pub(crate) fn rekey_records_by_node(
     columns: &str,
 ) -> Result<()> {
     let sql = |e| sqlite_error(file, e);
-    let has_meta: bool = conn
-        .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .map_err(sql)?
-        > 0;
-    if !has_meta || meta_u64(conn, file, "schema_version")? != Some(from) {
+    if layout_version(conn, file)? != Some(from) {
         return Ok(());
     }
     let started = std::time::Instant::now();

@@ -119,15 +119,7 @@ pub(super) fn init(conn: &mut Connection) -> Result<()> {
 /// dropped. Records, versions and statistics are kept as they are (no text is re-tokenized).
 /// Does nothing to a new file or one of another layout.
 fn migrate_v1(conn: &mut Connection) -> Result<()> {
-    let has_meta: bool = conn
-        .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .map_err(sql)?
-        > 0;
-    if !has_meta || crate::sqlite::meta(conn, DB_FILE, "schema_version")?.as_deref() != Some("1") {
+    if crate::sqlite::layout_version(conn, DB_FILE)? != Some(1) {
         return Ok(());
     }
     let started = std::time::Instant::now();
