@@ -6,7 +6,17 @@
 //! 1. hash every text and de-duplicate identical texts within the batch;
 //! 2. look the distinct hashes up in the cache;
 //! 3. send only the misses to the inner embedder, in **one** call;
-//! 4. store the new vectors and return one vector per input text, in input order.
+//! 4. stage the new vectors for writing and return one vector per input text, in input
+//!    order.
+//!
+//! New vectors are written in batches ([`EmbeddingCache::stage`]): they stay in memory, where
+//! lookups find them, until what they cost the provider reaches [`STAGE_MAX_COST`] (50 ms) or
+//! they number [`STAGE_MAX_VECTORS`], then go to the file in one transaction — and at
+//! [`Embedder::flush`], which the index worker calls once a claimed batch is embedded, before
+//! its index write, and when the cache is dropped. A call to a real model usually costs more than that on
+//! its own and is written at once; vectors that cost next to nothing (the `hash` embedder, a
+//! fast loopback server) are no longer written 32 at a time, a transaction each — which cost
+//! more than computing them. A crash loses at most 50 ms of provider work.
 //!
 //! The cache is an optimisation and never a reason to fail: when it cannot be read, every
 //! text is a miss; when it cannot be written, the vectors are still returned (both are
@@ -99,6 +109,35 @@ pub struct EmbeddingCache {
     path: PathBuf,
     /// Model identity key → row id in `models` (ids are never deleted or reused).
     model_ids: Mutex<HashMap<String, i64>>,
+    /// Vectors not yet written (see [`EmbeddingCache::stage`]). Locked before `conn` by
+    /// whoever takes both, and held while they are written, so a reader finds each vector
+    /// either here or in the file.
+    staged: Mutex<Staged>,
+}
+
+/// Vectors kept in memory until written in one transaction.
+#[derive(Default)]
+struct Staged {
+    /// Model identity key → text key → vector.
+    vectors: HashMap<String, HashMap<String, Vec<f32>>>,
+    /// How many vectors `vectors` holds.
+    len: usize,
+    /// What the provider spent computing them.
+    cost: Duration,
+}
+
+/// The provider time a crash may lose: staged vectors are written once they cost this much
+/// (a call to a remote or local model usually costs more on its own, and is written at once).
+pub const STAGE_MAX_COST: Duration = Duration::from_millis(50);
+
+/// Staged vectors are written once there are this many (about 6 MiB of 384-d vectors).
+pub const STAGE_MAX_VECTORS: usize = 4096;
+
+impl Drop for EmbeddingCache {
+    fn drop(&mut self) {
+        // Best effort: what is lost costs at most `STAGE_MAX_COST` to compute again.
+        let _ = self.flush();
+    }
 }
 
 impl std::fmt::Debug for EmbeddingCache {
@@ -205,12 +244,20 @@ impl EmbeddingCache {
             conn: Mutex::new(conn),
             path,
             model_ids: Mutex::new(HashMap::new()),
+            staged: Mutex::new(Staged::default()),
         })
     }
 
     /// The cache file (`:memory:` for an in-memory cache).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn staged(&self) -> std::sync::MutexGuard<'_, Staged> {
+        // Staged vectors are whole entries: a panic elsewhere leaves nothing half-made.
+        self.staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>, EmbedError> {
@@ -264,28 +311,116 @@ impl EmbeddingCache {
         dimension: usize,
         keys: &[String],
     ) -> Result<Vec<Option<Vec<f32>>>, EmbedError> {
-        let conn = self.conn()?;
-        let err = |e: rusqlite::Error| cache_err(&self.path, "cannot read", e);
-        let Some(model) = self.model_id(&conn, model, false).map_err(err)? else {
-            return Ok(vec![None; keys.len()]);
+        let mut out: Vec<Option<Vec<f32>>> = {
+            let staged = self.staged();
+            let of_model = staged.vectors.get(model);
+            keys.iter()
+                .map(|k| {
+                    of_model
+                        .and_then(|m| m.get(k))
+                        .filter(|v| v.len() == dimension)
+                        .cloned()
+                })
+                .collect()
         };
-        let mut stmt = conn
-            .prepare_cached("SELECT vector FROM vectors WHERE model = ?1 AND text_sha256 = ?2")
-            .map_err(err)?;
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            let blob: Option<Vec<u8>> = stmt
-                .query_row(params![model, key_bytes(key)], |r| r.get(0))
-                .optional()
-                .map_err(err)?;
-            out.push(blob.and_then(|b| decode(&b, dimension)));
+        if out.iter().all(Option::is_some) {
+            return Ok(out);
         }
+        let mut conn = self.conn()?;
+        let err = |e: rusqlite::Error| cache_err(&self.path, "cannot read", e);
+        // One read transaction for all the keys: outside one, every lookup would be a
+        // transaction of its own, taking and releasing the WAL's read locks (system calls).
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(err)?;
+        let Some(model) = self.model_id(&tx, model, false).map_err(err)? else {
+            return Ok(out);
+        };
+        {
+            let mut stmt = tx
+                .prepare_cached("SELECT vector FROM vectors WHERE model = ?1 AND text_sha256 = ?2")
+                .map_err(err)?;
+            for (key, slot) in keys.iter().zip(&mut out).filter(|(_, v)| v.is_none()) {
+                let blob: Option<Vec<u8>> = stmt
+                    .query_row(params![model, key_bytes(key)], |r| r.get(0))
+                    .optional()
+                    .map_err(err)?;
+                *slot = blob.and_then(|b| decode(&b, dimension));
+            }
+        }
+        tx.commit().map_err(err)?;
         Ok(out)
     }
 
     /// Stores `(key, vector)` pairs for `model` in one transaction, replacing old entries
     /// and counting the new ones in `models.entries`.
     pub fn put_many(&self, model: &str, entries: &[(&str, &[f32])]) -> Result<(), EmbedError> {
+        // Staged vectors of the same keys are older: they must not be written over these.
+        let mut staged = self.staged();
+        if let Some(m) = staged.vectors.get_mut(model) {
+            let removed = entries
+                .iter()
+                .filter(|(k, _)| m.remove(*k).is_some())
+                .count();
+            staged.len -= removed;
+        }
+        self.write(model, entries)
+    }
+
+    /// Keeps `entries` (vectors of `model` that cost the provider `cost`) in memory and writes
+    /// them with others, in one transaction, once the staged vectors cost
+    /// [`STAGE_MAX_COST`] or number [`STAGE_MAX_VECTORS`] — or at [`EmbeddingCache::flush`]
+    /// and when the cache is dropped. [`EmbeddingCache::get_many`] finds them meanwhile.
+    /// Writing vectors that cost little one small transaction at a time cost more than
+    /// computing them; a crash loses at most what the staged vectors cost.
+    pub fn stage(
+        &self,
+        model: &str,
+        entries: &[(&str, &[f32])],
+        cost: Duration,
+    ) -> Result<(), EmbedError> {
+        let mut staged = self.staged();
+        let m = staged.vectors.entry(model.to_owned()).or_default();
+        let before = m.len();
+        for (key, v) in entries {
+            m.insert((*key).to_owned(), v.to_vec());
+        }
+        let added = m.len() - before;
+        staged.len += added;
+        staged.cost += cost;
+        if staged.cost >= STAGE_MAX_COST || staged.len >= STAGE_MAX_VECTORS {
+            self.write_staged(&mut staged)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the staged vectors.
+    pub fn flush(&self) -> Result<(), EmbedError> {
+        self.write_staged(&mut self.staged())
+    }
+
+    /// Writes `staged` (the caller holds its lock until they are in the file) and empties it;
+    /// on failure they are dropped (the cache never fails a caller).
+    fn write_staged(&self, staged: &mut Staged) -> Result<(), EmbedError> {
+        let taken = std::mem::take(staged);
+        let mut result = Ok(());
+        for (model, vectors) in &taken.vectors {
+            let entries: Vec<(&str, &[f32])> = vectors
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            if let Err(e) = self.write(model, &entries) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Writes `entries` in one transaction.
+    fn write(&self, model: &str, entries: &[(&str, &[f32])]) -> Result<(), EmbedError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let mut conn = self.conn()?;
         let err = |e: rusqlite::Error| cache_err(&self.path, "cannot write", e);
         let tx = conn
@@ -338,6 +473,7 @@ impl EmbeddingCache {
     /// What the cache holds: entries of `model`, of every model, and the file's size — read
     /// from the maintained counts, never by counting rows.
     pub fn totals(&self, model: &str) -> Result<CacheTotals, EmbedError> {
+        self.flush()?;
         let conn = self.conn()?;
         let read = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
             conn.query_row(sql, params, |r| r.get::<_, Option<i64>>(0))
@@ -359,6 +495,10 @@ impl EmbeddingCache {
 
     /// Deletes every entry of `model` (e.g. after switching models); returns how many.
     pub fn remove_model(&self, model: &str) -> Result<u64, EmbedError> {
+        let mut staged = self.staged();
+        if let Some(m) = staged.vectors.remove(model) {
+            staged.len -= m.len();
+        }
         let mut conn = self.conn()?;
         let err = |e: rusqlite::Error| cache_err(&self.path, "cannot write", e);
         let tx = conn
@@ -540,7 +680,9 @@ impl CachedEmbedder {
         let dim = self.inner.identity().dimension;
         let texts: Vec<&str> = slots.iter().map(|&s| distinct_texts[s]).collect();
         c.provider_calls.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let fresh = self.inner.embed_texts(&texts, timeout)?;
+        let cost = started.elapsed();
         if fresh.len() != texts.len() {
             return Err(EmbedError::InvalidResponse(format!(
                 "{} returned {} vectors for {} texts",
@@ -563,7 +705,7 @@ impl CachedEmbedder {
             .zip(&fresh)
             .map(|(&s, v)| (keys[s].as_str(), v.as_slice()))
             .collect();
-        if self.cache.put_many(&self.model_key, &entries).is_err() {
+        if self.cache.stage(&self.model_key, &entries, cost).is_err() {
             c.cache_errors.fetch_add(1, Ordering::Relaxed);
         }
         for (&s, v) in slots.iter().zip(fresh) {
@@ -678,6 +820,13 @@ impl Embedder for CachedEmbedder {
 
     fn paused_for(&self) -> Option<Duration> {
         self.inner.paused_for()
+    }
+
+    fn flush(&self) {
+        if self.cache.flush().is_err() {
+            self.counters.cache_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.flush();
     }
 
     fn embed_texts(&self, texts: &[&str], timeout: Duration) -> Result<Vec<Vec<f32>>, EmbedError> {
@@ -910,6 +1059,162 @@ mod tests {
         assert_eq!((t.model_entries, t.entries), (2, 3));
         assert!(t.file_bytes > 0, "{t:?}");
         assert_eq!(reader.totals("m:z:2").expect("totals").model_entries, 0);
+    }
+
+    /// How many vectors of `model` the file holds, read through a handle of its own (as
+    /// another process would).
+    fn in_file(path: &Path, model: &str) -> u64 {
+        let conn = Connection::open(path).expect("open");
+        conn.query_row(
+            "SELECT count(*) FROM vectors v JOIN models m ON m.id = v.model WHERE m.key = ?1",
+            [model],
+            |r| r.get::<_, i64>(0),
+        )
+        .expect("count") as u64
+    }
+
+    /// Staged vectors that cost little stay in memory, where lookups find them, until a flush
+    /// writes them; then the file holds them; dropping the cache writes what is left.
+    #[test]
+    fn cheap_vectors_are_staged_until_a_flush_or_drop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let cache = EmbeddingCache::open(&path).expect("open");
+        let (a, b, c) = (text_key("a"), text_key("b"), text_key("c"));
+        let cheap = Duration::from_millis(1);
+        cache
+            .stage("m:x:2", &[(&a, &[1.0, 2.0]), (&b, &[3.0, 4.0])], cheap)
+            .expect("stage");
+        assert_eq!(in_file(&path, "m:x:2"), 0, "written before a flush");
+        assert_eq!(
+            cache
+                .get_many("m:x:2", 2, &[a.clone(), c.clone(), b.clone()])
+                .expect("get"),
+            vec![Some(vec![1.0, 2.0]), None, Some(vec![3.0, 4.0])]
+        );
+        // A staged vector of the wrong length is a miss, as a stored one is.
+        assert_eq!(
+            cache
+                .get_many("m:x:2", 3, std::slice::from_ref(&a))
+                .expect("get"),
+            vec![None]
+        );
+        cache.flush().expect("flush");
+        assert_eq!(in_file(&path, "m:x:2"), 2);
+        assert_eq!(
+            cache
+                .get_many("m:x:2", 2, std::slice::from_ref(&b))
+                .expect("get"),
+            vec![Some(vec![3.0, 4.0])]
+        );
+        cache
+            .stage("m:x:2", &[(&c, &[5.0, 6.0])], cheap)
+            .expect("stage");
+        assert_eq!(
+            cache.count("m:x:2").expect("count"),
+            3,
+            "totals count staged ones"
+        );
+        cache
+            .stage("m:y:2", &[(&c, &[7.0, 8.0])], cheap)
+            .expect("stage");
+        drop(cache);
+        assert_eq!((in_file(&path, "m:x:2"), in_file(&path, "m:y:2")), (3, 1));
+    }
+
+    /// A provider call that costs more than `STAGE_MAX_COST` (a real model's) is in the file
+    /// when it returns: a crash then loses nothing paid for. Cheap calls are staged, and a
+    /// text embedded once is answered from memory by the next call.
+    #[test]
+    fn an_expensive_call_is_written_before_it_returns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let cache = Arc::new(EmbeddingCache::open(&path).expect("open"));
+        let slow = Arc::new(Slow {
+            inner: crate::hash::HashEmbedder::new(8),
+            texts: Mutex::new(Vec::new()),
+            fail_first: AtomicU64::new(0),
+        });
+        let embedder = CachedEmbedder::new(slow.clone(), cache.clone());
+        let model = slow.identity().key();
+        embedder
+            .embed_texts(&["a", "b"], Duration::from_secs(5))
+            .expect("embed");
+        assert_eq!(in_file(&path, &model), 2);
+
+        let cheap = CachedEmbedder::new(Arc::new(crate::hash::HashEmbedder::new(8)), cache);
+        assert_eq!(cheap.identity().key(), model);
+        let first = cheap
+            .embed_texts(&["c", "a"], Duration::from_secs(5))
+            .expect("embed");
+        assert_eq!(in_file(&path, &model), 2, "a cheap call's vector is staged");
+        let again = cheap
+            .embed_texts(&["c"], Duration::from_secs(5))
+            .expect("embed");
+        assert_eq!(again[0], first[0]);
+        let s = cheap.stats();
+        assert_eq!((s.hits, s.misses, s.texts_embedded), (2, 1, 1), "{s:?}");
+    }
+
+    /// Staged vectors are written once what they cost reaches `STAGE_MAX_COST`, or once there
+    /// are `STAGE_MAX_VECTORS` of them.
+    #[test]
+    fn staged_vectors_are_written_at_either_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let cache = EmbeddingCache::open(&path).expect("open");
+        let half = STAGE_MAX_COST / 2;
+        let (a, b) = (text_key("a"), text_key("b"));
+        cache.stage("m:x:1", &[(&a, &[1.0])], half).expect("stage");
+        assert_eq!(in_file(&path, "m:x:1"), 0);
+        cache.stage("m:x:1", &[(&b, &[1.0])], half).expect("stage");
+        assert_eq!(in_file(&path, "m:x:1"), 2, "written at the cost bound");
+
+        let keys: Vec<String> = (0..STAGE_MAX_VECTORS)
+            .map(|i| text_key(&i.to_string()))
+            .collect();
+        let v = [0.5f32];
+        let mut staged = 0;
+        for chunk in keys.chunks(1000) {
+            let entries: Vec<(&str, &[f32])> = chunk.iter().map(|k| (k.as_str(), &v[..])).collect();
+            cache
+                .stage("m:y:1", &entries, Duration::ZERO)
+                .expect("stage");
+            staged += chunk.len();
+            let written = if staged < STAGE_MAX_VECTORS {
+                0
+            } else {
+                staged
+            };
+            assert_eq!(in_file(&path, "m:y:1"), written as u64, "{staged} staged");
+        }
+    }
+
+    /// A vector written directly replaces a staged one of the same key, which is not written
+    /// over it later; removing a model drops its staged vectors too.
+    #[test]
+    fn direct_writes_and_removals_supersede_staged_vectors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.db");
+        let cache = EmbeddingCache::open(&path).expect("open");
+        let (a, b) = (text_key("a"), text_key("b"));
+        let cheap = Duration::from_millis(1);
+        cache
+            .stage("m:x:1", &[(&a, &[1.0]), (&b, &[2.0])], cheap)
+            .expect("stage");
+        cache.put_many("m:x:1", &[(&a, &[9.0])]).expect("put");
+        cache.flush().expect("flush");
+        assert_eq!(
+            cache
+                .get_many("m:x:1", 1, &[a.clone(), b.clone()])
+                .expect("get"),
+            vec![Some(vec![9.0]), Some(vec![2.0])]
+        );
+        cache.stage("m:y:1", &[(&a, &[3.0])], cheap).expect("stage");
+        assert_eq!(cache.remove_model("m:y:1").expect("remove"), 0);
+        cache.flush().expect("flush");
+        assert_eq!(cache.get_many("m:y:1", 1, &[a]).expect("get"), vec![None]);
+        assert_eq!(in_file(&path, "m:y:1"), 0);
     }
 
     /// The maintained counts agree with the rows after inserts, replacements of existing

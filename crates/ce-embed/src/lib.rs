@@ -175,6 +175,11 @@ pub trait Embedder: Send + Sync {
     fn paused_for(&self) -> Option<Duration> {
         None
     }
+    /// Writes what this embedder keeps in memory for later (a cache's staged vectors, see
+    /// [`cache::EmbeddingCache::stage`]); callers flush once a unit of work is embedded.
+    /// Best effort: a failure is counted by the embedder, never returned. Wrappers flush
+    /// their inner embedder.
+    fn flush(&self) {}
 }
 
 /// Scales `v` to unit length in place; returns false (leaving `v` alone) when its norm is

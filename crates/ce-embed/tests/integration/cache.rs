@@ -187,13 +187,16 @@ fn a_broken_cache_falls_back_to_the_provider() {
     let cache = Arc::new(EmbeddingCache::open(&path).expect("open"));
     let inner = Counting::new("m1", 8);
     let e = cached(&inner, &cache);
-    // The model has entries (so a lookup reaches the vectors table).
+    // The model has entries in the file (so a lookup reaches the vectors table).
     e.embed_texts(&["w"], T).expect("embed");
+    e.flush();
     // Break the cache behind its back: drop the table through another connection.
     let other = rusqlite::Connection::open(&path).expect("conn");
     other.execute_batch("DROP TABLE vectors").expect("drop");
     let out = e.embed_texts(&["x", "y"], T).expect("embed anyway");
     assert_eq!(out.len(), 2);
+    // The staged vectors cannot be written either.
+    e.flush();
     let s = e.stats();
     assert_eq!(s.provider_calls, 2);
     assert_eq!(s.cache_errors, 2, "{s:?}"); // the read and the write

@@ -267,6 +267,12 @@ impl NodeApplier<'_> {
             }
         }
 
+        // The vectors just paid for are in the cache before the index write (a cache stages
+        // cheap ones in memory until now).
+        if let Some(embedder) = self.embedder.filter(|_| !embed_texts.is_empty()) {
+            embedder.flush();
+        }
+
         // One batched index write: each node whose vectors are all ready, then the removals
         // (last, so a move's target could reuse the vectors stored at its source URIs above).
         let mut writes: Vec<NodeWrite> = Vec::new();

@@ -49,6 +49,10 @@ mod delayed {
             self.inner.paused_for()
         }
 
+        fn flush(&self) {
+            self.inner.flush();
+        }
+
         fn embed_texts(
             &self,
             texts: &[&str],
