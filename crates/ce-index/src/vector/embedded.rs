@@ -18,9 +18,11 @@
 //! table and the fresh segment are loaded by the first search or maintenance call
 //! ([`EmbeddedVectorIndex::load`]), so a command that only writes (`ce worker --once`, an
 //! import) commits to the database and leaves the graph to the next process that searches —
-//! unless it adds half a fresh segment's worth of vectors, then it loads and inserts in the
-//! background as above. Loading reads the last snapshot of the graph and the writes committed
-//! after it (the tail) into the fresh segment, or, without a snapshot, every stored vector
+//! unless it adds half a fresh segment's worth of vectors: then the background inserter loads
+//! the graph beside the writers (its own connection; the writes committed meanwhile are caught
+//! up, see `Shared::load_concurrently`) and inserts as above. Loading reads the last
+//! snapshot of the graph and the writes committed after it (the tail) into the fresh
+//! segment, or, without a snapshot, every stored vector
 //! into the fresh segment when they fit it (the inserter then builds the graph in one pass),
 //! else builds the graph from them — never re-embedding (see `ann.rs`). A crash therefore
 //! loses only derived state. If applying fails, the in-memory state is rebuilt from the
@@ -256,6 +258,9 @@ struct Shared {
     /// Set at close: a running insertion stops within a few vectors.
     abort: AtomicBool,
     options: EmbeddedOptions,
+    /// The index directory and database id (what a load reads).
+    dir: PathBuf,
+    db_id: String,
 }
 
 /// Control of the background inserter.
@@ -265,6 +270,8 @@ struct Ctl {
     paused: bool,
     /// A write left vectors in the fresh segment since the inserter last looked.
     pending: bool,
+    /// A writer asked for the graph to be loaded (see [`Shared::load_concurrently`]).
+    load: bool,
 }
 
 thread_local! {
@@ -317,6 +324,34 @@ struct Mem {
     resident: bool,
     /// Vectors added by writes committed while not resident (the tail the load will read).
     unloaded_adds: usize,
+    /// While a load reads the database beside the writers: the writes committed meanwhile.
+    catch_up: Option<CatchUp>,
+}
+
+/// Where [`EmbeddedVectorIndex::load_concurrently`] is when it calls its hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadStep {
+    /// Writes committed from now on are caught up; the database has not been read yet.
+    Started,
+    /// The database has been read; the catch-up and the swap follow.
+    Read,
+}
+
+/// The writes committed while a load runs beside the writers ([`Shared::load_concurrently`]),
+/// in commit order: the load applies those its read did not see.
+struct CatchUp {
+    /// Which load collects them (a load finding another's, or none, was superseded).
+    ticket: u64,
+    commits: Vec<Committed>,
+}
+
+impl std::fmt::Debug for CatchUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CatchUp")
+            .field("ticket", &self.ticket)
+            .field("commits", &self.commits.len())
+            .finish()
+    }
 }
 
 /// A change to the in-memory state implied by a committed write.
@@ -735,7 +770,8 @@ impl Mem {
     /// removed ones leave whichever part holds them.
     fn apply(&mut self, c: Committed) -> Result<()> {
         if !self.resident {
-            // The database holds the write; the load reads it back.
+            // The database holds the write; the load reads it back (a load running beside
+            // the writers may have read before it: it is kept for that load).
             self.unloaded_adds += c
                 .ops
                 .iter()
@@ -744,8 +780,11 @@ impl Mem {
             if let Some(g) = c.generation {
                 self.generation = g;
             }
-            self.model = c.model;
+            self.model.clone_from(&c.model);
             self.dimension = c.dimension;
+            if let Some(catch_up) = self.catch_up.as_mut() {
+                catch_up.commits.push(c);
+            }
             return Ok(());
         }
         for op in c.ops {
@@ -777,6 +816,32 @@ impl Mem {
         }
         self.model = c.model;
         self.dimension = c.dimension;
+        Ok(())
+    }
+
+    /// Applies the writes committed while this state was read from the database, which saw
+    /// it at generation `read_at`: a write that changed the vectors carries its generation,
+    /// and is applied when newer; a write that only changed filter data carries none, so it
+    /// may or may not have been read — its rows are applied to the keys the state holds
+    /// (applying a row twice, in commit order, ends with the newest; a key the state lacks
+    /// was removed by a write the read saw, or is added by a newer one applied first).
+    fn catch_up(&mut self, read_at: u64, commits: Vec<Committed>) -> Result<()> {
+        let mut last = None;
+        for mut c in commits {
+            last = Some((c.model.clone(), c.dimension));
+            match c.generation {
+                Some(g) if g <= read_at => continue,
+                Some(_) => {}
+                None => c.ops.retain(
+                    |op| matches!(op, Op::Update { key, .. } if self.table.id(*key).is_some()),
+                ),
+            }
+            self.apply(c)?;
+        }
+        if let Some((model, dimension)) = last {
+            self.model = model;
+            self.dimension = dimension;
+        }
         Ok(())
     }
 
@@ -966,6 +1031,60 @@ impl Shared {
         self.mem.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Asks the background inserter to load the graph ([`Shared::load_concurrently`]).
+    fn request_load(&self) {
+        let mut ctl = crate::lock(&self.ctl);
+        ctl.load = true;
+        self.wake.notify_all();
+    }
+
+    /// Loads the graph, the filter table and the fresh segment as [`Mem::load`] does, reading
+    /// through a connection of its own while writers go on committing: the writes committed
+    /// from the start of the load are kept (`Mem::catch_up`) and those the read did not see
+    /// are applied before the loaded state replaces the unloaded one. `during` runs at each
+    /// [`LoadStep`] (a test hook). Returns whether this call loaded the state (not when it was
+    /// loaded already, or another load got there first).
+    fn load_concurrently(&self, during: &mut dyn FnMut(LoadStep)) -> Result<bool> {
+        let ticket = {
+            let mut mem = self.mem_mut();
+            if mem.resident {
+                return Ok(false);
+            }
+            match &mem.catch_up {
+                Some(c) => c.ticket,
+                None => {
+                    let ticket = next_epoch();
+                    mem.catch_up = Some(CatchUp {
+                        ticket,
+                        commits: Vec::new(),
+                    });
+                    ticket
+                }
+            }
+        };
+        // Every write from here on is kept; the read below starts after, so it misses none.
+        during(LoadStep::Started);
+        let read = || -> Result<Mem> {
+            let conn = schema::open_conn(&self.dir.join(DB_FILE))?;
+            let tx = conn.unchecked_transaction().map_err(sql)?;
+            Mem::load(&tx, &self.dir, &self.db_id, &self.options, true)
+        };
+        let loaded = read();
+        during(LoadStep::Read);
+        let mut mem = self.mem_mut();
+        if mem.resident || mem.catch_up.as_ref().map(|c| c.ticket) != Some(ticket) {
+            return Ok(false);
+        }
+        let Some(catch_up) = mem.catch_up.take() else {
+            return Ok(false);
+        };
+        let mut fresh = loaded?;
+        let read_at = fresh.generation;
+        fresh.catch_up(read_at, catch_up.commits)?;
+        *mem = fresh;
+        Ok(true)
+    }
+
     fn mem_mut(&self) -> RwLockWriteGuard<'_, Mem> {
         self.mem.write().unwrap_or_else(PoisonError::into_inner)
     }
@@ -1092,11 +1211,23 @@ impl Shared {
         loop {
             {
                 let mut ctl = crate::lock(&self.ctl);
-                while !ctl.stop && (ctl.paused || !ctl.pending) {
+                while !ctl.stop && !ctl.load && (ctl.paused || !ctl.pending) {
                     ctl = self.wake.wait(ctl).unwrap_or_else(PoisonError::into_inner);
                 }
                 if ctl.stop {
                     return;
+                }
+                if std::mem::take(&mut ctl.load) {
+                    drop(ctl);
+                    match self.load_concurrently(&mut |_| {}) {
+                        // What it read back waits in the fresh segment: insert it next.
+                        Ok(true) => self.notify(),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "vector index: loading the graph failed");
+                        }
+                    }
+                    continue;
                 }
                 ctl.pending = false;
             }
@@ -1195,6 +1326,8 @@ impl EmbeddedVectorIndex {
             wake: Condvar::new(),
             abort: AtomicBool::new(false),
             options: options.clone(),
+            dir: dir.to_owned(),
+            db_id: db_id.clone(),
         });
         let inserter = if options.background_insert {
             let s = Arc::clone(&shared);
@@ -1364,6 +1497,14 @@ impl EmbeddedVectorIndex {
         }
     }
 
+    /// Loads like [`EmbeddedVectorIndex::load`] without holding up writes, as the background
+    /// inserter does once a writer has added enough vectors without the graph: reads the
+    /// database through a connection of its own, then applies the writes committed meanwhile.
+    /// `during` runs at each [`LoadStep`] (a test hook). Returns whether this call loaded.
+    pub fn load_concurrently(&self, during: &mut dyn FnMut(LoadStep)) -> Result<bool> {
+        self.shared.load_concurrently(during)
+    }
+
     /// Loads the graph, the filter table and the fresh segment if they are not in memory yet:
     /// the last snapshot of the graph and the tail of writes after it (read into the fresh
     /// segment, where the background inserter picks them up), or, with no snapshot, every
@@ -1451,7 +1592,11 @@ impl EmbeddedVectorIndex {
         if !resident && adds >= limit {
             // Enough vectors wait for the graph: from here on this process inserts them in
             // the background, as a resident index does (the write is committed either way).
-            if let Err(e) = self.load_locked(&conn) {
+            // The background inserter loads beside the writers; without one, this writer
+            // loads.
+            if self.inserter.is_some() {
+                self.shared.request_load();
+            } else if let Err(e) = self.load_locked(&conn) {
                 tracing::warn!(error = %e, "vector index: loading the graph failed");
             }
         }

@@ -9,7 +9,7 @@ use ce_core::{Classify as _, CtxUri};
 use ce_embed::ModelIdentity;
 use ce_index::IndexError;
 use ce_index::vector::embedded::bench::clustered_vectors;
-use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex, SearchStrategy};
+use ce_index::vector::embedded::{EmbeddedOptions, EmbeddedVectorIndex, LoadStep, SearchStrategy};
 use ce_index::vector::{SearchFilter, SyncOutcome, VectorIndex, VectorRecord};
 use serde_json::json;
 
@@ -589,6 +589,175 @@ fn writes_alone_leave_the_graph_unloaded_and_the_next_load_catches_up() {
     );
     assert!(s.snapshot_catch_up > 50, "and the removed ones left: {s:?}");
     same(&observe(&idx, &qs), &expected, "snapshot + tail");
+    idx.check_consistency().expect("consistent");
+}
+
+/// A load beside the writers (what the background inserter runs once a writer has added
+/// enough vectors without the graph): the writes committed while it reads — an add, a
+/// subtree removed, a replaced vector, a move (filter data only: no generation) — are caught
+/// up, and the loaded index answers as one that loaded after them. Both with a snapshot (the
+/// read is snapshot + tail) and without (every vector read into the fresh segment).
+#[test]
+fn a_load_beside_the_writers_catches_up_what_they_commit_meanwhile() {
+    for with_snapshot in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let idx = open(dir.path());
+        let vs = fill(&idx);
+        if with_snapshot {
+            idx.flush().expect("flush");
+            drop(idx);
+            let reopened = open(dir.path());
+            check_load_beside_writes(&reopened, dir.path(), &vs, with_snapshot);
+        } else {
+            check_load_beside_writes(&idx, dir.path(), &vs, with_snapshot);
+        }
+    }
+
+    fn check_load_beside_writes(
+        idx: &EmbeddedVectorIndex,
+        dir: &Path,
+        vs: &[Vec<f32>],
+        snap: bool,
+    ) {
+        assert!(!idx.resident());
+        let mut steps = Vec::new();
+        let loaded = idx
+            .load_concurrently(&mut |step| {
+                assert!(
+                    !idx.resident(),
+                    "the state is swapped only after the writes"
+                );
+                match step {
+                    // Committed before the read (which sees them), and caught up as well:
+                    // filter data changed (no generation), then that record removed.
+                    LoadStep::Started => {
+                        idx.upsert(&[VectorRecord {
+                            record: record("ctx://acc/resources/g3/d35", 2, &[("tag", json!(9))]),
+                            vector: vs[35].clone(),
+                        }])
+                        .expect("payload only");
+                        idx.delete_by_uri(&uri("ctx://acc/resources/g3/d35"), false)
+                            .expect("delete");
+                    }
+                    // Committed after the read.
+                    LoadStep::Read => late_writes(idx, vs),
+                }
+                steps.push(step);
+            })
+            .expect("load");
+        assert!(loaded && idx.resident(), "snapshot {snap}");
+        assert_eq!(steps, [LoadStep::Started, LoadStep::Read]);
+        assert!(
+            !idx.load_concurrently(&mut |_| {}).expect("again"),
+            "loaded already"
+        );
+        let s = idx.stats();
+        assert_eq!(s.opened_from_snapshot, snap, "{s:?}");
+        // The oracle: the same database loaded from scratch, its graph built from the vectors.
+        let qs = queries(vs);
+        let rebuilt = without_snapshot(dir);
+        let oracle = open(rebuilt.path());
+        same(
+            &observe(idx, &qs),
+            &observe(&oracle, &qs),
+            &format!("caught up (snapshot {snap})"),
+        );
+        idx.check_consistency().expect("consistent");
+    }
+}
+
+/// Writers go on while loads run beside them, again and again: every load ends consistent
+/// with the database (whatever it read, whatever was committed meanwhile).
+#[test]
+fn loads_beside_a_busy_writer_stay_consistent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let u = format!("ctx://acc/busy/b{}", i % 50);
+                let v = &vs[i % vs.len()];
+                let put = |tag: usize| {
+                    idx.upsert(&[VectorRecord {
+                        record: record(&u, 0, &[("tag", json!(tag))]),
+                        vector: v.clone(),
+                    }])
+                    .expect("upsert");
+                };
+                // Add (or replace the vector of) one record, then change its filter data
+                // only, and remove every third.
+                put(i % 5);
+                put(i % 5 + 1);
+                if i.is_multiple_of(3) {
+                    idx.delete_by_uri(&uri(&u), false).expect("delete");
+                }
+                i += 1;
+            }
+            i
+        });
+        // Stops the writer however this thread leaves the scope (a failed check included).
+        let stopping = StopOnDrop(&stop);
+        for round in 0..12 {
+            idx.unload().expect("unload");
+            assert!(
+                idx.load_concurrently(&mut |_| {}).expect("load"),
+                "round {round}"
+            );
+            idx.check_consistency()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        drop(stopping);
+        let writes = writer.join().expect("writer");
+        assert!(writes > 12, "the writer wrote meanwhile: {writes}");
+    });
+    idx.check_consistency().expect("consistent at the end");
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// With the background inserter, a writer that reaches the unloaded limit does not load
+/// itself: the inserter loads beside it, and the index ends loaded and consistent.
+#[test]
+fn the_background_inserter_loads_once_a_writer_reaches_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = EmbeddedOptions {
+        // 40 vectors of 16 dimensions: the limit is 20.
+        fresh_max_bytes: 40 * (DIM * 4 + 32),
+        ..EmbeddedOptions::default()
+    };
+    let idx = EmbeddedVectorIndex::open_with(dir.path(), options).expect("open");
+    idx.bind_model(&model()).expect("bind");
+    let vs = clustered_vectors(200, DIM, 4, 0.05, 3);
+    for (i, v) in vs.iter().enumerate() {
+        idx.upsert(&[VectorRecord {
+            record: record(&format!("ctx://acc/r/d{i}"), 0, &[]),
+            vector: v.clone(),
+        }])
+        .expect("upsert");
+        if i < 19 {
+            assert!(!idx.resident(), "{i} vectors");
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !idx.resident() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(idx.resident(), "the inserter loaded the graph");
+    assert_eq!(idx.stats().records, 200);
+    let hits = idx
+        .search(&vs[145], &SearchFilter::default(), 1)
+        .expect("search");
+    assert_eq!(hits[0].record.uri.as_str(), "ctx://acc/r/d145");
     idx.check_consistency().expect("consistent");
 }
 
