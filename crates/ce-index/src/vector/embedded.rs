@@ -1936,12 +1936,14 @@ impl VectorIndex for EmbeddedVectorIndex {
         })
     }
 
+    // One read transaction per call: a statement per node outside one would each take and
+    // release the WAL's read locks (system calls).
     fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
-        schema::get_nodes(&lock(&self.reader), uris)
+        crate::sqlite::read(&self.reader, DB_FILE, |tx| schema::get_nodes(tx, uris))
     }
 
     fn vectors(&self, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
-        schema::node_vectors(&lock(&self.reader), uris)
+        crate::sqlite::read(&self.reader, DB_FILE, |tx| schema::node_vectors(tx, uris))
     }
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {

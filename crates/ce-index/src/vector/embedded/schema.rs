@@ -367,16 +367,9 @@ pub(super) fn stored(record: &str, node_version: i64) -> Result<StoredRecord> {
     })
 }
 
-/// One read transaction for a multi-statement read: the statements see one state of the
-/// file, and take the WAL's read locks (system calls) once rather than once each.
-fn snapshot(c: &Connection) -> Result<rusqlite::Transaction<'_>> {
-    c.unchecked_transaction().map_err(sql)
-}
-
 /// The stored records of the nodes `uris`, node by node as asked, levels ascending.
 pub(super) fn get_nodes(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
-    let tx = snapshot(c)?;
-    let mut st = tx
+    let mut st = c
         .prepare_cached("SELECT record, node_version FROM records WHERE uri = ?1 ORDER BY level")
         .map_err(sql)?;
     let mut out = Vec::with_capacity(uris.len() * 3);
@@ -395,8 +388,7 @@ pub(super) fn get_nodes(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredRec
 /// The stored vectors of the nodes `uris` with their records' text hashes
 /// (`metadata.content_hash`), read from the same rows, in the order of [`get_nodes`].
 pub(super) fn node_vectors(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredVector>> {
-    let tx = snapshot(c)?;
-    let mut st = tx
+    let mut st = c
         .prepare_cached(
             "SELECT id, vector, json_extract(record, '$.metadata.content_hash') FROM records
              WHERE uri = ?1 ORDER BY level",
