@@ -599,3 +599,22 @@ impl ce_index::relation::RelationIndex for WrappedRelations {
         self.inner.clear()
     }
 }
+
+/// Rewrites the `records` table of the index file at `path` into the layout written before
+/// 2026-12-06: `create_table` (records keyed by a unique `id`) with a plain index on
+/// `(uri, level)`, its `columns` copied over, `meta.schema_version` set to `version`.
+pub fn key_records_by_id(path: &Path, create_table: &str, columns: &str, version: u32) {
+    let c = rusqlite::Connection::open(path).expect("open");
+    c.execute_batch(&format!(
+        "BEGIN;
+         DROP INDEX records_by_node;
+         ALTER TABLE records RENAME TO records_new;
+         {create_table};
+         CREATE INDEX records_by_uri ON records (uri, level);
+         INSERT INTO records ({columns}) SELECT {columns} FROM records_new;
+         DROP TABLE records_new;
+         UPDATE meta SET value = '{version}' WHERE key = 'schema_version';
+         COMMIT;"
+    ))
+    .unwrap_or_else(|e| panic!("rewrite {} to layout {version}: {e}", path.display()));
+}

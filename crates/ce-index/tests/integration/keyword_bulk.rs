@@ -388,24 +388,16 @@ fn bulk_removals_leave_exactly_the_oracles_state() {
 /// Rewrites the keyword index in `dir` into layout 2: records keyed by a unique `id`, a plain
 /// index on `(uri, level)` (what files written before 2026-12-06 hold).
 fn downgrade_to_layout_2(dir: &std::path::Path) {
-    let c = rusqlite::Connection::open(dir.join(DB_FILE)).expect("open");
-    let columns = "doc, id, uri, level, node_version, len, terms, head, text";
-    c.execute_batch(&format!(
-        "BEGIN;
-         DROP INDEX records_by_node;
-         ALTER TABLE records RENAME TO records_new;
-         CREATE TABLE records (
+    crate::common::key_records_by_id(
+        &dir.join(DB_FILE),
+        "CREATE TABLE records (
              doc INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, uri TEXT NOT NULL,
              level INTEGER NOT NULL, node_version INTEGER NOT NULL, len INTEGER NOT NULL,
              terms TEXT NOT NULL, head TEXT NOT NULL, text TEXT NOT NULL
-         );
-         CREATE INDEX records_by_uri ON records (uri, level);
-         INSERT INTO records ({columns}) SELECT {columns} FROM records_new;
-         DROP TABLE records_new;
-         UPDATE meta SET value = '2' WHERE key = 'schema_version';
-         COMMIT;"
-    ))
-    .expect("downgrade to layout 2");
+         )",
+        "doc, id, uri, level, node_version, len, terms, head, text",
+        2,
+    );
 }
 
 /// The layout version of the keyword index in `dir`, and whether its records' `id` still

@@ -861,27 +861,19 @@ fn closing_stops_graph_insertion_and_keeps_every_vector() {
 /// Rewrites `vectors.db` in `dir` into layout 1: records keyed by a unique `id`, a plain
 /// index on `(uri, level)` (what files written before 2026-12-06 hold).
 fn downgrade_to_layout_1(dir: &Path) {
-    let c = rusqlite::Connection::open(dir.join("vectors.db")).expect("open");
-    let columns = "id, uri, parent_uri, level, account_id, owner_space, context_type, \
-                   category, node_version, filters, record, vector, key";
-    c.execute_batch(&format!(
-        "BEGIN;
-         DROP INDEX records_by_node;
-         ALTER TABLE records RENAME TO records_new;
-         CREATE TABLE records (
+    crate::common::key_records_by_id(
+        &dir.join("vectors.db"),
+        "CREATE TABLE records (
              id TEXT PRIMARY KEY NOT NULL, uri TEXT NOT NULL, parent_uri TEXT NOT NULL,
              level INTEGER NOT NULL, account_id TEXT NOT NULL, owner_space TEXT NOT NULL,
              context_type TEXT NOT NULL, category TEXT NOT NULL, node_version INTEGER NOT NULL,
              filters TEXT NOT NULL, record TEXT NOT NULL, vector BLOB NOT NULL,
              key INTEGER NOT NULL UNIQUE
-         );
-         CREATE INDEX records_by_uri ON records (uri, level);
-         INSERT INTO records ({columns}) SELECT {columns} FROM records_new;
-         DROP TABLE records_new;
-         UPDATE meta SET value = '1' WHERE key = 'schema_version';
-         COMMIT;"
-    ))
-    .expect("downgrade");
+         )",
+        "id, uri, parent_uri, level, account_id, owner_space, context_type, category, \
+         node_version, filters, record, vector, key",
+        1,
+    );
 }
 
 /// The indexes of `records` in the file at `path`: name and whether it is unique.
