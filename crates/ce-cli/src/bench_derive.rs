@@ -185,7 +185,7 @@ pub fn run_derive(args: &BenchDeriveArgs) -> anyhow::Result<Value> {
     };
     Ok(json!({
         "benchmark": "derive",
-        "generator": "extractive:1",
+        "generator": Extractive::default().identity().key(),
         "machine": machine(),
         "throughput": throughput,
         "coalescing": coalescing,

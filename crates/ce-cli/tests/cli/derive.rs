@@ -73,7 +73,7 @@ fn an_imported_tree_gets_derived_layers_and_folders_roll_up() {
         let s = stat(&ce, &uri);
         assert_eq!(origin(&s, "abstract"), "derived", "{uri}: {s}");
         assert_eq!(origin(&s, "overview"), "derived", "{uri}: {s}");
-        assert_eq!(s["provenance"]["abstract"]["generator"], "extractive:1");
+        assert_eq!(s["provenance"]["abstract"]["generator"], "extractive:2");
         let l0 = ce.ok(&["cat", &uri, "--level", "0"]);
         assert!(!l0.trim().is_empty(), "{uri} has an abstract");
     }
@@ -106,7 +106,7 @@ fn an_imported_tree_gets_derived_layers_and_folders_roll_up() {
 
     let status = ce.json(&["status"]);
     let d = &status["derive"];
-    assert_eq!(d["generator"], "extractive:1", "{status}");
+    assert_eq!(d["generator"], "extractive:2", "{status}");
     assert_eq!(d["dirty"], 0, "{status}");
     assert!(
         d["today"]["derivations"].as_u64().unwrap_or(0) >= 8,
@@ -280,12 +280,12 @@ fn a_dry_run_counts_the_derivations_and_tokens_before_spending_any() {
     );
     assert_eq!(
         r["spend"],
-        json!({"generator": "extractive:1", "derivations": 5, "tokens_in": 0, "tokens_out": 0}),
+        json!({"generator": "extractive:2", "derivations": 5, "tokens_in": 0, "tokens_out": 0}),
         "{r}"
     );
     let text = ce.ok(&["worker", "--dry-run", "--consumer", "derive"]);
     assert!(
-        text.contains("5 derivations by extractive:1: about 0 tokens in"),
+        text.contains("5 derivations by extractive:2: about 0 tokens in"),
         "{text}"
     );
     // Nothing was derived or written.

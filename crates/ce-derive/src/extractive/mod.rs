@@ -11,8 +11,10 @@
 //! - **Container L0 / L1**: the container's own content summarised as a leaf, then its
 //!   children's abstracts, named (`name: abstract`), in the diverse order of the children's
 //!   abstracts (the most central first, then those unlike the ones already chosen, so that ten
-//!   similar notes do not crowd out the rest); the L1 lists them one per line and names those
-//!   left out.
+//!   similar notes do not crowd out the rest); the L1 lists them one per line, keeping room
+//!   for a last line that counts those left out (`- N more: a, b, …`, as many names as fit).
+//!   Only as much of the order is computed as the budgets use: a folder of 10,000 children
+//!   costs a few dozen passes over their abstracts, not 10,000².
 //!
 //! A sentence longer than the whole budget is cut at a word boundary and ends with `…`.
 //! Content without any sentence (only code, tables or punctuation) derives nothing.
@@ -30,7 +32,7 @@ use rank::centrality;
 
 /// The version of the algorithm; bump it when its output changes, so that stored layers
 /// derived by an older version are derived again.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The weight of a sentence's centrality against its overlap with the sentences already
 /// chosen (a summary repeats itself only when the text does).
@@ -154,7 +156,9 @@ fn sections_and_candidates(blocks: &[Block]) -> (Vec<Section<'_>>, Vec<Candidate
         }
     }
     let texts: Vec<&str> = body.iter().map(|(s, _)| s.text.as_str()).collect();
-    let order = centrality(&texts).diverse_order(SENTENCE_RELEVANCE);
+    let order = centrality(&texts)
+        .diverse_order(SENTENCE_RELEVANCE)
+        .collect();
     let candidates = body
         .into_iter()
         .map(|(s, section)| Candidate {
@@ -306,76 +310,95 @@ fn container(
     if own_l0.is_none() && named.is_empty() {
         return (None, None);
     }
-    let order = centrality(
+    let ranking = centrality(
         &named
             .iter()
             .map(|c| c.abstract_text.as_str())
             .collect::<Vec<_>>(),
-    )
-    .diverse_order(CHILD_RELEVANCE);
+    );
+    // Read only as far as the budgets need: a folder of 10,000 children lists a few dozen.
+    let mut order = Taken::new(ranking.diverse_order(CHILD_RELEVANCE));
     let entry = |c: &Child| format!("{}: {}", c.name, c.abstract_text.trim());
 
     // L0: own abstract, then the most representative children while they fit.
     let mut l0_parts: Vec<String> = own_l0.iter().cloned().collect();
-    for &i in &order {
-        let candidate = entry(named[i]);
+    let mut k = 0;
+    while let Some(i) = order.get(k) {
         let mut next = l0_parts.clone();
-        next.push(candidate);
-        if chars(&next.join("; ")) <= budget.l0_chars {
-            l0_parts = next;
-        } else {
+        next.push(entry(named[i]));
+        if chars(&next.join("; ")) > budget.l0_chars {
             break;
         }
+        l0_parts = next;
+        k += 1;
     }
-    let l0 = if l0_parts.is_empty() {
-        truncate(&entry(named[order[0]]), budget.l0_chars)
-    } else {
-        l0_parts.join("; ")
+    let l0 = match order.get(0) {
+        Some(first) if l0_parts.is_empty() => truncate(&entry(named[first]), budget.l0_chars),
+        _ => l0_parts.join("; "),
     };
 
     // L1: own overview, one line per child while they fit, then the names of the others.
     let mut lines: Vec<String> = own_l1.into_iter().collect();
     let fits = |lines: &[String]| chars(&lines.join("\n")) <= budget.l1_chars;
+    let unnamed: Vec<&str> = children
+        .iter()
+        .filter(|c| c.abstract_text.trim().is_empty())
+        .map(|c| c.name.as_str())
+        .collect();
     let mut listed = 0;
-    for &i in &order {
+    while let Some(i) = order.get(listed) {
         lines.push(format!("- {}", entry(named[i])));
-        if fits(&lines) {
+        // Room is kept for the line that counts the children after this one.
+        let after = named.len() + unnamed.len() - listed - 1;
+        let count = (after > 0).then(|| format!("- {after} more"));
+        if fits(&[lines.as_slice(), count.as_slice()].concat()) {
             listed += 1;
         } else {
             lines.pop();
             break;
         }
     }
-    let mut left: Vec<&str> = order[listed..]
-        .iter()
-        .map(|&i| named[i].name.as_str())
-        .collect();
-    left.extend(
-        children
-            .iter()
-            .filter(|c| c.abstract_text.trim().is_empty())
-            .map(|c| c.name.as_str()),
-    );
-    if !left.is_empty() {
-        let head = format!("- {} more:", left.len());
+    let left_out = named.len() - listed + unnamed.len();
+    if left_out > 0 {
+        let head = format!("- {left_out} more:");
         let with = |line: String| [lines.as_slice(), &[line]].concat();
-        let all = format!("{head} {}", left.join(", "));
-        let line = if fits(&with(all.clone())) {
-            all
-        } else {
-            // As many names as fit, then `…`.
-            let mut shown: Vec<&str> = Vec::new();
-            for name in &left {
-                shown.push(name);
-                if !fits(&with(format!("{head} {}, …", shown.join(", ")))) {
-                    shown.pop();
-                    break;
+        // The characters of every name left out (all names but the listed ones'), and the
+        // length of the line naming them all.
+        let name_chars = named.iter().map(|c| chars(&c.name)).sum::<usize>()
+            - order.taken[..listed]
+                .iter()
+                .map(|&i| chars(&named[i].name))
+                .sum::<usize>()
+            + unnamed.iter().map(|n| chars(n)).sum::<usize>();
+        let all_chars = chars(&head) + 1 + name_chars + 2 * (left_out - 1);
+        let mut names = (listed..)
+            .map_while(|k| order.get(k))
+            .map(|i| named[i].name.as_str())
+            .chain(unnamed.iter().copied());
+        // The whole order is read only when every name could fit.
+        let all: Option<Vec<&str>> =
+            (all_chars <= budget.l1_chars).then(|| names.by_ref().collect());
+        let whole = all
+            .as_ref()
+            .map(|all| format!("{head} {}", all.join(", ")))
+            .filter(|line| fits(&with(line.clone())));
+        let line = match whole {
+            Some(line) => line,
+            None => {
+                // As many names as fit, then `…`.
+                let mut shown: Vec<&str> = Vec::new();
+                for name in all.into_iter().flatten().chain(names) {
+                    shown.push(name);
+                    if !fits(&with(format!("{head} {}, …", shown.join(", ")))) {
+                        shown.pop();
+                        break;
+                    }
                 }
-            }
-            if shown.is_empty() {
-                head.trim_end_matches(':').to_owned()
-            } else {
-                format!("{head} {}, …", shown.join(", "))
+                if shown.is_empty() {
+                    head.trim_end_matches(':').to_owned()
+                } else {
+                    format!("{head} {}, …", shown.join(", "))
+                }
             }
         };
         if fits(&with(line.clone())) {
@@ -384,6 +407,30 @@ fn container(
     }
     let l1 = lines.join("\n");
     (Some(l0), (!l1.is_empty()).then_some(l1))
+}
+
+/// The items of an iterator, kept as they are read, so that several passes read it once and
+/// only as far as the furthest of them.
+struct Taken<I> {
+    iter: I,
+    taken: Vec<usize>,
+}
+
+impl<I: Iterator<Item = usize>> Taken<I> {
+    fn new(iter: I) -> Self {
+        Taken {
+            iter,
+            taken: Vec::new(),
+        }
+    }
+
+    /// The `k`th item, reading the iterator up to it.
+    fn get(&mut self, k: usize) -> Option<usize> {
+        while self.taken.len() <= k {
+            self.taken.push(self.iter.next()?);
+        }
+        Some(self.taken[k])
+    }
 }
 
 /// The length in characters.

@@ -129,3 +129,97 @@ mod properties {
         }
     }
 }
+
+fn folder(abstracts: &[String], budget: Budget) -> Derived {
+    let children = abstracts
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Child {
+            name: format!("c{i}"),
+            abstract_text: a.clone(),
+        })
+        .collect();
+    derive_one(
+        &DeriveInput::Container {
+            content: String::new(),
+            children,
+        },
+        budget,
+    )
+}
+
+#[test]
+fn a_folder_names_the_children_left_out_all_or_as_many_as_fit() {
+    let abstracts: Vec<String> = [
+        "Vector indexes store embeddings.",
+        "Keyword indexes store postings.",
+        "",
+    ]
+    .map(String::from)
+    .to_vec();
+    let budget = Budget {
+        l0_chars: 40,
+        l1_chars: 60,
+    };
+    let l1 = folder(&abstracts, budget).overview.expect("an overview");
+    let lines: Vec<&str> = l1.lines().collect();
+    assert_eq!(lines.len(), 2, "{l1}");
+    assert!(
+        lines[0].starts_with("- c0: ") || lines[0].starts_with("- c1: "),
+        "{l1}"
+    );
+    let other = if lines[0].starts_with("- c0") {
+        "c1"
+    } else {
+        "c0"
+    };
+    assert_eq!(lines[1], format!("- 2 more: {other}, c2"), "{l1}");
+
+    // Thousands of children: a few listed, the count of all the others, the names that fit.
+    let words = [
+        "index", "vector", "graph", "queue", "lease", "token", "shard", "cache",
+    ];
+    let abstracts: Vec<String> = (0..3000)
+        .map(|i| format!("{} {} note {i}.", words[i % 8], words[(i / 8) % 8]))
+        .collect();
+    let budget = Budget::default();
+    let d = folder(&abstracts, budget);
+    let l1 = d.overview.expect("an overview");
+    assert!(l1.chars().count() <= budget.l1_chars);
+    let listed: Vec<&str> = l1
+        .lines()
+        .filter(|l| !l.contains(" more: "))
+        .map(|l| {
+            l.trim_start_matches("- ")
+                .split(':')
+                .next()
+                .expect("a name")
+        })
+        .collect();
+    assert!(!listed.is_empty(), "{l1}");
+    let more = l1.lines().last().expect("a last line");
+    assert!(
+        more.starts_with(&format!("- {} more: ", 3000 - listed.len())) && more.ends_with(", …"),
+        "{more}"
+    );
+    let named: Vec<&str> = more
+        .split_once(" more: ")
+        .expect("names")
+        .1
+        .trim_end_matches(", …")
+        .split(", ")
+        .collect();
+    let mut all: Vec<&str> = listed.iter().chain(&named).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        listed.len() + named.len(),
+        "a child named twice: {l1}"
+    );
+    assert!(all.iter().all(|n| {
+        abstracts
+            .get(n[1..].parse::<usize>().expect("cN"))
+            .is_some()
+    }));
+}
