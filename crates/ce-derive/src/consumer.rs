@@ -27,7 +27,7 @@ use ce_core::{
 use ce_index::worker::compact::{self, Op, Plan};
 use ce_index::worker::dry_run::{DryRunReport, SpendEstimate};
 use ce_index::worker::{OpHandler, OpOutcomes, WorkError};
-use ce_store::derive::{DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite};
+use ce_store::derive::{DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite, WaitingFolders};
 use ce_store::{ClaimedEvent, SourceStore};
 use serde::{Deserialize, Serialize};
 
@@ -149,7 +149,7 @@ impl DeriveHandler {
     /// What a derivation of `s` reads, or `None` when it must wait (a child's L0 is
     /// pending) or needs no derivation (the node's type is not derived).
     fn input(&self, s: &DeriveSnapshot) -> Option<DeriveInput> {
-        if !self.settings.types.contains(&s.node.context_type) {
+        if !self.settings.types.contains(&s.node.context_type) || s.waiting {
             return None;
         }
         if s.children.is_empty() {
@@ -184,7 +184,7 @@ impl DeriveHandler {
         tally: &mut DeriveCounters,
     ) -> Result<BTreeMap<CtxUri, WorkError>, WorkError> {
         let mut failed = BTreeMap::new();
-        let snapshots = self.store.derive_snapshots(uris)?;
+        let snapshots = self.store.derive_snapshots(uris, WaitingFolders::Skip)?;
         let mut writes = Vec::new();
         let mut due: Vec<(DeriveSnapshot, DeriveInput, String)> = Vec::new();
         let over_budget = self.over_budget()?;
@@ -340,7 +340,7 @@ impl DeriveHandler {
             ..SpendEstimate::default()
         };
         for chunk in uris.chunks(DRY_RUN_READ) {
-            for s in self.store.derive_snapshots(chunk)? {
+            for s in self.store.derive_snapshots(chunk, WaitingFolders::Read)? {
                 let action = match self.estimated_input(&s) {
                     None => "skip",
                     Some(input)

@@ -130,6 +130,9 @@ pub(crate) trait ReadTx {
     /// characters (at least 1, so an empty content stays the only empty one): for reads that
     /// need a child's L0 with its fallbacks and nothing more.
     fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>>;
+    /// Whether a child of `uri` has its L0 pending (`provenance.abstract` of origin
+    /// `pending`), reading no child past the first such one.
+    fn child_pending(&mut self, uri: &CtxUri) -> Result<bool>;
     /// `uri` and its descendants, by URI.
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
     /// The URIs of [`ReadTx::subtree_nodes`], without reading the nodes.
@@ -937,9 +940,10 @@ macro_rules! impl_source_traits {
             fn derive_snapshots(
                 &self,
                 uris: &[ce_core::CtxUri],
+                waiting: $crate::derive::WaitingFolders,
             ) -> $crate::Result<Vec<$crate::derive::DeriveSnapshot>> {
                 let cut = self.config.projector.l0_fallback_chars;
-                self.read_source(|tx| $crate::derive::derive_snapshots(tx, uris, cut))
+                self.read_source(|tx| $crate::derive::derive_snapshots(tx, uris, cut, waiting))
             }
 
             fn dirty_within(

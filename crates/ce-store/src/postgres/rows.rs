@@ -264,6 +264,16 @@ impl ReadTx for PgTx<'_, '_> {
             .collect()
     }
 
+    fn child_pending(&mut self, uri: &CtxUri) -> Result<bool> {
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM nodes WHERE parent_uri = $1
+                     AND provenance::jsonb -> 'abstract' ->> 'origin' = 'pending')",
+                &[&uri.as_str()],
+            )?
+            .try_get(0)?)
+    }
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
         let (lo, hi) = subtree_bounds(uri);
         self.tx

@@ -86,6 +86,14 @@ impl ReadTx for SqlTx<'_> {
         rows.map(|r| r?).collect()
     }
 
+    fn child_pending(&mut self, uri: &CtxUri) -> Result<bool> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM nodes WHERE parent_uri = ?1
+                 AND json_extract(provenance, '$.abstract.origin') = 'pending')",
+        )?;
+        Ok(stmt.query_row([uri.as_str()], |r| r.get(0))?)
+    }
+
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
         let (lo, hi) = subtree_bounds(uri);
         let mut stmt = self.conn.prepare_cached(&format!(

@@ -3,7 +3,7 @@
 //! versions, on both backends.
 
 use ce_core::{Config, Derivation, LayerOrigin, Level};
-use ce_store::derive::{DerivedOutcome, DerivedWrite, LayerWrite};
+use ce_store::derive::{DerivedOutcome, DerivedWrite, LayerWrite, WaitingFolders};
 use ce_store::{PutMode, PutRequest, StoreError, WriteOp};
 
 use crate::common::{Backend, Store, backend_tests, fresh, uri};
@@ -324,7 +324,7 @@ fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: 
     put(&s, "ctx://a/resources/f/short", content("abc"));
     let folder = uri("ctx://a/resources/f");
     let snaps = s
-        .derive_snapshots(std::slice::from_ref(&folder))
+        .derive_snapshots(std::slice::from_ref(&folder), WaitingFolders::Read)
         .expect("snapshots");
     assert_eq!(snaps.len(), 1);
     let contents: Vec<&str> = snaps[0]
@@ -354,7 +354,52 @@ fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: 
     assert_eq!(snaps[0].node.uri, folder);
 }
 
+/// With [`WaitingFolders::Skip`], a folder with a pending child is snapshotted as waiting,
+/// without its children, until the last pending child is written back.
+fn a_waiting_folder_is_snapshotted_without_its_children(backend: Backend) {
+    let (_p, s, _c) = fresh(backend, derive_on());
+    put(&s, "ctx://a/resources/f/one", content("First text."));
+    put(&s, "ctx://a/resources/f/two", content("Second text."));
+    let folder = uri("ctx://a/resources/f");
+    let snap = |waiting| {
+        let mut snaps = s
+            .derive_snapshots(std::slice::from_ref(&folder), waiting)
+            .expect("snapshots");
+        assert_eq!(snaps.len(), 1, "the folder's key is open");
+        let snap = snaps.remove(0);
+        let names: Vec<String> = snap
+            .children
+            .iter()
+            .map(|c| c.uri.name().to_owned())
+            .collect();
+        (snap.waiting, names)
+    };
+    assert_eq!(snap(WaitingFolders::Skip), (true, vec![]));
+    assert_eq!(
+        snap(WaitingFolders::Read),
+        (false, vec!["one".into(), "two".into()])
+    );
+    let one = write_back(&s, "ctx://a/resources/f/one", "First.", "First text.");
+    assert!(matches!(
+        s.write_derived(vec![one]).expect("write").as_slice(),
+        [DerivedOutcome::Written { .. }]
+    ));
+    assert_eq!(
+        snap(WaitingFolders::Skip),
+        (true, vec![]),
+        "two is still pending"
+    );
+    let two = write_back(&s, "ctx://a/resources/f/two", "Second.", "Second text.");
+    s.write_derived(vec![two]).expect("write");
+    assert_eq!(
+        snap(WaitingFolders::Skip),
+        (false, vec!["one".into(), "two".into()]),
+        "nothing pending: the children are read"
+    );
+}
+
 backend_tests!(
+    a_waiting_folder_is_snapshotted_without_its_children,
     a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback,
     a_put_marks_its_node_and_new_ancestors_pending_and_dirty,
     a_write_back_lands_once_and_climbs_to_the_parent,
