@@ -267,12 +267,14 @@ impl ReadTx for PgTx<'_, '_> {
     fn child_pending(&mut self, uri: &CtxUri) -> Result<bool> {
         Ok(self
             .tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM nodes WHERE parent_uri = $1
-                     AND provenance::jsonb -> 'abstract' ->> 'origin' = 'pending')",
+            .query_opt(
+                // Last child first, as on SQLite (see there).
+                "SELECT 1 FROM nodes WHERE parent_uri = $1
+                     AND provenance::jsonb -> 'abstract' ->> 'origin' = 'pending'
+                 ORDER BY uri DESC LIMIT 1",
                 &[&uri.as_str()],
             )?
-            .try_get(0)?)
+            .is_some())
     }
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
         let (lo, hi) = subtree_bounds(uri);
