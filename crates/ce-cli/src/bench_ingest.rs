@@ -25,7 +25,9 @@
 //! the same deterministic vectors served by an OpenAI-compatible `/v1/embeddings` endpoint on
 //! 127.0.0.1 (HTTP and JSON cost included); `--embedder local` the real model
 //! (all-MiniLM-L6-v2, the default provider). `--consumers vector` enables the vector consumer
-//! alone, `all` the default three.
+//! alone, `all` the three index consumers (vector, keyword, relation), `default` the
+//! configuration's default list (the index consumers and `derive`, which writes L0 / L1
+//! with the offline extractive generator and rolls the folder up).
 //!
 //! `--source kb` measures knowledge bases instead — a generated corpus of files through
 //! `ce kb add`, with the same setup, counters and sizes ([`crate::bench_kb`]).
@@ -63,7 +65,8 @@ pub struct BenchIngestArgs {
     /// OpenAI-compatible HTTP endpoint on 127.0.0.1) or `local` (the real local model)
     #[arg(long, default_value = "hash")]
     pub embedder: String,
-    /// Consumers enabled: `vector` or `all`
+    /// Consumers enabled: `vector`, `all` (the three index consumers) or `default` (the
+    /// default configuration's: the index consumers and `derive`)
     #[arg(long, default_value = "vector")]
     pub consumers: String,
     /// `--source kb`: the seed of the generated corpus
@@ -88,7 +91,7 @@ pub(crate) struct Setup {
     /// The loopback embedder (`--embedder loopback`).
     pub server: Option<LoopbackServer>,
     /// `index.outbox.consumers`, as TOML.
-    pub consumers: &'static str,
+    pub consumers: String,
 }
 
 impl Setup {
@@ -96,9 +99,14 @@ impl Setup {
     /// `--consumers`.
     fn new(args: &BenchIngestArgs) -> anyhow::Result<Setup> {
         let consumers = match args.consumers.as_str() {
-            "vector" => "[\"vector\"]",
-            "all" => "[\"vector\", \"keyword\", \"relation\"]",
-            other => anyhow::bail!("--consumers: {other:?} is neither \"vector\" nor \"all\""),
+            "vector" => "[\"vector\"]".to_owned(),
+            "all" => "[\"vector\", \"keyword\", \"relation\"]".to_owned(),
+            "default" => {
+                serde_json::to_string(&ce_core::config::OutboxConfig::default().consumers)?
+            }
+            other => anyhow::bail!(
+                "--consumers: {other:?} is not one of \"vector\", \"all\", \"default\""
+            ),
         };
         let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         let tmp = tempfile::Builder::new()
