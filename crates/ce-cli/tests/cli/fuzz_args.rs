@@ -507,6 +507,19 @@ fn show(args: &[String]) -> String {
         .collect();
     format!("{short:?}")
 }
+/// Whether `arg` is a cluster of short flags that clap reads as `-h` or `-V` (help or
+/// version, printed as text even with `--json`): `-h`, `-V`, and clusters such as `-vh` or
+/// `-http://…` (clap stops at the `h`).
+fn short_help(arg: &str) -> bool {
+    let Some(cluster) = arg.strip_prefix('-').filter(|c| !c.starts_with('-')) else {
+        return false;
+    };
+    // Flags before it that take no value (`-v`, `-r`), then `h` or `V`.
+    matches!(
+        cluster.chars().find(|c| !matches!(c, 'v' | 'r')),
+        Some('h' | 'V')
+    )
+}
 
 /// Why `r` breaks the documented contract, if it does.
 fn violation(args: &[String], r: &Run) -> Option<String> {
@@ -523,7 +536,7 @@ fn violation(args: &[String], r: &Run) -> Option<String> {
     let json = before_dashes.clone().any(|a| a == "--json");
     let helpish = args
         .iter()
-        .any(|a| matches!(a.as_str(), "--help" | "-h" | "help" | "-V" | "--version"));
+        .any(|a| matches!(a.as_str(), "--help" | "help" | "--version") || short_help(a));
     if code == 0 {
         if json && !helpish && serde_json::from_str::<Value>(&r.stdout).is_err() {
             return Some("--json succeeded without a JSON document on stdout".into());
