@@ -131,7 +131,6 @@ impl Ranking {
             closest: vec![0.0; n],
             left: (0..n).collect(),
             picked: vec![0.0; self.terms],
-            first: true,
         }
     }
 }
@@ -148,7 +147,6 @@ pub struct DiverseOrder<'r> {
     left: Vec<usize>,
     /// The vector of the text taken last, dense (a scratch buffer).
     picked: Vec<f64>,
-    first: bool,
 }
 
 impl Iterator for DiverseOrder<'_> {
@@ -163,8 +161,10 @@ impl Iterator for DiverseOrder<'_> {
                 0.0
             }
         };
+        // Nothing taken yet: by score alone.
+        let first = self.left.len() == scores.len();
         let value = |i: usize| {
-            if self.first {
+            if first {
                 norm(i)
             } else {
                 self.relevance * norm(i) - (1.0 - self.relevance) * self.closest[i]
@@ -176,7 +176,6 @@ impl Iterator for DiverseOrder<'_> {
             .enumerate()
             .max_by(|(_, a), (_, b)| value(**a).total_cmp(&value(**b)).then(b.cmp(a)))?;
         self.left.remove(pos);
-        self.first = false;
         if self.relevance < 1.0 && !self.left.is_empty() {
             let vectors = &self.ranking.vectors;
             for &(id, w) in &vectors[pick] {
