@@ -362,22 +362,14 @@ fn container(
     if left_out > 0 {
         let head = format!("- {left_out} more:");
         let with = |line: String| [lines.as_slice(), &[line]].concat();
-        // The characters of every name left out (all names but the listed ones'), and the
-        // length of the line naming them all.
-        let name_chars = named.iter().map(|c| chars(&c.name)).sum::<usize>()
-            - order.taken[..listed]
-                .iter()
-                .map(|&i| chars(&named[i].name))
-                .sum::<usize>()
-            + unnamed.iter().map(|n| chars(n)).sum::<usize>();
-        let all_chars = chars(&head) + 1 + name_chars + 2 * (left_out - 1);
+        // Each name takes at least 3 characters (one, and `, `): only then could all fit.
+        let could_all_fit = 3 * left_out <= budget.l1_chars;
         let mut names = (listed..)
             .map_while(|k| order.get(k))
             .map(|i| named[i].name.as_str())
             .chain(unnamed.iter().copied());
         // The whole order is read only when every name could fit.
-        let all: Option<Vec<&str>> =
-            (all_chars <= budget.l1_chars).then(|| names.by_ref().collect());
+        let all: Option<Vec<&str>> = could_all_fit.then(|| names.by_ref().collect());
         let whole = all
             .as_ref()
             .map(|all| format!("{head} {}", all.join(", ")))

@@ -99,12 +99,7 @@ pub fn centrality(texts: &[&str]) -> Ranking {
             } else {
                 1.0
             };
-            let length = match term_ids[i].len() {
-                0 => 0.0,
-                1 | 2 => 0.5,
-                _ => 1.0,
-            };
-            (mean + LEAD / (1.0 + i as f64)) * length
+            weigh(mean, i, term_ids[i].len())
         })
         .collect();
     Ranking {
@@ -198,6 +193,17 @@ impl Iterator for DiverseOrder<'_> {
 
 /// The lead bonus of the first text (halved for the second, a third for the third, …).
 const LEAD: f64 = 0.1;
+
+/// The score of text `i` of `terms` terms whose mean similarity to the others is `mean`: the
+/// lead bonus added, fragments of one or two terms halved, a text without terms nothing.
+fn weigh(mean: f64, i: usize, terms: usize) -> f64 {
+    let length = match terms {
+        0 => 0.0,
+        1 | 2 => 0.5,
+        _ => 1.0,
+    };
+    (mean + LEAD / (1.0 + i as f64)) * length
+}
 
 /// The dot product of a sparse vector with a dense one.
 fn dot_dense(sparse: &[(usize, f64)], dense: &[f64]) -> f64 {
@@ -313,12 +319,7 @@ mod tests {
                 } else {
                     1.0
                 };
-                let length = match terms[i].len() {
-                    0 => 0.0,
-                    1 | 2 => 0.5,
-                    _ => 1.0,
-                };
-                (mean + LEAD / (1.0 + i as f64)) * length
+                weigh(mean, i, terms[i].len())
             })
             .collect();
         (scores, sim)
