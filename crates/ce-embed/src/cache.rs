@@ -31,15 +31,17 @@
 //! Layout (schema 2; docs/indexing.md "The cache file"): `models` names each model identity
 //! once (a small integer id) and keeps its entry count, maintained by every write, so
 //! [`EmbeddingCache::totals`] is one indexed read however large the cache grows; `vectors` is
-//! a rowid table of `(model id, 32-byte sha256, f32 blob)` with a unique index on the key.
+//! a rowid table of `(model id, 32-byte sha256, vector blob)` with a unique index on the key.
+//! Vectors are kept at half precision ([`crate::half`]: `1 + 2 × dimension` bytes); entries
+//! written before that hold `f32`s and are still read (the blob's length tells which).
 //! Schema 1 (one `WITHOUT ROWID` table keyed by hex strings) put each ~1.5 KiB vector beside
 //! its key in an index b-tree, whose rows spill to an overflow page above ~1 KiB: about 4.7 KB
 //! of file per 384-d vector. A schema-1 file is migrated in place when it is opened, keeping
-//! every vector (they may have been paid for). New files use 8 KiB pages, so five 384-d rows
+//! every vector (they may have been paid for). New files use 8 KiB pages, so ten 384-d rows
 //! share a page.
 //!
-//! Entries are never evicted: a vector costs `4 × dimension` bytes plus ~60 bytes of key and
-//! index (about 1.6 KiB for a 384-d model). Deleting the file is always safe.
+//! Entries are never evicted: a vector costs `1 + 2 × dimension` bytes plus ~60 bytes of key
+//! and index (about 830 bytes for a 384-d model). Deleting the file is always safe.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,7 +59,7 @@ use crate::{EmbedError, Embedder, ModelIdentity};
 /// Schema version stored in `PRAGMA user_version`.
 const SCHEMA_VERSION: i64 = 2;
 
-/// Page size of a new cache file: five 384-d vectors (1,536 bytes each) per page.
+/// Page size of a new cache file: ten 384-d vectors (769 bytes each) per page.
 const PAGE_SIZE: u32 = 8192;
 
 const SCHEMA: &str = "
@@ -101,7 +103,7 @@ fn cache_err(path: &Path, what: &str, e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Cache(format!("{what} {}: {e}", path.display()))
 }
 
-/// A persistent map `(model identity key, sha256 of text) → f32 vector` in one SQLite
+/// A persistent map `(model identity key, sha256 of text) → vector` in one SQLite
 /// file (WAL; `synchronous = NORMAL`, so a power cut may lose the newest entries, which are
 /// simply recomputed).
 pub struct EmbeddingCache {
@@ -383,7 +385,8 @@ impl EmbeddingCache {
         let m = staged.vectors.entry(model.to_owned()).or_default();
         let before = m.len();
         for (key, v) in entries {
-            m.insert((*key).to_owned(), v.to_vec());
+            // As the file will hold it, so a lookup before and after the write agree.
+            m.insert((*key).to_owned(), crate::half::round(v));
         }
         let added = m.len() - before;
         staged.len += added;
@@ -445,7 +448,7 @@ impl EmbeddingCache {
                 )
                 .map_err(err)?;
             for (key, v) in entries {
-                let (key, blob) = (key_bytes(key), encode(v));
+                let (key, blob) = (key_bytes(key), crate::half::encode(v));
                 if insert.execute(params![id, key, blob]).map_err(err)? == 1 {
                     added += 1;
                 } else {
@@ -517,19 +520,15 @@ impl EmbeddingCache {
     }
 }
 
-fn encode(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
+/// A stored vector of `dimension` components ([`crate::half`]); one of the `f32`s written
+/// before half precision comes back rounded, as a new entry would.
 fn decode(b: &[u8], dimension: usize) -> Option<Vec<f32>> {
-    if b.len() != dimension * 4 {
-        return None;
-    }
-    Some(
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
+    let v = crate::half::decode(b).filter(|v| v.len() == dimension)?;
+    Some(if b.len().is_multiple_of(2) {
+        crate::half::round(&v)
+    } else {
+        v
+    })
 }
 
 /// What an [`EmbeddingCache`] holds, read from the file (the same for every process).
@@ -700,6 +699,9 @@ impl CachedEmbedder {
         }
         c.texts_embedded
             .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        // Returned as the cache keeps them, so a text's vector is the same whether it was
+        // embedded now or read back.
+        let fresh: Vec<Vec<f32>> = fresh.iter().map(|v| crate::half::round(v)).collect();
         let entries: Vec<(&str, &[f32])> = slots
             .iter()
             .zip(&fresh)
@@ -1284,9 +1286,9 @@ mod tests {
                 ("m:x:2", &b, [3.0, 4.0]),
                 ("m:y:2", &a, [5.0, 6.0]),
             ] {
-                insert
-                    .execute(params![model, key, encode(&v)])
-                    .expect("insert");
+                // Schema 1 held little-endian `f32`s.
+                let blob: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                insert.execute(params![model, key, blob]).expect("insert");
             }
         }
         let cache = EmbeddingCache::open(&path).expect("open migrates");

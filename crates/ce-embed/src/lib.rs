@@ -8,6 +8,7 @@
 //!   only, never a default
 //! - [`cache`]: a persistent cache keyed by (model identity, sha256(text)) so identical text
 //!   is never embedded twice
+//! - [`half`]: vectors kept at half precision, as the cache and the vector indexes store them
 //! - [`pause`]: the rate-limit pause a provider shares with all its callers (from ce-http)
 //!
 //! [`build`] turns `[index.embedding]` into the configured provider behind the cache.
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod cache;
 pub mod from_config;
+pub mod half;
 pub mod hash;
 pub mod local;
 pub mod openai;

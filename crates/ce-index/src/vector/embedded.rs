@@ -411,10 +411,12 @@ impl<'c> WriteTx<'c> {
         Ok(())
     }
 
-    /// Writes `r` with `vector`: the key is kept when the vector is bit-identical to the
-    /// stored one (a payload-only change), otherwise a fresh key replaces the old one.
+    /// Writes `r` with `vector`, kept at half precision (what the fresh segment and the
+    /// graph get is what the file holds): the key is kept when the stored vector is
+    /// bit-identical (a payload-only change), otherwise a fresh key replaces the old one.
     fn put(&mut self, r: &IndexRecord, node_version: u64, vector: Vec<f32>) -> Result<()> {
         let bytes = schema::encode_vector(&vector);
+        let vector = schema::decode_vector(&bytes)?;
         let row = Row::of(r);
         match schema::key_and_vector(self.tx, &r.uri, r.level)? {
             Some((key, old)) if old == bytes => {

@@ -10,8 +10,8 @@ use ce_core::{CtxUri, IndexRecord};
 use ce_embed::ModelIdentity;
 
 use super::rules::{
-    check_binding, check_kept, check_query, check_vector, cosine, metadata_version, missing_vector,
-    rank, text_hash,
+    check_binding, check_kept, check_query, check_vector, cosine, kept, metadata_version,
+    missing_vector, rank, text_hash,
 };
 use super::{
     NodeRecord, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit, VectorIndex,
@@ -97,7 +97,7 @@ impl VectorIndex for MemoryVectorIndex {
                 r.record.id.clone(),
                 Entry {
                     record: r.record.clone(),
-                    vector: r.vector.clone(),
+                    vector: kept(&r.vector),
                     node_version: metadata_version(&r.record),
                 },
             );
@@ -187,7 +187,7 @@ impl VectorIndex for MemoryVectorIndex {
         let mut entries = Vec::with_capacity(records.len());
         for NodeRecord { record, vector } in records {
             let vector = match vector {
-                Some(v) => v,
+                Some(v) => kept(&v),
                 None => {
                     let e = s
                         .records

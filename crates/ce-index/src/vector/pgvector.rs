@@ -59,6 +59,7 @@
 //! (server restart, terminated backend) is replaced at once, transparently (nothing was sent
 //! yet).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -73,7 +74,8 @@ use serde_json::Value;
 
 use super::embedded::{SearchPlan, SearchReport, SearchStrategy};
 use super::rules::{
-    check_binding, check_kept, check_query, check_vector, metadata_version, missing_vector, rank,
+    check_binding, check_kept, check_query, check_vector, kept, metadata_version, missing_vector,
+    rank,
 };
 use super::{
     NodeRecord, NodeWrite, SearchFilter, StoredRecord, StoredVector, SyncOutcome, VectorHit,
@@ -188,7 +190,20 @@ fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
 /// A vector parameter in pgvector's binary format: the dimension (int16), an unused int16,
 /// then the components as big-endian float4.
 #[derive(Debug)]
-struct PgVector<'a>(&'a [f32]);
+struct PgVector<'a>(Cow<'a, [f32]>);
+
+impl<'a> PgVector<'a> {
+    /// A query, as given.
+    fn query(v: &'a [f32]) -> Self {
+        PgVector(Cow::Borrowed(v))
+    }
+
+    /// A vector to store: rounded as every vector index keeps it ([`kept`]), so that this
+    /// index scores what the others do.
+    fn stored(v: &[f32]) -> PgVector<'static> {
+        PgVector(Cow::Owned(kept(v)))
+    }
+}
 
 impl ToSql for PgVector<'_> {
     fn to_sql(
@@ -200,7 +215,7 @@ impl ToSql for PgVector<'_> {
         out.reserve(4 + 4 * self.0.len());
         out.put_i16(dim);
         out.put_i16(0);
-        for x in self.0 {
+        for x in self.0.iter() {
             out.put_f32(*x);
         }
         Ok(IsNull::No)
@@ -572,7 +587,7 @@ impl WriteTx<'_, '_> {
                 &version,
                 &pairs_of(r),
                 &json,
-                &PgVector(vector),
+                &PgVector::stored(vector),
             ],
         )?;
         Ok(())
@@ -974,7 +989,7 @@ impl PgVectorIndex {
         strategy: SearchStrategy,
     ) -> Result<SearchReport> {
         let fsql = FilterSql::of(filter);
-        let q = PgVector(query);
+        let q = PgVector::query(query);
         let limit = top_k.min(i64::MAX as usize);
         let o = &self.options;
         self.pool.run(Begin::Read, |tx| {
@@ -1382,7 +1397,9 @@ mod tests {
     fn vectors_round_trip_in_pgvector_binary_format() {
         let v = [1.5f32, -0.25, 0.0, 3.0e-7];
         let mut buf = BytesMut::new();
-        PgVector(&v).to_sql(&Type::TEXT, &mut buf).expect("to_sql");
+        PgVector::query(&v)
+            .to_sql(&Type::TEXT, &mut buf)
+            .expect("to_sql");
         assert_eq!(&buf[..4], &[0, 4, 0, 0], "dimension, then an unused int16");
         assert_eq!(&buf[4..8], &1.5f32.to_be_bytes(), "big-endian float4");
         let back = ReadVector::from_sql(&Type::TEXT, &buf).expect("from_sql");

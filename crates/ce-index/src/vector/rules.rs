@@ -1,5 +1,6 @@
 //! The pure rules every vector index implementation shares, so there is one definition of
-//! each: scoring ([`cosine`]) and result order ([`rank`]), the checks of vectors, queries and
+//! each: the precision a vector is kept at ([`kept`]), scoring ([`cosine`]) and result order
+//! ([`rank`]), the checks of vectors, queries and
 //! the model binding, and the version an unversioned upsert stores.
 
 use ce_core::IndexRecord;
@@ -14,6 +15,14 @@ use crate::error::{IndexError, Result, invalid};
 pub(super) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     // numkong's SIMD kernel (built at opt-level 3) keeps exact scans fast even in debug builds.
     f32::angular(a, b).map_or(f32::NAN, |d| (1.0 - d) as f32)
+}
+
+/// The vector an index keeps for `v`: rounded to half precision ([`ce_embed::half`]), as the
+/// embedded index stores it. Every implementation keeps — and scores — this, so that all of
+/// them agree on every score; the embedding cache returns vectors already rounded so (the
+/// rounding is idempotent).
+pub(super) fn kept(v: &[f32]) -> Vec<f32> {
+    ce_embed::half::round(v)
 }
 
 /// Sorts hits best first — score descending, then id ascending so ties are deterministic —

@@ -333,7 +333,7 @@ fn assert_vectors_match_text(index: &dyn VectorIndex) {
         assert_eq!(
             (&v.vector, v.text_hash.as_deref()),
             (
-                &TestEmbedder::vector(&s.record.text),
+                &ce_embed::half::round(&TestEmbedder::vector(&s.record.text)),
                 s.record
                     .metadata
                     .get("content_hash")

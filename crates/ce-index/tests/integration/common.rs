@@ -78,6 +78,12 @@ pub fn nr(uri_s: &str, level: u8, vector: Option<Vec<f32>>) -> NodeRecord {
     }
 }
 
+/// `v` as every vector index keeps it (half precision, `ce_embed::half`): what `vectors`
+/// gives back.
+pub fn kept(v: &[f32]) -> Vec<f32> {
+    ce_embed::half::round(v)
+}
+
 /// A deterministic unit vector of dimension `dim` for `i` (distinct `i`, distinct vectors).
 pub fn unit(i: u64, dim: usize) -> Vec<f32> {
     let v: Vec<f32> = (0..dim)

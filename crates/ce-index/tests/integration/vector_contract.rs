@@ -17,7 +17,9 @@ use ce_index::vector::{
 };
 use serde_json::json;
 
-use crate::common::{DIM, each_index, hit_ids, nr, pgvector, record, snapshot, unit, uri, vr};
+use crate::common::{
+    DIM, each_index, hit_ids, kept, nr, pgvector, record, snapshot, unit, uri, vr,
+};
 
 fn ids(idx: &dyn VectorIndex, under: &str) -> Vec<String> {
     idx.list_under(&uri(under))
@@ -83,17 +85,17 @@ fn upsert_get_count_are_idempotent() {
                 StoredVector {
                     id: changed.record.id.clone(),
                     text_hash: Some("hash of the new text".into()),
-                    vector: unit(9, DIM),
+                    vector: kept(&unit(9, DIM)),
                 },
                 StoredVector {
                     id: recs[1].record.id.clone(),
                     text_hash: None,
-                    vector: unit(2, DIM),
+                    vector: kept(&unit(2, DIM)),
                 },
                 StoredVector {
                     id: recs[2].record.id.clone(),
                     text_hash: None,
-                    vector: unit(3, DIM),
+                    vector: kept(&unit(3, DIM)),
                 },
             ],
             "{name}"
@@ -1181,7 +1183,7 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
     let want = StoredVector {
         id: stable_hash("ctx://a/docs/x", 0),
         text_hash: None,
-        vector: unit(1, DIM),
+        vector: kept(&unit(1, DIM)),
     };
     assert_eq!(c.vectors(&x).expect("vectors"), [want]);
 
@@ -1199,7 +1201,7 @@ fn pgvector_state_survives_reopen_and_is_shared_by_every_opener() {
     let want = StoredVector {
         id: stable_hash("ctx://a/docs/z", 0),
         text_hash: None,
-        vector: unit(5, DIM * 2),
+        vector: kept(&unit(5, DIM * 2)),
     };
     assert_eq!(c.vectors(&z).expect("vectors"), [want]);
     let hits = c

@@ -403,12 +403,13 @@ fn background_insertion_races_writes_and_searches() {
     );
 }
 
-/// The graph holds each vector normalised and rounded to `f16`: records whose vectors differ
-/// only below that precision score alike on the graph's copies, yet every search — exact or
+/// The graph holds each vector normalised and rounded to `f16`, `vectors.db` at half precision
+/// with a power-of-two scale of its own (`ce_embed::half`): records whose vectors differ near
+/// that precision score alike, or nearly, on the graph's copies, yet every search — exact or
 /// through the graph, with the vectors in the graph or still fresh — ranks them by their
-/// stored `f32` vectors, with the oracle's bit-identical scores. Vectors of any scale (`f16`
-/// overflows past 65,504) behave the same. Without the rescoring of the shortlist the order
-/// among these near-ties is the ids', not the scores'.
+/// stored vectors, with the oracle's bit-identical scores (the oracle keeps the same rounding).
+/// Vectors of any scale (`f16` overflows past 65,504) behave the same. Without the rescoring of
+/// the shortlist the order among these near-ties would be the graph copies' scores'.
 #[test]
 fn near_ties_below_the_graphs_precision_rank_by_the_stored_vectors() {
     const NEAR: usize = 48;

@@ -148,6 +148,47 @@ fn measure(
     }))
 }
 
+/// What keeping vectors at half precision ([`super::super::rules::kept`]) costs: for each
+/// query, the index's exact top 10 against a brute-force top 10 over the `f32` vectors as
+/// generated (`data`, record `i` holding `data[i]`) — recall@10 — and the largest difference
+/// between a hit's score and its `f32` cosine.
+fn kept_precision(
+    index: &EmbeddedVectorIndex,
+    data: &[Vec<f32>],
+    queries: &[Vec<f32>],
+) -> Result<Value> {
+    const K: usize = 10;
+    let ids: Vec<String> = (0..data.len()).map(|i| synthetic_record(i).id).collect();
+    let by_id: std::collections::HashMap<&str, usize> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i))
+        .collect();
+    let (mut found, mut wanted, mut max_error) = (0usize, 0usize, 0f32);
+    for q in queries {
+        let mut scored: Vec<(f32, usize)> = data
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (cosine(q, v), i))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| ids[a.1].cmp(&ids[b.1])));
+        let truth: HashSet<usize> = scored.iter().take(K).map(|&(_, i)| i).collect();
+        let got = index.search_with(q, &SearchFilter::default(), K, SearchStrategy::Exact)?;
+        for h in &got.hits {
+            let Some(&i) = by_id.get(h.record.id.as_str()) else {
+                continue;
+            };
+            found += usize::from(truth.contains(&i));
+            max_error = max_error.max((h.score - cosine(q, &data[i])).abs());
+        }
+        wanted += truth.len();
+    }
+    Ok(json!({
+        "recall_at_10_vs_f32": if wanted == 0 { 1.0 } else { found as f64 / wanted as f64 },
+        "max_score_error": max_error,
+    }))
+}
+
 /// Upserts `vectors` as records `first..` in batches of `batch`, calling `before(start, end)`
 /// before writing the vectors `start..end` of `vectors`.
 fn write_records(
@@ -371,6 +412,7 @@ pub fn bench_search(
     let filtered_1 = measure(&index, qs, &bucket, SearchStrategy::Auto)?;
     let filtered_10_graph = measure(&index, qs, &cat, SearchStrategy::Ann)?;
     let exact_all = measure(&index, qs, &SearchFilter::default(), SearchStrategy::Exact)?;
+    let precision = kept_precision(&index, data, qs)?;
 
     let during = measure_during_writes(&index, data, written, qs, load)?;
 
@@ -424,6 +466,7 @@ pub fn bench_search(
         "filtered_1pct": filtered_1,
         "filtered_10pct_graph": filtered_10_graph,
         "exact_scan_all": exact_all,
+        "half_precision_vs_f32": precision,
         "unfiltered_during_insertion": during,
         "options": index_options(),
     }))
@@ -457,5 +500,12 @@ mod tests {
         assert!(count("recall_searches") <= 20, "{during}");
         assert_eq!(during["recall_at_10"], json!(1.0), "{during}");
         assert_eq!(report["open_catch_up_vectors"], json!(50), "{report}");
+        // Half precision moves a 16-d cosine by well under 2⁻⁸ (4 × 2⁻¹¹ at worst), and the
+        // clustered data keeps the top 10 nearly intact.
+        let precision = &report["half_precision_vs_f32"];
+        let error = precision["max_score_error"].as_f64().expect("error");
+        assert!(error > 0.0 && error < 4.0 * 2f64.powi(-11), "{precision}");
+        let recall = precision["recall_at_10_vs_f32"].as_f64().expect("recall");
+        assert!(recall >= 0.9, "{precision}");
     }
 }

@@ -4,7 +4,8 @@
 //! Tables:
 //! - `records`: one row per record, unique by `(uri, level)` — the filter columns, the record
 //!   as JSON, the filters alone as JSON (so the in-memory filter table is rebuilt without
-//!   parsing texts), the vector as little-endian `f32`s and `key`, the record's key in the ANN
+//!   parsing texts), the vector at half precision (`ce_embed::half`; rows written before it
+//!   hold little-endian `f32`s, read as they are) and `key`, the record's key in the ANN
 //!   graph. A key is allocated from `meta.next_key` and never reused; it changes only when the
 //!   vector does. The record's `id` is a plain column: it is a hash, and a unique index on it
 //!   cost every batch a WAL frame for most of that index's pages (layout 1; docs/indexing.md,
@@ -28,10 +29,11 @@ use crate::error::{IndexError, Result};
 use crate::records::to_i64;
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
-/// Page size of a new file. A record row is ~2.6 KB for a 384-d model (1,536 bytes of vector,
-/// ~800 of record JSON, ~170 of filters, the columns): on 4 KiB pages a second row never fits,
-/// so every row took a page of its own (4.2 KB per record); 8 KiB pages hold three
-/// (docs/indexing.md "Footprint").
+/// Page size of a new file. A record row was ~2.6 KB for a 384-d model with `f32` vectors
+/// (1,536 bytes of vector, ~800 of record JSON, ~170 of filters, the columns): on 4 KiB pages
+/// a second row never fit, so every row took a page of its own (4.2 KB per record); 8 KiB
+/// pages held three (docs/indexing.md "Footprint"). At half precision (769 bytes of vector)
+/// they hold four or five.
 const PAGE_SIZE: u32 = 8192;
 
 /// Version of this layout. A file of layout 1 (records keyed by a unique `id`) is migrated
@@ -148,22 +150,15 @@ pub(super) fn dimension(c: &Connection) -> Result<Option<usize>> {
     Ok(meta_u64(c, "dimension")?.map(|d| d as usize))
 }
 
-/// A vector as stored: little-endian `f32`s.
+/// A vector as stored: at half precision ([`ce_embed::half`]; what the index keeps of it is
+/// [`decode_vector`] of these bytes).
 pub(super) fn encode_vector(v: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * 4);
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
+    ce_embed::half::encode(v)
 }
 
+/// A stored vector: half precision, or the little-endian `f32`s rows written before it hold.
 pub(super) fn decode_vector(b: &[u8]) -> Result<Vec<f32>> {
-    if !b.len().is_multiple_of(4) {
-        return Err(corrupt("vector", format!("blob of {} bytes", b.len())));
-    }
-    Ok(b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    ce_embed::half::decode(b).ok_or_else(|| corrupt("vector", format!("blob of {} bytes", b.len())))
 }
 
 /// The JSON columns and the checked version of a row, shared by inserts and rewrites.

@@ -392,7 +392,7 @@ impl<'a> RowArrays<'a> {
         self.pairs.push(pairs);
         self.records.push(json);
         if let Some(v) = vector {
-            self.vectors.push(PgVector(v));
+            self.vectors.push(PgVector::stored(v));
         }
         Ok(())
     }
