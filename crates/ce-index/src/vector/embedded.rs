@@ -1662,13 +1662,16 @@ impl EmbeddedVectorIndex {
             .filter_map(|k| rows.remove(k))
             .map(|row| (cosine(query, &row.vector), row))
             .collect();
-        ranked.sort_by(|(a, ra), (b, rb)| b.total_cmp(a).then_with(|| ra.id.cmp(&rb.id)));
+        ranked.sort_by(|(a, ra), (b, rb)| {
+            b.total_cmp(a)
+                .then_with(|| ra.record.id().cmp(rb.record.id()))
+        });
         let mut hits = Vec::with_capacity(top_k.min(ranked.len()));
         for (score, row) in ranked {
             if hits.len() == top_k {
                 break;
             }
-            let record = schema::stored(&row.record, row.node_version)?.record;
+            let record = row.record.decode()?.record;
             if filter.matches(&record) {
                 hits.push(VectorHit { record, score });
             } else {

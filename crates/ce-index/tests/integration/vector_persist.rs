@@ -876,6 +876,108 @@ fn downgrade_to_layout_1(dir: &Path) {
     );
 }
 
+/// Rewrites the rows of `vectors.db` in `dir` into layout 2: the vector as little-endian
+/// `f32`s, the whole record as JSON in `record` (what files written before 2026-12-06 hold).
+fn downgrade_to_layout_2(dir: &Path, idx_records: &[ce_index::vector::StoredRecord]) {
+    let c = rusqlite::Connection::open(dir.join("vectors.db")).expect("open");
+    let rows: Vec<(i64, Vec<u8>)> = c
+        .prepare("SELECT key, vector FROM records")
+        .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+        .expect("rows");
+    for (key, blob) in rows {
+        let v = ce_embed::half::decode(&blob).expect("a stored vector");
+        let f32s: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        c.execute(
+            "UPDATE records SET vector = ?1 WHERE key = ?2",
+            rusqlite::params![f32s, key],
+        )
+        .expect("vector");
+    }
+    for s in idx_records {
+        let whole = serde_json::to_string(&s.record).expect("json");
+        let n = c
+            .execute(
+                "UPDATE records SET record = ?1 WHERE uri = ?2 AND level = ?3",
+                rusqlite::params![whole, s.record.uri.as_str(), s.record.level.as_u8()],
+            )
+            .expect("record");
+        assert_eq!(n, 1);
+    }
+    c.execute(
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+        [],
+    )
+    .expect("version");
+}
+
+/// A file of layout 2 (`f32` vectors, whole records) is re-labelled when opened and read as
+/// it is: the same records, the same hits and score bits (its `f32`s are the values a
+/// layout-3 row decodes to); a row rewritten takes the new form, and the file reopens.
+#[test]
+fn a_layout_2_file_is_read_as_it_is_and_rewritten_row_by_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idx = open(dir.path());
+    let vs = fill(&idx);
+    let qs = queries(&vs);
+    let before = observe(&idx, &qs);
+    let stored = snapshot(&idx);
+    idx.settle().expect("settle");
+    drop(idx);
+    let db = dir.path().join("vectors.db");
+    let form = |uri: &str| -> (i64, bool) {
+        rusqlite::Connection::open(&db)
+            .expect("open")
+            .query_row(
+                "SELECT length(vector), json_extract(record, '$.uri') IS NOT NULL
+                 FROM records WHERE uri = ?1 AND level = 0",
+                [uri],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("row")
+    };
+    let (first, other) = ("ctx://acc/resources/g0/d0", "ctx://acc/resources/g3/d3");
+    let (half, whole) = ((1 + 2 * DIM) as i64, (4 * DIM) as i64);
+    assert_eq!(form(first), (half, false), "layout 3 rows");
+    downgrade_to_layout_2(dir.path(), &stored);
+    assert_eq!(form(first), (whole, true), "layout 2 rows");
+
+    let idx = open(dir.path());
+    same(&observe(&idx, &qs), &before, "layout 2, read as it is");
+    idx.check_consistency().expect("consistent");
+    let version: String = rusqlite::Connection::open(&db)
+        .expect("open")
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("version");
+    assert_eq!(version, "3");
+    // One row rewritten with a new vector: the new form, beside rows of the old one.
+    let rewritten = VectorRecord {
+        record: record(first, 0, &[("tag", json!(0))]),
+        vector: vs[450].clone(),
+    };
+    idx.upsert(std::slice::from_ref(&rewritten))
+        .expect("upsert");
+    drop(idx);
+    assert_eq!(form(first), (half, false));
+    assert_eq!(form(other), (whole, true));
+    let idx = open(dir.path());
+    let got = idx
+        .get(&[uri(first)])
+        .expect("get")
+        .into_iter()
+        .find(|s| s.record.level.as_u8() == 0)
+        .expect("the rewritten record");
+    assert_eq!(got.record, rewritten.record);
+    assert_eq!(
+        idx.vectors(&[uri(first)]).expect("vectors")[0].vector,
+        ce_embed::half::round(&vs[450])
+    );
+    idx.check_consistency().expect("consistent");
+}
+
 /// The indexes of `records` in the file at `path`: name and whether it is unique.
 fn record_indexes(path: &Path) -> Vec<(String, bool)> {
     let c = rusqlite::Connection::open(path).expect("open");
@@ -917,7 +1019,7 @@ fn a_layout_1_file_is_rekeyed_by_node_on_open() {
             |r| r.get(0),
         )
         .expect("version");
-    assert_eq!(version, "2");
+    assert_eq!(version, "3");
     // The key's own unique index stays; the one on `id` is gone, `(uri, level)` is unique.
     let indexes = record_indexes(&db);
     assert_eq!(

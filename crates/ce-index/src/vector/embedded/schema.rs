@@ -2,9 +2,10 @@
 //! small statements every write is made of.
 //!
 //! Tables:
-//! - `records`: one row per record, unique by `(uri, level)` — the filter columns, the record
-//!   as JSON, the filters alone as JSON (so the in-memory filter table is rebuilt without
-//!   parsing texts), the vector at half precision (`ce_embed::half`; rows written before it
+//! - `records`: one row per record, unique by `(uri, level)` — the filter columns, the
+//!   record's text and metadata as JSON (its other fields are columns: [`RawRecord`]), the
+//!   filters as JSON (so the in-memory filter table is rebuilt without parsing texts), the
+//!   vector at half precision (`ce_embed::half`; rows written before it
 //!   hold little-endian `f32`s, read as they are) and `key`, the record's key in the ANN
 //!   graph. A key is allocated from `meta.next_key` and never reused; it changes only when the
 //!   vector does. The record's `id` is a plain column: it is a hash, and a unique index on it
@@ -36,9 +37,13 @@ use crate::sqlite::{select_within, subtree_bounds, within_sql};
 /// they hold four or five.
 const PAGE_SIZE: u32 = 8192;
 
-/// Version of this layout. A file of layout 1 (records keyed by a unique `id`) is migrated
-/// when opened ([`crate::sqlite::rekey_records_by_node`]); any other version is refused.
-pub(super) const SCHEMA_VERSION: u64 = 2;
+/// Version of this layout. Layout 3 stores vectors at half precision and only the text and
+/// metadata in the `record` column; a file of layout 2 (`f32` vectors, whole records) is
+/// only re-labelled when opened — its rows are read as they are and take the new form when
+/// rewritten — and a file of layout 1 (records keyed by a unique `id`) is migrated
+/// ([`crate::sqlite::rekey_records_by_node`]). Any other version is refused, so a build that
+/// reads only layout 2 refuses a file of this one instead of misreading its rows.
+pub(super) const SCHEMA_VERSION: u64 = 3;
 
 /// The columns of `records`, as the layout-1 migration copies them.
 const RECORD_COLUMNS: &str = "id, uri, parent_uri, level, account_id, owner_space, \
@@ -96,6 +101,10 @@ pub(super) fn init(conn: &mut Connection) -> Result<String> {
         SCHEMA,
         RECORD_COLUMNS,
     )?;
+    if crate::sqlite::layout_version(conn, super::DB_FILE)? == Some(2) {
+        // Layout 2's rows are layout 3's too (see [`SCHEMA_VERSION`]).
+        set_meta(conn, "schema_version", &SCHEMA_VERSION.to_string())?;
+    }
     let tx = crate::sqlite::init_writer(conn, super::DB_FILE, SCHEMA, SCHEMA_VERSION)?;
     let id = match meta(&tx, "db_id")? {
         Some(id) => id,
@@ -161,11 +170,95 @@ pub(super) fn decode_vector(b: &[u8]) -> Result<Vec<f32>> {
     ce_embed::half::decode(b).ok_or_else(|| corrupt("vector", format!("blob of {} bytes", b.len())))
 }
 
+/// What the `record` column holds of a record: the fields no other column of the row does.
+/// Layout 2 stored the whole record there (~340 more bytes a row: the filters twice, the
+/// path fields); such rows are still read — their extra fields are ignored, the columns hold
+/// the same values.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    text: &'a str,
+    metadata: &'a BTreeMap<String, Value>,
+}
+
+/// [`Body`] as read.
+#[derive(serde::Deserialize)]
+struct StoredBody {
+    text: String,
+    #[serde(default)]
+    metadata: BTreeMap<String, Value>,
+}
+
 /// The JSON columns and the checked version of a row, shared by inserts and rewrites.
 fn encoded(r: &IndexRecord, node_version: u64) -> Result<(String, String, i64)> {
     let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
-    let record = serde_json::to_string(r).map_err(|e| corrupt("record", e))?;
+    let body = Body {
+        text: &r.text,
+        metadata: &r.metadata,
+    };
+    let record = serde_json::to_string(&body).map_err(|e| corrupt("record", e))?;
     Ok((filters, record, to_i64(node_version, "node version")?))
+}
+
+/// The columns a stored record is rebuilt from ([`RawRecord::read`] reads them in this
+/// order, from a given column on).
+pub(super) const RECORD_COLUMNS_READ: &str =
+    "id, uri, parent_uri, level, context_type, category, filters, record, node_version";
+
+/// A stored record's columns, decoded only when wanted ([`RawRecord::decode`]).
+pub(super) struct RawRecord {
+    id: String,
+    uri: String,
+    parent_uri: String,
+    level: u8,
+    context_type: String,
+    category: String,
+    filters: String,
+    body: String,
+    node_version: i64,
+}
+
+impl RawRecord {
+    /// The [`RECORD_COLUMNS_READ`] of `row`, starting at column `at`.
+    pub(super) fn read(row: &Row<'_>, at: usize) -> rusqlite::Result<Self> {
+        Ok(RawRecord {
+            id: row.get(at)?,
+            uri: row.get(at + 1)?,
+            parent_uri: row.get(at + 2)?,
+            level: row.get(at + 3)?,
+            context_type: row.get(at + 4)?,
+            category: row.get(at + 5)?,
+            filters: row.get(at + 6)?,
+            body: row.get(at + 7)?,
+            node_version: row.get(at + 8)?,
+        })
+    }
+
+    /// The record's id.
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(super) fn decode(self) -> Result<StoredRecord> {
+        let uri = |s: &str, what: &str| CtxUri::parse(s).map_err(|e| corrupt(what, e));
+        let body: StoredBody =
+            serde_json::from_str(&self.body).map_err(|e| corrupt("record", e))?;
+        let record = IndexRecord {
+            uri: uri(&self.uri, "record uri")?,
+            parent_uri: uri(&self.parent_uri, "record parent_uri")?,
+            level: Level::try_from(self.level).map_err(|e| corrupt("record level", e))?,
+            filters: serde_json::from_str(&self.filters)
+                .map_err(|e| corrupt("record filters", e))?,
+            id: self.id,
+            context_type: self.context_type,
+            category: self.category,
+            text: body.text,
+            metadata: body.metadata,
+        };
+        Ok(StoredRecord {
+            record,
+            node_version: self.node_version as u64,
+        })
+    }
 }
 
 /// Inserts or replaces the row of `r` (by node and level).
@@ -321,20 +414,20 @@ pub(super) fn node_rows(c: &Connection, uri: &CtxUri) -> Result<Vec<(u8, u64)>> 
 /// Stored records within `uri`, with their keys, in (uri, level) order.
 pub(super) fn rows_within(c: &Connection, uri: &CtxUri) -> Result<Vec<(u64, StoredRecord)>> {
     let (lo, hi) = subtree_bounds(uri);
-    let rows: Vec<(i64, String, i64)> = c
+    let rows: Vec<(i64, RawRecord)> = c
         .prepare_cached(&format!(
-            "SELECT key, record, node_version FROM records WHERE {} ORDER BY uri, level",
+            "SELECT key, {RECORD_COLUMNS_READ} FROM records WHERE {} ORDER BY uri, level",
             within_sql("uri")
         ))
         .and_then(|mut s| {
             s.query_map(params![uri.as_str(), lo, hi], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                Ok((r.get(0)?, RawRecord::read(r, 1)?))
             })?
             .collect()
         })
         .map_err(sql)?;
     rows.into_iter()
-        .map(|(k, rec, v)| Ok((k as u64, stored(&rec, v)?)))
+        .map(|(k, raw)| Ok((k as u64, raw.decode()?)))
         .filter(|r| {
             r.as_ref()
                 .map_or(true, |(_, s)| s.record.uri.is_within(uri))
@@ -354,27 +447,21 @@ pub(super) fn keys_within(c: &Connection, uri: &CtxUri) -> Result<Vec<u64>> {
     Ok(rows.into_iter().map(|k| k as u64).collect())
 }
 
-/// Decodes a stored record.
-pub(super) fn stored(record: &str, node_version: i64) -> Result<StoredRecord> {
-    Ok(StoredRecord {
-        record: serde_json::from_str(record).map_err(|e| corrupt("record", e))?,
-        node_version: node_version as u64,
-    })
-}
-
 /// The stored records of the nodes `uris`, node by node as asked, levels ascending.
 pub(super) fn get_nodes(c: &Connection, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
     let mut st = c
-        .prepare_cached("SELECT record, node_version FROM records WHERE uri = ?1 ORDER BY level")
+        .prepare_cached(&format!(
+            "SELECT {RECORD_COLUMNS_READ} FROM records WHERE uri = ?1 ORDER BY level"
+        ))
         .map_err(sql)?;
     let mut out = Vec::with_capacity(uris.len() * 3);
     for uri in uris {
-        let rows: Vec<(String, i64)> = st
-            .query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+        let rows: Vec<RawRecord> = st
+            .query_map([uri.as_str()], |r| RawRecord::read(r, 0))
             .and_then(|rows| rows.collect())
             .map_err(sql)?;
-        for (rec, v) in rows {
-            out.push(stored(&rec, v)?);
+        for raw in rows {
+            out.push(raw.decode()?);
         }
     }
     Ok(out)
@@ -406,12 +493,9 @@ pub(super) fn node_vectors(c: &Connection, uris: &[CtxUri]) -> Result<Vec<Stored
     Ok(out)
 }
 
-/// Stored records by key (absent keys skipped).
 /// A row read to rescore a search's shortlist: the record is decoded only if it is returned.
 pub(super) struct ShortlistRow {
-    pub id: String,
-    pub record: String,
-    pub node_version: i64,
+    pub record: RawRecord,
     pub vector: Vec<f32>,
 }
 
@@ -422,21 +506,19 @@ pub(super) fn shortlist_rows(c: &Connection, keys: &[u64]) -> Result<BTreeMap<u6
         let marks = vec!["?"; chunk.len()].join(",");
         let mut st = c
             .prepare_cached(&format!(
-                "SELECT key, id, record, node_version, vector FROM records WHERE key IN ({marks})"
+                "SELECT key, vector, {RECORD_COLUMNS_READ} FROM records WHERE key IN ({marks})"
             ))
             .map_err(sql)?;
-        let rows: Vec<(i64, String, String, i64, Vec<u8>)> = st
+        let rows: Vec<(i64, Vec<u8>, RawRecord)> = st
             .query_map(
                 rusqlite::params_from_iter(chunk.iter().map(|k| *k as i64)),
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, RawRecord::read(r, 2)?)),
             )
             .and_then(|it| it.collect())
             .map_err(sql)?;
-        for (k, id, record, node_version, blob) in rows {
+        for (k, blob, record) in rows {
             let row = ShortlistRow {
-                id,
                 record,
-                node_version,
                 vector: decode_vector(&blob)?,
             };
             out.insert(k as u64, row);
