@@ -78,6 +78,48 @@ pub(crate) fn open(dir: &Path) -> EmbeddedKeywordIndex {
     EmbeddedKeywordIndex::open(dir).expect("open keyword index")
 }
 
+/// New index files use 8 KiB pages: a record row of either index (~1.1 KB here, ~1.5 KB in
+/// `vectors.db`) leaves a fifth or more of a 4 KiB page unused (docs/indexing.md
+/// "Footprint", "Pages"). An existing file keeps the size it has.
+#[test]
+fn new_index_files_use_8_kib_pages() {
+    let page_size = |path: &Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .expect("open")
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .expect("page size")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    drop(open(dir.path()));
+    let keywords = dir.path().join("keywords.db");
+    assert_eq!(page_size(&keywords), 8192);
+    let vectors = tempfile::tempdir().expect("tempdir");
+    drop(ce_index::vector::embedded::EmbeddedVectorIndex::open(vectors.path()).expect("open"));
+    assert_eq!(page_size(&vectors.path().join("vectors.db")), 8192);
+
+    // A file made with 4 KiB pages keeps them.
+    let old = tempfile::tempdir().expect("tempdir");
+    let path = old.path().join("keywords.db");
+    rusqlite::Connection::open(&path)
+        .expect("create")
+        .execute_batch("PRAGMA page_size = 4096; CREATE TABLE t (x); DROP TABLE t;")
+        .expect("4 KiB pages");
+    let index = open(old.path());
+    let write = KeywordWrite::Sync {
+        uri: uri("ctx://acc/resources/a"),
+        version: 1,
+        records: vec![record("ctx://acc/resources/a", 0, &[])],
+    };
+    assert_eq!(
+        index.write_nodes(vec![write]).expect("write")[0]
+            .as_ref()
+            .expect("applied"),
+        &SyncOutcome::Applied
+    );
+    drop(index);
+    assert_eq!(page_size(&path), 4096);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Relevance and filters.
 
