@@ -381,13 +381,25 @@ impl EmbeddingCache {
         entries: &[(&str, &[f32])],
         cost: Duration,
     ) -> Result<(), EmbedError> {
+        // As the file will hold them, so a lookup before and after the write agree.
+        let kept = entries
+            .iter()
+            .map(|(key, v)| ((*key).to_owned(), crate::half::round(v)));
+        self.stage_kept(model, kept, cost)
+    }
+
+    /// [`EmbeddingCache::stage`] of vectors already rounded as the file keeps them
+    /// ([`crate::half::round`]).
+    fn stage_kept(
+        &self,
+        model: &str,
+        entries: impl Iterator<Item = (String, Vec<f32>)>,
+        cost: Duration,
+    ) -> Result<(), EmbedError> {
         let mut staged = self.staged();
         let m = staged.vectors.entry(model.to_owned()).or_default();
         let before = m.len();
-        for (key, v) in entries {
-            // As the file will hold it, so a lookup before and after the write agree.
-            m.insert((*key).to_owned(), crate::half::round(v));
-        }
+        m.extend(entries);
         let added = m.len() - before;
         staged.len += added;
         staged.cost += cost;
@@ -702,12 +714,15 @@ impl CachedEmbedder {
         // Returned as the cache keeps them, so a text's vector is the same whether it was
         // embedded now or read back.
         let fresh: Vec<Vec<f32>> = fresh.iter().map(|v| crate::half::round(v)).collect();
-        let entries: Vec<(&str, &[f32])> = slots
+        let entries = slots
             .iter()
             .zip(&fresh)
-            .map(|(&s, v)| (keys[s].as_str(), v.as_slice()))
-            .collect();
-        if self.cache.stage(&self.model_key, &entries, cost).is_err() {
+            .map(|(&s, v)| (keys[s].clone(), v.clone()));
+        if self
+            .cache
+            .stage_kept(&self.model_key, entries, cost)
+            .is_err()
+        {
             c.cache_errors.fetch_add(1, Ordering::Relaxed);
         }
         for (&s, v) in slots.iter().zip(fresh) {
