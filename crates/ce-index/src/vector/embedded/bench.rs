@@ -171,8 +171,14 @@ fn kept_precision(
             .enumerate()
             .map(|(i, v)| (cosine(q, v), i))
             .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| ids[a.1].cmp(&ids[b.1])));
-        let truth: HashSet<usize> = scored.iter().take(K).map(|&(_, i)| i).collect();
+        // The best K in the index's order (score, then id), without sorting all of them.
+        let k = K.min(scored.len());
+        if k > 0 && k < scored.len() {
+            scored.select_nth_unstable_by(k - 1, |a, b| {
+                b.0.total_cmp(&a.0).then_with(|| ids[a.1].cmp(&ids[b.1]))
+            });
+        }
+        let truth: HashSet<usize> = scored[..k].iter().map(|&(_, i)| i).collect();
         let got = index.search_with(q, &SearchFilter::default(), K, SearchStrategy::Exact)?;
         for h in &got.hits {
             let Some(&i) = by_id.get(h.record.id.as_str()) else {
