@@ -580,8 +580,51 @@ pub trait OutboxStore: Send + Sync {
     /// runnable deliveries (a partial index), never the consumer's history nor its whole
     /// backlog. An unconfigured consumer is [`StoreError::UnknownConsumer`].
     fn lag(&self, consumer: &str, within: Option<&CtxUri>) -> Result<ConsumerLag>;
+    /// Prunes the journal (docs/store.md "Journal retention"): the done deliveries last
+    /// changed more than `retain_ms` ago, then the events appended more than `retain_ms` ago
+    /// that no delivery refers to any more — never a delivery still to apply or dead, never
+    /// the newest event — in transactions of at most `chunk` rows each, until none is left.
+    /// A consumer that later needs events pruned here (one added, or switched back on) is
+    /// flagged for a rebuild from the source instead of a back-fill
+    /// ([`OutboxStore::rebuilds_needed`]).
+    fn prune_journal(&self, retain_ms: Millis, chunk: usize) -> Result<JournalPruned>;
+    /// The journal's extent.
+    fn journal(&self) -> Result<JournalExtent>;
+    /// The consumers whose index must be rebuilt from the source because the journal no
+    /// longer holds events they missed (recorded when the store opened), by name.
+    fn rebuilds_needed(&self) -> Result<Vec<String>>;
+    /// Records that `consumer`'s rebuild has appended its repair events: the flag is cleared
+    /// (whether it was set).
+    fn rebuild_queued(&self, consumer: &str) -> Result<bool>;
     /// The configured consumers.
     fn consumers(&self) -> Vec<String>;
+}
+
+/// What [`OutboxStore::prune_journal`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalPruned {
+    /// Done deliveries deleted.
+    pub deliveries: u64,
+    /// Events deleted.
+    pub events: u64,
+}
+
+/// The journal's extent ([`OutboxStore::journal`]).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct JournalExtent {
+    /// Events held.
+    pub events: u64,
+    /// Deliveries held (every status).
+    pub deliveries: u64,
+    /// The oldest event's sequence (`None`: the journal is empty).
+    pub oldest_seq: Option<i64>,
+    /// The newest event's sequence.
+    pub newest_seq: Option<i64>,
+    /// The newest untargeted event pruned (0: none): a consumer that has not covered it
+    /// can no longer be back-filled from the journal and is rebuilt from the source.
+    pub pruned_through: i64,
 }
 
 #[cfg(test)]

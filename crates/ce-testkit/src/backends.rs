@@ -52,7 +52,8 @@ impl Place {
                 let tables: Vec<String> = c
                     .query(
                         "SELECT quote_ident(tablename) FROM pg_tables
-                         WHERE schemaname = current_schema() AND tablename <> 'ce_schema_migrations'",
+                         WHERE schemaname = current_schema()
+                           AND tablename NOT IN ('ce_schema_migrations', 'journal')",
                         &[],
                     )
                     .expect("list tables")
@@ -63,6 +64,15 @@ impl Place {
                     c.batch_execute(&format!("TRUNCATE {} RESTART IDENTITY", tables.join(", ")))
                         .expect("truncate tables");
                 }
+                // The journal's one row is part of the schema: reset, not removed.
+                c.batch_execute(
+                    "DO $$ BEGIN
+                         IF to_regclass('journal') IS NOT NULL THEN
+                             UPDATE journal SET pruned_through = 0;
+                         END IF;
+                     END $$",
+                )
+                .expect("reset the journal row");
             }
         }
     }

@@ -29,20 +29,6 @@ pub(crate) fn append_batch_for(
     })
 }
 
-/// Records the configured consumers and back-fills each: a consumer seen for the first
-/// time, or switched back on after a gap, gets a pending delivery for every journal event
-/// after its newest delivery that was not targeted at other consumers (a rebuild's repair
-/// events) (an index seek when there is nothing to add).
-pub(crate) fn register_consumers(s: &impl OutboxBackend) -> Result<()> {
-    let configured = &s.outbox_config().index.outbox.consumers;
-    s.write_outbox(Commit::Journal, |tx, now| {
-        for c in configured {
-            tx.register_consumer(c, now)?;
-        }
-        Ok(())
-    })
-}
-
 /// [`crate::model::OutboxStore::claim_batch`]: one transaction, one token for the batch.
 pub(crate) fn claim_batch(
     s: &impl OutboxBackend,
@@ -112,6 +98,17 @@ fn lock_and_fence(
     let row = tx.lock_delivery(&claim.consumer, claim.seq)?;
     let now = clock.now_ms();
     let lease = row.as_ref().map(FenceRow::lease);
+    // A delivery the journal pruned was done: it answers as a done one does.
+    if lease.is_none() && claim.seq <= tx.through_seq(&claim.consumer)? {
+        if done_is_ok {
+            return Ok((None, now));
+        }
+        return Err(StoreError::ClaimConflict {
+            event_id: claim.event_id.clone(),
+            consumer: claim.consumer.clone(),
+            state: "status is done (pruned from the journal)".to_owned(),
+        });
+    }
     let fenced =
         queue::fence(lease.as_ref(), &claim.token, now, done_is_ok).map_err(|lost| match lost {
             Lost::Missing => StoreError::EventNotFound {

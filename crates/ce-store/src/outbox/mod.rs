@@ -16,6 +16,7 @@
 //! [`OutboxStore`]: crate::model::OutboxStore
 
 pub(crate) mod deliver;
+pub(crate) mod journal;
 pub(crate) mod repair;
 pub(crate) mod report;
 pub(crate) mod rows;
@@ -24,7 +25,7 @@ use ce_core::{Clock, Config, Delivery, EventPayload, Millis, OutboxEvent};
 
 use self::rows::{DONE, DeadParams, FORCED_DONE_LAST_ERROR_SQL, FenceRow, PENDING};
 use crate::error::Result;
-use crate::model::{ConsumerError, DeliveryRow, FORCED_DONE_CODE};
+use crate::model::{ConsumerError, DeliveryRow, FORCED_DONE_CODE, JournalExtent};
 
 /// How a write transaction of the outbox commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +184,15 @@ pub(crate) trait OutboxReadTx {
     fn lag_scan(&mut self, consumer: &str, within: Option<&str>, limit: i64) -> Result<LagScan>;
     /// The consumer of each dead delivery `p` selects.
     fn dead_consumers(&mut self, p: &DeadParams) -> Result<Vec<String>>;
+    /// The newest sequence `consumer` covers without a delivery row (0: none, or unknown):
+    /// a missing delivery at or below it was done and pruned.
+    fn through_seq(&mut self, consumer: &str) -> Result<i64>;
+    /// When the journal's oldest event was appended (`None`: the journal is empty).
+    fn oldest_event_at(&mut self) -> Result<Option<Millis>>;
+    /// The consumers flagged for a rebuild, by name.
+    fn flagged_rebuilds(&mut self) -> Result<Vec<String>>;
+    /// The journal's extent: events held, the oldest and newest sequence, `pruned_through`.
+    fn journal_extent(&mut self) -> Result<JournalExtent>;
 }
 
 /// The outbox's row writes inside one write transaction.
@@ -197,9 +207,32 @@ pub(crate) trait OutboxTx: OutboxReadTx {
         payloads: Vec<EventPayload>,
         now: Millis,
     ) -> Result<Vec<OutboxEvent>>;
-    /// Records `consumer` and gives it a pending delivery for every untargeted journal event
-    /// after its newest delivery; returns how many it got.
-    fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64>;
+    /// Records `consumer` (a known one is left as it is) and returns the newest sequence it
+    /// covers: its newest delivery, or its recorded `through_seq` when that is newer (its
+    /// deliveries were pruned, or it was given a rebuild).
+    fn add_consumer(&mut self, consumer: &str, now: Millis) -> Result<i64>;
+    /// The newest untargeted event pruned from the journal (0: none).
+    fn pruned_through(&mut self) -> Result<i64>;
+    /// Gives `consumer` a pending delivery for every untargeted journal event after `after`;
+    /// returns how many it got.
+    fn back_fill(&mut self, consumer: &str, after: i64, now: Millis) -> Result<u64>;
+    /// Flags `consumer` for a rebuild from the source and records it as covering the journal
+    /// up to its newest event (the rebuild covers what the journal no longer holds).
+    fn flag_rebuild(&mut self, consumer: &str) -> Result<()>;
+    /// Clears `consumer`'s rebuild flag; whether it was set.
+    fn clear_rebuild(&mut self, consumer: &str) -> Result<bool>;
+    /// Deletes at most `limit` done deliveries last changed before `cutoff`; the consumer and
+    /// sequence of each.
+    fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>>;
+    /// Raises `consumer`'s `through_seq` to `seq` if it is lower.
+    fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()>;
+    /// Deletes at most `limit` events appended before `cutoff` that no delivery of a known
+    /// consumer refers to, never the newest event (its sequence is the journal's position:
+    /// holds and knowledge-base items record it); the sequence of each and whether it was
+    /// targeted.
+    fn prune_events(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(i64, bool)>>;
+    /// Raises the journal's `pruned_through` to `seq` if it is lower.
+    fn raise_pruned_through(&mut self, seq: i64) -> Result<()>;
     /// Claims the first runnable deliveries `c` names; `(seq, retry_count)` of each.
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>>;
     /// The fencing columns of one delivery, locked until the transaction ends.
@@ -359,6 +392,26 @@ macro_rules! impl_outbox_store {
                 within: Option<&ce_core::CtxUri>,
             ) -> $crate::Result<$crate::model::ConsumerLag> {
                 $crate::outbox::report::lag(self, consumer, within)
+            }
+
+            fn prune_journal(
+                &self,
+                retain_ms: ce_core::Millis,
+                chunk: usize,
+            ) -> $crate::Result<$crate::model::JournalPruned> {
+                $crate::outbox::journal::prune(self, retain_ms, chunk)
+            }
+
+            fn journal(&self) -> $crate::Result<$crate::model::JournalExtent> {
+                $crate::outbox::OutboxBackend::read_outbox(self, |tx| tx.journal_extent())
+            }
+
+            fn rebuilds_needed(&self) -> $crate::Result<Vec<String>> {
+                $crate::outbox::OutboxBackend::read_outbox(self, |tx| tx.flagged_rebuilds())
+            }
+
+            fn rebuild_queued(&self, consumer: &str) -> $crate::Result<bool> {
+                $crate::outbox::journal::rebuild_queued(self, consumer)
             }
 
             fn consumers(&self) -> Vec<String> {

@@ -173,7 +173,7 @@ impl PgStore {
             config,
             migrated,
         };
-        crate::outbox::deliver::register_consumers(&store)?;
+        crate::outbox::journal::register_consumers(&store)?;
         Ok(store)
     }
 

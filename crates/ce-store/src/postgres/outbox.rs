@@ -19,7 +19,7 @@ use postgres::types::ToSql;
 use super::rows::PgTx;
 use super::{PgStore, Tx, WriteKind};
 use crate::error::Result;
-use crate::model::{ConsumerError, DeliveryRow};
+use crate::model::{ConsumerError, DeliveryRow, JournalExtent};
 use crate::outbox::rows::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FenceRow, StoredDelivery, consumer_error,
     dead_params, decode_event, new_event_id,
@@ -72,6 +72,32 @@ const DONE_LIVE_SQL: &str = "WITH live AS (
      UPDATE deliveries d SET status = 3, visible_at = NULL, updated_at = $4
      WHERE d.consumer = $1 AND d.seq = ANY(ARRAY(SELECT seq FROM live))
      RETURNING d.seq, d.claim_token";
+
+/// Deletes at most `$2` done deliveries last changed before `$1` (rows another pruner holds
+/// are skipped).
+const PRUNE_DELIVERIES_SQL: &str = "DELETE FROM deliveries WHERE (consumer, seq) IN (
+        SELECT consumer, seq FROM deliveries WHERE status = 3 AND updated_at < $1
+        LIMIT $2 FOR UPDATE SKIP LOCKED)
+     RETURNING consumer, seq";
+
+/// Deletes at most `$2` events appended before `$1` that no delivery of a known consumer
+/// refers to, oldest first, never the newest event. Each (event, consumer) is one
+/// primary-key probe (the `LATERAL … LIMIT 1`): as a join or a plain `EXISTS`, a database
+/// never analyzed planned a scan of `deliveries` per event, or a hash of all of it.
+const PRUNE_EVENTS_SQL: &str = "DELETE FROM events WHERE seq IN (
+        SELECT e.seq FROM events e
+        WHERE e.created_at < $1 AND e.seq < (SELECT max(seq) FROM events)
+          AND NOT EXISTS (SELECT 1 FROM consumers c, LATERAL (
+                  SELECT 1 FROM deliveries d WHERE d.consumer = c.name AND d.seq = e.seq
+                  LIMIT 1) probe)
+        ORDER BY e.seq LIMIT $2)
+     RETURNING seq, targeted";
+
+/// The journal's extent: events, their oldest and newest sequence, deliveries, and the
+/// newest untargeted event pruned.
+const JOURNAL_EXTENT_SQL: &str = "SELECT count(*), min(seq), max(seq),
+        (SELECT count(*) FROM deliveries), (SELECT pruned_through FROM journal WHERE id = 1)
+     FROM events";
 
 /// The oldest non-terminal delivery of consumer `$1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
@@ -358,6 +384,46 @@ impl OutboxReadTx for PgTx<'_, '_> {
             &[],
         )
     }
+
+    fn through_seq(&mut self, consumer: &str) -> Result<i64> {
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT coalesce((SELECT through_seq FROM consumers WHERE name = $1), 0)",
+                &[&consumer],
+            )?
+            .try_get(0)?)
+    }
+
+    fn oldest_event_at(&mut self) -> Result<Option<Millis>> {
+        self.tx
+            .query_opt("SELECT created_at FROM events ORDER BY seq LIMIT 1", &[])?
+            .map(|r| Ok(r.try_get(0)?))
+            .transpose()
+    }
+
+    fn flagged_rebuilds(&mut self) -> Result<Vec<String>> {
+        self.tx
+            .query(
+                "SELECT name FROM consumers WHERE needs_rebuild ORDER BY name",
+                &[],
+            )?
+            .iter()
+            .map(|r| Ok(r.try_get(0)?))
+            .collect()
+    }
+
+    fn journal_extent(&mut self) -> Result<JournalExtent> {
+        let r = self.tx.query_one(JOURNAL_EXTENT_SQL, &[])?;
+        let count = |i: usize| -> Result<u64> { Ok(r.try_get::<_, i64>(i)?.max(0) as u64) };
+        Ok(JournalExtent {
+            events: count(0)?,
+            oldest_seq: r.try_get(1)?,
+            newest_seq: r.try_get(2)?,
+            deliveries: count(3)?,
+            pruned_through: r.try_get(4)?,
+        })
+    }
 }
 
 impl OutboxTx for PgTx<'_, '_> {
@@ -371,24 +437,95 @@ impl OutboxTx for PgTx<'_, '_> {
         append_events_tx(self.tx, consumers, targeted, payloads, now)
     }
 
-    fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
+    fn add_consumer(&mut self, consumer: &str, now: Millis) -> Result<i64> {
         self.tx.execute(
             "INSERT INTO consumers (name, added_at) VALUES ($1, $2)
              ON CONFLICT (name) DO NOTHING",
             &[&consumer, &now],
         )?;
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT GREATEST(
+                     coalesce((SELECT max(seq) FROM deliveries WHERE consumer = $1), 0),
+                     through_seq)
+                 FROM consumers WHERE name = $1",
+                &[&consumer],
+            )?
+            .try_get(0)?)
+    }
+
+    fn pruned_through(&mut self) -> Result<i64> {
+        // Locked: a registration's back-fill and a prune of the events it reads take turns.
+        Ok(self
+            .tx
+            .query_one(
+                "SELECT pruned_through FROM journal WHERE id = 1 FOR UPDATE",
+                &[],
+            )?
+            .try_get(0)?)
+    }
+
+    fn back_fill(&mut self, consumer: &str, after: i64, now: Millis) -> Result<u64> {
         let added = self.tx.execute(
             "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
-             SELECT $1::text, seq, 0, 0, $2, $2 FROM events
-             WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = $1)
-               AND NOT targeted",
-            &[&consumer, &now],
+             SELECT $1::text, seq, 0, 0, $2, $2 FROM events WHERE seq > $3 AND NOT targeted",
+            &[&consumer, &now, &after],
         )?;
         if added > 0 {
             // New work for a consumer: wake its workers as an append does.
             self.tx.appended();
         }
         Ok(added)
+    }
+
+    fn flag_rebuild(&mut self, consumer: &str) -> Result<()> {
+        self.tx.execute(
+            "UPDATE consumers SET needs_rebuild = true,
+                 through_seq = GREATEST(through_seq, (SELECT coalesce(max(seq), 0) FROM events))
+             WHERE name = $1",
+            &[&consumer],
+        )?;
+        Ok(())
+    }
+
+    fn clear_rebuild(&mut self, consumer: &str) -> Result<bool> {
+        Ok(self.tx.execute(
+            "UPDATE consumers SET needs_rebuild = false WHERE name = $1 AND needs_rebuild",
+            &[&consumer],
+        )? > 0)
+    }
+
+    fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>> {
+        self.tx
+            .query(PRUNE_DELIVERIES_SQL, &[&cutoff, &limit])?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE consumers SET through_seq = GREATEST(through_seq, $2) WHERE name = $1",
+            &[&consumer, &seq],
+        )?;
+        Ok(())
+    }
+
+    fn prune_events(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(i64, bool)>> {
+        self.tx
+            .query(PRUNE_EVENTS_SQL, &[&cutoff, &limit])?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    fn raise_pruned_through(&mut self, seq: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE journal SET pruned_through = GREATEST(pruned_through, $1) WHERE id = 1",
+            &[&seq],
+        )?;
+        Ok(())
     }
 
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
@@ -546,7 +683,7 @@ mod tests {
 
     use super::{
         CLAIM_SQL, DONE_LIVE_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL,
-        LOW_WATERMARK_SQL, PgStore, WriteKind,
+        LOW_WATERMARK_SQL, PRUNE_EVENTS_SQL, PgStore, WriteKind,
     };
     use crate::model::OutboxStore as _;
     use crate::postgres::explain;
@@ -673,6 +810,44 @@ mod tests {
                 assert!(conds.len() >= 2, "{ctx}");
                 assert!(conds.iter().all(|c| c.contains("seq = ")), "{ctx}");
                 for bad in ["Seq Scan on deliveries", "Hash"] {
+                    assert!(!plan.contains(bad), "{ctx}");
+                }
+            }
+        }
+    }
+
+    /// The journal's prune finds each event's deliveries by a primary-key probe per
+    /// consumer, in a store never analyzed as in an analyzed one (a join planned a scan of
+    /// `deliveries` per event there; a plain `EXISTS`, a hash of all of it per statement).
+    #[test]
+    fn pruning_events_probes_their_deliveries_whatever_the_statistics() {
+        let (store, _clock, _db) = open("ob_explain_prune", config(&["vector", "keyword"]));
+        run_sql(
+            &store,
+            "INSERT INTO events (event_id, event_type, uri, payload, created_at)
+               SELECT 'evt-' || g, 'UPSERT_CONTEXT', 'ctx://acc/x', '{}', g
+               FROM generate_series(1, 10000) g;
+             INSERT INTO deliveries (consumer, seq, status, retry_count, updated_at)
+               SELECT c, seq, 3, 0, seq FROM events, unnest(ARRAY['vector', 'keyword']) c
+               WHERE seq % 2 = 0",
+        );
+        for analyzed in [false, true] {
+            if analyzed {
+                run_sql(
+                    &store,
+                    "ANALYZE events; ANALYZE deliveries; ANALYZE consumers",
+                );
+            }
+            for mode in ["force_custom_plan", "force_generic_plan"] {
+                let plan = explain(&store, mode, PRUNE_EVENTS_SQL, "(5000, 100)");
+                let ctx = format!("analyzed {analyzed}, {mode}:\n{plan}");
+                assert!(
+                    plan.lines().any(|l| l.contains("Index Cond")
+                        && l.contains("consumer = c.name")
+                        && l.contains("seq = e.seq")),
+                    "{ctx}"
+                );
+                for bad in ["Seq Scan on deliveries", "hashed SubPlan"] {
                     assert!(!plan.contains(bad), "{ctx}");
                 }
             }

@@ -196,6 +196,16 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE kb_items ADD COLUMN fingerprint TEXT COLLATE "C";
     "#,
+    // 8: journal retention (SQLite migration 9, docs/store.md "Journal retention").
+    r#"
+    ALTER TABLE consumers ADD COLUMN through_seq BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE consumers ADD COLUMN needs_rebuild BOOLEAN NOT NULL DEFAULT false;
+    CREATE TABLE journal (
+        id             INTEGER PRIMARY KEY CHECK (id = 1),
+        pruned_through BIGINT NOT NULL
+    );
+    INSERT INTO journal (id, pruned_through) VALUES (1, 0);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -120,7 +120,7 @@ impl SqliteStore {
             clock,
             config,
         };
-        crate::outbox::deliver::register_consumers(&store)?;
+        crate::outbox::journal::register_consumers(&store)?;
         Ok(store)
     }
 

@@ -13,7 +13,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::rows::SqlTx;
 use super::{Durability, SqliteStore};
 use crate::error::Result;
-use crate::model::{ConsumerError, DeliveryRow};
+use crate::model::{ConsumerError, DeliveryRow, JournalExtent};
 use crate::outbox::rows::{
     DELIVERY_COLUMNS, DeadParams, EVENT_COLUMNS, FenceRow, StoredDelivery, consumer_error,
     dead_params, decode_event, new_event_id,
@@ -32,6 +32,29 @@ const CLAIM_SQL: &str = "UPDATE deliveries SET status = 1, claimed_by = ?3, clai
         WHERE consumer = ?1 AND status IN (0, 1, 2) AND visible_at <= ?2
         ORDER BY seq LIMIT ?6)
      RETURNING seq, retry_count";
+
+/// Deletes at most `?2` done deliveries last changed before `?1`.
+const PRUNE_DELIVERIES_SQL: &str = "DELETE FROM deliveries WHERE (consumer, seq) IN (
+        SELECT consumer, seq FROM deliveries WHERE status = 3 AND updated_at < ?1 LIMIT ?2)
+     RETURNING consumer, seq";
+
+/// Deletes at most `?2` events appended before `?1` that no delivery of a known consumer
+/// refers to, oldest first, never the newest event. Each (event, consumer) is one
+/// primary-key probe: `CROSS JOIN` keeps `consumers` outside (as a plain join the planner
+/// scanned `deliveries` for every event).
+const PRUNE_EVENTS_SQL: &str = "DELETE FROM events WHERE seq IN (
+        SELECT e.seq FROM events e
+        WHERE e.created_at < ?1 AND e.seq < (SELECT max(seq) FROM events)
+          AND NOT EXISTS (SELECT 1 FROM consumers c CROSS JOIN deliveries d
+                          ON d.consumer = c.name AND d.seq = e.seq)
+        ORDER BY e.seq LIMIT ?2)
+     RETURNING seq, targeted";
+
+/// The journal's extent: events, their oldest and newest sequence, deliveries, and the
+/// newest untargeted event pruned.
+const JOURNAL_EXTENT_SQL: &str = "SELECT count(*), min(seq), max(seq),
+        (SELECT count(*) FROM deliveries), (SELECT pruned_through FROM journal WHERE id = 1)
+     FROM events";
 
 /// Whether consumer `?1` has a pending (0) or claimed (1) delivery: the runnable partial
 /// index's own condition, so that the planner uses it, then retry-wait (2) left out.
@@ -309,6 +332,46 @@ impl OutboxReadTx for SqlTx<'_> {
             &[],
         )
     }
+
+    fn through_seq(&mut self, consumer: &str) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT coalesce((SELECT through_seq FROM consumers WHERE name = ?1), 0)",
+            )?
+            .query_row([consumer], |r| r.get(0))?)
+    }
+
+    fn oldest_event_at(&mut self) -> Result<Option<Millis>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT created_at FROM events ORDER BY seq LIMIT 1")?
+            .query_row([], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn flagged_rebuilds(&mut self) -> Result<Vec<String>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name FROM consumers WHERE needs_rebuild <> 0 ORDER BY name")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn journal_extent(&mut self) -> Result<JournalExtent> {
+        Ok(self
+            .conn
+            .prepare_cached(JOURNAL_EXTENT_SQL)?
+            .query_row([], |r| {
+                Ok(JournalExtent {
+                    events: r.get::<_, i64>(0)?.max(0) as u64,
+                    oldest_seq: r.get(1)?,
+                    newest_seq: r.get(2)?,
+                    deliveries: r.get::<_, i64>(3)?.max(0) as u64,
+                    pruned_through: r.get(4)?,
+                })
+            })?)
+    }
 }
 
 impl OutboxTx for SqlTx<'_> {
@@ -322,23 +385,90 @@ impl OutboxTx for SqlTx<'_> {
         append_events_tx(self.conn, consumers, targeted, payloads, now)
     }
 
-    fn register_consumer(&mut self, consumer: &str, now: Millis) -> Result<u64> {
+    fn add_consumer(&mut self, consumer: &str, now: Millis) -> Result<i64> {
         self.conn
             .prepare_cached(
                 "INSERT INTO consumers (name, added_at) VALUES (?1, ?2)
                  ON CONFLICT(name) DO NOTHING",
             )?
             .execute(params![consumer, now])?;
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT max(coalesce((SELECT max(seq) FROM deliveries WHERE consumer = ?1), 0),
+                            through_seq)
+                 FROM consumers WHERE name = ?1",
+            )?
+            .query_row([consumer], |r| r.get(0))?)
+    }
+
+    fn pruned_through(&mut self) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT pruned_through FROM journal WHERE id = 1")?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    fn back_fill(&mut self, consumer: &str, after: i64, now: Millis) -> Result<u64> {
         let added = self
             .conn
             .prepare_cached(
                 "INSERT INTO deliveries (consumer, seq, status, retry_count, visible_at, updated_at)
-                 SELECT ?1, seq, 0, 0, ?2, ?2 FROM events
-                 WHERE seq > (SELECT coalesce(max(seq), 0) FROM deliveries WHERE consumer = ?1)
-                   AND NOT targeted",
+                 SELECT ?1, seq, 0, 0, ?2, ?2 FROM events WHERE seq > ?3 AND NOT targeted",
             )?
-            .execute(params![consumer, now])?;
+            .execute(params![consumer, now, after])?;
         Ok(added as u64)
+    }
+
+    fn flag_rebuild(&mut self, consumer: &str) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE consumers SET needs_rebuild = 1,
+                     through_seq = max(through_seq, (SELECT coalesce(max(seq), 0) FROM events))
+                 WHERE name = ?1",
+            )?
+            .execute([consumer])?;
+        Ok(())
+    }
+
+    fn clear_rebuild(&mut self, consumer: &str) -> Result<bool> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "UPDATE consumers SET needs_rebuild = 0 WHERE name = ?1 AND needs_rebuild <> 0",
+            )?
+            .execute([consumer])?
+            > 0)
+    }
+
+    fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>> {
+        let mut stmt = self.conn.prepare_cached(PRUNE_DELIVERIES_SQL)?;
+        let rows = stmt.query_map(params![cutoff, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE consumers SET through_seq = max(through_seq, ?2) WHERE name = ?1",
+            )?
+            .execute(params![consumer, seq])?;
+        Ok(())
+    }
+
+    fn prune_events(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(i64, bool)>> {
+        let mut stmt = self.conn.prepare_cached(PRUNE_EVENTS_SQL)?;
+        let rows = stmt.query_map(params![cutoff, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn raise_pruned_through(&mut self, seq: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE journal SET pruned_through = max(pruned_through, ?1) WHERE id = 1",
+            )?
+            .execute([seq])?;
+        Ok(())
     }
 
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
@@ -484,8 +614,22 @@ mod tests {
 
     use super::{
         CLAIM_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL,
+        PRUNE_EVENTS_SQL,
     };
     use crate::sqlite::SqliteStore;
+
+    /// `EXPLAIN QUERY PLAN` of `sql` (every parameter NULL), one line per step.
+    fn plan(store: &SqliteStore, sql: &str) -> String {
+        store
+            .read(|c| {
+                let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+                let rows =
+                    stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?;
+                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("\n"))
+            })
+            .expect("explain")
+    }
 
     /// The claim and the low watermark must walk the partial index of runnable deliveries,
     /// never the primary key over the done history (which made claims O(history)).
@@ -500,16 +644,22 @@ mod tests {
             (LAST_ERROR_RUNNABLE_SQL, "deliveries_runnable"),
             (LAST_ERROR_DEAD_SQL, "deliveries_dead"),
         ] {
-            let plan = store
-                .read(|c| {
-                    let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
-                    let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
-                    let rows = stmt
-                        .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?;
-                    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("\n"))
-                })
-                .expect("explain");
+            let plan = plan(&store, sql);
             assert!(plan.contains(index), "{sql}\n{plan}");
         }
+    }
+
+    /// The journal's prune looks each event's deliveries up by primary key, one probe per
+    /// consumer, never by scanning `deliveries` per event.
+    #[test]
+    fn pruning_events_probes_their_deliveries() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = SqliteStore::open(tmp.path(), ce_core::Config::default()).expect("open");
+        let plan = plan(&store, PRUNE_EVENTS_SQL);
+        assert!(
+            plan.contains("SEARCH d USING PRIMARY KEY (consumer=? AND seq=?)"),
+            "{plan}"
+        );
+        assert!(!plan.contains("SCAN d"), "{plan}");
     }
 }

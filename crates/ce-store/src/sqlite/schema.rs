@@ -213,6 +213,20 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE kb_items ADD COLUMN fingerprint TEXT;
     "#,
+    // 9: journal retention (docs/store.md "Journal retention"). through_seq: the newest
+    // sequence a consumer covers without a delivery row to show it (its pruned deliveries,
+    // or the journal's end when it was given a rebuild instead of a back-fill);
+    // needs_rebuild: the journal no longer holds what it missed. journal.pruned_through:
+    // the newest untargeted event pruned.
+    r#"
+    ALTER TABLE consumers ADD COLUMN through_seq INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE consumers ADD COLUMN needs_rebuild INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE journal (
+        id             INTEGER PRIMARY KEY CHECK (id = 1),
+        pruned_through INTEGER NOT NULL
+    );
+    INSERT INTO journal (id, pruned_through) VALUES (1, 0);
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

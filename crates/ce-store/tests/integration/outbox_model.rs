@@ -27,6 +27,7 @@ backend_tests!(
     append_refuses_payloads_it_cannot_read_back,
     list_paging_returns_every_row_once,
     consumers_added_later_get_every_event,
+    a_pruned_journal_rebuilds_what_it_cannot_back_fill,
 );
 
 const CONSUMERS: [&str; 2] = ["vector", "keyword"];
@@ -84,6 +85,8 @@ enum Op {
     RequeueMatching(DeadPick),
     /// `force_done` of a filter.
     ForceDone(DeadPick),
+    /// `prune_journal` with this retention (ms).
+    Prune(Millis),
 }
 
 /// A [`DeadFilter`] in terms of the case: event indexes are taken modulo the journal.
@@ -170,6 +173,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => dead_pick().prop_map(Op::CountDead),
         1 => dead_pick().prop_map(Op::RequeueMatching),
         1 => dead_pick().prop_map(Op::ForceDone),
+        2 => prop::sample::select(vec![0, 1_000, 60_000]).prop_map(Op::Prune),
     ]
 }
 
@@ -197,6 +201,8 @@ struct Model {
     uris: BTreeMap<i64, String>,
     deliveries: BTreeMap<(String, i64), Expected>,
     claims: Vec<Claim>,
+    /// The newest event pruned (every event is untargeted here).
+    pruned_through: i64,
 }
 
 type Step = Result<(), String>;
@@ -257,14 +263,15 @@ impl Model {
     }
 
     /// The `mark_done` of `claim` at `now`: what the store must answer (`Ok` when the claim
-    /// is live or the delivery already done, else a conflict), applied to the model.
+    /// is live or the delivery already done, else a conflict — also when the delivery was
+    /// pruned), applied to the model.
     fn done(&mut self, claim: &Claim, got: ce_store::Result<()>, what: &str) -> Step {
         let live = self.is_live(claim);
         let now = self.now;
-        let d = self
-            .deliveries
-            .get_mut(&Self::key(claim))
-            .ok_or("unknown delivery")?;
+        let Some(d) = self.deliveries.get_mut(&Self::key(claim)) else {
+            // Only done deliveries are pruned: it answers as a done one does.
+            return got.map_err(|e| format!("{what} repeated on a pruned delivery: {e}"));
+        };
         if live {
             got.map_err(|e| format!("{what} of a live claim: {e}"))?;
             d.status = DeliveryStatus::Done;
@@ -348,6 +355,29 @@ fn conflict<T: std::fmt::Debug>(what: &str, got: ce_store::Result<T>) -> Step {
             "{what}: the model expects ClaimConflict, the store gave {other:?}"
         )),
     }
+}
+
+/// What the journal keeps after a prune at `m.now` with `retain` ms: done deliveries
+/// changed before the cutoff go, then events appended before it that have no delivery
+/// left, except the newest event. Returns (deliveries, events) removed.
+fn prune_model(m: &mut Model, retain: Millis) -> (u64, u64) {
+    let cutoff = m.now - retain;
+    let before = m.deliveries.len();
+    m.deliveries
+        .retain(|_, d| !(d.status == DeliveryStatus::Done && d.updated_at < cutoff));
+    let newest = m.events.keys().next_back().copied().unwrap_or(0);
+    let held: std::collections::BTreeSet<i64> = m.deliveries.keys().map(|(_, q)| *q).collect();
+    let gone: Vec<i64> = m
+        .events
+        .iter()
+        .filter(|(q, (_, at))| **q < newest && *at < cutoff && !held.contains(q))
+        .map(|(q, _)| *q)
+        .collect();
+    for q in &gone {
+        m.events.remove(q);
+        m.pruned_through = m.pruned_through.max(*q);
+    }
+    ((before - m.deliveries.len()) as u64, gone.len() as u64)
 }
 
 fn apply(
@@ -691,6 +721,17 @@ fn apply(
                 d.updated_at = now;
             }
         }
+        Op::Prune(retain) => {
+            // A small chunk, so that a prune takes several transactions.
+            let got = store
+                .prune_journal(retain, 3)
+                .map_err(|e| format!("prune_journal: {e}"))?;
+            let want = prune_model(m, retain);
+            ensure!(
+                (got.deliveries, got.events) == want,
+                "prune_journal({retain}) removed {got:?}, model {want:?}"
+            );
+        }
     }
     Ok(())
 }
@@ -728,12 +769,20 @@ fn requeued(d: &mut Expected, now: Millis) {
 fn compare(store: &dyn SourceStore, m: &Model) -> Step {
     let rows = common::all_deliveries(store);
     ensure!(
-        rows.len() == m.events.len() * CONSUMERS.len(),
-        "{} deliveries for {} events × {} consumers",
+        rows.len() == m.deliveries.len(),
+        "{} deliveries, model {}",
         rows.len(),
-        m.events.len(),
-        CONSUMERS.len()
+        m.deliveries.len()
     );
+    let journal = store.journal().map_err(|e| format!("journal: {e}"))?;
+    let want = ce_store::model::JournalExtent {
+        events: m.events.len() as u64,
+        deliveries: m.deliveries.len() as u64,
+        oldest_seq: m.events.keys().next().copied(),
+        newest_seq: m.events.keys().next_back().copied(),
+        pruned_through: m.pruned_through,
+    };
+    ensure!(journal == want, "journal {journal:?}, model {want:?}");
     for r in &rows {
         let d = &r.delivery;
         let key = (d.consumer.clone(), d.seq);
@@ -895,6 +944,7 @@ fn run_case(place: &mut Place, knobs: Knobs, ops: &[Op]) -> Result<(), TestCaseE
         uris: BTreeMap::new(),
         deliveries: BTreeMap::new(),
         claims: Vec::new(),
+        pruned_through: 0,
     };
     for (step, op) in ops.iter().enumerate() {
         apply(store.as_ref(), &clock, &mut m, op, step)
@@ -1088,5 +1138,143 @@ fn consumers_added_later_get_every_event(backend: Backend) {
     assert_eq!(
         (count(s.as_ref(), "vector"), count(s.as_ref(), "keyword")),
         (3, 4)
+    );
+}
+
+/// Once the journal pruned events a consumer never got, it cannot be back-filled: it is
+/// flagged for a rebuild from the source instead (and gets no partial back-fill), and the
+/// flag holds across opens until the rebuild is queued. A consumer that applied what was
+/// pruned is neither flagged nor handed its pruned deliveries again; pruning a targeted event
+/// does not count against the consumers it was not meant for.
+fn a_pruned_journal_rebuilds_what_it_cannot_back_fill(backend: Backend) {
+    let place = backend.place();
+    let clock = ce_core::ManualClock::new(T0);
+    let shared: std::sync::Arc<dyn ce_core::Clock> = std::sync::Arc::new(clock.clone());
+    let with = |names: &[&str]| {
+        let mut c = common::two_consumers();
+        c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
+        place.open(c, shared.clone())
+    };
+    let count = |s: &dyn SourceStore, c: &str| {
+        s.list(&ce_store::OutboxFilter {
+            consumer: Some(c.into()),
+            limit: Some(u32::MAX),
+            ..Default::default()
+        })
+        .expect("list")
+        .len()
+    };
+    let apply_all = |s: &dyn SourceStore, c: &str| {
+        let claimed = s.claim_batch(c, "w", 1_000).expect("claim");
+        let claims: Vec<Claim> = claimed.into_iter().map(|ce| ce.claim).collect();
+        for answer in s.mark_done_batch(&claims).expect("done") {
+            answer.expect("a live claim is marked done");
+        }
+    };
+    let prune_all = |s: &dyn SourceStore| {
+        clock.advance(10_000);
+        s.prune_journal(1_000, 2).expect("prune")
+    };
+
+    let s = with(&["vector"]);
+    let e1 = s.append(upsert_event("ctx://acc/e1")).expect("append");
+    let e2 = s.append(upsert_event("ctx://acc/e2")).expect("append");
+    apply_all(s.as_ref(), "vector");
+    let pruned = prune_all(s.as_ref());
+    assert_eq!(
+        (pruned.deliveries, pruned.events),
+        (2, 1),
+        "the newest event stays"
+    );
+    let j = s.journal().expect("journal");
+    assert_eq!(
+        (j.events, j.oldest_seq, j.pruned_through),
+        (1, Some(e2.seq), e1.seq)
+    );
+    drop(s);
+
+    // keyword never got e1, which is gone: a rebuild, no back-fill of what is left.
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(
+        s.rebuilds_needed().expect("flags"),
+        vec!["keyword".to_owned()]
+    );
+    assert_eq!(count(s.as_ref(), "keyword"), 0, "no partial back-fill");
+    assert_eq!(
+        count(s.as_ref(), "vector"),
+        0,
+        "vector applied e2 already: its pruned delivery is not handed back"
+    );
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(
+        s.rebuilds_needed().expect("flags"),
+        vec!["keyword".to_owned()],
+        "the flag holds until the rebuild is queued"
+    );
+    assert_eq!(count(s.as_ref(), "keyword"), 0);
+    assert!(s.rebuild_queued("keyword").expect("clear"));
+    assert!(!s.rebuild_queued("keyword").expect("clear again"));
+    assert!(s.rebuilds_needed().expect("flags").is_empty());
+
+    // From here on both get every new event.
+    s.append(upsert_event("ctx://acc/e3")).expect("append");
+    assert_eq!(
+        (count(s.as_ref(), "vector"), count(s.as_ref(), "keyword")),
+        (1, 1)
+    );
+    // A targeted event pruned does not count against keyword.
+    s.append_batch_for(&["vector".to_owned()], vec![upsert_event("ctx://acc/e1")])
+        .expect("targeted append");
+    s.append(upsert_event("ctx://acc/e4")).expect("append");
+    apply_all(s.as_ref(), "vector");
+    apply_all(s.as_ref(), "keyword");
+    let before = s.journal().expect("journal").pruned_through;
+    prune_all(s.as_ref());
+    let j = s.journal().expect("journal");
+    assert_eq!(
+        (j.events, j.deliveries),
+        (1, 0),
+        "only the newest event is left"
+    );
+    assert!(j.pruned_through > before, "e3 was pruned");
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert!(
+        s.rebuilds_needed().expect("flags").is_empty(),
+        "a consumer that applied everything pruned is not rebuilt"
+    );
+    assert_eq!(
+        (count(s.as_ref(), "vector"), count(s.as_ref(), "keyword")),
+        (0, 0)
+    );
+
+    // keyword switched off: the events appended meanwhile have no delivery of it; once they
+    // are pruned, switching it back on calls for a rebuild. An event it still has to apply
+    // keeps its place in the journal.
+    let pending = s.append(upsert_event("ctx://acc/e5")).expect("append");
+    apply_all(s.as_ref(), "vector");
+    drop(s);
+    let s = with(&["vector"]);
+    s.append(upsert_event("ctx://acc/e6")).expect("append");
+    s.append(upsert_event("ctx://acc/e7")).expect("append");
+    apply_all(s.as_ref(), "vector");
+    prune_all(s.as_ref());
+    let j = s.journal().expect("journal");
+    assert_eq!(
+        (j.events, j.oldest_seq),
+        (2, Some(pending.seq)),
+        "keyword's pending e5 and the newest event are kept"
+    );
+    drop(s);
+    let s = with(&["vector", "keyword"]);
+    assert_eq!(
+        s.rebuilds_needed().expect("flags"),
+        vec!["keyword".to_owned()]
+    );
+    assert_eq!(
+        count(s.as_ref(), "keyword"),
+        1,
+        "its own pending delivery stays"
     );
 }
