@@ -17,6 +17,9 @@
 //!    the graph into it — the graph work those commands left for later.
 //! 8. `delete_rest`: every remaining document is removed from the folder (`--prune
 //!    --allow-large-delete`), a bulk delete of 99 % of the corpus.
+//! 9. `journal_prune`: the whole journal of the run pruned, as a worker prunes what every
+//!    consumer applied once the retention has passed (docs/store.md "Journal retention"):
+//!    seconds, rows removed, the journal before and after.
 //!
 //! Per phase: wall seconds of the import and of the drain, the texts embedded (new entries of
 //! the embedding cache, which never embeds a text twice), the embedder's HTTP requests and
@@ -222,6 +225,7 @@ fn run_import(args: &BenchIngestArgs, setup: Setup) -> anyhow::Result<Value> {
     let flags = ["--prune", "--allow-large-delete"];
     let v = ce.phase(&flags, server.as_ref(), &mut seen)?;
     phases.insert("delete_rest".into(), v);
+    phases.insert("journal_prune".into(), prune_journal(&ce)?);
 
     Ok(json!({
         "benchmark": "ingest",
@@ -334,6 +338,26 @@ impl Ce {
         v["sizes_mib"] = json!(sizes(&self.data)?);
         Ok(v)
     }
+}
+
+/// After the phases: prunes the whole journal of the run — every consumer applied all of it —
+/// as a worker does once the retention has passed (docs/store.md "Journal retention"), and
+/// reports what it held before and after and how long the prune took.
+fn prune_journal(ce: &Ce) -> anyhow::Result<Value> {
+    let store = ce.store()?;
+    let before = store.journal()?;
+    // The retention is measured from each row's last change: let the last one be in the past.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let t = Instant::now();
+    let pruned = store.prune_journal(0, ce_server::engine::journal::PRUNE_CHUNK)?;
+    let prune_s = t.elapsed().as_secs_f64();
+    Ok(json!({
+        "prune_s": round(prune_s, 3),
+        "deliveries_pruned": pruned.deliveries,
+        "events_pruned": pruned.events,
+        "before": before,
+        "after": store.journal()?,
+    }))
 }
 
 /// After the phases: opens the embedded vector index itself, loads it (the graph's snapshot and

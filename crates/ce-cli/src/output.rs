@@ -516,6 +516,7 @@ pub fn status(s: &Status) -> String {
             },
         ),
         ("knowledge_bases", kb_line(&s.kb)),
+        ("journal", journal_line(&s.journal)),
         (
             "holds",
             if s.holds.is_empty() {
@@ -606,6 +607,50 @@ pub fn status(s: &Status) -> String {
 
 /// The `knowledge_bases` line of `ce status`: bases, items under way and failed, and the
 /// workflow's jobs not ended.
+/// `ce status`'s journal line: what the outbox journal holds and how long it keeps it.
+fn journal_line(j: &ce_server::status::JournalStatus) -> String {
+    let e = &j.extent;
+    let mut out = match (e.oldest_seq, e.newest_seq) {
+        (Some(a), Some(b)) => format!(
+            "{} events (seq {a}–{b}), {} deliveries",
+            e.events, e.deliveries
+        ),
+        _ => "empty".to_owned(),
+    };
+    out.push_str(&if j.retention_seconds == 0 {
+        "; kept forever (index.outbox.journal_retention_seconds = 0)".to_owned()
+    } else {
+        format!(
+            "; what every consumer applied is kept {}",
+            human_seconds(u64::from(j.retention_seconds))
+        )
+    });
+    if e.pruned_through > 0 {
+        out.push_str(&format!("; pruned through seq {}", e.pruned_through));
+    }
+    if !j.rebuilds_needed.is_empty() {
+        out.push_str(&format!(
+            "; rebuild from the source queued for {} (the journal no longer held what it missed)",
+            j.rebuilds_needed.join(", ")
+        ));
+    }
+    out
+}
+
+/// `s` seconds as the largest whole unit that divides it (`1 day`, `90 min`, `45 s`).
+fn human_seconds(s: u64) -> String {
+    let plural = |n: u64, unit: &str| format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
+    if s.is_multiple_of(86_400) {
+        plural(s / 86_400, "day")
+    } else if s.is_multiple_of(3_600) {
+        plural(s / 3_600, "hour")
+    } else if s.is_multiple_of(60) {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
 fn kb_line(k: &ce_server::status::KnowledgeStatus) -> String {
     if k.bases.is_empty() {
         return "none".to_owned();

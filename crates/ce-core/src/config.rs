@@ -491,6 +491,10 @@ pub struct OutboxConfig {
     pub dead_letter_enabled: bool,
     /// The consumers that get a delivery for every event.
     pub consumers: Vec<String>,
+    /// How long a done delivery, and an event all of whose deliveries are done, stays in the
+    /// journal (`ce outbox list|show`) before it is pruned; 0 keeps everything (0 or
+    /// 60..=31,536,000; docs/store.md "Journal retention").
+    pub journal_retention_seconds: u32,
 }
 
 impl Default for OutboxConfig {
@@ -507,6 +511,7 @@ impl Default for OutboxConfig {
                 RELATION_CONSUMER.into(),
                 DERIVE_CONSUMER.into(),
             ],
+            journal_retention_seconds: 86_400,
         }
     }
 }
@@ -1062,6 +1067,14 @@ impl Config {
             0.0,
             1.0,
         )?;
+        if o.journal_retention_seconds != 0 {
+            range(
+                "index.outbox.journal_retention_seconds",
+                o.journal_retention_seconds,
+                60,
+                31_536_000,
+            )?;
+        }
         if o.consumers.is_empty() {
             return Err(CoreError::InvalidConfig {
                 key: "index.outbox.consumers".into(),

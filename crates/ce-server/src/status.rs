@@ -271,6 +271,23 @@ pub struct Status {
     /// Knowledge bases and their jobs (docs/ingestion.md).
     #[serde(default)]
     pub kb: KnowledgeStatus,
+    /// The outbox journal: what it holds and how long (docs/store.md "Journal retention").
+    #[serde(default)]
+    pub journal: JournalStatus,
+}
+
+/// `Status::journal`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct JournalStatus {
+    /// Events and deliveries held, the sequences they span, the newest event pruned.
+    #[serde(flatten)]
+    pub extent: ce_store::model::JournalExtent,
+    /// How long what every consumer applied is kept (`index.outbox.journal_retention_seconds`;
+    /// 0: forever).
+    pub retention_seconds: u32,
+    /// Consumers whose index is to be rebuilt from the source: the journal no longer held
+    /// events they missed (a `reindex` job is queued for each).
+    pub rebuilds_needed: Vec<String>,
 }
 
 /// `Status::kb`: every knowledge base's items by status with its latest failures, and the

@@ -533,6 +533,18 @@ fn bench_ingest_import_measures_every_phase_with_its_invariants() {
     assert_eq!(figure(&b, "delete_rest", "events"), 198, "{b:#}");
     assert_eq!(figure(&b, "delete_rest", "texts_embedded"), 0, "{b:#}");
     assert_eq!(figure(&b, "empty_drain", "deliveries"), 0, "{b:#}");
+    // Every consumer applied everything: the prune leaves the newest event alone, and every
+    // delivery of the run goes.
+    let prune = &b["phases"]["journal_prune"];
+    let before = prune["before"]["events"].as_u64().expect("events before");
+    assert!(before > 200, "{prune}");
+    assert_eq!(prune["events_pruned"].as_u64(), Some(before - 1), "{prune}");
+    assert_eq!(prune["after"]["events"], 1, "{prune}");
+    assert_eq!(prune["after"]["deliveries"], 0, "{prune}");
+    assert_eq!(
+        prune["deliveries_pruned"], prune["before"]["deliveries"],
+        "{prune}"
+    );
     assert!(
         b["phases"]["graph_settle"]["graph_vectors"]
             .as_u64()

@@ -10,7 +10,7 @@ use ce_core::OutboxEvent;
 use ce_index::worker::{IndexWorker, WorkerCallbacks};
 use tracing::warn;
 
-use super::{Engine, holds, lock, ms};
+use super::{Engine, holds, journal, lock, ms};
 use crate::error::{Result, ServerError};
 use crate::flag::Flag;
 use crate::status::{DrainProgress, DrainReport};
@@ -77,6 +77,12 @@ impl Engine {
             self.store.as_ref(),
             &self.locks.with_wait(Duration::ZERO),
             &drained,
+        );
+        // What every consumer applied longer ago than the retention leaves the journal (a
+        // process that only ever runs `ce worker --once` prunes too).
+        journal::prune(
+            self.store.as_ref(),
+            self.config.index.outbox.journal_retention_seconds,
         );
         // Knowledge items whose commits are now applied complete here too.
         if let Err(e) = self.kb_settle() {

@@ -50,6 +50,7 @@ pub mod consumers;
 mod drain;
 mod failpoint;
 pub mod holds;
+pub mod journal;
 pub mod listen;
 pub mod owner;
 pub(crate) mod periodic;
@@ -235,6 +236,9 @@ impl Engine {
             lag_history: crate::lag_history::LagHistory::default(),
         };
         engine.bind()?;
+        if !observer {
+            engine.queue_rebuilds();
+        }
         if engine.options.run_workers {
             engine.start_pool()?;
         }

@@ -14,7 +14,7 @@ use ce_store::SourceStore;
 use tracing::{info, warn};
 
 use super::periodic::Periodic;
-use super::{Engine, failpoint, holds, listen, lock, owner};
+use super::{Engine, failpoint, holds, journal, listen, lock, owner};
 use crate::error::Result;
 use crate::status::Applier;
 
@@ -29,6 +29,8 @@ pub(super) struct Running {
     pub(super) listener: Option<listen::Listener>,
     /// Keeps the leases handed off to background work.
     holds: Periodic,
+    /// Prunes the journal (`None`: retention off).
+    journal: Option<Periodic>,
 }
 
 impl Engine {
@@ -100,6 +102,10 @@ impl Engine {
             self.locks.with_wait(Duration::ZERO),
             consumers.clone(),
         );
+        let journal = journal::start(
+            self.store.shared(),
+            self.config.index.outbox.journal_retention_seconds,
+        );
         info!(workers = n, consumers = ?consumers, "workers started");
         *pool = Some(Running {
             workers,
@@ -107,6 +113,7 @@ impl Engine {
             upkeep,
             listener,
             holds,
+            journal,
         });
         Ok(())
     }
@@ -121,6 +128,9 @@ impl Engine {
                 u.stop();
             }
             r.holds.stop();
+            if let Some(j) = r.journal {
+                j.stop();
+            }
             if let Some(l) = r.listener {
                 l.stop();
             }

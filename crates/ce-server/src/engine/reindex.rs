@@ -61,6 +61,13 @@ impl Engine {
         }
         self.wake.notify();
         let (requeued, cleared) = result?;
+        // The repair events cover what the journal no longer held for it, if anything.
+        if self.store.rebuild_queued(consumer)? {
+            info!(
+                consumer,
+                "the rebuild the journal's retention called for is queued"
+            );
+        }
         metrics::counter!("index_repair_requeued_total", "consumer" => consumer.to_owned())
             .increment(requeued);
         info!(consumer, requeued, cleared, "reindex queued");

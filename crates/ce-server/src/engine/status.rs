@@ -120,6 +120,11 @@ impl Engine {
                 .collect(),
             jobs: self.jobs_status()?,
             kb: Default::default(),
+            journal: crate::status::JournalStatus {
+                extent: self.store.journal()?,
+                retention_seconds: self.config.index.outbox.journal_retention_seconds,
+                rebuilds_needed: self.store.rebuilds_needed()?,
+            },
             derive: None,
             sessions: {
                 let off = self.config.extraction_off();

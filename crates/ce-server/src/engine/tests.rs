@@ -378,3 +378,51 @@ fn a_keyword_reindex_rebuilds_that_index_only() {
     let found = e.search(&req).expect("search");
     assert_eq!(found.hits[0].uri, u("ctx://acc/docs/b"));
 }
+
+/// A consumer added after the journal pruned what the others applied cannot be back-filled
+/// from it: opening the engine queues its rebuild from the source, and one
+/// `ce worker --once` (jobs, then the drain) gives it every node.
+#[test]
+fn a_consumer_added_after_the_journal_was_pruned_is_rebuilt_from_the_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let before = config("[index.outbox]\nconsumers = [\"vector\", \"relation\"]\n");
+    let e = on_demand(dir.path(), before);
+    put(&e, "ctx://acc/docs/a", "dark mode everywhere");
+    put(&e, "ctx://acc/docs/b", "refunds within thirty days");
+    e.drain(&quiet).expect("drain");
+    std::thread::sleep(Duration::from_millis(5));
+    let pruned = e.store().prune_journal(0, 100).expect("prune");
+    assert!(pruned.events > 0, "{pruned:?}");
+    e.shutdown();
+    drop(e);
+
+    let e = on_demand(dir.path(), config(NO_DERIVE));
+    assert_eq!(
+        e.store().rebuilds_needed().expect("flags"),
+        vec![KEYWORD_CONSUMER.to_owned()]
+    );
+    let queued = e
+        .list_jobs(&ce_store::JobFilter {
+            limit: 100,
+            ..ce_store::JobFilter::default()
+        })
+        .expect("jobs")
+        .into_iter()
+        .filter(|j| j.job_type == crate::jobs::reindex::REINDEX_JOB)
+        .count();
+    assert_eq!(queued, 1, "one rebuild queued at open");
+    let (_, jobs) = e.drain_jobs_and_deliveries(&quiet).expect("worker --once");
+    assert_eq!(jobs.completed, 1);
+    assert!(e.store().rebuilds_needed().expect("flags").is_empty());
+    let mut req = SearchRequest::new("refunds");
+    req.mode = Some(SearchMode::Keyword);
+    let found = e.search(&req).expect("search");
+    assert_eq!(found.hits[0].uri, u("ctx://acc/docs/b"));
+    e.shutdown();
+    drop(e);
+    // Reopened, nothing more is queued.
+    let e = on_demand(dir.path(), config(NO_DERIVE));
+    assert!(e.store().rebuilds_needed().expect("flags").is_empty());
+    let (_, jobs) = e.drain_jobs_and_deliveries(&quiet).expect("worker --once");
+    assert_eq!(jobs.ran, 0);
+}
