@@ -184,6 +184,9 @@ try {
     && document.querySelector('[data-lag="vector"]')?.textContent === "0", { timeout: 60000 });
   check(true, "after requeue the vector consumer has no dead delivery and lag 0");
   check(await page.$$eval(".spark", (xs) => xs.length) > 0, "a lag sparkline per consumer");
+  await waitText('[aria-labelledby="journal-title"] p', "what every consumer applied is kept");
+  check(/\d+ events \(seq \d+–\d+\)/.test(await text('[aria-labelledby="journal-title"] p')),
+    "the journal's extent is shown");
   await shot("indexes");
 
   await page.goto(url + "/ui/#/sessions", { waitUntil: "load" });

@@ -31,8 +31,11 @@ pub enum StoreError {
         /// Type.
         relation_type: String,
     },
-    /// The addressed event does not exist.
-    #[error("event {event_id} not found")]
+    /// The addressed event does not exist (never appended, or pruned: docs/store.md
+    /// "Journal retention").
+    #[error(
+        "event {event_id} not found (the journal keeps what every consumer applied for index.outbox.journal_retention_seconds)"
+    )]
     EventNotFound {
         /// The event id (or sequence) asked for.
         event_id: String,

@@ -1073,6 +1073,28 @@ fn list_paging_returns_every_row_once(backend: Backend) {
     );
 }
 
+/// The store of `place` with `names` as its consumers.
+fn open_with(
+    place: &Place,
+    clock: &std::sync::Arc<dyn ce_core::Clock>,
+    names: &[&str],
+) -> common::Store {
+    let mut c = common::two_consumers();
+    c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
+    place.open(c, clock.clone())
+}
+
+/// The deliveries `consumer` has in the journal.
+fn count(s: &dyn SourceStore, consumer: &str) -> usize {
+    s.list(&ce_store::OutboxFilter {
+        consumer: Some(consumer.into()),
+        limit: Some(u32::MAX),
+        ..Default::default()
+    })
+    .expect("list")
+    .len()
+}
+
 /// A consumer added to the configuration gets a delivery for every event already in the
 /// journal; one that was removed and is added back gets the events appended meanwhile;
 /// events appended for other consumers only (a rebuild's) it never gets.
@@ -1080,20 +1102,7 @@ fn consumers_added_later_get_every_event(backend: Backend) {
     let place = backend.place();
     let clock: std::sync::Arc<dyn ce_core::Clock> =
         std::sync::Arc::new(ce_core::ManualClock::new(T0));
-    let with = |names: &[&str]| {
-        let mut c = common::two_consumers();
-        c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
-        place.open(c, clock.clone())
-    };
-    let count = |s: &dyn SourceStore, c: &str| {
-        s.list(&ce_store::OutboxFilter {
-            consumer: Some(c.into()),
-            limit: Some(u32::MAX),
-            ..Default::default()
-        })
-        .expect("list")
-        .len()
-    };
+    let with = |names: &[&str]| open_with(&place, &clock, names);
 
     let s = with(&["vector"]);
     s.append(upsert_event("ctx://acc/e1")).expect("append");
@@ -1150,20 +1159,7 @@ fn a_pruned_journal_rebuilds_what_it_cannot_back_fill(backend: Backend) {
     let place = backend.place();
     let clock = ce_core::ManualClock::new(T0);
     let shared: std::sync::Arc<dyn ce_core::Clock> = std::sync::Arc::new(clock.clone());
-    let with = |names: &[&str]| {
-        let mut c = common::two_consumers();
-        c.index.outbox.consumers = names.iter().map(|n| (*n).to_owned()).collect();
-        place.open(c, shared.clone())
-    };
-    let count = |s: &dyn SourceStore, c: &str| {
-        s.list(&ce_store::OutboxFilter {
-            consumer: Some(c.into()),
-            limit: Some(u32::MAX),
-            ..Default::default()
-        })
-        .expect("list")
-        .len()
-    };
+    let with = |names: &[&str]| open_with(&place, &shared, names);
     let apply_all = |s: &dyn SourceStore, c: &str| {
         let claimed = s.claim_batch(c, "w", 1_000).expect("claim");
         let claims: Vec<Claim> = claimed.into_iter().map(|ce| ce.claim).collect();

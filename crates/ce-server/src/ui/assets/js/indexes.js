@@ -1,6 +1,7 @@
 // Indexes page (admin keys): per consumer lag, counts by status, validation state, last
 // error and a lag sparkline over the last hour (the server's own samples); dead letters
-// with requeue / force-done; open holds; jobs with cancel / retry. Refreshes every 2 s.
+// with requeue / force-done; the journal's extent; open holds; jobs with cancel / retry.
+// Refreshes every 2 s.
 import * as api from "./api.js";
 import { h, fill, when, table, nodeLink, toast, errorBox } from "./dom.js";
 
@@ -55,6 +56,7 @@ export async function indexesPage(main, _params, session) {
       const parts = [
         ["consumers", [status.consumers, history.samples.length && history.samples[history.samples.length - 1]], () => consumers(status, history)],
         ["dead", dead, () => deadLetters(dead, refresh)],
+        ["journal", status.journal, () => journal(status)],
         ["holds", status.holds, () => holds(status)],
         ["jobs", jobs, () => jobsTable(jobs, refresh)],
       ];
@@ -116,6 +118,23 @@ function deadLetters(rows, refresh) {
           h("button", { type: "button", class: "danger", onclick: () => {
             if (window.confirm(`Mark seq ${r.event.seq} (${r.delivery.consumer}) done without applying it?`)) repair("force_done", r, refresh);
           } }, "Force done", h("span", { class: "sr-only" }, ` seq ${r.event.seq} ${r.delivery.consumer}`)))])));
+}
+
+/** The outbox journal: what it holds, how long it keeps what every consumer applied. */
+function journal(status) {
+  const j = status.journal || {};
+  const held = j.oldest_seq == null ? "empty"
+    : `${j.events} events (seq ${j.oldest_seq}–${j.newest_seq}), ${j.deliveries} deliveries`;
+  const keep = j.retention_seconds
+    ? `what every consumer applied is kept ${j.retention_seconds} s, then pruned`
+    : "kept forever (retention 0)";
+  const rebuilds = (j.rebuilds_needed || []).length
+    ? h("p", { class: "state" }, `Rebuild from the source queued for ${j.rebuilds_needed.join(", ")}: the journal no longer held events they missed.`)
+    : "";
+  return h("section", { "aria-labelledby": "journal-title" },
+    h("h2", { id: "journal-title" }, "Journal"),
+    h("p", {}, `${held}; ${keep}${j.pruned_through ? `; pruned through seq ${j.pruned_through}` : ""}.`),
+    rebuilds);
 }
 
 function holds(status) {
