@@ -133,6 +133,10 @@ fn describe() {
         "Events requeued by reindex or repair"
     );
     describe_counter!(
+        crate::engine::journal::PRUNED_METRIC,
+        "Journal rows pruned once every consumer applied them and the retention passed, per kind (deliveries, events)"
+    );
+    describe_counter!(
         "index_repair_forced_done_total",
         "Dead deliveries marked done without applying them, per consumer"
     );

@@ -18,7 +18,7 @@ const TICK: Duration = Duration::from_secs(60);
 /// Rows per prune transaction: short enough that writers and claims interleave.
 pub const PRUNE_CHUNK: usize = 5_000;
 /// The counter of rows pruned, labelled `kind` = `deliveries` | `events`.
-pub const PRUNED_METRIC: &str = "outbox_journal_pruned_total";
+pub const PRUNED_METRIC: &str = "index_outbox_pruned_total";
 
 /// Prunes the journal once with the configured retention (nothing when it is 0); errors are
 /// logged, never raised: pruning is upkeep, the next round retries.
