@@ -605,15 +605,18 @@ pub fn status(s: &Status) -> String {
     out
 }
 
-/// The `knowledge_bases` line of `ce status`: bases, items under way and failed, and the
-/// workflow's jobs not ended.
 /// `ce status`'s journal line: what the outbox journal holds and how long it keeps it.
 fn journal_line(j: &ce_server::status::JournalStatus) -> String {
     let e = &j.extent;
     let mut out = match (e.oldest_seq, e.newest_seq) {
         (Some(a), Some(b)) => format!(
-            "{} events (seq {a}–{b}), {} deliveries",
-            e.events, e.deliveries
+            "{} (seq {a}–{b}), {}",
+            count(e.events as usize, "event"),
+            if e.deliveries == 1 {
+                "1 delivery".to_owned()
+            } else {
+                format!("{} deliveries", e.deliveries)
+            }
         ),
         _ => "empty".to_owned(),
     };
@@ -639,11 +642,10 @@ fn journal_line(j: &ce_server::status::JournalStatus) -> String {
 
 /// `s` seconds as the largest whole unit that divides it (`1 day`, `90 min`, `45 s`).
 fn human_seconds(s: u64) -> String {
-    let plural = |n: u64, unit: &str| format!("{n} {unit}{}", if n == 1 { "" } else { "s" });
     if s.is_multiple_of(86_400) {
-        plural(s / 86_400, "day")
+        count((s / 86_400) as usize, "day")
     } else if s.is_multiple_of(3_600) {
-        plural(s / 3_600, "hour")
+        count((s / 3_600) as usize, "hour")
     } else if s.is_multiple_of(60) {
         format!("{} min", s / 60)
     } else {
@@ -651,6 +653,8 @@ fn human_seconds(s: u64) -> String {
     }
 }
 
+/// The `knowledge_bases` line of `ce status`: bases, items under way and failed, and the
+/// workflow's jobs not ended.
 fn kb_line(k: &ce_server::status::KnowledgeStatus) -> String {
     if k.bases.is_empty() {
         return "none".to_owned();
@@ -1199,6 +1203,40 @@ mod tests {
             &[vec!["xxx".into(), "y".into()], vec!["z".into(), "".into()]],
         );
         assert_eq!(t, "A    BB\nxxx  y\nz\n");
+    }
+
+    #[test]
+    fn the_journal_line_says_what_is_held_kept_and_queued() {
+        use ce_server::status::JournalStatus;
+        use ce_store::model::JournalExtent;
+        let pruned = JournalStatus {
+            extent: JournalExtent {
+                events: 1,
+                deliveries: 0,
+                oldest_seq: Some(10_002),
+                newest_seq: Some(10_002),
+                pruned_through: 10_001,
+            },
+            retention_seconds: 86_400,
+            rebuilds_needed: vec!["keyword".into()],
+        };
+        assert_eq!(
+            journal_line(&pruned),
+            "1 event (seq 10002–10002), 0 deliveries; what every consumer applied is kept \
+             1 day; pruned through seq 10001; rebuild from the source queued for keyword \
+             (the journal no longer held what it missed)"
+        );
+        let empty = JournalStatus {
+            retention_seconds: 0,
+            ..JournalStatus::default()
+        };
+        assert_eq!(
+            journal_line(&empty),
+            "empty; kept forever (index.outbox.journal_retention_seconds = 0)"
+        );
+        assert_eq!(human_seconds(5_400), "90 min");
+        assert_eq!(human_seconds(7_200), "2 hours");
+        assert_eq!(human_seconds(61), "61 s");
     }
 
     #[test]
