@@ -28,6 +28,7 @@ backend_tests!(
     list_paging_returns_every_row_once,
     consumers_added_later_get_every_event,
     a_pruned_journal_rebuilds_what_it_cannot_back_fill,
+    pruning_races_appends_acknowledgements_and_registration,
 );
 
 const CONSUMERS: [&str; 2] = ["vector", "keyword"];
@@ -1273,4 +1274,93 @@ fn a_pruned_journal_rebuilds_what_it_cannot_back_fill(backend: Backend) {
         1,
         "its own pending delivery stays"
     );
+}
+
+/// Pruning races everything else that touches the journal: a producer appending, a worker
+/// per consumer claiming and acknowledging, a pruner with no retention at all, and a second
+/// store (another process on PostgreSQL) opening meanwhile with a third consumer, whose
+/// registration back-fills from the events the pruner is deleting. No delivery may outlive
+/// its event (a back-fill of an event being pruned, or a prune of an event with a delivery
+/// still to apply), the newcomer is either back-filled or flagged for a rebuild, and once
+/// every delivery is applied a last prune leaves only the newest event.
+fn pruning_races_appends_acknowledgements_and_registration(backend: Backend) {
+    let place = backend.place();
+    let clock = ce_core::ManualClock::new(T0);
+    let shared: Arc<dyn ce_core::Clock> = Arc::new(clock.clone());
+    let s = open_with(&place, &shared, &["vector", "keyword"]);
+    let producing = std::sync::atomic::AtomicBool::new(true);
+    let (batches, per_batch) = (40, 25);
+    let newcomer = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for b in 0..batches {
+                let batch = (0..per_batch)
+                    .map(|i| upsert_event(&format!("ctx://race/b{b}/e{i}")))
+                    .collect();
+                s.append_batch(batch).expect("append");
+                clock.advance(10);
+            }
+            producing.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+        for c in ["vector", "keyword"] {
+            let s = &s;
+            let producing = &producing;
+            scope.spawn(move || {
+                loop {
+                    let done = !producing.load(std::sync::atomic::Ordering::SeqCst);
+                    let claimed = s.claim_batch(c, "w", 20).expect("claim");
+                    if claimed.is_empty() && done {
+                        return;
+                    }
+                    let claims: Vec<Claim> = claimed.into_iter().map(|ce| ce.claim).collect();
+                    for answer in s.mark_done_batch(&claims).expect("done") {
+                        answer.expect("a live claim is marked done");
+                    }
+                }
+            });
+        }
+        scope.spawn(|| {
+            while producing.load(std::sync::atomic::Ordering::SeqCst) {
+                s.prune_journal(0, 50).expect("prune");
+            }
+        });
+        let opened = scope.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            open_with(&place, &shared, &["vector", "keyword", "relation"])
+        });
+        opened.join().expect("the second store opens")
+    });
+    // The newcomer's configuration names every consumer, so its list shows every delivery
+    // that still has its event (the list joins them); the journal counts the rows themselves.
+    let orphans = |st: &dyn SourceStore| {
+        let held = st.journal().expect("journal").deliveries;
+        let listed = common::all_deliveries(st).len() as u64;
+        assert_eq!(held, listed, "deliveries without their event");
+    };
+    orphans(newcomer.as_ref());
+    let flagged = newcomer.rebuilds_needed().expect("flags");
+    let relation = count(newcomer.as_ref(), "relation");
+    let j = newcomer.journal().expect("journal");
+    eprintln!("newcomer: flagged {flagged:?}, {relation} relation deliveries; journal {j:?}");
+    assert!(
+        flagged == vec!["relation".to_owned()] || relation > 0 || flagged.is_empty(),
+        "{flagged:?}"
+    );
+    // The newcomer's deliveries (if it was back-filled) are applied too; then nothing is left
+    // but the newest event.
+    loop {
+        let claimed = newcomer.claim_batch("relation", "w", 100).expect("claim");
+        if claimed.is_empty() {
+            break;
+        }
+        let claims: Vec<Claim> = claimed.into_iter().map(|ce| ce.claim).collect();
+        for answer in newcomer.mark_done_batch(&claims).expect("done") {
+            answer.expect("done");
+        }
+    }
+    clock.advance(10);
+    newcomer.prune_journal(0, 50).expect("last prune");
+    let j = newcomer.journal().expect("journal");
+    assert_eq!((j.events, j.deliveries), (1, 0), "{j:?}");
+    assert_eq!(j.newest_seq, Some((batches * per_batch) as i64), "{j:?}");
+    orphans(newcomer.as_ref());
 }
