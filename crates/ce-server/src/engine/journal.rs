@@ -74,9 +74,11 @@ impl Engine {
             }
             let queued = ReindexPayload::new(c, false).and_then(|p| self.enqueue_job(p.spec()));
             match queued {
-                Ok(q) => {
+                // Logged once: a later open finds the same job by its idempotency key.
+                Ok(q) if q.created => {
                     info!(consumer = %c, job = %q.job.id, "rebuild from the source queued: the journal no longer holds events this consumer missed")
                 }
+                Ok(_) => {}
                 Err(e) => warn!(consumer = %c, error = %e, "cannot queue the rebuild"),
             }
         }

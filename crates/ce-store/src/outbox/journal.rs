@@ -56,16 +56,16 @@ pub(crate) fn prune(
 ) -> Result<JournalPruned> {
     let limit = i64::try_from(chunk.max(1)).unwrap_or(i64::MAX);
     let mut total = JournalPruned::default();
+    // One cutoff for every chunk of this prune.
+    let cutoff = s.outbox_clock().now_ms().saturating_sub(retain_ms.max(0));
     // Nothing can go while the oldest event is younger than the retention (a done delivery
     // is never older than its event): one key lookup instead of the scans below.
-    let cutoff = s.outbox_clock().now_ms().saturating_sub(retain_ms.max(0));
     if s.read_outbox(|tx| tx.oldest_event_at())?
         .is_none_or(|at| at >= cutoff)
     {
         return Ok(total);
     }
     loop {
-        let cutoff = s.outbox_clock().now_ms().saturating_sub(retain_ms.max(0));
         let step = s.write_outbox(Commit::Bookkeeping, |tx, _| prune_step(tx, cutoff, limit))?;
         total.deliveries += step.deliveries;
         total.events += step.events;
