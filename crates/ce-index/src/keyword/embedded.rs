@@ -70,45 +70,42 @@ impl Default for EmbeddedKeywordOptions {
 const PAGE_GROWTH: usize = 4;
 
 /// A write with its records tokenized, ready for the transaction.
-enum Prepared {
+enum Prepared<'a> {
     Sync {
-        uri: CtxUri,
+        uri: &'a CtxUri,
         version: u64,
-        records: Vec<(IndexRecord, Terms)>,
+        records: Vec<(&'a IndexRecord, Terms)>,
     },
     Remove {
-        uri: CtxUri,
+        uri: &'a CtxUri,
         version: u64,
     },
     Purge {
-        uri: CtxUri,
+        uri: &'a CtxUri,
     },
 }
 
-impl Prepared {
+impl<'a> Prepared<'a> {
     /// Checks and tokenizes `w` (the costly part, done before the write lock is taken).
-    fn of(w: KeywordWrite) -> Result<Self> {
+    fn of(w: &'a KeywordWrite) -> Result<Self> {
         Ok(match w {
             KeywordWrite::Sync {
                 uri,
                 version,
                 records,
             } => {
-                check_node_records(&uri, &records)?;
-                let records = records
-                    .into_iter()
-                    .map(|r| {
-                        let terms = Terms::of(&r.text);
-                        (r, terms)
-                    })
-                    .collect();
+                check_node_records(uri, records)?;
+                let records = records.iter().map(|r| (r, Terms::of(&r.text))).collect();
                 Prepared::Sync {
                     uri,
-                    version,
+                    version: *version,
                     records,
                 }
             }
-            KeywordWrite::Remove { uri, version } => Prepared::Remove { uri, version },
+            KeywordWrite::Remove { uri, version } => Prepared::Remove {
+                uri,
+                version: *version,
+            },
             KeywordWrite::Purge { uri } => Prepared::Purge { uri },
         })
     }
@@ -279,13 +276,13 @@ impl<'c> WriteTx<'c> {
                 records,
             } => {
                 if !SeenVersion::admits_write(
-                    sqlite::seen_version(self.tx, DB_FILE, &uri)?,
+                    sqlite::seen_version(self.tx, DB_FILE, uri)?,
                     version,
                 ) {
                     return Ok(SyncOutcome::Stale);
                 }
                 let keep: HashSet<&str> = records.iter().map(|(r, _)| r.id.as_str()).collect();
-                for (doc, id) in self.node_docs(&uri)? {
+                for (doc, id) in self.node_docs(uri)? {
                     if !keep.contains(id.as_str()) {
                         self.delete_doc(doc)?;
                     }
@@ -293,20 +290,20 @@ impl<'c> WriteTx<'c> {
                 for (r, terms) in &records {
                     self.put(r, version, terms)?;
                 }
-                sqlite::set_seen_version(self.tx, DB_FILE, &uri, SeenVersion::live(version))?;
+                sqlite::set_seen_version(self.tx, DB_FILE, uri, SeenVersion::live(version))?;
             }
             Prepared::Remove { uri, version } => {
                 if !SeenVersion::admits_removal(
-                    sqlite::seen_version(self.tx, DB_FILE, &uri)?,
+                    sqlite::seen_version(self.tx, DB_FILE, uri)?,
                     version,
                 ) {
                     return Ok(SyncOutcome::Stale);
                 }
-                self.delete_node(&uri)?;
-                sqlite::set_seen_version(self.tx, DB_FILE, &uri, SeenVersion::removed(version))?;
+                self.delete_node(uri)?;
+                sqlite::set_seen_version(self.tx, DB_FILE, uri, SeenVersion::removed(version))?;
             }
             Prepared::Purge { uri } => {
-                self.delete_node(&uri)?;
+                self.delete_node(uri)?;
             }
         }
         Ok(SyncOutcome::Applied)
@@ -934,8 +931,8 @@ fn stored(head: &str, text: String, node_version: i64) -> Result<StoredRecord> {
 
 impl KeywordIndex for EmbeddedKeywordIndex {
     fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>> {
-        sqlite::write_batch(writes, |writes, isolation| {
-            let prepared: Vec<Result<Prepared>> = writes.into_iter().map(Prepared::of).collect();
+        sqlite::write_batch(&writes, |writes, isolation| {
+            let prepared: Vec<Result<Prepared>> = writes.iter().map(Prepared::of).collect();
             self.write(|w| {
                 prepared
                     .into_iter()

@@ -288,10 +288,11 @@ impl EmbeddedRelationIndex {
 
 impl RelationIndex for EmbeddedRelationIndex {
     fn write_owners(&self, writes: Vec<RelationWrite>) -> Result<Vec<Result<RelationOutcome>>> {
-        sqlite::write_batch(writes, |writes, isolation| {
+        sqlite::write_batch(&writes, |writes, isolation| {
+            // The rule applies owned writes (the in-memory index keeps them).
             let checked: Vec<Result<RelationWrite>> = writes
-                .into_iter()
-                .map(|w| check_write(&w).map(|()| w))
+                .iter()
+                .map(|w| check_write(w).map(|()| w.clone()))
                 .collect();
             self.write(|tx| {
                 checked

@@ -49,6 +49,7 @@ mod fresh;
 mod schema;
 mod table;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -414,8 +415,8 @@ impl<'c> WriteTx<'c> {
     /// Writes `r` with `vector`, kept at half precision (what the fresh segment and the
     /// graph get is what the file holds): the key is kept when the stored vector is
     /// bit-identical (a payload-only change), otherwise a fresh key replaces the old one.
-    fn put(&mut self, r: &IndexRecord, node_version: u64, vector: Vec<f32>) -> Result<()> {
-        let bytes = schema::encode_vector(&vector);
+    fn put(&mut self, r: &IndexRecord, node_version: u64, vector: &[f32]) -> Result<()> {
+        let bytes = schema::encode_vector(vector);
         let vector = schema::decode_vector(&bytes)?;
         let row = Row::of(r);
         match schema::key_and_vector(self.tx, &r.uri, r.level)? {
@@ -467,7 +468,7 @@ impl<'c> WriteTx<'c> {
         &mut self,
         uri: &CtxUri,
         version: u64,
-        records: Vec<NodeRecord>,
+        records: &[NodeRecord],
     ) -> Result<SyncOutcome> {
         if !SeenVersion::admits_write(self.seen_version(uri)?, version) {
             return Ok(SyncOutcome::Stale);
@@ -475,13 +476,13 @@ impl<'c> WriteTx<'c> {
         let mut resolved = Vec::with_capacity(records.len());
         for NodeRecord { record, vector } in records {
             let vector = match vector {
-                Some(v) => v,
+                Some(v) => Cow::Borrowed(v.as_slice()),
                 None => match schema::vector_and_text_hash(self.tx, &record.uri, record.level)? {
                     Some((bytes, stored)) => {
-                        check_kept(stored.as_deref(), &record)?;
-                        schema::decode_vector(&bytes)?
+                        check_kept(stored.as_deref(), record)?;
+                        Cow::Owned(schema::decode_vector(&bytes)?)
                     }
-                    None => return Err(missing_vector(&record)),
+                    None => return Err(missing_vector(record)),
                 },
             };
             self.check_vector(&record.id, &vector)?;
@@ -493,7 +494,7 @@ impl<'c> WriteTx<'c> {
             }
         }
         for (record, vector) in resolved {
-            self.put(&record, version, vector)?;
+            self.put(record, version, &vector)?;
         }
         self.set_seen_version(uri, SeenVersion::live(version))?;
         Ok(SyncOutcome::Applied)
@@ -1839,7 +1840,7 @@ impl VectorIndex for EmbeddedVectorIndex {
                 w.check_vector(&r.record.id, &r.vector)?;
             }
             for r in records {
-                w.put(&r.record, metadata_version(&r.record), r.vector.clone())?;
+                w.put(&r.record, metadata_version(&r.record), &r.vector)?;
             }
             Ok(())
         })
@@ -1903,7 +1904,7 @@ impl VectorIndex for EmbeddedVectorIndex {
         records: Vec<NodeRecord>,
     ) -> Result<SyncOutcome> {
         check_node_records(uri, records.iter().map(|r| &r.record))?;
-        self.write(|w| w.sync_node(uri, version, records))
+        self.write(|w| w.sync_node(uri, version, &records))
     }
 
     fn remove_node(&self, uri: &CtxUri, version: u64) -> Result<SyncOutcome> {
@@ -1916,7 +1917,7 @@ impl VectorIndex for EmbeddedVectorIndex {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
-        crate::sqlite::write_batch(writes, |writes, isolation| {
+        crate::sqlite::write_batch(&writes, |writes, isolation| {
             self.write(|w| {
                 let mut out = Vec::with_capacity(writes.len());
                 for nw in writes {
@@ -1926,12 +1927,12 @@ impl VectorIndex for EmbeddedVectorIndex {
                             version,
                             records,
                         } => {
-                            check_node_records(&uri, records.iter().map(|r| &r.record))?;
-                            w.sync_node(&uri, version, records)
+                            check_node_records(uri, records.iter().map(|r| &r.record))?;
+                            w.sync_node(uri, *version, records)
                         }
-                        NodeWrite::Remove { uri, version } => w.remove_node(&uri, version),
+                        NodeWrite::Remove { uri, version } => w.remove_node(uri, *version),
                         NodeWrite::Purge { uri } => {
-                            w.delete_node(&uri)?;
+                            w.delete_node(uri)?;
                             Ok(SyncOutcome::Applied)
                         }
                     })?);
