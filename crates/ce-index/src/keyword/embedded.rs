@@ -275,10 +275,8 @@ impl<'c> WriteTx<'c> {
                 version,
                 records,
             } => {
-                if !SeenVersion::admits_write(
-                    sqlite::seen_version(self.tx, DB_FILE, uri)?,
-                    version,
-                ) {
+                if !SeenVersion::admits_write(sqlite::seen_version(self.tx, DB_FILE, uri)?, version)
+                {
                     return Ok(SyncOutcome::Stale);
                 }
                 let keep: HashSet<&str> = records.iter().map(|(r, _)| r.id.as_str()).collect();
