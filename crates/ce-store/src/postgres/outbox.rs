@@ -229,6 +229,19 @@ fn error_from_row(r: &Row) -> Result<ConsumerError> {
 }
 
 impl PgTx<'_, '_> {
+    /// The first two columns of every row `sql` returns.
+    fn pairs<A, B>(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<(A, B)>>
+    where
+        A: for<'r> postgres::types::FromSql<'r>,
+        B: for<'r> postgres::types::FromSql<'r>,
+    {
+        self.tx
+            .query(sql, params)?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
     /// Runs `sql` (whose `WHERE` ends with [`DEAD_WHERE`] and which returns the consumer of
     /// each row it selects or changes) with `p`'s parameters followed by `extra`.
     fn dead_rows(
@@ -497,11 +510,7 @@ impl OutboxTx for PgTx<'_, '_> {
     }
 
     fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>> {
-        self.tx
-            .query(PRUNE_DELIVERIES_SQL, &[&cutoff, &limit])?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
+        self.pairs(PRUNE_DELIVERIES_SQL, &[&cutoff, &limit])
     }
 
     fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()> {
@@ -513,11 +522,7 @@ impl OutboxTx for PgTx<'_, '_> {
     }
 
     fn prune_events(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(i64, bool)>> {
-        self.tx
-            .query(PRUNE_EVENTS_SQL, &[&cutoff, &limit])?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
+        self.pairs(PRUNE_EVENTS_SQL, &[&cutoff, &limit])
     }
 
     fn raise_pruned_through(&mut self, seq: i64) -> Result<()> {
@@ -529,21 +534,17 @@ impl OutboxTx for PgTx<'_, '_> {
     }
 
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
-        self.tx
-            .query(
-                CLAIM_SQL,
-                &[
-                    &c.consumer,
-                    &c.now,
-                    &c.worker_id,
-                    &c.token,
-                    &c.until,
-                    &c.limit,
-                ],
-            )?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
+        self.pairs(
+            CLAIM_SQL,
+            &[
+                &c.consumer,
+                &c.now,
+                &c.worker_id,
+                &c.token,
+                &c.until,
+                &c.limit,
+            ],
+        )
     }
 
     fn lock_delivery(&mut self, consumer: &str, seq: i64) -> Result<Option<FenceRow>> {

@@ -351,11 +351,10 @@ impl OutboxReadTx for SqlTx<'_> {
     }
 
     fn flagged_rebuilds(&mut self) -> Result<Vec<String>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT name FROM consumers WHERE needs_rebuild <> 0 ORDER BY name")?;
-        let rows = stmt.query_map([], |r| r.get(0))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        self.strings(
+            "SELECT name FROM consumers WHERE needs_rebuild <> 0 ORDER BY name",
+            [],
+        )
     }
 
     fn journal_extent(&mut self) -> Result<JournalExtent> {
@@ -442,9 +441,7 @@ impl OutboxTx for SqlTx<'_> {
     }
 
     fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>> {
-        let mut stmt = self.conn.prepare_cached(PRUNE_DELIVERIES_SQL)?;
-        let rows = stmt.query_map(params![cutoff, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        self.pairs(PRUNE_DELIVERIES_SQL, params![cutoff, limit])
     }
 
     fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()> {
@@ -457,9 +454,7 @@ impl OutboxTx for SqlTx<'_> {
     }
 
     fn prune_events(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(i64, bool)>> {
-        let mut stmt = self.conn.prepare_cached(PRUNE_EVENTS_SQL)?;
-        let rows = stmt.query_map(params![cutoff, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        self.pairs(PRUNE_EVENTS_SQL, params![cutoff, limit])
     }
 
     fn raise_pruned_through(&mut self, seq: i64) -> Result<()> {
@@ -472,12 +467,10 @@ impl OutboxTx for SqlTx<'_> {
     }
 
     fn claim_rows(&mut self, c: &ClaimRows<'_>) -> Result<Vec<(i64, i64)>> {
-        let mut stmt = self.conn.prepare_cached(CLAIM_SQL)?;
-        let rows = stmt.query_map(
+        self.pairs(
+            CLAIM_SQL,
             params![c.consumer, c.now, c.worker_id, c.token, c.until, c.limit],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        )
     }
 
     fn lock_delivery(&mut self, consumer: &str, seq: i64) -> Result<Option<FenceRow>> {

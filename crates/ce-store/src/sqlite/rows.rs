@@ -33,11 +33,25 @@ impl<'a> SqlTx<'a> {
 }
 
 impl SqlTx<'_> {
-    fn strings(&self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<String>> {
+    /// The first column of every row `sql` returns (a cached statement).
+    pub(super) fn strings(&self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<String>> {
         Ok(self
             .conn
             .prepare_cached(sql)?
             .query_map(p, |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The first two columns of every row `sql` returns (a cached statement).
+    pub(super) fn pairs<A: rusqlite::types::FromSql, B: rusqlite::types::FromSql>(
+        &self,
+        sql: &str,
+        p: impl rusqlite::Params,
+    ) -> Result<Vec<(A, B)>> {
+        Ok(self
+            .conn
+            .prepare_cached(sql)?
+            .query_map(p, |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?)
     }
 }
