@@ -6,4 +6,4 @@ pub mod sentences;
 pub mod tokenize;
 
 pub use sentences::{Block, BlockKind, Sentence, blocks, is_cjk, sentence_ranges};
-pub use tokenize::tokenize;
+pub use tokenize::{for_each_term, tokenize};

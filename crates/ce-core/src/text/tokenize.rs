@@ -82,6 +82,15 @@ fn is_word(token: &str) -> bool {
 /// Splits `text` into its terms, in text order (a term appears once per occurrence).
 pub fn tokenize(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    for_each_term(text, |t| out.push(t.to_owned()));
+    out
+}
+
+/// Calls `f` with each term of `text`, in text order, as [`tokenize`] returns them — without
+/// allocating a string per occurrence (counting the terms of a record this way instead of
+/// through [`tokenize`] saved most of the allocations of a keyword write). `f` must not
+/// tokenize: it runs while this thread's stem memo is borrowed.
+pub fn for_each_term(text: &str, mut f: impl FnMut(&str)) {
     let mut start = 0;
     let mut current = Class::Other;
     for (i, c) in text.char_indices().chain([(text.len(), ' ')]) {
@@ -89,51 +98,55 @@ pub fn tokenize(text: &str) -> Vec<String> {
         if k == current {
             continue;
         }
-        emit(current, &text[start..i], &mut out);
+        emit(current, &text[start..i], &mut f);
         start = i;
         current = k;
     }
-    out
 }
 
-/// Appends the terms of one run of class `class`.
-fn emit(class: Class, run: &str, out: &mut Vec<String>) {
+/// Calls `f` with the terms of one run of class `class`.
+fn emit(class: Class, run: &str, f: &mut impl FnMut(&str)) {
     match class {
-        Class::Han => out.extend(
-            JIEBA
-                .cut_for_search(run, true)
-                .into_iter()
-                .map(|t| t.word)
-                .filter(|w| is_word(w))
-                .map(str::to_owned),
-        ),
+        Class::Han => {
+            for t in JIEBA.cut_for_search(run, true) {
+                if is_word(t.word) {
+                    f(t.word);
+                }
+            }
+        }
         Class::Word => {
             let lower = if run.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
                 Cow::Borrowed(run)
             } else {
                 Cow::Owned(run.to_lowercase())
             };
-            out.push(STEMS.with(|m| stem(&mut m.borrow_mut(), STEM_MEMO, &lower)));
+            STEMS.with(|m| with_stem(&mut m.borrow_mut(), STEM_MEMO, &lower, f));
         }
         Class::Other => {}
     }
 }
 
-/// The stem of `lower` (a lower-cased word), remembered in `memo` (cleared when it holds
-/// `cap` words).
-fn stem(memo: &mut HashMap<String, String>, cap: usize, lower: &str) -> String {
+/// Calls `f` with the stem of `lower` (a lower-cased word), remembered in `memo` (cleared when
+/// it holds `cap` words).
+fn with_stem<R>(
+    memo: &mut HashMap<String, String>,
+    cap: usize,
+    lower: &str,
+    f: impl FnOnce(&str) -> R,
+) -> R {
     if lower.len() > STEM_MEMO_WORD {
-        return STEMMER.stem(lower).into_owned();
+        return f(&STEMMER.stem(lower));
     }
     if let Some(s) = memo.get(lower) {
-        return s.clone();
+        return f(s);
     }
     let s = STEMMER.stem(lower).into_owned();
     if memo.len() >= cap {
         memo.clear();
     }
-    memo.insert(lower.to_owned(), s.clone());
-    s
+    let r = f(&s);
+    memo.insert(lower.to_owned(), s);
+    r
 }
 
 #[cfg(test)]
@@ -152,7 +165,8 @@ mod tests {
         let mut memo = HashMap::new();
         for round in 0..3 {
             for w in &words {
-                assert_eq!(stem(&mut memo, 7, w), STEMMER.stem(w), "{w}, round {round}");
+                let stem = with_stem(&mut memo, 7, w, str::to_owned);
+                assert_eq!(stem, STEMMER.stem(w), "{w}, round {round}");
                 assert!(memo.len() <= 7);
             }
         }

@@ -132,10 +132,15 @@ pub(crate) struct Terms {
 impl Terms {
     pub(crate) fn of(text: &str) -> Self {
         let mut t = Terms::default();
-        for term in tokenize::tokenize(text) {
-            *t.tf.entry(term).or_default() += 1;
+        tokenize::for_each_term(text, |term| {
+            match t.tf.get_mut(term) {
+                Some(n) => *n += 1,
+                None => {
+                    t.tf.insert(term.to_owned(), 1);
+                }
+            }
             t.len += 1;
-        }
+        });
         t
     }
 }
@@ -211,6 +216,19 @@ mod tests {
         assert!(s.term(idf, 3, 10) > s.term(idf, 1, 10));
         // Saturation: tf → ∞ tends to idf · (k1 + 1).
         assert!(s.term(idf, 1000, 10) < idf * (K1 + 1.0));
+    }
+
+    #[test]
+    fn a_texts_terms_count_each_occurrence() {
+        let t = Terms::of("Running runs, the RUN! 北京大学 and the run");
+        let mut expected: BTreeMap<String, u32> = BTreeMap::new();
+        let all = tokenize::tokenize("Running runs, the RUN! 北京大学 and the run");
+        for term in &all {
+            *expected.entry(term.clone()).or_default() += 1;
+        }
+        assert_eq!(t.tf, expected);
+        assert_eq!(t.len as usize, all.len());
+        assert_eq!((t.tf["run"], t.tf["the"], t.tf["北京"]), (4, 2, 1));
     }
 
     #[test]

@@ -350,7 +350,8 @@ impl NodeApplier<'_> {
         Ok(())
     }
 
-    /// Writes `writes` in chunks of `upsert_batch_size` records; returns what was applied.
+    /// Writes `writes` in chunks of at most [`IndexTarget::write_records`] records; returns
+    /// what was applied.
     fn write_all(
         &self,
         writes: Vec<NodeWrite>,
@@ -359,7 +360,8 @@ impl NodeApplier<'_> {
     ) -> Written {
         let mut written = Written::default();
         let removal_cost = usize::from(!self.target.bulk_removals());
-        for chunk in write_batches(writes, self.cfg.vector_upsert_batch_size, removal_cost) {
+        let max_records = self.target.write_records(self.cfg.vector_upsert_batch_size);
+        for chunk in write_batches(writes, max_records, removal_cost) {
             self.write_chunk(chunk, &mut written, failed, counts);
         }
         written

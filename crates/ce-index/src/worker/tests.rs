@@ -856,6 +856,64 @@ impl IndexTarget for HookedTarget {
     ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
         (self.write)(self.inner.as_ref(), writes)
     }
+    fn bulk_removals(&self) -> bool {
+        self.inner.bulk_removals()
+    }
+    fn write_records(&self, configured: usize) -> usize {
+        self.inner.write_records(configured)
+    }
+}
+
+/// The vector index's batch size (5 records here) does not cut the keyword index's writes: a
+/// claimed batch is one transaction (each commit rewrites the blocks of every term it touches).
+#[test]
+fn a_keyword_worker_writes_a_claimed_batch_at_once() {
+    use crate::keyword::KeywordIndex as _;
+    use crate::keyword::memory::MemoryKeywordIndex;
+
+    let env = Env::new("keyword");
+    let mut cfg = WorkerConfig::from_config(&Config::default(), "w", "keyword");
+    cfg.vector_upsert_batch_size = 5;
+    let index = Arc::new(MemoryKeywordIndex::new());
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let seen = writes.clone();
+    let w = IndexWorker::for_target(
+        cfg,
+        env.store.clone(),
+        HookedTarget::new(
+            Arc::new(KeywordTarget(index.clone())),
+            move |inner, batch| {
+                let records = batch
+                    .iter()
+                    .map(|w| match w {
+                        NodeWrite::Sync { records, .. } => records.len(),
+                        _ => 0,
+                    })
+                    .sum::<usize>();
+                seen.lock().expect("writes").push(records);
+                inner.write_nodes(batch)
+            },
+        ),
+        None,
+        IndexProjector::default(),
+    )
+    .expect("worker");
+    for i in 0..40 {
+        put(
+            &env,
+            &format!("ctx://acc/d/n{i}"),
+            &format!("abstract {i}"),
+            &format!("content {i}"),
+        );
+    }
+    let r = w.run_once(100).expect("run");
+    // The 40 nodes and their two parents.
+    assert_eq!((r.claimed, r.failed), (42, 0), "{r:?}");
+    let writes = writes.lock().expect("writes").clone();
+    assert_eq!(writes.len(), 1, "one write for the batch: {writes:?}");
+    assert!(writes[0] >= 80, "two records a node at least: {writes:?}");
+    let held = by_id(index.list_under(&CtxUri::root()).expect("list"));
+    assert_eq!(held, expected(&env));
 }
 
 #[test]

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ce_core::IndexRecord;
+use ce_core::{CtxUri, IndexRecord, Level};
 use rusqlite::Connection;
+use serde_json::Value;
 
 use super::super::Terms;
 use super::blocks::{self, Posting};
@@ -212,9 +213,43 @@ pub(super) fn decode_view(head: &str) -> Result<FilterView> {
 
 /// The record as stored in `head`: everything but the text.
 pub(super) fn encode_head(r: &IndexRecord) -> Result<String> {
-    let head = IndexRecord {
-        text: String::new(),
-        ..r.clone()
+    /// `IndexRecord`'s fields in its order, borrowed, with an empty text: the JSON an
+    /// `IndexRecord` without its text serializes to, without copying the record (copying it was
+    /// 4 % of a cold keyword drain).
+    #[derive(serde::Serialize)]
+    struct Head<'a> {
+        id: &'a str,
+        uri: &'a CtxUri,
+        parent_uri: &'a CtxUri,
+        context_type: &'a str,
+        category: &'a str,
+        level: Level,
+        text: &'a str,
+        filters: &'a BTreeMap<String, Value>,
+        metadata: &'a BTreeMap<String, Value>,
+    }
+    // Destructured so that a field added to `IndexRecord` fails to compile here.
+    let IndexRecord {
+        id,
+        uri,
+        parent_uri,
+        context_type,
+        category,
+        level,
+        text: _,
+        filters,
+        metadata,
+    } = r;
+    let head = Head {
+        id,
+        uri,
+        parent_uri,
+        context_type,
+        category,
+        level: *level,
+        text: "",
+        filters,
+        metadata,
     };
     serde_json::to_string(&head).map_err(|e| corrupt("record", e))
 }
@@ -251,4 +286,38 @@ pub(super) fn decode_terms(s: &str) -> Result<BTreeMap<&str, u32>> {
             Ok((term, tf))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The head is what the whole record without its text serializes to, and decodes with the
+    /// text back to the record.
+    #[test]
+    fn a_head_is_the_record_without_its_text() {
+        let uri = CtxUri::parse("ctx://acc/docs/a").expect("uri");
+        let r = IndexRecord {
+            id: "id-1".into(),
+            parent_uri: uri.parent().expect("parent"),
+            uri,
+            context_type: "resource".into(),
+            category: "notes \"quoted\"".into(),
+            level: Level::L1,
+            text: "the text is not in the head".into(),
+            filters: BTreeMap::from([("owner_space".into(), Value::from("team"))]),
+            metadata: BTreeMap::from([
+                ("tags".into(), serde_json::json!(["a", "b"])),
+                ("size".into(), Value::from(3)),
+            ]),
+        };
+        let head = encode_head(&r).expect("encode");
+        let whole = IndexRecord {
+            text: String::new(),
+            ..r.clone()
+        };
+        assert_eq!(head, serde_json::to_string(&whole).expect("json"));
+        assert!(!head.contains("not in the head"));
+        assert_eq!(decode(&head, r.text.clone()).expect("decode"), r);
+    }
 }
