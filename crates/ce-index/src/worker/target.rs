@@ -197,4 +197,4 @@ impl IndexTarget for KeywordTarget {
 /// holds ~300). Each commit rewrites the blocks of every term its records touch (the frequent
 /// terms' in every commit): a cold keyword drain of 10,000 documents took 2.5 s in chunks of
 /// 128 records, 1.3–1.7 s with a claimed batch per transaction (docs/benchmarks.md).
-pub const KEYWORD_WRITE_RECORDS: usize = 2048;
+const KEYWORD_WRITE_RECORDS: usize = 2048;
