@@ -223,51 +223,32 @@ impl<'c> WriteTx<'c> {
         // fresh one. Neither statement can change more than one row, so neither needs SQLite's
         // statement journal (`INSERT OR REPLACE` did: 5 % of a cold keyword drain copying pages
         // to it).
-        let doc = match &old {
-            Some((doc, ..)) => {
-                self.tx
-                    .prepare_cached(
-                        "UPDATE records SET id = ?2, node_version = ?3, len = ?4, terms = ?5,
-                             head = ?6, text = ?7
-                         WHERE doc = ?1",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![
-                            doc,
-                            r.id,
-                            node_version as i64,
-                            terms.len,
-                            encode_terms(terms),
-                            head,
-                            r.text,
-                        ])
-                    })
-                    .map_err(sql)?;
-                *doc
-            }
-            None => {
-                self.tx
-                    .prepare_cached(
-                        "INSERT INTO records (id, uri, level, node_version, len, terms, head,
-                             text)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![
-                            r.id,
-                            r.uri.as_str(),
-                            r.level.as_u8(),
-                            node_version as i64,
-                            terms.len,
-                            encode_terms(terms),
-                            head,
-                            r.text,
-                        ])
-                    })
-                    .map_err(sql)?;
-                self.tx.last_insert_rowid()
-            }
+        let statement = if old.is_some() {
+            "UPDATE records SET id = ?2, uri = ?3, level = ?4, node_version = ?5, len = ?6,
+                 terms = ?7, head = ?8, text = ?9
+             WHERE doc = ?1"
+        } else {
+            "INSERT INTO records (doc, id, uri, level, node_version, len, terms, head, text)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
         };
+        let old_doc = old.as_ref().map(|(doc, ..)| *doc);
+        self.tx
+            .prepare_cached(statement)
+            .and_then(|mut s| {
+                s.execute(params![
+                    old_doc,
+                    r.id,
+                    r.uri.as_str(),
+                    r.level.as_u8(),
+                    node_version as i64,
+                    terms.len,
+                    encode_terms(terms),
+                    head,
+                    r.text,
+                ])
+            })
+            .map_err(sql)?;
+        let doc = old_doc.unwrap_or_else(|| self.tx.last_insert_rowid());
         // The postings as they are: none for a new record; every posting carries the length,
         // so all of them change when it does.
         let mut stale = BTreeMap::new();
