@@ -186,7 +186,7 @@ impl IndexTarget for KeywordTarget {
     fn bulk_removals(&self) -> bool {
         true
     }
-    /// [`KEYWORD_WRITE_RECORDS`], or more if configured: the vector index's batch size does
+    /// `KEYWORD_WRITE_RECORDS` (2,048), or more if configured: the vector index's batch size does
     /// not bound the keyword index's transactions.
     fn write_records(&self, configured: usize) -> usize {
         configured.max(KEYWORD_WRITE_RECORDS)
