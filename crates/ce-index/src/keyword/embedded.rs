@@ -39,7 +39,7 @@ use self::schema::{
     stats, term_names,
 };
 use super::{
-    Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
+    Bm25, KeywordHit, KeywordIndex, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
     query_terms,
 };
 use crate::error::{IndexError, Result};
@@ -87,26 +87,29 @@ enum Prepared<'a> {
 
 impl<'a> Prepared<'a> {
     /// Checks and tokenizes `w` (the costly part, done before the write lock is taken).
-    fn of(w: &'a KeywordWrite) -> Result<Self> {
+    fn of(w: &'a NodeWrite) -> Result<Self> {
         Ok(match w {
-            KeywordWrite::Sync {
+            NodeWrite::Sync {
                 uri,
                 version,
                 records,
             } => {
-                check_node_records(uri, records)?;
-                let records = records.iter().map(|r| (r, Terms::of(&r.text))).collect();
+                check_node_records(uri, records.iter().map(|r| &r.record))?;
+                let records = records
+                    .iter()
+                    .map(|r| (&r.record, Terms::of(&r.record.text)))
+                    .collect();
                 Prepared::Sync {
                     uri,
                     version: *version,
                     records,
                 }
             }
-            KeywordWrite::Remove { uri, version } => Prepared::Remove {
+            NodeWrite::Remove { uri, version } => Prepared::Remove {
                 uri,
                 version: *version,
             },
-            KeywordWrite::Purge { uri } => Prepared::Purge { uri },
+            NodeWrite::Purge { uri } => Prepared::Purge { uri },
         })
     }
 }
@@ -936,8 +939,8 @@ fn stored(head: &str, text: String, node_version: i64) -> Result<StoredRecord> {
 }
 
 impl KeywordIndex for EmbeddedKeywordIndex {
-    fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>> {
-        sqlite::write_batch(&writes, |writes, isolation| {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
+        sqlite::write_batch(writes, |writes, isolation| {
             let prepared: Vec<Result<Prepared>> = writes.iter().map(Prepared::of).collect();
             self.write(|w| {
                 prepared

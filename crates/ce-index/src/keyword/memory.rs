@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use ce_core::{CtxUri, IndexRecord};
 
 use super::{
-    Bm25, KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
+    Bm25, KeywordHit, KeywordIndex, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
     query_terms, rank,
 };
 use crate::error::Result;
@@ -71,37 +71,38 @@ impl State {
         ids.len() as u64
     }
 
-    fn apply(&mut self, write: KeywordWrite) -> Result<SyncOutcome> {
+    fn apply(&mut self, write: &NodeWrite) -> Result<SyncOutcome> {
         match write {
-            KeywordWrite::Sync {
+            NodeWrite::Sync {
                 uri,
                 version,
                 records,
             } => {
-                check_node_records(&uri, &records)?;
-                if !SeenVersion::admits_write(self.versions.get(&uri).copied(), version) {
+                check_node_records(uri, records.iter().map(|r| &r.record))?;
+                if !SeenVersion::admits_write(self.versions.get(uri).copied(), *version) {
                     return Ok(SyncOutcome::Stale);
                 }
-                self.remove_node(&uri);
-                for record in records {
-                    let terms = Terms::of(&record.text);
+                self.remove_node(uri);
+                for r in records {
                     self.insert(Entry {
-                        record,
-                        node_version: version,
-                        terms,
+                        terms: Terms::of(&r.record.text),
+                        record: r.record.clone(),
+                        node_version: *version,
                     });
                 }
-                self.versions.insert(uri, SeenVersion::live(version));
+                self.versions
+                    .insert(uri.clone(), SeenVersion::live(*version));
             }
-            KeywordWrite::Remove { uri, version } => {
-                if !SeenVersion::admits_removal(self.versions.get(&uri).copied(), version) {
+            NodeWrite::Remove { uri, version } => {
+                if !SeenVersion::admits_removal(self.versions.get(uri).copied(), *version) {
                     return Ok(SyncOutcome::Stale);
                 }
-                self.remove_node(&uri);
-                self.versions.insert(uri, SeenVersion::removed(version));
+                self.remove_node(uri);
+                self.versions
+                    .insert(uri.clone(), SeenVersion::removed(*version));
             }
-            KeywordWrite::Purge { uri } => {
-                self.remove_node(&uri);
+            NodeWrite::Purge { uri } => {
+                self.remove_node(uri);
             }
         }
         Ok(SyncOutcome::Applied)
@@ -137,9 +138,9 @@ impl MemoryKeywordIndex {
 }
 
 impl KeywordIndex for MemoryKeywordIndex {
-    fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
         let mut s = self.state();
-        Ok(writes.into_iter().map(|w| s.apply(w)).collect())
+        Ok(writes.iter().map(|w| s.apply(w)).collect())
     }
 
     fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64> {

@@ -12,10 +12,11 @@
 //!   [`SearchFilter`] (the vector index's, with its reference semantics
 //!   [`SearchFilter::matches`]), best first, ties by id ascending; when at least `top_k` such
 //!   records exist exactly `top_k` are returned.
-//! - Writes are the worker's versioned node writes under the vector index's rule (invariant
-//!   **VX1**, [`crate::records`]): [`KeywordWrite::Sync`] replaces all records of a node if
-//!   [`SeenVersion::admits_write`] admits its version, [`KeywordWrite::Remove`] removes them
-//!   if [`SeenVersion::admits_removal`], [`KeywordWrite::Purge`] removes an orphan's.
+//! - Writes are the worker's versioned node writes, the vector index's [`NodeWrite`]s (their
+//!   vectors ignored), under the vector index's rule (invariant **VX1**, [`crate::records`]):
+//!   [`NodeWrite::Sync`] replaces all records of a node if [`SeenVersion::admits_write`]
+//!   admits its version, [`NodeWrite::Remove`] removes them if
+//!   [`SeenVersion::admits_removal`], [`NodeWrite::Purge`] removes an orphan's.
 //!
 //! [`SeenVersion::admits_write`]: crate::records::SeenVersion::admits_write
 //! [`SeenVersion::admits_removal`]: crate::records::SeenVersion::admits_removal
@@ -28,7 +29,7 @@ use std::collections::BTreeMap;
 use ce_core::{CtxUri, IndexRecord};
 use serde::Serialize;
 
-pub use crate::vector::{SearchFilter, StoredRecord, SyncOutcome};
+pub use crate::vector::{NodeRecord, NodeWrite, SearchFilter, StoredRecord, SyncOutcome};
 
 use crate::error::Result;
 
@@ -50,56 +51,13 @@ pub struct KeywordHit {
     pub score: f32,
 }
 
-/// One versioned write of a batch (see [`KeywordIndex::write_nodes`]); the same writes as the
-/// vector index's `NodeWrite`, without vectors.
-#[derive(Debug, Clone, PartialEq)]
-pub enum KeywordWrite {
-    /// Replaces all records of node `uri` with `records` (levels not given are removed) if
-    /// [`SeenVersion::admits_write`](crate::records::SeenVersion::admits_write) admits
-    /// `version`; records the version.
-    Sync {
-        /// The node.
-        uri: CtxUri,
-        /// The source version the records were computed from.
-        version: u64,
-        /// Its records; each must have `uri` as its URI.
-        records: Vec<IndexRecord>,
-    },
-    /// Removes all records of node `uri` if
-    /// [`SeenVersion::admits_removal`](crate::records::SeenVersion::admits_removal) admits
-    /// `version`; records the version as deleted.
-    Remove {
-        /// The node.
-        uri: CtxUri,
-        /// The source version at which it was deleted.
-        version: u64,
-    },
-    /// Removes the records of a node the source has never stored (an orphan), like
-    /// `delete_by_uri(uri, false)`; always [`SyncOutcome::Applied`].
-    Purge {
-        /// The node.
-        uri: CtxUri,
-    },
-}
-
-impl KeywordWrite {
-    /// The node written.
-    pub fn uri(&self) -> &CtxUri {
-        match self {
-            KeywordWrite::Sync { uri, .. }
-            | KeywordWrite::Remove { uri, .. }
-            | KeywordWrite::Purge { uri } => uri,
-        }
-    }
-}
-
 /// A keyword index.
 pub trait KeywordIndex: Send + Sync {
     /// Applies several versioned writes in order, each with the outcome it would have alone.
     /// One write failing (e.g. a record of another node) fails only that write and changes
     /// nothing of it; the outer error means none was applied. The embedded implementation
-    /// makes the batch one durable transaction.
-    fn write_nodes(&self, writes: Vec<KeywordWrite>) -> Result<Vec<Result<SyncOutcome>>>;
+    /// makes the batch one durable transaction. [`NodeRecord::vector`] is ignored.
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>>;
     /// Removes the records of `uri` (all levels), and of its whole subtree when `subtree`;
     /// returns how many were removed. Removing nothing is not an error. Versions are kept.
     fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> Result<u64>;

@@ -287,8 +287,8 @@ impl EmbeddedRelationIndex {
 }
 
 impl RelationIndex for EmbeddedRelationIndex {
-    fn write_owners(&self, writes: Vec<RelationWrite>) -> Result<Vec<Result<RelationOutcome>>> {
-        sqlite::write_batch(&writes, |writes, isolation| {
+    fn write_owners(&self, writes: &[RelationWrite]) -> Result<Vec<Result<RelationOutcome>>> {
+        sqlite::write_batch(writes, |writes, isolation| {
             // The rule applies owned writes (the in-memory index keeps them).
             let checked: Vec<Result<RelationWrite>> = writes
                 .iter()

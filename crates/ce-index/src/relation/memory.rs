@@ -84,13 +84,13 @@ impl MemoryRelationIndex {
 }
 
 impl RelationIndex for MemoryRelationIndex {
-    fn write_owners(&self, writes: Vec<RelationWrite>) -> Result<Vec<Result<RelationOutcome>>> {
+    fn write_owners(&self, writes: &[RelationWrite]) -> Result<Vec<Result<RelationOutcome>>> {
         let mut s = self.state();
         Ok(writes
-            .into_iter()
+            .iter()
             .map(|w| {
-                check_write(&w)?;
-                apply_write(&mut *s, w)
+                check_write(w)?;
+                apply_write(&mut *s, w.clone())
             })
             .collect())
     }

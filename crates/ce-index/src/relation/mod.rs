@@ -9,7 +9,7 @@
 //!   removes an owner's edges when the source removed (or moved away) the owner
 //!   ([`RelationWrite::Remove`]), and purges an owner the source never stored
 //!   ([`RelationWrite::Purge`]). Writes come in batches with one outcome each
-//!   ([`RelationIndex::write_owners`]), like the keyword index's `KeywordWrite`s.
+//!   ([`RelationIndex::write_owners`]), like the keyword index's node writes.
 //!
 //! # Versions (invariant RX1)
 //!
@@ -254,7 +254,7 @@ pub trait RelationIndex: Send + Sync {
     /// One write failing (invalid input) fails only that write and changes nothing of it; the
     /// outer error means none was applied. The embedded implementation makes the batch one
     /// durable transaction.
-    fn write_owners(&self, writes: Vec<RelationWrite>) -> Result<Vec<Result<RelationOutcome>>>;
+    fn write_owners(&self, writes: &[RelationWrite]) -> Result<Vec<Result<RelationOutcome>>>;
     /// Inserts or overwrites records by id (spec §6.2 `upsert_relations`; idempotent,
     /// unversioned). Every record is checked first: one invalid record fails the call and
     /// nothing is written.

@@ -59,7 +59,7 @@ fn remove(owner: &str, node_version: u64) -> RelationWrite {
 
 /// Applies one write, which must not fail.
 fn write1(idx: &dyn RelationIndex, w: RelationWrite) -> RelationOutcome {
-    let mut out = idx.write_owners(vec![w]).expect("batch");
+    let mut out = idx.write_owners(&[w]).expect("batch");
     out.pop().expect("one outcome").expect("write")
 }
 
@@ -177,7 +177,7 @@ fn related_answers_each_direction_strongest_first() {
     both(|name, idx| {
         let (a, b, c) = ("ctx://acc/a", "ctx://acc/b", "ctx://acc/c");
         let out = idx
-            .write_owners(vec![
+            .write_owners(&[
                 replace(
                     a,
                     v(1, 1),
@@ -271,7 +271,7 @@ fn listings_and_deletes_follow_the_owner_subtree() {
         ]
         .map(|(f, t)| replace(f, v(1, 1), vec![rec(f, t, "ref", 1.0)]))
         .to_vec();
-        idx.write_owners(writes).expect("batch");
+        idx.write_owners(&writes).expect("batch");
         assert_eq!(idx.count().expect("count"), 6, "{name}");
         let under = |u: &str| edges(&idx.list_under(&uri(u)).expect("list"));
         let into = |u: &str| edges(&idx.list_targeting(&uri(u)).expect("list"));
@@ -380,7 +380,7 @@ fn bad_writes_fail_alone_with_typed_errors_and_harm_nothing() {
             v(1, 1),
             vec![rec("ctx://acc/d", a, "ref", 1.0)],
         ));
-        let out = idx.write_owners(writes).expect("batch");
+        let out = idx.write_owners(&writes).expect("batch");
         for (i, o) in out[..n].iter().enumerate() {
             let e = o.as_ref().expect_err("invalid write");
             assert_eq!(e.code(), ErrorCode::InvalidField, "{name}: write {i}: {e}");
@@ -447,7 +447,7 @@ fn embedded_index_survives_reopen_and_refuses_damaged_files() {
     let (a, b) = ("ctx://acc/a", "ctx://acc/b");
     {
         let idx = open(dir.path());
-        idx.write_owners(vec![
+        idx.write_owners(&[
             replace(a, v(4, 2), vec![rec(a, b, "ref", 0.25)]),
             remove(b, 3),
         ])
@@ -659,7 +659,7 @@ fn apply(idx: &dyn RelationIndex, op: &Op) -> Result<String, String> {
     match op {
         Op::Write(ws) => {
             let out = idx
-                .write_owners(ws.iter().map(to_write).collect())
+                .write_owners(&ws.iter().map(to_write).collect::<Vec<_>>())
                 .map_err(code)?;
             Ok(format!(
                 "{:?}",

@@ -1913,11 +1913,11 @@ impl VectorIndex for EmbeddedVectorIndex {
 
     /// One transaction for the whole batch (one fsync); a failing write is rolled back alone
     /// ([`crate::sqlite::write_batch`]).
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
-        crate::sqlite::write_batch(&writes, |writes, isolation| {
+        crate::sqlite::write_batch(writes, |writes, isolation| {
             self.write(|w| {
                 let mut out = Vec::with_capacity(writes.len());
                 for nw in writes {

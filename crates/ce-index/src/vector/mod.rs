@@ -101,7 +101,9 @@ pub enum SyncOutcome {
     Stale,
 }
 
-/// One versioned write of a batch (see [`VectorIndex::write_nodes`]).
+/// One versioned write of a batch: the worker's writes to the vector index
+/// ([`VectorIndex::write_nodes`]) and to the keyword index
+/// ([`crate::keyword::KeywordIndex::write_nodes`], which ignores [`NodeRecord::vector`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeWrite {
     /// [`VectorIndex::sync_node`].
@@ -139,16 +141,16 @@ impl NodeWrite {
     }
 
     /// Applies this write alone through the single-write methods.
-    pub fn apply_to<I: VectorIndex + ?Sized>(self, index: &I) -> Result<SyncOutcome> {
+    pub fn apply_to<I: VectorIndex + ?Sized>(&self, index: &I) -> Result<SyncOutcome> {
         match self {
             NodeWrite::Sync {
                 uri,
                 version,
                 records,
-            } => index.sync_node(&uri, version, records),
-            NodeWrite::Remove { uri, version } => index.remove_node(&uri, version),
+            } => index.sync_node(uri, *version, records.clone()),
+            NodeWrite::Remove { uri, version } => index.remove_node(uri, *version),
             NodeWrite::Purge { uri } => index
-                .delete_by_uri(&uri, false)
+                .delete_by_uri(uri, false)
                 .map(|_| SyncOutcome::Applied),
         }
     }
@@ -321,8 +323,8 @@ pub trait VectorIndex: Send + Sync {
     /// outer error means none was applied. Implementations make the batch one durable
     /// transaction where they can (the worker's throughput depends on it); the default
     /// applies the writes one by one.
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
-        Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
+        Ok(writes.iter().map(|w| w.apply_to(self)).collect())
     }
 
     /// The stored records of the nodes `uris` (every level each holds), node by node in the

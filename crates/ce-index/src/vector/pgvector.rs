@@ -1228,17 +1228,17 @@ impl VectorIndex for PgVectorIndex {
     /// order. Once the dimension is fixed, the batch is planned in memory and written in a
     /// few statements ([`batch`]); before (the first write of an unbound index), each write
     /// runs in a savepoint, so a failing write is rolled back alone.
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
         self.write(false, |w| {
             w.lock_uris(writes.iter().map(NodeWrite::uri))?;
             if w.dimension.is_some() {
-                return w.write_batch(&writes);
+                return w.write_batch(writes);
             }
             let mut out = Vec::with_capacity(writes.len());
-            for nw in &writes {
+            for nw in writes {
                 if w.needs_exclusive {
                     // Rolled back and run again under the exclusive lock.
                     break;

@@ -255,8 +255,8 @@ impl NodeApplier<'_> {
                 break;
             };
             let refs: Vec<&str> = embed_texts[start..end].iter().map(String::as_str).collect();
-            let mut call = |refs: Vec<&str>| self.embed(embedder, &refs);
-            let outcomes = bisect::call_split(refs, &mut call, &self.cfg.consumer, "embed");
+            let mut call = |refs: &[&str]| self.embed(embedder, refs);
+            let outcomes = bisect::call_split(&refs, &mut call, &self.cfg.consumer, "embed");
             for (k, outcome) in outcomes.into_iter().enumerate() {
                 match outcome {
                     Ok(v) => vectors[to_embed[start + k]] = Some(v),
@@ -410,10 +410,10 @@ impl NodeApplier<'_> {
             })
             .collect();
         ce_core::failpoint::hit("worker.after_embed");
-        let mut call = |writes: Vec<NodeWrite>| {
+        let mut call = |writes: &[NodeWrite]| {
             bisect::index_write(writes, kind, |w| self.target.write_nodes(w))
         };
-        let outcomes = bisect::call_split(writes, &mut call, &self.cfg.consumer, "write");
+        let outcomes = bisect::call_split(&writes, &mut call, &self.cfg.consumer, "write");
         ce_core::failpoint::hit("worker.after_index_write");
         for ((uri, synced, purge), outcome) in keys.into_iter().zip(outcomes) {
             match (outcome.and_then(|o| o.map_err(WorkError::from)), synced) {

@@ -23,13 +23,16 @@ pub(super) struct Refusal {
     pub splittable: bool,
 }
 
+/// A batched call: one result per item on success.
+type BatchedCall<'c, T, R> = dyn FnMut(&[T]) -> Result<Vec<R>, Refusal> + 'c;
+
 /// Runs one batched write to the index `kind`, recording its latency in the index's
 /// histogram ([`IndexKind::write_latency_metric`]); a failure is logged and becomes a
 /// [`Refusal`], splittable when it is permanent.
 pub(super) fn index_write<W, T>(
-    writes: Vec<W>,
+    writes: &[W],
     kind: IndexKind,
-    write: impl FnOnce(Vec<W>) -> crate::Result<T>,
+    write: impl FnOnce(&[W]) -> crate::Result<T>,
 ) -> Result<T, Refusal> {
     let (n, t0) = (writes.len(), std::time::Instant::now());
     match write(writes) {
@@ -52,9 +55,9 @@ pub(super) fn index_write<W, T>(
 /// splittable refusal of several items (see the module documentation). `call` must return
 /// one result per item it is given. The extra calls are counted under `consumer` and
 /// `call_name` (`embed`, `write`).
-pub(super) fn call_split<T: Clone, R>(
-    items: Vec<T>,
-    call: &mut dyn FnMut(Vec<T>) -> Result<Vec<R>, Refusal>,
+pub(super) fn call_split<T, R>(
+    items: &[T],
+    call: &mut BatchedCall<'_, T, R>,
     consumer: &str,
     call_name: &'static str,
 ) -> Vec<Result<R, WorkError>> {
@@ -66,30 +69,26 @@ pub(super) fn call_split<T: Clone, R>(
     out
 }
 
-fn split<T: Clone, R>(
-    items: Vec<T>,
-    call: &mut dyn FnMut(Vec<T>) -> Result<Vec<R>, Refusal>,
+fn split<T, R>(
+    items: &[T],
+    call: &mut BatchedCall<'_, T, R>,
     extra: &mut u64,
 ) -> Vec<Result<R, WorkError>> {
     let n = items.len();
-    // Kept only where a split is possible; a single item needs no copy.
-    let kept = (n > 1).then(|| items.clone());
     match call(items) {
         Ok(results) if results.len() == n => results.into_iter().map(Ok).collect(),
         Ok(results) => {
             let e = WorkError::internal(format!("{} results for {n} items", results.len()));
             (0..n).map(|_| Err(e.clone())).collect()
         }
-        Err(refusal) => match kept {
-            Some(mut left) if refusal.splittable => {
-                let right = left.split_off(n / 2);
-                *extra += 2;
-                let mut out = split(left, call, extra);
-                out.extend(split(right, call, extra));
-                out
-            }
-            _ => (0..n).map(|_| Err(refusal.error.clone())).collect(),
-        },
+        Err(refusal) if refusal.splittable && n > 1 => {
+            let (left, right) = items.split_at(n / 2);
+            *extra += 2;
+            let mut out = split(left, call, extra);
+            out.extend(split(right, call, extra));
+            out
+        }
+        Err(refusal) => (0..n).map(|_| Err(refusal.error.clone())).collect(),
     }
 }
 
@@ -101,9 +100,9 @@ mod tests {
     fn refusing(
         refused: &[u32],
         calls: &mut u64,
-    ) -> impl FnMut(Vec<u32>) -> Result<Vec<u32>, Refusal> {
+    ) -> impl FnMut(&[u32]) -> Result<Vec<u32>, Refusal> {
         let refused = refused.to_vec();
-        move |items: Vec<u32>| {
+        move |items: &[u32]| {
             *calls += 1;
             match items.iter().find(|i| refused.contains(i)) {
                 Some(i) => Err(Refusal {
@@ -131,7 +130,7 @@ mod tests {
         ] {
             let mut calls = 0u64;
             let items: Vec<u32> = (0..32).collect();
-            let out = call_split(items, &mut refusing(&refused, &mut calls), "t", "embed");
+            let out = call_split(&items, &mut refusing(&refused, &mut calls), "t", "embed");
             for (i, r) in out.iter().enumerate() {
                 let i = i as u32;
                 match r {
@@ -154,14 +153,14 @@ mod tests {
     #[test]
     fn unsplittable_refusals_and_single_items_fail_as_a_whole() {
         let mut calls = 0;
-        let mut call = |items: Vec<u32>| -> Result<Vec<u32>, Refusal> {
+        let mut call = |items: &[u32]| -> Result<Vec<u32>, Refusal> {
             calls += 1;
             Err(Refusal {
                 error: WorkError::internal(format!("down ({} items)", items.len())),
                 splittable: false,
             })
         };
-        let out = call_split((0..8).collect(), &mut call, "t", "write");
+        let out = call_split(&(0..8).collect::<Vec<_>>(), &mut call, "t", "write");
         assert_eq!(calls, 1, "a retryable failure is not split");
         assert!(out.iter().all(|r| {
             r.as_ref()
@@ -169,10 +168,10 @@ mod tests {
                 .is_some_and(|e| e.message == "down (8 items)")
         }));
         let mut calls = 0;
-        let out = call_split(vec![1], &mut refusing(&[1], &mut calls), "t", "embed");
+        let out = call_split(&[1], &mut refusing(&[1], &mut calls), "t", "embed");
         assert_eq!((calls, out.len()), (1, 1));
-        let mut short = |_items: Vec<u32>| -> Result<Vec<u32>, Refusal> { Ok(vec![1]) };
-        let out = call_split(vec![1, 2], &mut short, "t", "embed");
+        let mut short = |_items: &[u32]| -> Result<Vec<u32>, Refusal> { Ok(vec![1]) };
+        let out = call_split(&[1, 2], &mut short, "t", "embed");
         assert!(
             out.iter().all(Result::is_err),
             "a short answer fails every item"

@@ -207,14 +207,11 @@ impl IndexTarget for RecordingTarget<'_> {
     fn uris_under(&self, uri: &CtxUri) -> crate::Result<Vec<CtxUri>> {
         self.inner.uris_under(uri)
     }
-    fn write_nodes(
-        &self,
-        writes: Vec<NodeWrite>,
-    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
         let mut log = crate::lock(&self.writes);
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
-            let kind = match &w {
+            let kind = match w {
                 NodeWrite::Sync { .. } => "sync",
                 NodeWrite::Remove { .. } => "delete",
                 NodeWrite::Purge { .. } => "purge",

@@ -361,10 +361,10 @@ impl RelationApplier<'_> {
             })
             .collect();
         let mut in_place = Vec::new();
-        let mut call = |writes: Vec<RelationWrite>| {
+        let mut call = |writes: &[RelationWrite]| {
             bisect::index_write(writes, IndexKind::Relation, |w| self.index.write_owners(w))
         };
-        let outcomes = bisect::call_split(writes, &mut call, self.consumer, "write");
+        let outcomes = bisect::call_split(&writes, &mut call, self.consumer, "write");
         for ((owner, replaced, purge), outcome) in keys.into_iter().zip(outcomes) {
             let outcome = outcome.and_then(|o| o.map_err(WorkError::from));
             if let (Some(v), Ok(RelationOutcome::Applied | RelationOutcome::Unchanged)) =
@@ -638,7 +638,7 @@ mod tests {
             .expect("node");
         let out = env
             .index
-            .write_owners(vec![RelationWrite::Replace {
+            .write_owners(&[RelationWrite::Replace {
                 owner: uri("ctx://acc/a"),
                 version: RelationVersion {
                     node_version: node.version,

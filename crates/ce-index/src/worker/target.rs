@@ -9,7 +9,7 @@ use ce_core::CtxUri;
 use ce_embed::ModelIdentity;
 
 use crate::Result;
-use crate::keyword::{KeywordIndex, KeywordWrite};
+use crate::keyword::KeywordIndex;
 use crate::vector::{NodeWrite, StoredRecord, StoredVector, SyncOutcome, VectorIndex};
 
 /// Which index a worker writes: it names the span, the latency histogram and the log
@@ -78,7 +78,7 @@ pub trait IndexTarget: Send + Sync {
         Ok(crate::vector::uris_of(self.list_under(uri)?))
     }
     /// Versioned node writes (see [`VectorIndex::write_nodes`]).
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>>;
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>>;
     /// Whether the worker should send every removal of a batch in one write, whatever
     /// `upsert_batch_size` (removals then do not count towards it): true for an index whose
     /// removals cost less together than apart.
@@ -126,7 +126,7 @@ impl IndexTarget for VectorTarget {
     fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
         self.0.uris_under(uri)
     }
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
         self.0.write_nodes(writes)
     }
     fn finish_bulk(&self) -> Result<()> {
@@ -162,23 +162,7 @@ impl IndexTarget for KeywordTarget {
     fn uris_under(&self, uri: &CtxUri) -> Result<Vec<CtxUri>> {
         self.0.uris_under(uri)
     }
-    fn write_nodes(&self, writes: Vec<NodeWrite>) -> Result<Vec<Result<SyncOutcome>>> {
-        let writes = writes
-            .into_iter()
-            .map(|w| match w {
-                NodeWrite::Sync {
-                    uri,
-                    version,
-                    records,
-                } => KeywordWrite::Sync {
-                    uri,
-                    version,
-                    records: records.into_iter().map(|r| r.record).collect(),
-                },
-                NodeWrite::Remove { uri, version } => KeywordWrite::Remove { uri, version },
-                NodeWrite::Purge { uri } => KeywordWrite::Purge { uri },
-            })
-            .collect();
+    fn write_nodes(&self, writes: &[NodeWrite]) -> Result<Vec<Result<SyncOutcome>>> {
         self.0.write_nodes(writes)
     }
     /// The embedded keyword index applies the posting changes of a write in one pass, each

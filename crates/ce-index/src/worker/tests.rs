@@ -213,12 +213,9 @@ impl VectorIndex for FlakyIndex {
         self.inner.remove_node(uri, version)
     }
     /// The whole batch can fail, and then each write on its own.
-    fn write_nodes(
-        &self,
-        writes: Vec<NodeWrite>,
-    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
         self.fault()?;
-        Ok(writes.into_iter().map(|w| w.apply_to(self)).collect())
+        Ok(writes.iter().map(|w| w.apply_to(self)).collect())
     }
     fn get(&self, uris: &[CtxUri]) -> crate::Result<Vec<StoredRecord>> {
         self.inner.get(uris)
@@ -781,7 +778,7 @@ fn rate_limits_and_timeouts_are_never_split() {
 }
 
 /// The write step of a [`HookedTarget`].
-type WriteHook = dyn Fn(&dyn IndexTarget, Vec<NodeWrite>) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
+type WriteHook = dyn Fn(&dyn IndexTarget, &[NodeWrite]) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
     + Send
     + Sync;
 
@@ -799,10 +796,7 @@ struct HookedTarget {
 impl HookedTarget {
     fn new(
         inner: Arc<dyn IndexTarget>,
-        write: impl Fn(
-            &dyn IndexTarget,
-            Vec<NodeWrite>,
-        ) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
+        write: impl Fn(&dyn IndexTarget, &[NodeWrite]) -> crate::Result<Vec<crate::Result<SyncOutcome>>>
         + Send
         + Sync
         + 'static,
@@ -850,10 +844,7 @@ impl IndexTarget for HookedTarget {
     fn list_under(&self, uri: &CtxUri) -> crate::Result<Vec<StoredRecord>> {
         self.inner.list_under(uri)
     }
-    fn write_nodes(
-        &self,
-        writes: Vec<NodeWrite>,
-    ) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
+    fn write_nodes(&self, writes: &[NodeWrite]) -> crate::Result<Vec<crate::Result<SyncOutcome>>> {
         (self.write)(self.inner.as_ref(), writes)
     }
     fn bulk_removals(&self) -> bool {

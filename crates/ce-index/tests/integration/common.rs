@@ -294,7 +294,7 @@ impl VectorIndex for Shaped {
     }
     fn write_nodes(
         &self,
-        writes: Vec<ce_index::vector::NodeWrite>,
+        writes: &[ce_index::vector::NodeWrite],
     ) -> ce_index::Result<Vec<ce_index::Result<ce_index::vector::SyncOutcome>>> {
         let r = self.0.write_nodes(writes);
         self.after_write();
@@ -521,7 +521,7 @@ impl Running {
 /// index (fault injection, hooks).
 pub type RelationWriteStep = dyn Fn(
         &dyn ce_index::relation::RelationIndex,
-        Vec<ce_index::relation::RelationWrite>,
+        &[ce_index::relation::RelationWrite],
     ) -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>>
     + Send
     + Sync;
@@ -541,7 +541,7 @@ impl WrappedRelations {
         inner: Arc<dyn ce_index::relation::RelationIndex>,
         write: impl Fn(
             &dyn ce_index::relation::RelationIndex,
-            Vec<ce_index::relation::RelationWrite>,
+            &[ce_index::relation::RelationWrite],
         )
             -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>>
         + Send
@@ -558,7 +558,7 @@ impl WrappedRelations {
 impl ce_index::relation::RelationIndex for WrappedRelations {
     fn write_owners(
         &self,
-        writes: Vec<ce_index::relation::RelationWrite>,
+        writes: &[ce_index::relation::RelationWrite],
     ) -> ce_index::Result<Vec<ce_index::Result<ce_index::relation::RelationOutcome>>> {
         (self.write)(self.inner.as_ref(), writes)
     }

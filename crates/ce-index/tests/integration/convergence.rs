@@ -506,7 +506,7 @@ impl IndexTarget for FaultyTarget {
     }
     fn write_nodes(
         &self,
-        writes: Vec<NodeWrite>,
+        writes: &[NodeWrite],
     ) -> ce_index::Result<Vec<ce_index::Result<SyncOutcome>>> {
         let out = if self.failing.load(SeqCst) {
             Err(IndexError::Unavailable("injected outage".into()))

@@ -10,7 +10,9 @@ use ce_core::{Classify, CtxUri, ErrorCode, IndexRecord, Level};
 use ce_index::keyword::embedded::{EmbeddedKeywordIndex, EmbeddedKeywordOptions};
 use ce_index::keyword::memory::MemoryKeywordIndex;
 use ce_index::keyword::tokenize::tokenize;
-use ce_index::keyword::{KeywordHit, KeywordIndex, KeywordWrite, SearchFilter, SyncOutcome};
+use ce_index::keyword::{
+    KeywordHit, KeywordIndex, NodeRecord, NodeWrite, SearchFilter, SyncOutcome,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
 use serde_json::{Value, json};
@@ -29,21 +31,28 @@ pub(crate) fn doc(uri_s: &str, level: u8, text: &str, extra: &[(&str, Value)]) -
     }
 }
 
-pub(crate) fn sync(uri_s: &str, version: u64, records: Vec<IndexRecord>) -> KeywordWrite {
-    KeywordWrite::Sync {
+/// A keyword write of `records` (no vectors: the keyword index has none).
+pub(crate) fn sync(uri_s: &str, version: u64, records: Vec<IndexRecord>) -> NodeWrite {
+    NodeWrite::Sync {
         uri: uri(uri_s),
         version,
-        records,
+        records: records
+            .into_iter()
+            .map(|record| NodeRecord {
+                record,
+                vector: None,
+            })
+            .collect(),
     }
 }
 
 /// Applies `writes`, expecting the batch itself to succeed.
-fn write(idx: &dyn KeywordIndex, writes: Vec<KeywordWrite>) -> Vec<ce_index::Result<SyncOutcome>> {
-    idx.write_nodes(writes).expect("write batch")
+fn write(idx: &dyn KeywordIndex, writes: Vec<NodeWrite>) -> Vec<ce_index::Result<SyncOutcome>> {
+    idx.write_nodes(&writes).expect("write batch")
 }
 
 /// Applies `writes`, expecting every write to be applied.
-pub(crate) fn apply_all(idx: &dyn KeywordIndex, writes: Vec<KeywordWrite>) {
+pub(crate) fn apply_all(idx: &dyn KeywordIndex, writes: Vec<NodeWrite>) {
     for (i, o) in write(idx, writes).into_iter().enumerate() {
         assert_eq!(o.expect("write"), SyncOutcome::Applied, "write {i}");
     }
@@ -105,13 +114,13 @@ fn new_index_files_use_8_kib_pages() {
         .execute_batch("PRAGMA page_size = 4096; CREATE TABLE t (x); DROP TABLE t;")
         .expect("4 KiB pages");
     let index = open(old.path());
-    let write = KeywordWrite::Sync {
-        uri: uri("ctx://acc/resources/a"),
-        version: 1,
-        records: vec![record("ctx://acc/resources/a", 0, &[])],
-    };
+    let write = sync(
+        "ctx://acc/resources/a",
+        1,
+        vec![record("ctx://acc/resources/a", 0, &[])],
+    );
     assert_eq!(
-        index.write_nodes(vec![write]).expect("write")[0]
+        index.write_nodes(&[write]).expect("write")[0]
             .as_ref()
             .expect("applied"),
         &SyncOutcome::Applied
@@ -131,7 +140,7 @@ const COFFEE: &str = "ctx://acme/users/alice/memories/prefs/coffee";
 const BOT: &str = "ctx://acme/agents/bot/memories/notes/migration";
 const OTHER_SQLITE: &str = "ctx://other/resources/docs/sqlite";
 
-fn corpus() -> Vec<KeywordWrite> {
+fn corpus() -> Vec<NodeWrite> {
     let en = [("lang", json!("en"))];
     let zh = [("lang", json!("zh"))];
     vec![
@@ -410,7 +419,7 @@ fn a_filter_dropping_the_best_candidates_still_fills_top_k() {
 /// its hits must still equal the exhaustive reference's, with and without filters.
 #[test]
 fn pruned_searches_agree_with_the_exhaustive_reference() {
-    let writes: Vec<KeywordWrite> = (0..400)
+    let writes: Vec<NodeWrite> = (0..400)
         .map(|i| {
             let mut text = format!("common filler{} ", i % 7);
             if i % 4 == 0 {
@@ -459,7 +468,7 @@ fn levels_of(idx: &dyn KeywordIndex, u: &str) -> Vec<(u8, String)> {
 fn versioned_writes_follow_vx1() {
     let n = "ctx://acme/resources/docs/n";
     both(|name, idx| {
-        let outcome = |w: KeywordWrite| write(idx, vec![w]).remove(0).expect("write");
+        let outcome = |w: NodeWrite| write(idx, vec![w]).remove(0).expect("write");
         let two = vec![doc(n, 0, "alpha", &[]), doc(n, 1, "beta", &[])];
         assert_eq!(
             outcome(sync(n, 2, two.clone())),
@@ -487,7 +496,7 @@ fn versioned_writes_follow_vx1() {
             search(idx, "beta", &SearchFilter::default(), 5).is_empty(),
             "{name}"
         );
-        let remove = |v| KeywordWrite::Remove {
+        let remove = |v| NodeWrite::Remove {
             uri: uri(n),
             version: v,
         };
@@ -510,7 +519,7 @@ fn versioned_writes_follow_vx1() {
         );
         // A purge removes records whatever their version and keeps the version.
         assert_eq!(
-            outcome(KeywordWrite::Purge { uri: uri(n) }),
+            outcome(NodeWrite::Purge { uri: uri(n) }),
             SyncOutcome::Applied,
             "{name}"
         );
@@ -628,7 +637,7 @@ fn reopened_index_has_the_same_records_versions_and_hits() {
         apply_all(&idx, corpus());
         apply_all(
             &idx,
-            vec![KeywordWrite::Remove {
+            vec![NodeWrite::Remove {
                 uri: uri(DB_ZH),
                 version: 2,
             }],
@@ -855,7 +864,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn to_write(w: &W) -> KeywordWrite {
+fn to_write(w: &W) -> NodeWrite {
     let rec = |node: usize, level: u8, text: &str, tag: u8| {
         doc(NODES[node], level, text, &[("tag", json!(tag))])
     };
@@ -889,11 +898,11 @@ fn to_write(w: &W) -> KeywordWrite {
                 vec![rec(*node, 0, "apple", 0), rec(other, 1, "search", 0)],
             )
         }
-        W::Remove { node, version } => KeywordWrite::Remove {
+        W::Remove { node, version } => NodeWrite::Remove {
             uri: uri(NODES[*node]),
             version: *version,
         },
-        W::Purge { node } => KeywordWrite::Purge {
+        W::Purge { node } => NodeWrite::Purge {
             uri: uri(NODES[*node]),
         },
     }
@@ -905,7 +914,7 @@ fn apply(idx: &dyn KeywordIndex, op: &Op) -> Result<String, String> {
         |e: ce_index::IndexError| format!("error {:?} retryable={}", e.code(), e.is_retryable());
     match op {
         Op::Batch(ws) => idx
-            .write_nodes(ws.iter().map(to_write).collect())
+            .write_nodes(&ws.iter().map(to_write).collect::<Vec<_>>())
             .map(|outs| {
                 outs.into_iter()
                     .map(|o| o.map(|o| format!("{o:?}")).unwrap_or_else(cls))

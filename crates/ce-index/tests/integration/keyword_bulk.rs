@@ -9,7 +9,7 @@ use ce_core::CtxUri;
 use ce_index::keyword::embedded::{DB_FILE, EmbeddedKeywordIndex};
 use ce_index::keyword::memory::MemoryKeywordIndex;
 use ce_index::keyword::tokenize::tokenize;
-use ce_index::keyword::{KeywordIndex, KeywordWrite, SearchFilter, SyncOutcome};
+use ce_index::keyword::{KeywordIndex, NodeWrite, SearchFilter, SyncOutcome};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestError};
 use rand::rngs::StdRng;
@@ -109,7 +109,7 @@ fn df_writes(
     op: &DfOp,
     versions: &mut [[u64; PER_GROUP]; GROUPS],
     oracle: &MemoryKeywordIndex,
-) -> Vec<KeywordWrite> {
+) -> Vec<NodeWrite> {
     let mut out = Vec::new();
     match op {
         DfOp::Batch(ws) => {
@@ -127,7 +127,7 @@ fn df_writes(
         DfOp::Remove(nodes) => {
             for (g, n) in nodes {
                 versions[*g][*n] += 1;
-                out.push(KeywordWrite::Remove {
+                out.push(NodeWrite::Remove {
                     uri: uri(&node(*g, *n)),
                     version: versions[*g][*n],
                 });
@@ -137,7 +137,7 @@ fn df_writes(
             let from_uri = uri(&node(from.0, from.1));
             let moved = oracle.list_under(&from_uri).expect("list");
             versions[from.0][from.1] += 1;
-            out.push(KeywordWrite::Remove {
+            out.push(NodeWrite::Remove {
                 uri: from_uri.clone(),
                 version: versions[from.0][from.1],
             });
@@ -181,13 +181,13 @@ fn run_df_case(ops: &[DfOp]) -> Result<(), TestCaseError> {
         } else {
             let writes = df_writes(op, &mut versions, &oracle);
             let want: Vec<String> = oracle
-                .write_nodes(writes.clone())
+                .write_nodes(&writes)
                 .map_err(fail)?
                 .into_iter()
                 .map(|o| format!("{o:?}"))
                 .collect();
             let got: Vec<String> = embedded
-                .write_nodes(writes)
+                .write_nodes(&writes)
                 .map_err(fail)?
                 .into_iter()
                 .map(|o| format!("{o:?}"))
@@ -318,7 +318,7 @@ fn bulk_removals_leave_exactly_the_oracles_state() {
     let mut writes = Vec::new();
     for g in 0..2 {
         for n in (0..400).filter(|n| n % 5 != 0) {
-            writes.push(KeywordWrite::Remove {
+            writes.push(NodeWrite::Remove {
                 uri: uri(&node(g, n)),
                 version: 2,
             });
@@ -340,13 +340,13 @@ fn bulk_removals_leave_exactly_the_oracles_state() {
         }
     }
     let want: Vec<String> = oracle
-        .write_nodes(writes.clone())
+        .write_nodes(&writes)
         .expect("batch")
         .into_iter()
         .map(|o| format!("{o:?}"))
         .collect();
     let got: Vec<String> = e
-        .write_nodes(writes)
+        .write_nodes(&writes)
         .expect("batch")
         .into_iter()
         .map(|o| format!("{o:?}"))
@@ -462,7 +462,7 @@ fn a_layout_1_file_is_migrated_on_open() {
         fill(&mut rng, 4, 100, &[&oracle, &e]);
         apply_all(
             &e,
-            vec![KeywordWrite::Remove {
+            vec![NodeWrite::Remove {
                 uri: uri(&node(0, 0)),
                 version: 2,
             }],
@@ -470,7 +470,7 @@ fn a_layout_1_file_is_migrated_on_open() {
     }
     apply_all(
         &oracle,
-        vec![KeywordWrite::Remove {
+        vec![NodeWrite::Remove {
             uri: uri(&node(0, 0)),
             version: 2,
         }],
@@ -494,7 +494,7 @@ fn a_layout_1_file_is_migrated_on_open() {
     );
     // Versions survived: the removal at 2 still makes a sync at 2 stale.
     let out = e
-        .write_nodes(vec![sync(
+        .write_nodes(&[sync(
             &node(0, 0),
             2,
             vec![doc(&node(0, 0), 0, "alpha", &[])],

@@ -76,7 +76,7 @@ impl FlakyRelations {
     fn write(
         &self,
         inner: &dyn RelationIndex,
-        writes: Vec<RelationWrite>,
+        writes: &[RelationWrite],
     ) -> ce_index::Result<Vec<ce_index::Result<RelationOutcome>>> {
         if self.roll() {
             return Err(IndexError::Unavailable("injected batch failure".into()));
@@ -96,10 +96,10 @@ impl FlakyRelations {
                 ))));
             } else {
                 answers.push(None);
-                pass.push(w);
+                pass.push(w.clone());
             }
         }
-        let mut applied = inner.write_owners(pass)?.into_iter();
+        let mut applied = inner.write_owners(&pass)?.into_iter();
         Ok(answers
             .into_iter()
             .map(|a| a.unwrap_or_else(|| applied.next().expect("one outcome per write")))
@@ -438,7 +438,7 @@ fn bad_input_gets_typed_errors_and_harms_nothing(backend: Backend) {
         version: newer,
         records: Vec::new(),
     });
-    let out = index.write_owners(writes).expect("batch");
+    let out = index.write_owners(&writes).expect("batch");
     for o in &out {
         let e = o.as_ref().expect_err("refused");
         assert_eq!(e.code(), ErrorCode::InvalidField, "{e}");

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use ce_core::{CtxUri, IndexProjector, RelationIndexRecord};
 use ce_embed::Embedder as _;
 use ce_embed::hash::HashEmbedder;
+use ce_index::keyword::KeywordIndex;
 use ce_index::keyword::memory::MemoryKeywordIndex;
-use ce_index::keyword::{KeywordIndex, KeywordWrite};
 use ce_index::relation::memory::MemoryRelationIndex;
 use ce_index::relation::{RelationIndex, RelationRecord};
 use ce_index::repair::{Finding, IndexView, Reconciler, Reconciliation};
@@ -274,18 +274,10 @@ fn reconcile_reports_missing_orphan_and_stale_exactly_and_its_events_converge() 
     c_records[last].text = "something else".into();
     let outside = record(OUTSIDE, 2, &[]);
     let writes = vec![
-        KeywordWrite::Sync {
-            uri: uri(C),
-            version: c_node.version,
-            records: c_records,
-        },
-        KeywordWrite::Sync {
-            uri: uri(OUTSIDE),
-            version: 1,
-            records: vec![outside],
-        },
+        crate::keyword::sync(C, c_node.version, c_records),
+        crate::keyword::sync(OUTSIDE, 1, vec![outside]),
     ];
-    for r in f.keyword.write_nodes(writes).expect("write") {
+    for r in f.keyword.write_nodes(&writes).expect("write") {
         r.expect("applied");
     }
 

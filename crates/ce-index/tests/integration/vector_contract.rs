@@ -717,7 +717,7 @@ fn a_payload_only_write_does_not_keep_the_vector_of_another_text() {
         assert!(err.is_retryable(), "{name}: {err}");
         assert_eq!(err.code(), ErrorCode::VersionConflict, "{name}: {err}");
         let batched = idx
-            .write_nodes(vec![NodeWrite::Sync {
+            .write_nodes(&[NodeWrite::Sync {
                 uri: node.clone(),
                 version: 3,
                 records: vec![of_text("first text", None)],
@@ -1257,7 +1257,7 @@ fn pgvector_concurrent_openers_and_writers_converge_on_the_newest_versions() {
                 all.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed ^ t));
                 for chunk in all.chunks(5) {
                     let out = idx
-                        .write_nodes(chunk.iter().map(|&(n, v)| write(n, v)).collect())
+                        .write_nodes(&chunk.iter().map(|&(n, v)| write(n, v)).collect::<Vec<_>>())
                         .expect("write_nodes");
                     for r in out {
                         r.expect("each write");
@@ -1516,21 +1516,9 @@ fn pgvector_batched_writes_leave_the_state_of_per_node_writes() {
             .collect()
     };
     let check = |step: &str, writes: Vec<NodeWrite>| {
-        let want = outcomes(
-            writes
-                .iter()
-                .cloned()
-                .map(|w| w.apply_to(&oracle))
-                .collect(),
-        );
-        let per_node = outcomes(
-            writes
-                .iter()
-                .cloned()
-                .map(|w| w.apply_to(&single))
-                .collect(),
-        );
-        let got = outcomes(batched.write_nodes(writes.clone()).expect("write_nodes"));
+        let want = outcomes(writes.iter().map(|w| w.apply_to(&oracle)).collect());
+        let per_node = outcomes(writes.iter().map(|w| w.apply_to(&single)).collect());
+        let got = outcomes(batched.write_nodes(&writes).expect("write_nodes"));
         assert_eq!(
             got, per_node,
             "{step} (seed {seed}): outcomes of {writes:#?}"
@@ -1653,13 +1641,13 @@ fn pgvector_bulk_load_scans_exactly_until_finish_bulk_builds_the_graph() {
     let load = |idx: &PgVectorIndex, from: u64, to: u64| {
         let out = idx
             .write_nodes(
-                (from..to)
+                &(from..to)
                     .map(|i| NodeWrite::Sync {
                         uri: uri(&node(i)),
                         version: 1,
                         records: vec![nr(&node(i), 0, Some(unit(i, DIM)))],
                     })
-                    .collect(),
+                    .collect::<Vec<_>>(),
             )
             .expect("write_nodes");
         assert!(out.iter().all(|o| matches!(o, Ok(SyncOutcome::Applied))));

@@ -272,8 +272,8 @@ fn apply(idx: &dyn VectorIndex, op: &Op) -> Result<String, String> {
             .map_err(cls),
         Op::Reopen { .. } => Ok("ok".into()),
         Op::Batch(ops) => {
-            let writes = ops.iter().map(node_write_of).collect();
-            idx.write_nodes(writes)
+            let writes: Vec<NodeWrite> = ops.iter().map(node_write_of).collect();
+            idx.write_nodes(&writes)
                 .map(|outcomes| {
                     outcomes
                         .into_iter()
