@@ -169,6 +169,10 @@ impl Drop for LoopbackServer {
 /// Serves requests on one connection until the client closes it (keep-alive).
 fn serve_connection(stream: TcpStream, s: &Shared) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    // As HTTP servers do: without it, the last segment of each response waits for the client's
+    // delayed ACK of the one before (Nagle's algorithm), up to 40 ms per request on Linux —
+    // 22 ms a request on average in `ce bench ingest --embedder loopback`.
+    let _ = stream.set_nodelay(true);
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -205,10 +209,9 @@ fn serve_connection(stream: TcpStream, s: &Shared) {
             out.push_str(&format!("{k}: {v}\r\n"));
         }
         out.push_str("\r\n");
-        if writer.write_all(out.as_bytes()).is_err()
-            || writer.write_all(reply.body.as_bytes()).is_err()
-            || writer.flush().is_err()
-        {
+        // Head and body in one write: one segment for a small reply.
+        out.push_str(&reply.body);
+        if writer.write_all(out.as_bytes()).is_err() || writer.flush().is_err() {
             return;
         }
     }

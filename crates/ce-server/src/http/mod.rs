@@ -42,6 +42,7 @@ use axum::http::Method;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get, post};
+use axum::serve::ListenerExt as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -445,6 +446,13 @@ fn serve_with(
         let addr = listener
             .local_addr()
             .map_err(io("reading the bound address"))?;
+        // Nagle's algorithm off, as HTTP servers do: with it, the tail of a response written
+        // in more than one piece waits for the client's delayed ACK (up to 40 ms on Linux).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
+            }
+        });
         auth::check_bind(addr, &keys, server_config)?;
         if keys.is_enabled() {
             info!(keys = keys.len(), "api keys required");
