@@ -440,6 +440,55 @@ impl Fusion {
     }
 }
 
+/// What the vector leg of a search found.
+struct VectorLeg {
+    hits: Vec<ce_index::vector::VectorHit>,
+    /// The embedder's model key.
+    model: String,
+    embed_ms: f64,
+    index_ms: f64,
+}
+
+/// Embeds the query and searches the vector index (checking first that the index is bound
+/// to the embedder's model).
+fn vector_leg(v: VectorSide<'_>, req: &SearchRequest) -> Result<VectorLeg> {
+    let identity = v.embedder.identity();
+    if let Some(bound) = v.index.model()?
+        && bound != *identity
+    {
+        return Err(RetrievalError::ModelMismatch {
+            index: bound.key(),
+            embedder: identity.key(),
+        });
+    }
+    let t = Instant::now();
+    let query_vector = embed_query(v.embedder, &req.query, req.embed_timeout)?;
+    let embed_ms = ms(t.elapsed());
+    let t = Instant::now();
+    let mut hits = v
+        .index
+        .search(&query_vector, &req.filter, req.candidates())?;
+    if let Some(min) = req.min_score {
+        hits.retain(|h| h.score >= min);
+    }
+    Ok(VectorLeg {
+        hits,
+        model: identity.key(),
+        embed_ms,
+        index_ms: ms(t.elapsed()),
+    })
+}
+
+/// Searches the keyword index; the hits and the milliseconds it took.
+fn keyword_leg(
+    k: KeywordSide<'_>,
+    req: &SearchRequest,
+) -> Result<(Vec<ce_index::keyword::KeywordHit>, f64)> {
+    let t = Instant::now();
+    let hits = k.index.search(&req.query, &req.filter, req.candidates())?;
+    Ok((hits, ms(t.elapsed())))
+}
+
 /// The vector side of retrieval: the query embedder and the vector index.
 #[derive(Clone, Copy)]
 pub struct VectorSide<'a> {
@@ -535,38 +584,39 @@ impl Retriever<'_> {
         let mut timings = SearchTimings::default();
         let mut model = String::new();
 
-        let vector_hits = match self.vector.filter(|_| mode.uses_vectors()) {
-            Some(v) => {
-                let identity = v.embedder.identity();
-                if let Some(bound) = v.index.model()?
-                    && bound != *identity
-                {
-                    return Err(RetrievalError::ModelMismatch {
-                        index: bound.key(),
-                        embedder: identity.key(),
-                    });
-                }
-                model = identity.key();
-                let t = Instant::now();
-                let query_vector = embed_query(v.embedder, &req.query, req.embed_timeout)?;
-                timings.embed_ms = ms(t.elapsed());
-                let t = Instant::now();
-                let mut hits = v
-                    .index
-                    .search(&query_vector, &req.filter, req.candidates())?;
-                if let Some(min) = req.min_score {
-                    hits.retain(|h| h.score >= min);
-                }
-                timings.index_ms = ms(t.elapsed());
-                hits
+        let vector = self.vector.filter(|_| mode.uses_vectors());
+        let keyword = self.keyword.filter(|_| mode.uses_keywords());
+        // Hybrid search runs its two legs at once (the keyword leg on a scoped thread): its
+        // latency is the slower leg's, not their sum.
+        let (vector_leg, keyword_leg) = match (vector, keyword) {
+            (Some(v), Some(k)) if ce_core::parallel::threads() > 1 => {
+                let span = tracing::Span::current();
+                std::thread::scope(|s| {
+                    let keyword = s.spawn(move || span.in_scope(|| keyword_leg(k, req)));
+                    let vector = vector_leg(v, req);
+                    let keyword = keyword
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                    (Some(vector), Some(keyword))
+                })
+            }
+            _ => (
+                vector.map(|v| vector_leg(v, req)),
+                keyword.map(|k| keyword_leg(k, req)),
+            ),
+        };
+        let vector_hits = match vector_leg.transpose()? {
+            Some(leg) => {
+                model = leg.model;
+                timings.embed_ms = leg.embed_ms;
+                timings.index_ms = leg.index_ms;
+                leg.hits
             }
             None => Vec::new(),
         };
-        let keyword_hits = match self.keyword.filter(|_| mode.uses_keywords()) {
-            Some(k) => {
-                let t = Instant::now();
-                let hits = k.index.search(&req.query, &req.filter, req.candidates())?;
-                timings.keyword_ms = ms(t.elapsed());
+        let keyword_hits = match keyword_leg.transpose()? {
+            Some((hits, ms)) => {
+                timings.keyword_ms = ms;
                 hits
             }
             None => Vec::new(),

@@ -282,3 +282,127 @@ fn the_lag_of_each_index_read_is_reported_within_the_scope() {
         (vec!["ctx://acc/docs/new"], 0)
     );
 }
+
+/// Each leg of a hybrid search waits (up to 10 s) for the other to have started: the search
+/// succeeds only if the two run at once.
+#[test]
+fn a_hybrid_search_runs_its_two_legs_at_once() {
+    use std::sync::Mutex;
+    use std::sync::mpsc::{Receiver, Sender, channel};
+    use std::time::Duration;
+
+    use ce_embed::{EmbedError, ModelIdentity};
+    use ce_index::keyword::{KeywordHit, NodeWrite, StoredRecord, SyncOutcome};
+
+    /// Tells the other leg it has started, then waits for the other leg's word.
+    struct Meeting {
+        started: Sender<()>,
+        other: Mutex<Receiver<()>>,
+    }
+    impl Meeting {
+        fn pair() -> (Meeting, Meeting) {
+            let (a_tx, a_rx) = channel();
+            let (b_tx, b_rx) = channel();
+            (
+                Meeting {
+                    started: a_tx,
+                    other: Mutex::new(b_rx),
+                },
+                Meeting {
+                    started: b_tx,
+                    other: Mutex::new(a_rx),
+                },
+            )
+        }
+        fn meet(&self) -> bool {
+            let _ = self.started.send(());
+            let other = self.other.lock().expect("meeting");
+            other.recv_timeout(Duration::from_secs(10)).is_ok()
+        }
+    }
+    struct MeetingEmbedder<'a>(&'a dyn Embedder, Meeting);
+    impl Embedder for MeetingEmbedder<'_> {
+        fn identity(&self) -> &ModelIdentity {
+            self.0.identity()
+        }
+        fn embed_texts(
+            &self,
+            texts: &[&str],
+            timeout: Duration,
+        ) -> std::result::Result<Vec<Vec<f32>>, EmbedError> {
+            if !self.1.meet() {
+                // The keyword leg did not start while the query was embedded.
+                return Err(EmbedError::Timeout {
+                    after: Duration::from_secs(10),
+                });
+            }
+            self.0.embed_texts(texts, timeout)
+        }
+    }
+    struct MeetingKeywords<'a>(&'a dyn KeywordIndex, Meeting);
+    impl KeywordIndex for MeetingKeywords<'_> {
+        fn write_nodes(
+            &self,
+            writes: &[NodeWrite],
+        ) -> ce_index::Result<Vec<ce_index::Result<SyncOutcome>>> {
+            self.0.write_nodes(writes)
+        }
+        fn delete_by_uri(&self, uri: &CtxUri, subtree: bool) -> ce_index::Result<u64> {
+            self.0.delete_by_uri(uri, subtree)
+        }
+        fn search(
+            &self,
+            query: &str,
+            filter: &SearchFilter,
+            top_k: usize,
+        ) -> ce_index::Result<Vec<KeywordHit>> {
+            if !self.1.meet() {
+                return Err(ce_index::IndexError::Unavailable(
+                    "the vector leg did not start while the keyword index was searched".into(),
+                ));
+            }
+            self.0.search(query, filter, top_k)
+        }
+        fn get(&self, uris: &[CtxUri]) -> ce_index::Result<Vec<StoredRecord>> {
+            self.0.get(uris)
+        }
+        fn list_under(&self, uri: &CtxUri) -> ce_index::Result<Vec<StoredRecord>> {
+            self.0.list_under(uri)
+        }
+        fn count(&self) -> ce_index::Result<u64> {
+            self.0.count()
+        }
+        fn clear(&self) -> ce_index::Result<()> {
+            self.0.clear()
+        }
+    }
+
+    if ce_core::parallel::threads() == 1 {
+        // One core: the legs run one after the other by design (nothing to check here).
+        return;
+    }
+    let f = corpus();
+    let (a, b) = Meeting::pair();
+    let embedder = MeetingEmbedder(f.embedder.as_ref(), a);
+    let keywords = MeetingKeywords(f.keyword.as_ref(), b);
+    let retriever = Retriever {
+        vector: Some(VectorSide {
+            embedder: &embedder,
+            ..f.vector_side()
+        }),
+        keyword: Some(KeywordSide {
+            index: &keywords,
+            ..f.keyword_side()
+        }),
+        ..f.retriever()
+    };
+    let met = retriever
+        .search(&mode("consumer lag", SearchMode::Hybrid))
+        .expect("both legs ran at once");
+    let alone = f
+        .retriever()
+        .search(&mode("consumer lag", SearchMode::Hybrid))
+        .expect("search");
+    assert!(!met.hits.is_empty());
+    assert_eq!(uris(&met), uris(&alone));
+}
