@@ -588,7 +588,7 @@ impl Retriever<'_> {
         let keyword = self.keyword.filter(|_| mode.uses_keywords());
         // Hybrid search runs its two legs at once (the keyword leg on a scoped thread): its
         // latency is the slower leg's, not their sum.
-        let (vector_leg, keyword_leg) = match (vector, keyword) {
+        let (vector_found, keyword_found) = match (vector, keyword) {
             (Some(v), Some(k)) if ce_core::parallel::threads() > 1 => {
                 let span = tracing::Span::current();
                 std::thread::scope(|s| {
@@ -605,7 +605,7 @@ impl Retriever<'_> {
                 keyword.map(|k| keyword_leg(k, req)),
             ),
         };
-        let vector_hits = match vector_leg.transpose()? {
+        let vector_hits = match vector_found.transpose()? {
             Some(leg) => {
                 model = leg.model;
                 timings.embed_ms = leg.embed_ms;
@@ -614,7 +614,7 @@ impl Retriever<'_> {
             }
             None => Vec::new(),
         };
-        let keyword_hits = match keyword_leg.transpose()? {
+        let keyword_hits = match keyword_found.transpose()? {
             Some((hits, ms)) => {
                 timings.keyword_ms = ms;
                 hits
