@@ -14,7 +14,8 @@
 //! 7. `graph_settle` (with the vector consumer): the embedded index opened directly, the time
 //!    to load it (its last graph snapshot and the vectors written after it, which the
 //!    commands above, never searching, did not load) and to move every vector still outside
-//!    the graph into it — the graph work those commands left for later.
+//!    the graph into it — the graph work those commands left for later — and the sizes on disk
+//!    once that whole graph is saved.
 //! 8. `delete_rest`: every remaining document is removed from the folder (`--prune
 //!    --allow-large-delete`), a bulk delete of 99 % of the corpus.
 //! 9. `journal_prune`: the whole journal of the run pruned, as a worker prunes what every
@@ -379,12 +380,15 @@ fn settle_graph(data: &Path) -> anyhow::Result<Value> {
     index.settle()?;
     let settle_s = t.elapsed().as_secs_f64();
     let after = index.stats();
+    drop(index);
     Ok(json!({
         "open_s": round(open_s, 3),
         "load_s": round(load_s, 3),
         "fresh_at_load": before.fresh_vectors,
         "settle_s": round(settle_s, 3),
         "graph_vectors": after.graph_vectors,
+        // The footprint of the 9,900 documents with the whole graph saved.
+        "sizes_mib": sizes(data)?,
     }))
 }
 

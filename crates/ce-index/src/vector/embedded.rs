@@ -637,14 +637,19 @@ impl Mem {
             }
         }
         if let (true, Some(d), Some(g)) = (use_snapshot, mem.dimension, snapshot) {
-            schema::scan_rows(conn, false, |r, _| {
+            // The snapshot holds the graph without the vectors: they are read with the rows.
+            let mut image = ann::Snapshot::read(&ann::snapshot_path(dir, db_id, g), d).ok();
+            schema::scan_rows(conn, image.is_some(), |r, v| {
+                if let (Some(image), Some(v)) = (image.as_mut(), v) {
+                    image.put(r.key, &v);
+                }
                 mem.table.insert(r.key, &table_row(r));
                 Ok(())
             })?;
             let mut fresh = Fresh::default();
-            if let Ok((graph, removed, caught_up)) =
-                Self::from_snapshot(conn, dir, db_id, g, d, o, &mem.table, &mut fresh)
-            {
+            if let Some(Ok((graph, removed, caught_up))) = image.map(|image| {
+                Self::from_snapshot(conn, dir, db_id, g, image, o, &mem.table, &mut fresh)
+            }) {
                 mem.ann = Some(graph);
                 mem.fresh = fresh;
                 mem.saved = Some(g);
@@ -667,7 +672,8 @@ impl Mem {
         Ok(mem)
     }
 
-    /// Loads the snapshot of generation `g` and brings it up to date with the database (whose
+    /// Makes the graph of the snapshot of generation `g` (`image`, its vectors put in) and
+    /// brings it up to date with the database (whose
     /// filter table is `table`): keys it has that the database lost are removed, keys the
     /// database gained (the tail) are read from the stored vectors into `fresh` — or straight
     /// into the graph when they would not fit [`EmbeddedOptions::fresh_max_bytes`]. Returns
@@ -680,7 +686,7 @@ impl Mem {
         dir: &Path,
         db_id: &str,
         g: u64,
-        dimension: usize,
+        image: ann::Snapshot,
         o: &EmbeddedOptions,
         table: &KeyTable,
         fresh: &mut Fresh,
@@ -688,7 +694,8 @@ impl Mem {
         let path = ann::snapshot_path(dir, db_id, g);
         let mismatch =
             |what: &str| IndexError::Corrupt(format!("snapshot {}: {what}", path.display()));
-        let mut graph = Ann::load(&path, dimension, o)?;
+        let dimension = image.dimension();
+        let mut graph = image.into_graph(o)?;
         let keys = ann::load_keys(&ann::keys_path(dir, db_id, g))?;
         if keys.len() != graph.len() || keys.iter().any(|k| !graph.contains(*k)) {
             return Err(mismatch("the key set does not match the graph"));

@@ -20,8 +20,12 @@
 //! and is used only if `meta.snapshot_generation` names it, which is written after both
 //! files are durable: a file of another lineage (e.g. next to a database restored from a
 //! backup) is never trusted. Files are written to a temporary name, fsynced and renamed.
-//! They are loaded with `load` (a copy in RAM), never `view` (mmap): usearch has an open
-//! memory-corruption report for `view` combined with filtered search.
+//!
+//! The graph file holds **no live vector** (they are in `vectors.db`): it is usearch's
+//! serialization with its vector matrix cut out but for removed slots ([`Ann::save`],
+//! [`Layout`]); loading reads it into a [`Snapshot`], which the caller gives the stored
+//! vectors before usearch loads the whole (a copy in RAM, never `view`'s mmap: usearch has an
+//! open memory-corruption report for `view` combined with filtered search).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -225,49 +229,233 @@ impl Ann {
             .map_err(|e| err("filtered search", e))
     }
 
-    /// Writes the graph to `path` atomically (temporary file, fsync, rename).
+    /// Writes the graph to `path` atomically (temporary file, fsync, rename), **without the
+    /// vectors `vectors.db` holds**: only the links, the keys and the vectors of removed slots
+    /// (which the database no longer has). See [`Snapshot`] for the format.
     pub(super) fn save(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("usearch.tmp");
+        let mut image = vec![0u8; self.index.serialized_length()];
         self.index
-            .save(utf8(&tmp)?)
-            .map_err(|e| err(&format!("save {}", tmp.display()), e))?;
+            .save_to_buffer(&mut image)
+            .map_err(|e| err("serialize", e))?;
+        let layout = Layout::of(&image)?;
+        let removed: Vec<usize> = (0..layout.rows)
+            .filter(|s| layout.keys[*s] == FREE_KEY)
+            .collect();
+        let mut out = Vec::with_capacity(
+            SNAPSHOT_HEAD + removed.len() * layout.cols + image.len() - layout.tail,
+        );
+        out.extend_from_slice(SNAPSHOT_MAGIC);
+        for n in [layout.rows, layout.cols, removed.len()] {
+            out.extend_from_slice(&(n as u64).to_le_bytes());
+        }
+        for slot in removed {
+            out.extend_from_slice(layout.vector(&image, slot));
+        }
+        out.extend_from_slice(&image[layout.tail..]);
+        drop(image);
+        let tmp = path.with_extension("usearch.tmp");
+        fs_err::write(&tmp, &out).map_err(|e| err("save", e))?;
         let f = fs_err::File::open(&tmp).map_err(|e| err("save", e))?;
         f.sync_all().map_err(|e| err("save", e))?;
         ce_core::failpoint::hit("vector.mid_snapshot");
         fs_err::rename(&tmp, path).map_err(|e| err("save", e))?;
         Ok(())
     }
+}
 
-    /// Loads a graph written by [`Ann::save`] (copied into RAM, not memory-mapped).
-    pub(super) fn load(path: &Path, dimension: usize, o: &EmbeddedOptions) -> Result<Self> {
-        let meta = Index::metadata(utf8(path)?)
-            .map_err(|e| err(&format!("read {}", path.display()), e))?;
-        if meta.quantization != STORED || meta.metric != MetricKind::Cos {
-            // E.g. a snapshot of an earlier version, which stored `f32`: rebuilt from the store.
-            return Err(err(
-                "load",
-                format!(
-                    "{} stores {:?} vectors by {:?}, this version {STORED:?} by cosine",
-                    path.display(),
-                    meta.quantization,
-                    meta.metric
-                ),
-            ));
+/// The key usearch marks a removed slot with.
+const FREE_KEY: u64 = u64::MAX;
+
+/// The first bytes of a snapshot written by [`Ann::save`] (the last one is the format's
+/// version).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"ce-ann\0\x01";
+
+/// Bytes before a snapshot's removed vectors: the magic, then rows, bytes per vector and the
+/// number of removed slots (little-endian `u64`s).
+const SNAPSHOT_HEAD: usize = 8 + 3 * 8;
+
+/// Where the parts of usearch's serialization of a dense index (2.x) are: `rows` and `cols`
+/// (`u32`s: slots, bytes per vector), the vectors in slot order, then from `tail` on a 64-byte
+/// head (magic `usearch`, version, kinds, counts) and the graph — a header of five `u64`s
+/// (size, connectivity, base connectivity, max level, entry slot), one `i16` level per slot,
+/// then each slot's node: its key (`u64`), level, and per level a neighbour count and its
+/// neighbours' slots (`u32`s; the base level has room for the base connectivity).
+struct Layout {
+    rows: usize,
+    cols: usize,
+    tail: usize,
+    /// Per slot, its key ([`FREE_KEY`] when removed).
+    keys: Vec<u64>,
+}
+
+impl Layout {
+    /// Parses a serialization, checking that every part is where its sizes say and that the
+    /// graph is of the kinds [`Ann`] builds; any doubt is an error.
+    fn of(image: &[u8]) -> Result<Layout> {
+        let bad = |what: &str| err("snapshot layout", what);
+        let rows = u32_at(image, 0).ok_or_else(|| bad("truncated before the vectors"))? as usize;
+        let cols = u32_at(image, 4).ok_or_else(|| bad("truncated before the vectors"))? as usize;
+        let tail = rows
+            .checked_mul(cols)
+            .and_then(|m| m.checked_add(8))
+            .filter(|t| *t <= image.len())
+            .ok_or_else(|| bad("truncated vectors"))?;
+        let keys = graph_keys(&image[tail..], rows).map_err(|what| bad(&what))?;
+        Ok(Layout {
+            rows,
+            cols,
+            tail,
+            keys,
+        })
+    }
+
+    fn vector<'a>(&self, image: &'a [u8], slot: usize) -> &'a [u8] {
+        let at = 8 + slot * self.cols;
+        &image[at..at + self.cols]
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The key of each of the `rows` slots of a serialized head and graph (`tail` of
+/// [`Layout`]), checking the kinds and that the nodes' sizes add up to the end exactly.
+fn graph_keys(tail: &[u8], rows: usize) -> std::result::Result<Vec<u64>, String> {
+    const HEAD: usize = 64;
+    let truncated = || "truncated graph".to_string();
+    if tail.get(..7) != Some(b"usearch".as_slice()) {
+        return Err("no usearch head".into());
+    }
+    // Kinds after the magic (7 bytes) and the version (three `u16`s): metric, scalar, key, slot.
+    let kinds = tail.get(13..17).ok_or_else(truncated)?;
+    if kinds != [b'c', 12, 14, 15] {
+        return Err(format!(
+            "kinds {kinds:?}, this version stores cosine / f16 / u64 keys / u32 slots"
+        ));
+    }
+    let header = |i: usize| u64_at(tail, HEAD + 8 * i).ok_or_else(truncated);
+    let (size, connectivity, base) = (header(0)?, header(1)?, header(2)?);
+    if size != rows as u64 {
+        return Err(format!("{size} nodes for {rows} vectors"));
+    }
+    let levels_at = HEAD + 5 * 8;
+    let mut at = levels_at + 2 * rows;
+    let (per_level, base_bytes) = (4 + 4 * connectivity as usize, 4 + 4 * base as usize);
+    let mut keys = Vec::with_capacity(rows);
+    for slot in 0..rows {
+        let level = tail
+            .get(levels_at + 2 * slot..levels_at + 2 * slot + 2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            .ok_or_else(truncated)?;
+        let level = usize::try_from(level).map_err(|_| format!("slot {slot} has level {level}"))?;
+        keys.push(u64_at(tail, at).ok_or_else(truncated)?);
+        at += 8 + 2 + base_bytes + level * per_level;
+    }
+    if at != tail.len() {
+        return Err(format!("the nodes end at {at} of {} bytes", tail.len()));
+    }
+    Ok(keys)
+}
+
+/// A snapshot read back, waiting for its vectors: usearch's serialization with the vectors of
+/// live keys still to be filled in from `vectors.db` ([`Snapshot::put`]); removed slots' vectors
+/// came with the file. A key it does not get keeps a zero vector: it must be one the database
+/// no longer has, which the caller removes right after [`Snapshot::into_graph`] (a zero vector
+/// is at cosine distance 1 from everything, so it only thins the paths through its node).
+pub(super) struct Snapshot {
+    image: Vec<u8>,
+    cols: usize,
+    /// Slot of each live key.
+    slots: std::collections::HashMap<u64, usize>,
+    unit: Vec<f32>,
+}
+
+impl Snapshot {
+    /// Reads the snapshot at `path`, written by [`Ann::save`] for vectors of `dimension`.
+    pub(super) fn read(path: &Path, dimension: usize) -> Result<Snapshot> {
+        let bytes = fs_err::read(path).map_err(|e| err("read snapshot", e))?;
+        let bad = |what: String| err(&format!("snapshot {}", path.display()), what);
+        if bytes.get(..8) != Some(SNAPSHOT_MAGIC.as_slice()) {
+            return Err(bad("not a snapshot of this version".into()));
         }
-        if meta.dimensions != dimension as u64 {
-            return Err(err(
-                "load",
-                format!(
-                    "{} has dimension {}, the database {dimension}",
-                    path.display(),
-                    meta.dimensions
-                ),
-            ));
+        let field = |i: usize| {
+            u64_at(&bytes, 8 + 8 * i)
+                .map(|n| n as usize)
+                .ok_or_else(|| bad("truncated".into()))
+        };
+        let (rows, cols, removed) = (field(0)?, field(1)?, field(2)?);
+        if cols != 2 * dimension {
+            return Err(bad(format!(
+                "{cols} bytes per vector, the database has dimension {dimension}"
+            )));
         }
-        let ann = Ann::new(dimension, o)?;
+        let tail_at = removed
+            .checked_mul(cols)
+            .and_then(|n| n.checked_add(SNAPSHOT_HEAD))
+            .filter(|t| *t <= bytes.len())
+            .ok_or_else(|| bad("truncated".into()))?;
+        let tail = &bytes[tail_at..];
+        let keys = graph_keys(tail, rows).map_err(bad)?;
+        let mut image = vec![0u8; 8 + rows * cols + tail.len()];
+        image[..4].copy_from_slice(&(rows as u32).to_le_bytes());
+        image[4..8].copy_from_slice(&(cols as u32).to_le_bytes());
+        image[8 + rows * cols..].copy_from_slice(tail);
+        let mut slots = std::collections::HashMap::with_capacity(rows);
+        let mut kept = bytes[SNAPSHOT_HEAD..tail_at].chunks_exact(cols);
+        for (slot, key) in keys.into_iter().enumerate() {
+            if key == FREE_KEY {
+                let v = kept
+                    .next()
+                    .ok_or_else(|| bad("fewer removed vectors than removed slots".into()))?;
+                image[8 + slot * cols..8 + (slot + 1) * cols].copy_from_slice(v);
+            } else {
+                slots.insert(key, slot);
+            }
+        }
+        if kept.next().is_some() {
+            return Err(bad("more removed vectors than removed slots".into()));
+        }
+        Ok(Snapshot {
+            image,
+            cols,
+            slots,
+            unit: Vec::new(),
+        })
+    }
+
+    /// Gives the snapshot the stored vector of `key` (ignored when the snapshot lacks it): it
+    /// is put in as the graph stored it, normalised and rounded ([`as_stored`]).
+    pub(super) fn put(&mut self, key: u64, v: &[f32]) {
+        let Some(&slot) = self.slots.get(&key) else {
+            return;
+        };
+        as_stored(v, &mut self.unit);
+        let at = 8 + slot * self.cols;
+        for (out, x) in self.image[at..at + self.cols]
+            .chunks_exact_mut(2)
+            .zip(&self.unit)
+        {
+            out.copy_from_slice(&numkong::f16::from_f32(*x).0.to_le_bytes());
+        }
+    }
+
+    /// Dimension of the vectors.
+    pub(super) fn dimension(&self) -> usize {
+        self.cols / 2
+    }
+
+    /// The graph, with the vectors put in.
+    pub(super) fn into_graph(self, o: &EmbeddedOptions) -> Result<Ann> {
+        let meta = Index::metadata_from_buffer(&self.image).map_err(|e| err("read snapshot", e))?;
+        let ann = Ann::new(self.dimension(), o)?;
         ann.index
-            .load(utf8(path)?)
-            .map_err(|e| err(&format!("load {}", path.display()), e))?;
+            .load_from_buffer(&self.image)
+            .map_err(|e| err("load snapshot", e))?;
         ann.index.change_expansion_add(o.expansion_add);
         ann.index.change_expansion_search(o.expansion_search);
         ann.reserve(ann.index.capacity().max(1024))?;
@@ -345,11 +533,6 @@ impl SharedGraph {
     }
 }
 
-fn utf8(p: &Path) -> Result<&str> {
-    p.to_str()
-        .ok_or_else(|| err("path", format!("{} is not valid UTF-8", p.display())))
-}
-
 /// The graph file of the snapshot of `generation`.
 pub(super) fn snapshot_path(dir: &Path, db_id: &str, generation: u64) -> PathBuf {
     dir.join(format!("ann-{db_id}-{generation}.usearch"))
@@ -421,14 +604,18 @@ mod tests {
 
     use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 
-    use super::{Ann, SCORE_ERROR, as_stored};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::{Ann, Layout, SCORE_ERROR, Snapshot, as_stored};
     use crate::vector::embedded::EmbeddedOptions;
     use crate::vector::rules::cosine;
 
-    /// A snapshot of another vector type (an earlier version's `f32` graph) is refused — the
-    /// caller then rebuilds the graph from the stored vectors — and one of ours loads.
+    /// A snapshot of an earlier version (usearch's own file, vectors included, here of `f32`
+    /// vectors) or a damaged one is refused — the caller then rebuilds the graph from the stored
+    /// vectors — and so is a serialization of other kinds.
     #[test]
-    fn a_snapshot_stored_as_f32_is_refused_and_ours_loads() {
+    fn a_foreign_or_damaged_snapshot_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let o = EmbeddedOptions::default();
         let v = [0.6, 0.0, -0.8, 0.0];
@@ -443,20 +630,97 @@ mod tests {
         old.add(1, &v).expect("add");
         let old_path = dir.path().join("old.usearch");
         old.save(old_path.to_str().expect("utf-8")).expect("save");
-        let e = Ann::load(&old_path, 4, &o).expect_err("an f32 snapshot is refused");
-        assert!(e.to_string().contains("F32"), "{e}");
+        let e = Snapshot::read(&old_path, 4)
+            .err()
+            .expect("an old snapshot is refused");
+        assert!(e.to_string().contains("not a snapshot"), "{e}");
+        let mut image = vec![0u8; old.serialized_length()];
+        old.save_to_buffer(&mut image).expect("serialize");
+        let e = Layout::of(&image).err().expect("f32 kinds are refused");
+        assert!(e.to_string().contains("kinds"), "{e}");
 
         let mut ours = Ann::new(4, &o).expect("graph");
-        ours.add(&[(1, &v[..])]).expect("add");
+        ours.add(&[(1, &v[..]), (2, &[0.0, 1.0, 0.0, 0.0][..])])
+            .expect("add");
         let path = dir.path().join("ours.usearch");
         ours.save(&path).expect("save");
-        let loaded = Ann::load(&path, 4, &o).expect("our snapshot loads");
-        let (mut buf, mut scratch) = (super::GraphVector::default(), Vec::new());
-        assert!(
-            loaded.holds(1, &v, &mut buf, &mut scratch),
-            "the vector survives"
+        assert!(Snapshot::read(&path, 4).is_ok());
+        let e = Snapshot::read(&path, 8)
+            .err()
+            .expect("another dimension is refused");
+        assert!(e.to_string().contains("dimension 8"), "{e}");
+        let bytes = std::fs::read(&path).expect("read");
+        for cut in [1, 8, bytes.len() / 2] {
+            std::fs::write(&path, &bytes[..bytes.len() - cut]).expect("write");
+            assert!(Snapshot::read(&path, 4).is_err(), "cut by {cut} bytes");
+        }
+    }
+
+    /// A snapshot holds the graph without the live vectors (the file is a fraction of the
+    /// graph's serialization) and, given them back, is the same graph: every key's copy bit for
+    /// bit, the removed slots with theirs, the same search results.
+    #[test]
+    fn a_snapshot_without_its_vectors_is_the_same_graph_once_given_them() {
+        let seed = ce_testkit::seed("ann::a_snapshot_without_its_vectors_is_the_same_graph");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let dim = 32;
+        let o = EmbeddedOptions::default();
+        let vectors: Vec<(u64, Vec<f32>)> = (0..600u64)
+            .map(|k| {
+                let scale = 10f32.powi(rng.random_range(-3..3));
+                (
+                    k * 7 + 3,
+                    (0..dim)
+                        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut graph = Ann::new(dim, &o).expect("graph");
+        let items: Vec<(u64, &[f32])> = vectors.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        graph.add(&items).expect("add");
+        let removed: Vec<u64> = vectors.iter().step_by(5).map(|(k, _)| *k).collect();
+        for k in &removed {
+            graph.remove(*k).expect("remove");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("g.usearch");
+        graph.save(&path).expect("save");
+        let file = std::fs::metadata(&path).expect("stat").len() as usize;
+        let live_bytes = (vectors.len() - removed.len()) * dim * 2;
+        assert_eq!(
+            file + live_bytes,
+            graph.index.serialized_length() + super::SNAPSHOT_HEAD - 8,
+            "CE_SEED={seed}: the snapshot is usearch's serialization without the live vectors"
         );
-        assert!(!loaded.holds(1, &[0.0, 0.6, 0.0, -0.8], &mut buf, &mut scratch));
+
+        let mut image = Snapshot::read(&path, dim).expect("read");
+        for (k, v) in &vectors {
+            image.put(*k, v);
+        }
+        let loaded = image.into_graph(&o).expect("load");
+        assert_eq!(
+            (loaded.len(), loaded.tombstones()),
+            (graph.len(), graph.tombstones())
+        );
+        let (mut a, mut b) = (super::GraphVector::default(), super::GraphVector::default());
+        for (k, _) in &vectors {
+            let (before, after) = (graph.get(*k, &mut a), loaded.get(*k, &mut b));
+            assert_eq!(before, after, "CE_SEED={seed}: key {k}");
+            assert_eq!(
+                before.is_some(),
+                !removed.contains(k),
+                "CE_SEED={seed}: key {k}"
+            );
+        }
+        for _ in 0..20 {
+            let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            assert_eq!(
+                graph.search(&q, 10).expect("search"),
+                loaded.search(&q, 10).expect("search"),
+                "CE_SEED={seed}"
+            );
+        }
     }
 
     /// The bound searches rely on to rescore a shortlist (see `SCORE_ERROR`): for vectors of
