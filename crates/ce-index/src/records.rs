@@ -244,3 +244,141 @@ pub(crate) fn of_nodes<'e, E>(
 pub(crate) fn node_level(r: &IndexRecord) -> (&str, u8) {
     (r.uri.as_str(), r.level.as_u8())
 }
+
+/// The filters the projector copies from a record's own fields (`ce_core::projector`): the
+/// embedded indexes store a record's filters without those that equal the field
+/// ([`stored_filters`]) and put them back when they read it ([`restore_filters`]).
+const FIELD_FILTERS: [&str; 5] = ["uri", "parent_uri", "level", "context_type", "category"];
+
+/// The value filter `FIELD_FILTERS[i]` has when it repeats its field.
+fn field_filter(i: usize, uri: &str, parent_uri: &str, level: u8, ctx: &str, cat: &str) -> Value {
+    match i {
+        0 => Value::from(uri),
+        1 => Value::from(parent_uri),
+        2 => Value::from(level),
+        3 => Value::from(ctx),
+        _ => Value::from(cat),
+    }
+}
+
+/// `r`'s filters as stored: without the entries that repeat the record's own fields, and the
+/// bit mask (bit `i` for `FIELD_FILTERS[i]`) of those left out. Lossless:
+/// [`restore_filters`] gives the filters back exactly (an entry that differs from its field is
+/// kept as it is).
+pub(crate) fn stored_filters(r: &IndexRecord) -> (BTreeMap<&str, &Value>, u8) {
+    let mut mask = 0u8;
+    let filters = r
+        .filters
+        .iter()
+        .filter(|(k, v)| {
+            let Some(i) = FIELD_FILTERS.iter().position(|f| f == k) else {
+                return true;
+            };
+            let (uri, parent) = (r.uri.as_str(), r.parent_uri.as_str());
+            let repeats = **v
+                == field_filter(
+                    i,
+                    uri,
+                    parent,
+                    r.level.as_u8(),
+                    &r.context_type,
+                    &r.category,
+                );
+            if repeats {
+                mask |= 1 << i;
+            }
+            !repeats
+        })
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    (filters, mask)
+}
+
+/// Puts back into `filters` the entries [`stored_filters`] left out (`mask`), from the
+/// record's fields.
+pub(crate) fn restore_filters(
+    filters: &mut BTreeMap<String, Value>,
+    mask: u8,
+    uri: &str,
+    parent_uri: &str,
+    level: u8,
+    context_type: &str,
+    category: &str,
+) {
+    for (i, key) in FIELD_FILTERS.iter().enumerate() {
+        if mask & (1 << i) != 0 {
+            let v = field_filter(i, uri, parent_uri, level, context_type, category);
+            filters.insert((*key).to_string(), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ce_core::Level;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Stored filters give back the record's filters exactly, whether each field filter
+    /// repeats its field, differs from it (kept) or is absent.
+    #[test]
+    fn stored_filters_restore_exactly() {
+        let seed = ce_testkit::seed("records::stored_filters_restore_exactly");
+        let mut runner = ce_testkit::seeded_runner(seed, ce_core::test_cases(256), 1024);
+        let choice = prop::collection::vec(0u8..3, FIELD_FILTERS.len());
+        runner
+            .run(&(choice, 0u8..3, "[a-z]{0,3}"), |(choice, level, extra)| {
+                let uri = CtxUri::parse("ctx://acc/docs/a").expect("uri");
+                let mut r = IndexRecord {
+                    id: "id".into(),
+                    parent_uri: uri.parent().expect("parent"),
+                    uri,
+                    context_type: "resource".into(),
+                    category: extra.clone(),
+                    level: Level::try_from(level).expect("level"),
+                    text: "t".into(),
+                    filters: BTreeMap::from([("group".into(), json!(extra))]),
+                    metadata: BTreeMap::new(),
+                };
+                for (i, c) in choice.iter().enumerate() {
+                    let own = field_filter(
+                        i,
+                        r.uri.as_str(),
+                        r.parent_uri.as_str(),
+                        r.level.as_u8(),
+                        &r.context_type,
+                        &r.category,
+                    );
+                    match c {
+                        0 => None,
+                        1 => r.filters.insert(FIELD_FILTERS[i].into(), own),
+                        // Another value (a level as a string, a string with a suffix).
+                        _ => r
+                            .filters
+                            .insert(FIELD_FILTERS[i].into(), json!(format!("{own}x"))),
+                    };
+                }
+                let (stored, mask) = stored_filters(&r);
+                let repeated = choice.iter().filter(|c| **c == 1).count();
+                prop_assert_eq!(stored.len(), r.filters.len() - repeated);
+                let mut back: BTreeMap<String, Value> = stored
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect();
+                restore_filters(
+                    &mut back,
+                    mask,
+                    r.uri.as_str(),
+                    r.parent_uri.as_str(),
+                    r.level.as_u8(),
+                    &r.context_type,
+                    &r.category,
+                );
+                prop_assert_eq!(back, r.filters);
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("CE_SEED={seed}: {e}"));
+    }
+}

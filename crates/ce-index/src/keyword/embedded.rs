@@ -35,8 +35,8 @@ use serde::Serialize;
 
 use self::blocks::{Frontier, Posting, PostingLog};
 use self::schema::{
-    decode, decode_terms, decode_view, encode_head, encode_terms, init, open_conn, set_meta, sql,
-    stats, term_names,
+    RECORD_READ, RawRecord, decode_terms, decode_view, encode_head, encode_terms, init, open_conn,
+    set_meta, sql, stats, term_names,
 };
 use super::{
     Bm25, KeywordHit, KeywordIndex, NodeWrite, SearchFilter, StoredRecord, SyncOutcome, Terms,
@@ -871,12 +871,15 @@ impl<'f> Verdicts<'f> {
         if let Some(p) = self.known(doc) {
             return Ok(p);
         }
-        let head: Option<String> = tx
-            .prepare_cached("SELECT head FROM records WHERE doc = ?1")
-            .and_then(|mut s| s.query_row([doc], |r| r.get(0)).optional())
+        let row: Option<(String, u8, String)> = tx
+            .prepare_cached("SELECT uri, level, head FROM records WHERE doc = ?1")
+            .and_then(|mut s| {
+                s.query_row([doc], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            })
             .map_err(sql)?;
-        let pass = match head {
-            Some(h) => self.filter.matches_view(&decode_view(&h)?),
+        let pass = match row {
+            Some((uri, level, head)) => self.filter.matches_view(&decode_view(&uri, level, &head)?),
             None => false,
         };
         self.seen.insert(doc, pass);
@@ -928,14 +931,6 @@ fn threshold(
         }
     }
     Ok(None)
-}
-
-/// Decodes a stored row `(head, text, node_version)`.
-fn stored(head: &str, text: String, node_version: i64) -> Result<StoredRecord> {
-    Ok(StoredRecord {
-        record: decode(head, text)?,
-        node_version: node_version as u64,
-    })
 }
 
 impl KeywordIndex for EmbeddedKeywordIndex {
@@ -1014,14 +1009,15 @@ impl KeywordIndex for EmbeddedKeywordIndex {
             ranked.truncate(top_k);
             let passed = ranked;
             let mut st = tx
-                .prepare_cached("SELECT head, text FROM records WHERE doc = ?1")
+                .prepare_cached(&format!("SELECT {RECORD_READ} FROM records WHERE doc = ?1"))
                 .map_err(sql)?;
             let mut hits = Vec::with_capacity(passed.len());
             for p in passed {
-                let (head, text): (String, String) = st
-                    .query_row([p.doc], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .map_err(sql)?;
-                let record = decode(&head, text)?;
+                let record = st
+                    .query_row([p.doc], |r| RawRecord::read(r, 0))
+                    .map_err(sql)?
+                    .decode()?
+                    .record;
                 debug_assert!(filter.matches(&record), "filters do not read the text");
                 hits.push(KeywordHit {
                     record,
@@ -1035,18 +1031,18 @@ impl KeywordIndex for EmbeddedKeywordIndex {
     fn get(&self, uris: &[CtxUri]) -> Result<Vec<StoredRecord>> {
         self.read(|tx| {
             let mut st = tx
-                .prepare_cached(
-                    "SELECT head, text, node_version FROM records WHERE uri = ?1 ORDER BY level",
-                )
+                .prepare_cached(&format!(
+                    "SELECT {RECORD_READ} FROM records WHERE uri = ?1 ORDER BY level"
+                ))
                 .map_err(sql)?;
             let mut out = Vec::with_capacity(uris.len() * 3);
             for uri in uris {
-                let rows: Vec<(String, String, i64)> = st
-                    .query_map([uri.as_str()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                let rows: Vec<RawRecord> = st
+                    .query_map([uri.as_str()], |r| RawRecord::read(r, 0))
                     .and_then(|rows| rows.collect())
                     .map_err(sql)?;
-                for (head, text, v) in rows {
-                    out.push(stored(&head, text, v)?);
+                for row in rows {
+                    out.push(row.decode()?);
                 }
             }
             Ok(out)
@@ -1055,20 +1051,18 @@ impl KeywordIndex for EmbeddedKeywordIndex {
 
     fn list_under(&self, uri: &CtxUri) -> Result<Vec<StoredRecord>> {
         self.read(|tx| {
-            let rows: Vec<(String, String, i64)> = select_within(
+            let rows: Vec<RawRecord> = select_within(
                 tx,
                 DB_FILE,
                 &format!(
-                    "SELECT uri, head, text, node_version FROM records WHERE {}
+                    "SELECT uri, {RECORD_READ} FROM records WHERE {}
                      ORDER BY uri, level, id",
                     within_sql("uri")
                 ),
                 uri,
-                |r| Ok((r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| RawRecord::read(r, 1),
             )?;
-            rows.into_iter()
-                .map(|(head, text, v)| stored(&head, text, v))
-                .collect()
+            rows.into_iter().map(RawRecord::decode).collect()
         })
     }
 

@@ -6,12 +6,14 @@ use std::path::Path;
 
 use ce_core::{CtxUri, IndexRecord, Level};
 use rusqlite::Connection;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::Value;
 
 use super::super::Terms;
 use super::blocks::{self, Posting};
 use crate::error::{IndexError, Result};
-use crate::vector::FilterView;
+use crate::records::{restore_filters, stored_filters};
+use crate::vector::{FilterView, StoredRecord};
 
 /// File name of the database inside the index directory.
 pub const DB_FILE: &str = "keywords.db";
@@ -199,57 +201,143 @@ pub(super) fn stats(c: &Connection) -> Result<(u64, u64)> {
     ))
 }
 
-/// A record from its stored head and text.
-pub(super) fn decode(head: &str, text: String) -> Result<IndexRecord> {
-    let mut r: IndexRecord = serde_json::from_str(head).map_err(|e| corrupt("record", e))?;
-    r.text = text;
-    Ok(r)
+/// The columns a stored record is read from, in the order [`RawRecord::read`] reads them.
+pub(super) const RECORD_READ: &str = "id, uri, level, head, text, node_version";
+
+/// A stored record's columns ([`RECORD_READ`]), decoded by [`RawRecord::decode`].
+pub(super) struct RawRecord {
+    id: String,
+    uri: String,
+    level: u8,
+    head: String,
+    text: String,
+    node_version: i64,
 }
 
-/// The fields a search filter reads, from a stored head (the rest is skipped, not built).
-pub(super) fn decode_view(head: &str) -> Result<FilterView> {
-    serde_json::from_str(head).map_err(|e| corrupt("record", e))
+impl RawRecord {
+    /// The [`RECORD_READ`] columns of `row`, starting at column `at`.
+    pub(super) fn read(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Self> {
+        Ok(RawRecord {
+            id: row.get(at)?,
+            uri: row.get(at + 1)?,
+            level: row.get(at + 2)?,
+            head: row.get(at + 3)?,
+            text: row.get(at + 4)?,
+            node_version: row.get(at + 5)?,
+        })
+    }
+
+    pub(super) fn decode(self) -> Result<StoredRecord> {
+        let (uri, level) = node_columns(&self.uri, self.level)?;
+        let head = StoredHead::<BTreeMap<String, Value>>::read(&self.head, &uri, level)?;
+        let record = IndexRecord {
+            id: self.id,
+            uri,
+            parent_uri: head.parent_uri,
+            context_type: head.context_type,
+            category: head.category,
+            level,
+            text: self.text,
+            filters: head.filters,
+            metadata: head.metadata,
+        };
+        Ok(StoredRecord {
+            record,
+            node_version: self.node_version as u64,
+        })
+    }
 }
 
-/// The record as stored in `head`: everything but the text.
+/// A record's `uri` and `level` columns.
+fn node_columns(uri: &str, level: u8) -> Result<(CtxUri, Level)> {
+    Ok((
+        CtxUri::parse(uri).map_err(|e| corrupt("record uri", e))?,
+        Level::try_from(level).map_err(|e| corrupt("record level", e))?,
+    ))
+}
+
+/// A stored head, its metadata read as `M` (skipped with [`IgnoredAny`] where only filters are
+/// wanted). Heads written before the filters were stored without their repeated entries
+/// (layout 3 until 2026-12) also hold the record's `id`, `uri`, `level` and an empty `text`,
+/// which are skipped (the columns hold them), and no `~`: they decode the same.
+#[derive(serde::Deserialize)]
+struct StoredHead<M> {
+    parent_uri: CtxUri,
+    context_type: String,
+    category: String,
+    filters: BTreeMap<String, Value>,
+    #[serde(default)]
+    metadata: M,
+    /// The filters left out because they repeat a field ([`stored_filters`]).
+    #[serde(default, rename = "~")]
+    repeated: u8,
+}
+
+impl<M: DeserializeOwned + Default> StoredHead<M> {
+    /// Parses the head of the record at `uri`, `level`, its filters whole again.
+    fn read(head: &str, uri: &CtxUri, level: Level) -> Result<Self> {
+        let mut h: Self = serde_json::from_str(head).map_err(|e| corrupt("record", e))?;
+        restore_filters(
+            &mut h.filters,
+            h.repeated,
+            uri.as_str(),
+            h.parent_uri.as_str(),
+            level.as_u8(),
+            &h.context_type,
+            &h.category,
+        );
+        Ok(h)
+    }
+}
+
+/// The fields a search filter reads, from a record's `uri`, `level` and `head` columns.
+pub(super) fn decode_view(uri: &str, level: u8, head: &str) -> Result<FilterView> {
+    let (uri, level) = node_columns(uri, level)?;
+    let head = StoredHead::<IgnoredAny>::read(head, &uri, level)?;
+    Ok(FilterView {
+        uri,
+        parent_uri: head.parent_uri,
+        level,
+        filters: head.filters,
+    })
+}
+
+/// The record as stored in `head`: what the `id`, `uri`, `level` and `text` columns do not
+/// hold, the filters without those that repeat the record's fields ([`stored_filters`]).
 pub(super) fn encode_head(r: &IndexRecord) -> Result<String> {
-    /// `IndexRecord`'s fields in its order, borrowed, with an empty text: the JSON an
-    /// `IndexRecord` without its text serializes to, without copying the record (copying it was
-    /// 4 % of a cold keyword drain).
     #[derive(serde::Serialize)]
     struct Head<'a> {
-        id: &'a str,
-        uri: &'a CtxUri,
         parent_uri: &'a CtxUri,
         context_type: &'a str,
         category: &'a str,
-        level: Level,
-        text: &'a str,
-        filters: &'a BTreeMap<String, Value>,
+        filters: BTreeMap<&'a str, &'a Value>,
         metadata: &'a BTreeMap<String, Value>,
+        #[serde(rename = "~", skip_serializing_if = "is_zero")]
+        repeated: u8,
+    }
+    fn is_zero(n: &u8) -> bool {
+        *n == 0
     }
     // Destructured so that a field added to `IndexRecord` fails to compile here.
     let IndexRecord {
-        id,
-        uri,
+        id: _,
+        uri: _,
         parent_uri,
         context_type,
         category,
-        level,
+        level: _,
         text: _,
-        filters,
+        filters: _,
         metadata,
     } = r;
+    let (filters, repeated) = stored_filters(r);
     let head = Head {
-        id,
-        uri,
         parent_uri,
         context_type,
         category,
-        level: *level,
-        text: "",
         filters,
         metadata,
+        repeated,
     };
     serde_json::to_string(&head).map_err(|e| corrupt("record", e))
 }
@@ -292,12 +380,13 @@ pub(super) fn decode_terms(s: &str) -> Result<BTreeMap<&str, u32>> {
 mod tests {
     use super::*;
 
-    /// The head is what the whole record without its text serializes to, and decodes with the
-    /// text back to the record.
+    /// A record is stored as its columns and a head without what they hold nor the filters
+    /// that repeat its fields, and reads back whole; a head of the earlier form (the whole
+    /// record without its text) reads back the same.
     #[test]
-    fn a_head_is_the_record_without_its_text() {
+    fn a_record_reads_back_from_its_columns_and_head() {
         let uri = CtxUri::parse("ctx://acc/docs/a").expect("uri");
-        let r = IndexRecord {
+        let mut r = IndexRecord {
             id: "id-1".into(),
             parent_uri: uri.parent().expect("parent"),
             uri,
@@ -311,13 +400,51 @@ mod tests {
                 ("size".into(), Value::from(3)),
             ]),
         };
+        for (k, v) in [
+            ("uri", Value::from(r.uri.as_str())),
+            ("parent_uri", Value::from(r.parent_uri.as_str())),
+            ("level", Value::from(1)),
+            ("context_type", Value::from("resource")),
+            ("category", Value::from("another")),
+        ] {
+            r.filters.insert(k.into(), v);
+        }
         let head = encode_head(&r).expect("encode");
-        let whole = IndexRecord {
+        for absent in ["not in the head", "id-1", "ctx://acc/docs/a\"", "\"level\""] {
+            assert!(!head.contains(absent), "{absent} in {head}");
+        }
+        assert!(
+            head.contains("another"),
+            "a filter unlike its field is kept: {head}"
+        );
+        let read = |head: String| {
+            RawRecord {
+                id: r.id.clone(),
+                uri: r.uri.to_string(),
+                level: 1,
+                head,
+                text: r.text.clone(),
+                node_version: 7,
+            }
+            .decode()
+            .expect("decode")
+        };
+        let back = read(head.clone());
+        assert_eq!((back.record, back.node_version), (r.clone(), 7));
+        let view = decode_view(r.uri.as_str(), 1, &head).expect("view");
+        assert_eq!((view.level, view.filters), (r.level, r.filters.clone()));
+
+        let earlier = serde_json::to_string(&IndexRecord {
             text: String::new(),
             ..r.clone()
-        };
-        assert_eq!(head, serde_json::to_string(&whole).expect("json"));
-        assert!(!head.contains("not in the head"));
-        assert_eq!(decode(&head, r.text.clone()).expect("decode"), r);
+        })
+        .expect("json");
+        assert_eq!(read(earlier.clone()).record, r);
+        assert_eq!(
+            decode_view(r.uri.as_str(), 1, &earlier)
+                .expect("view")
+                .filters,
+            r.filters
+        );
     }
 }

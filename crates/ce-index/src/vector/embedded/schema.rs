@@ -4,7 +4,8 @@
 //! Tables:
 //! - `records`: one row per record, unique by `(uri, level)` — the filter columns, the
 //!   record's text and metadata as JSON (its other fields are columns: [`RawRecord`]), the
-//!   filters as JSON (so the in-memory filter table is rebuilt without parsing texts), the
+//!   filters as JSON without those that repeat the columns ([`decode_filters`]; so the
+//!   in-memory filter table is rebuilt without parsing texts), the
 //!   vector at half precision (`ce_embed::half`; rows written before it
 //!   hold little-endian `f32`s, read as they are) and `key`, the record's key in the ANN
 //!   graph. A key is allocated from `meta.next_key` and never reused; it changes only when the
@@ -27,15 +28,17 @@ use serde_json::Value;
 
 use super::super::{StoredRecord, StoredVector};
 use crate::error::{IndexError, Result};
-use crate::records::to_i64;
+use crate::records::{restore_filters, stored_filters, to_i64};
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
 /// Page size of a new file. A record row was ~2.6 KB for a 384-d model with `f32` vectors
 /// (1,536 bytes of vector, ~800 of record JSON, ~170 of filters, the columns): on 4 KiB pages
 /// a second row never fit, so every row took a page of its own (4.2 KB per record); 8 KiB
 /// pages held three (docs/indexing.md "Footprint"). At half precision (769 bytes of vector)
-/// they hold four or five.
-const PAGE_SIZE: u32 = 8192;
+/// and without repeated filters a row is ~1.43 KB: five to an 8 KiB page with 1 KiB unused,
+/// eleven to a 16 KiB one (the 29,700 rows of the 10,000-document benchmark, vacuumed into
+/// each size: 50.8 → 46.4 MB).
+const PAGE_SIZE: u32 = 16384;
 
 /// Version of this layout. Layout 3 stores vectors at half precision and only the text and
 /// metadata in the `record` column; a file of layout 2 (`f32` vectors, whole records) is
@@ -190,13 +193,43 @@ struct StoredBody {
 
 /// The JSON columns and the checked version of a row, shared by inserts and rewrites.
 fn encoded(r: &IndexRecord, node_version: u64) -> Result<(String, String, i64)> {
-    let filters = serde_json::to_string(&r.filters).map_err(|e| corrupt("record filters", e))?;
+    let filters =
+        serde_json::to_string(&stored_filters(r)).map_err(|e| corrupt("record filters", e))?;
     let body = Body {
         text: &r.text,
         metadata: &r.metadata,
     };
     let record = serde_json::to_string(&body).map_err(|e| corrupt("record", e))?;
     Ok((filters, record, to_i64(node_version, "node version")?))
+}
+
+/// A `filters` column: `[filters, repeated]`, the filters without those that repeat the
+/// record's fields and the mask of those left out ([`stored_filters`]), or, as rows written before
+/// 2026-12-07 hold them, the whole filters as an object.
+fn decode_filters(
+    column: &str,
+    uri: &str,
+    parent_uri: &str,
+    level: u8,
+    context_type: &str,
+    category: &str,
+) -> Result<BTreeMap<String, Value>> {
+    let bad = |e: serde_json::Error| corrupt("record filters", e);
+    if !column.starts_with('[') {
+        return serde_json::from_str(column).map_err(bad);
+    }
+    let (mut filters, repeated): (BTreeMap<String, Value>, u8) =
+        serde_json::from_str(column).map_err(bad)?;
+    restore_filters(
+        &mut filters,
+        repeated,
+        uri,
+        parent_uri,
+        level,
+        context_type,
+        category,
+    );
+    Ok(filters)
 }
 
 /// The columns a stored record is rebuilt from ([`RawRecord::read`] reads them in this
@@ -246,8 +279,14 @@ impl RawRecord {
             uri: uri(&self.uri, "record uri")?,
             parent_uri: uri(&self.parent_uri, "record parent_uri")?,
             level: Level::try_from(self.level).map_err(|e| corrupt("record level", e))?,
-            filters: serde_json::from_str(&self.filters)
-                .map_err(|e| corrupt("record filters", e))?,
+            filters: decode_filters(
+                &self.filters,
+                &self.uri,
+                &self.parent_uri,
+                self.level,
+                &self.context_type,
+                &self.category,
+            )?,
             id: self.id,
             context_type: self.context_type,
             category: self.category,
@@ -553,16 +592,28 @@ pub(super) fn scan_rows(
     let cols = if with_vectors { ", vector" } else { "" };
     let mut st = c
         .prepare(&format!(
-            "SELECT key, id, uri, parent_uri, level, filters{cols} FROM records ORDER BY key"
+            "SELECT key, id, uri, parent_uri, level, filters, context_type, category{cols}
+             FROM records ORDER BY key"
         ))
         .map_err(sql)?;
     let mut rows = st.query([]).map_err(sql)?;
     while let Some(r) = rows.next().map_err(sql)? {
         let row = table_row(r).map_err(sql)?;
-        let filters: String = r.get(5).map_err(sql)?;
-        let filters = serde_json::from_str(&filters).map_err(|e| corrupt("record filters", e))?;
+        let (filters, context_type, category): (String, String, String) = (
+            r.get(5).map_err(sql)?,
+            r.get(6).map_err(sql)?,
+            r.get(7).map_err(sql)?,
+        );
+        let filters = decode_filters(
+            &filters,
+            &row.uri,
+            &row.parent_uri,
+            row.level,
+            &context_type,
+            &category,
+        )?;
         let vector = if with_vectors {
-            Some(decode_vector(&r.get::<_, Vec<u8>>(6).map_err(sql)?)?)
+            Some(decode_vector(&r.get::<_, Vec<u8>>(8).map_err(sql)?)?)
         } else {
             None
         };
@@ -618,4 +669,45 @@ pub(super) fn sample_vectors(c: &Connection, limit: usize) -> Result<Vec<(u64, V
     rows.into_iter()
         .map(|(k, v)| Ok((k as u64, decode_vector(&v)?)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A `filters` column is written without the filters that repeat the record's columns and
+    /// reads back whole; the object form of earlier rows reads as it is.
+    #[test]
+    fn filters_are_stored_without_the_columns_they_repeat() {
+        let uri = CtxUri::parse("ctx://acc/docs/a").expect("uri");
+        let r = IndexRecord {
+            id: "id".into(),
+            parent_uri: uri.parent().expect("parent"),
+            uri: uri.clone(),
+            context_type: "resource".into(),
+            category: String::new(),
+            level: Level::L2,
+            text: "t".into(),
+            filters: BTreeMap::from([
+                ("uri".into(), json!("ctx://acc/docs/a")),
+                ("parent_uri".into(), json!("ctx://acc/docs")),
+                ("level".into(), json!(2)),
+                ("context_type".into(), json!("resource")),
+                ("category".into(), json!("")),
+                ("group".into(), json!("g1")),
+            ]),
+            metadata: BTreeMap::new(),
+        };
+        let (column, _, _) = encoded(&r, 1).expect("encode");
+        assert_eq!(column, r#"[{"group":"g1"},31]"#);
+        let read = |column: &str| {
+            decode_filters(column, uri.as_str(), "ctx://acc/docs", 2, "resource", "")
+                .expect("decode")
+        };
+        assert_eq!(read(&column), r.filters);
+        let earlier = serde_json::to_string(&r.filters).expect("json");
+        assert_eq!(read(&earlier), r.filters);
+    }
 }
