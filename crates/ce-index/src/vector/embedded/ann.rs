@@ -373,6 +373,7 @@ pub(super) struct Snapshot {
     /// Slot of each live key.
     slots: std::collections::HashMap<u64, usize>,
     unit: Vec<f32>,
+    halves: Vec<numkong::f16>,
 }
 
 impl Snapshot {
@@ -425,22 +426,31 @@ impl Snapshot {
             cols,
             slots,
             unit: Vec::new(),
+            halves: Vec::new(),
         })
     }
 
     /// Gives the snapshot the stored vector of `key` (ignored when the snapshot lacks it): it
-    /// is put in as the graph stored it, normalised and rounded ([`as_stored`]).
+    /// is put in as the graph stored it, normalised and rounded to `f16` (see [`as_stored`]).
     pub(super) fn put(&mut self, key: u64, v: &[f32]) {
         let Some(&slot) = self.slots.get(&key) else {
             return;
         };
-        as_stored(v, &mut self.unit);
+        // Normalised, then rounded by numkong's vectorised cast (the scalar conversion of
+        // every component was most of a load's time).
+        normalised(v, &mut self.unit);
+        self.halves.resize(self.unit.len(), numkong::f16::ZERO);
+        if numkong::cast(&self.unit, &mut self.halves).is_none() {
+            for (h, x) in self.halves.iter_mut().zip(&self.unit) {
+                *h = numkong::f16::from_f32(*x);
+            }
+        }
         let at = 8 + slot * self.cols;
-        for (out, x) in self.image[at..at + self.cols]
+        for (out, h) in self.image[at..at + self.cols]
             .chunks_exact_mut(2)
-            .zip(&self.unit)
+            .zip(&self.halves)
         {
-            out.copy_from_slice(&numkong::f16::from_f32(*x).0.to_le_bytes());
+            out.copy_from_slice(&h.0.to_le_bytes());
         }
     }
 

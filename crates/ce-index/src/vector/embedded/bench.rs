@@ -403,6 +403,7 @@ pub fn bench_search(
 
     let t = Instant::now();
     let index = EmbeddedVectorIndex::open(dir)?;
+    index.load()?;
     let load_time = t.elapsed();
 
     let cat = SearchFilter {
