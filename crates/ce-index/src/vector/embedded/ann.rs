@@ -344,7 +344,12 @@ fn graph_keys(tail: &[u8], rows: usize) -> std::result::Result<Vec<u64>, String>
         return Err(format!("{size} nodes for {rows} vectors"));
     }
     let levels_at = HEAD + 5 * 8;
-    let mut at = levels_at + 2 * rows;
+    // Checked before anything is allocated for `rows` (a damaged file may claim any count).
+    let mut at = rows
+        .checked_mul(2)
+        .and_then(|n| n.checked_add(levels_at))
+        .filter(|end| *end <= tail.len())
+        .ok_or_else(truncated)?;
     let (per_level, base_bytes) = (4 + 4 * connectivity as usize, 4 + 4 * base as usize);
     let mut keys = Vec::with_capacity(rows);
     for slot in 0..rows {
@@ -660,6 +665,14 @@ mod tests {
             .expect("another dimension is refused");
         assert!(e.to_string().contains("dimension 8"), "{e}");
         let bytes = std::fs::read(&path).expect("read");
+        // A row count no file could hold is refused before anything is allocated for it.
+        let mut huge = bytes.clone();
+        // (No removed slots here: the graph's header, whose size must agree, is at 32 + 64.)
+        for at in [8, super::SNAPSHOT_HEAD + 64] {
+            huge[at..at + 8].copy_from_slice(&(u64::MAX / 4).to_le_bytes());
+        }
+        std::fs::write(&path, &huge).expect("write");
+        assert!(Snapshot::read(&path, 4).is_err(), "a huge row count");
         for cut in [1, 8, bytes.len() / 2] {
             std::fs::write(&path, &bytes[..bytes.len() - cut]).expect("write");
             assert!(Snapshot::read(&path, 4).is_err(), "cut by {cut} bytes");
