@@ -250,14 +250,37 @@ pub(crate) fn node_level(r: &IndexRecord) -> (&str, u8) {
 /// ([`stored_filters`]) and put them back when they read it ([`restore_filters`]).
 const FIELD_FILTERS: [&str; 5] = ["uri", "parent_uri", "level", "context_type", "category"];
 
-/// The value filter `FIELD_FILTERS[i]` has when it repeats its field.
-fn field_filter(i: usize, uri: &str, parent_uri: &str, level: u8, ctx: &str, cat: &str) -> Value {
-    match i {
-        0 => Value::from(uri),
-        1 => Value::from(parent_uri),
-        2 => Value::from(level),
-        3 => Value::from(ctx),
-        _ => Value::from(cat),
+/// The record fields behind [`FIELD_FILTERS`], in that order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FieldFilters<'a> {
+    pub uri: &'a str,
+    pub parent_uri: &'a str,
+    pub level: u8,
+    pub context_type: &'a str,
+    pub category: &'a str,
+}
+
+impl<'a> FieldFilters<'a> {
+    /// `r`'s fields.
+    pub(crate) fn of(r: &'a IndexRecord) -> Self {
+        FieldFilters {
+            uri: r.uri.as_str(),
+            parent_uri: r.parent_uri.as_str(),
+            level: r.level.as_u8(),
+            context_type: &r.context_type,
+            category: &r.category,
+        }
+    }
+
+    /// The value filter `FIELD_FILTERS[i]` has when it repeats its field.
+    fn value(&self, i: usize) -> Value {
+        match i {
+            0 => Value::from(self.uri),
+            1 => Value::from(self.parent_uri),
+            2 => Value::from(self.level),
+            3 => Value::from(self.context_type),
+            _ => Value::from(self.category),
+        }
     }
 }
 
@@ -266,6 +289,7 @@ fn field_filter(i: usize, uri: &str, parent_uri: &str, level: u8, ctx: &str, cat
 /// [`restore_filters`] gives the filters back exactly (an entry that differs from its field is
 /// kept as it is).
 pub(crate) fn stored_filters(r: &IndexRecord) -> (BTreeMap<&str, &Value>, u8) {
+    let fields = FieldFilters::of(r);
     let mut mask = 0u8;
     let filters = r
         .filters
@@ -274,16 +298,7 @@ pub(crate) fn stored_filters(r: &IndexRecord) -> (BTreeMap<&str, &Value>, u8) {
             let Some(i) = FIELD_FILTERS.iter().position(|f| f == k) else {
                 return true;
             };
-            let (uri, parent) = (r.uri.as_str(), r.parent_uri.as_str());
-            let repeats = **v
-                == field_filter(
-                    i,
-                    uri,
-                    parent,
-                    r.level.as_u8(),
-                    &r.context_type,
-                    &r.category,
-                );
+            let repeats = **v == fields.value(i);
             if repeats {
                 mask |= 1 << i;
             }
@@ -295,20 +310,15 @@ pub(crate) fn stored_filters(r: &IndexRecord) -> (BTreeMap<&str, &Value>, u8) {
 }
 
 /// Puts back into `filters` the entries [`stored_filters`] left out (`mask`), from the
-/// record's fields.
+/// record's `fields`.
 pub(crate) fn restore_filters(
     filters: &mut BTreeMap<String, Value>,
     mask: u8,
-    uri: &str,
-    parent_uri: &str,
-    level: u8,
-    context_type: &str,
-    category: &str,
+    fields: FieldFilters<'_>,
 ) {
     for (i, key) in FIELD_FILTERS.iter().enumerate() {
         if mask & (1 << i) != 0 {
-            let v = field_filter(i, uri, parent_uri, level, context_type, category);
-            filters.insert((*key).to_string(), v);
+            filters.insert((*key).to_string(), fields.value(i));
         }
     }
 }
@@ -343,14 +353,7 @@ mod tests {
                     metadata: BTreeMap::new(),
                 };
                 for (i, c) in choice.iter().enumerate() {
-                    let own = field_filter(
-                        i,
-                        r.uri.as_str(),
-                        r.parent_uri.as_str(),
-                        r.level.as_u8(),
-                        &r.context_type,
-                        &r.category,
-                    );
+                    let own = FieldFilters::of(&r).value(i);
                     match c {
                         0 => None,
                         1 => r.filters.insert(FIELD_FILTERS[i].into(), own),
@@ -367,15 +370,7 @@ mod tests {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v.clone()))
                     .collect();
-                restore_filters(
-                    &mut back,
-                    mask,
-                    r.uri.as_str(),
-                    r.parent_uri.as_str(),
-                    r.level.as_u8(),
-                    &r.context_type,
-                    &r.category,
-                );
+                restore_filters(&mut back, mask, FieldFilters::of(&r));
                 prop_assert_eq!(back, r.filters);
                 Ok(())
             })

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::super::Terms;
 use super::blocks::{self, Posting};
 use crate::error::{IndexError, Result};
-use crate::records::{restore_filters, stored_filters};
+use crate::records::{FieldFilters, restore_filters, stored_filters};
 use crate::vector::{FilterView, StoredRecord};
 
 /// File name of the database inside the index directory.
@@ -277,15 +277,14 @@ impl<M: DeserializeOwned + Default> StoredHead<M> {
     /// Parses the head of the record at `uri`, `level`, its filters whole again.
     fn read(head: &str, uri: &CtxUri, level: Level) -> Result<Self> {
         let mut h: Self = serde_json::from_str(head).map_err(|e| corrupt("record", e))?;
-        restore_filters(
-            &mut h.filters,
-            h.repeated,
-            uri.as_str(),
-            h.parent_uri.as_str(),
-            level.as_u8(),
-            &h.context_type,
-            &h.category,
-        );
+        let fields = FieldFilters {
+            uri: uri.as_str(),
+            parent_uri: h.parent_uri.as_str(),
+            level: level.as_u8(),
+            context_type: &h.context_type,
+            category: &h.category,
+        };
+        restore_filters(&mut h.filters, h.repeated, fields);
         Ok(h)
     }
 }

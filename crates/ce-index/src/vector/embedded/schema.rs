@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use super::super::{StoredRecord, StoredVector};
 use crate::error::{IndexError, Result};
-use crate::records::{restore_filters, stored_filters, to_i64};
+use crate::records::{FieldFilters, restore_filters, stored_filters, to_i64};
 use crate::sqlite::{select_within, subtree_bounds, within_sql};
 
 /// Page size of a new file. A record row was ~2.6 KB for a 384-d model with `f32` vectors
@@ -206,29 +206,14 @@ fn encoded(r: &IndexRecord, node_version: u64) -> Result<(String, String, i64)> 
 /// A `filters` column: `[filters, repeated]`, the filters without those that repeat the
 /// record's fields and the mask of those left out ([`stored_filters`]), or, as rows written before
 /// 2026-12-07 hold them, the whole filters as an object.
-fn decode_filters(
-    column: &str,
-    uri: &str,
-    parent_uri: &str,
-    level: u8,
-    context_type: &str,
-    category: &str,
-) -> Result<BTreeMap<String, Value>> {
+fn decode_filters(column: &str, fields: FieldFilters<'_>) -> Result<BTreeMap<String, Value>> {
     let bad = |e: serde_json::Error| corrupt("record filters", e);
     if !column.starts_with('[') {
         return serde_json::from_str(column).map_err(bad);
     }
     let (mut filters, repeated): (BTreeMap<String, Value>, u8) =
         serde_json::from_str(column).map_err(bad)?;
-    restore_filters(
-        &mut filters,
-        repeated,
-        uri,
-        parent_uri,
-        level,
-        context_type,
-        category,
-    );
+    restore_filters(&mut filters, repeated, fields);
     Ok(filters)
 }
 
@@ -281,11 +266,13 @@ impl RawRecord {
             level: Level::try_from(self.level).map_err(|e| corrupt("record level", e))?,
             filters: decode_filters(
                 &self.filters,
-                &self.uri,
-                &self.parent_uri,
-                self.level,
-                &self.context_type,
-                &self.category,
+                FieldFilters {
+                    uri: &self.uri,
+                    parent_uri: &self.parent_uri,
+                    level: self.level,
+                    context_type: &self.context_type,
+                    category: &self.category,
+                },
             )?,
             id: self.id,
             context_type: self.context_type,
@@ -606,11 +593,13 @@ pub(super) fn scan_rows(
         );
         let filters = decode_filters(
             &filters,
-            &row.uri,
-            &row.parent_uri,
-            row.level,
-            &context_type,
-            &category,
+            FieldFilters {
+                uri: &row.uri,
+                parent_uri: &row.parent_uri,
+                level: row.level,
+                context_type: &context_type,
+                category: &category,
+            },
         )?;
         let vector = if with_vectors {
             Some(decode_vector(&r.get::<_, Vec<u8>>(8).map_err(sql)?)?)
@@ -702,10 +691,7 @@ mod tests {
         };
         let (column, _, _) = encoded(&r, 1).expect("encode");
         assert_eq!(column, r#"[{"group":"g1"},31]"#);
-        let read = |column: &str| {
-            decode_filters(column, uri.as_str(), "ctx://acc/docs", 2, "resource", "")
-                .expect("decode")
-        };
+        let read = |column: &str| decode_filters(column, FieldFilters::of(&r)).expect("decode");
         assert_eq!(read(&column), r.filters);
         let earlier = serde_json::to_string(&r.filters).expect("json");
         assert_eq!(read(&earlier), r.filters);
