@@ -151,6 +151,11 @@ pub struct DeriveConfig {
     /// Model tokens (in + out) the `llm` generator may spend per UTC day; 0: unlimited. When
     /// the day's budget is spent, derivation continues with `extractive` until midnight.
     pub max_tokens_per_day: u64,
+    /// With the `extractive` generator, a leaf whose content is at most this many characters
+    /// is derived in its write transaction instead of by the consumer (0: never; at most
+    /// 65536): its L0 / L1 are written and indexed with it, once, where a write-back would
+    /// make a second node version and a second round of index writes (docs/derive.md).
+    pub inline_max_chars: usize,
     /// `[derive.llm]`: the chat-completions endpoint of the `llm` generator.
     pub llm: DeriveLlmConfig,
 }
@@ -163,6 +168,7 @@ impl Default for DeriveConfig {
             batch_size: 16,
             timeout_seconds: 120,
             max_tokens_per_day: 0,
+            inline_max_chars: 4096,
             llm: DeriveLlmConfig::default(),
         }
     }
@@ -191,6 +197,7 @@ impl DeriveConfig {
         }
         range("derive.batch_size", self.batch_size, 1, 256)?;
         range("derive.timeout_seconds", self.timeout_seconds, 1, 600)?;
+        range("derive.inline_max_chars", self.inline_max_chars, 0, 65_536)?;
         let l = &self.llm;
         range("derive.llm.temperature", l.temperature, 0.0, 2.0)?;
         range("derive.llm.max_tokens", l.max_tokens, 16, 32_768)?;

@@ -27,7 +27,9 @@ use ce_core::{
 use ce_index::worker::compact::{self, Op, Plan};
 use ce_index::worker::dry_run::{DryRunReport, SpendEstimate};
 use ce_index::worker::{OpHandler, OpOutcomes, WorkError};
-use ce_store::derive::{DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite, WaitingFolders};
+use ce_store::derive::{
+    DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite, LeafLayers, WaitingFolders,
+};
 use ce_store::{ClaimedEvent, SourceStore};
 use serde::{Deserialize, Serialize};
 
@@ -249,25 +251,16 @@ impl DeriveHandler {
         hash: &str,
         d: Derived,
     ) -> DerivedWrite {
-        let derivation = Derivation {
-            generator: generator.identity().key(),
-            input_hash: hash.to_owned(),
-            tokens_in: d.tokens_in,
-            tokens_out: d.tokens_out,
-            at_ms: self.clock.now_ms(),
-        };
-        let layer = |text: Option<String>| LayerWrite::Derived {
-            text: text.unwrap_or_default(),
-            derivation: derivation.clone(),
-        };
+        let (tokens_in, tokens_out) = (d.tokens_in, d.tokens_out);
+        let layers = layers_of(generator, hash, d, self.clock.now_ms());
         DerivedWrite {
             uri: s.node.uri.clone(),
             node_version: s.node.version,
             coalesce_version: s.key.coalesce_version,
-            abstract_layer: layer(d.abstract_text),
-            overview_layer: layer(d.overview),
-            tokens_in: d.tokens_in,
-            tokens_out: d.tokens_out,
+            abstract_layer: layers.abstract_layer,
+            overview_layer: layers.overview_layer,
+            tokens_in,
+            tokens_out,
         }
     }
 
@@ -433,8 +426,32 @@ fn keep(s: &DeriveSnapshot) -> DerivedWrite {
     }
 }
 
+/// The layers `generator` derived as `d` from the input of `hash`, at `at_ms`.
+pub(crate) fn layers_of(
+    generator: &dyn Generator,
+    hash: &str,
+    d: Derived,
+    at_ms: ce_core::Millis,
+) -> LeafLayers {
+    let derivation = Derivation {
+        generator: generator.identity().key(),
+        input_hash: hash.to_owned(),
+        tokens_in: d.tokens_in,
+        tokens_out: d.tokens_out,
+        at_ms,
+    };
+    let layer = |text: Option<String>| LayerWrite::Derived {
+        text: text.unwrap_or_default(),
+        derivation: derivation.clone(),
+    };
+    LeafLayers {
+        abstract_layer: layer(d.abstract_text),
+        overview_layer: layer(d.overview),
+    }
+}
+
 /// Whether every layer no client wrote was derived (or refused) from input `hash` already.
-fn is_current(node: &ContextNode, hash: &str) -> bool {
+pub(crate) fn is_current(node: &ContextNode, hash: &str) -> bool {
     [Level::L0, Level::L1].iter().all(|&l| {
         node.provenance
             .get(l)

@@ -14,10 +14,12 @@
 pub mod consumer;
 pub mod extractive;
 mod generator;
+pub mod inline;
 pub mod llm;
 
 pub use consumer::{DeriveCounters, DeriveHandler, DeriveSettings};
 pub use extractive::Extractive;
+pub use inline::InlineExtractive;
 pub use llm::LlmGenerator;
 
 use std::sync::Arc;

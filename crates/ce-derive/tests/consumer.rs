@@ -18,9 +18,10 @@ use ce_core::{
 };
 use ce_derive::{
     Budget, Child, DeriveError, DeriveHandler, DeriveInput, DeriveSettings, Derived, Extractive,
-    Generator, GeneratorIdentity,
+    Generator, GeneratorIdentity, InlineExtractive,
 };
 use ce_index::worker::{IndexWorker, WorkerConfig};
+use ce_store::derive::LeafDeriver;
 use ce_store::postgres::PgStore;
 use ce_store::{PutMode, PutRequest, SourceStore, SqliteStore};
 use ce_testkit::backends::{Backend, Place};
@@ -145,14 +146,24 @@ fn config() -> Config {
     config
 }
 
-fn open(place: &Place, clock: &ManualClock) -> Arc<dyn SourceStore> {
+/// Opens the store; `inline`: leaves of at most that many characters are derived in their
+/// write transaction by the extractive generator (docs/derive.md, "Derived at write time").
+fn open(place: &Place, clock: &ManualClock, inline: Option<usize>) -> Arc<dyn SourceStore> {
     let config = config();
     let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let deriver = inline
+        .map(|max| Arc::new(InlineExtractive::new(Budget::default(), max)) as Arc<dyn LeafDeriver>);
     match place {
         Place::Dir(d) => {
-            Arc::new(SqliteStore::open_with_clock(d.path(), config, clock).expect("sqlite"))
+            let store = SqliteStore::open_with_clock(d.path(), config, clock).expect("sqlite");
+            store.set_leaf_deriver_opt(deriver);
+            Arc::new(store)
         }
-        Place::Db(db) => Arc::new(PgStore::open_with_clock(db.url(), config, clock).expect("pg")),
+        Place::Db(db) => {
+            let store = PgStore::open_with_clock(db.url(), config, clock).expect("pg");
+            store.set_leaf_deriver_opt(deriver);
+            Arc::new(store)
+        }
     }
 }
 
@@ -166,9 +177,9 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(place: &Place) -> Self {
+    fn new(place: &Place, inline: Option<usize>) -> Self {
         let clock = ManualClock::new(T0);
-        let store = open(place, &clock);
+        let store = open(place, &clock, inline);
         let faulty = Arc::new(Faulty {
             inner: Extractive::default(),
             identity: GeneratorIdentity {
@@ -423,6 +434,17 @@ impl Rig {
 }
 
 fn derived_layers_follow_the_current_inputs(backend: Backend) {
+    derived_layers_follow(backend, None);
+}
+
+/// The same with leaves of at most 150 characters derived at write time: the texts are
+/// 60–95 characters, so appends make leaves that cross the limit both ways, and a leaf
+/// derived at write time and one left to the consumer meet in the same folders.
+fn derived_layers_follow_the_current_inputs_with_leaves_derived_at_write(backend: Backend) {
+    derived_layers_follow(backend, Some(150));
+}
+
+fn derived_layers_follow(backend: Backend, inline: Option<usize>) {
     let place = std::cell::RefCell::new(backend.place());
     let cases = ce_core::test_cases(if backend == Backend::Postgres { 6 } else { 16 });
     let mut runner = TestRunner::new(PropConfig {
@@ -434,7 +456,7 @@ fn derived_layers_follow_the_current_inputs(backend: Backend) {
         .run(&prop::collection::vec(op(), 5..40), |ops| {
             place.borrow_mut().reset();
             let place = place.borrow();
-            let mut rig = Rig::new(&place);
+            let mut rig = Rig::new(&place, inline);
             for op in &ops {
                 rig.step(op);
             }
@@ -446,4 +468,132 @@ fn derived_layers_follow_the_current_inputs(backend: Backend) {
         .expect("property");
 }
 
-ce_testkit::backend_tests!(derived_layers_follow_the_current_inputs);
+/// A derive worker with the extractive generator.
+fn extractive_worker(store: &Arc<dyn SourceStore>, clock: &ManualClock) -> IndexWorker {
+    let settings = DeriveSettings {
+        budget: Budget::default(),
+        batch_size: 16,
+        timeout: Duration::from_secs(5),
+        max_tokens_per_day: 0,
+        types: Config::default().derive.derived_types(),
+    };
+    let handler = DeriveHandler::new(
+        store.clone(),
+        Arc::new(Extractive::default()),
+        settings,
+        IndexProjector::default(),
+        Arc::new(clock.clone()),
+    );
+    let cfg = WorkerConfig::from_config(&config(), "w", "derive");
+    IndexWorker::for_ops(cfg, store.clone(), Arc::new(handler))
+}
+
+/// A leaf within the limit is written with the layers the consumer would derive for it —
+/// one node version, no key left for it — while a longer one is left pending to the
+/// consumer as before; a metadata edit re-derives nothing and dirties nothing, a content
+/// edit derives again in its write.
+fn a_small_leaf_is_derived_in_its_write(backend: Backend) {
+    let place = backend.place();
+    let clock = ManualClock::new(T0);
+    let store = open(&place, &clock, Some(120));
+    let (small, long) = (leaf_uri(0, 0), leaf_uri(0, 1));
+    let folder = small.parent().expect("folder");
+    let put = |u: &CtxUri, req: PutRequest| store.put(u, req).expect("put");
+    let content = |text: &str| PutRequest {
+        content: Some(text.to_owned()),
+        ..PutRequest::default()
+    };
+    put(&small, content(TEXTS[0]));
+    put(&long, content(&TEXTS[1..].concat()));
+
+    let extractive = Extractive::default();
+    let expect_derived = |n: &ContextNode| {
+        let input = DeriveInput::Leaf {
+            content: n.layers.content.clone(),
+        };
+        let want = extractive.derive(
+            std::slice::from_ref(&input),
+            Budget::default(),
+            Duration::from_secs(5),
+        );
+        let want = want[0].clone().expect("extractive never fails");
+        assert_eq!(Some(&n.layers.abstract_text), want.abstract_text.as_ref());
+        assert_eq!(Some(&n.layers.overview), want.overview.as_ref());
+        for level in [Level::L0, Level::L1] {
+            match n.provenance.get(level).expect("L0/L1") {
+                LayerOrigin::Derived(d) => {
+                    assert_eq!(d.generator, extractive.identity().key());
+                    assert_eq!(
+                        d.input_hash,
+                        input.hash(extractive.identity(), Budget::default())
+                    );
+                }
+                other => panic!("{} L{level}: {other:?}", n.uri),
+            }
+        }
+    };
+    let read = |u: &CtxUri| store.read_node(u).expect("read").expect("live");
+    let n = read(&small);
+    assert_eq!(n.version, 1, "written once");
+    expect_derived(&n);
+    assert!(read(&long).provenance.abstract_origin.is_pending());
+    let open_keys = |store: &Arc<dyn SourceStore>| -> Vec<CtxUri> {
+        let keys = store.dirty_within(&CtxUri::parse("ctx://acc").expect("uri"));
+        keys.expect("dirty").into_iter().map(|k| k.uri).collect()
+    };
+    let keys = open_keys(&store);
+    assert!(
+        keys.contains(&folder) && keys.contains(&long) && !keys.contains(&small),
+        "the folders and the long leaf wait for the consumer, the small leaf does not: {keys:?}"
+    );
+
+    let worker = extractive_worker(&store, &clock);
+    while worker.run_once(100).expect("run_once").claimed > 0 {}
+    assert_eq!(read(&small).version, 1, "the consumer found it current");
+    let l = read(&long);
+    assert_eq!(l.version, 2, "written back by the consumer");
+    expect_derived(&l);
+    assert!(open_keys(&store).is_empty());
+
+    let derivations = || store.derive_usage(T0).expect("usage").derivations;
+    let before = derivations();
+    let meta = PutRequest {
+        mode: PutMode::Merge,
+        meta: [("k".to_owned(), serde_json::json!(1))]
+            .into_iter()
+            .collect(),
+        ..PutRequest::default()
+    };
+    put(&small, meta);
+    let m = read(&small);
+    assert_eq!(m.version, 2);
+    assert_eq!(m.provenance, n.provenance, "nothing derived again");
+    assert!(
+        open_keys(&store).is_empty(),
+        "a metadata edit dirties nothing"
+    );
+    assert_eq!(derivations(), before, "and derives nothing");
+
+    let edit = PutRequest {
+        mode: PutMode::Merge,
+        content: Some(TEXTS[3].to_owned()),
+        ..PutRequest::default()
+    };
+    put(&small, edit);
+    let e = read(&small);
+    assert_eq!(e.version, 3);
+    expect_derived(&e);
+    assert_ne!(e.layers.abstract_text, n.layers.abstract_text);
+    assert_eq!(derivations(), before + 1, "counted in the day's usage");
+    assert_eq!(
+        open_keys(&store),
+        vec![folder],
+        "only the folder, whose child's abstract changed"
+    );
+}
+
+ce_testkit::backend_tests!(
+    derived_layers_follow_the_current_inputs,
+    derived_layers_follow_the_current_inputs_with_leaves_derived_at_write,
+    a_small_leaf_is_derived_in_its_write,
+);

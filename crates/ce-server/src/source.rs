@@ -46,17 +46,22 @@ pub struct MigrateReport {
 impl Source {
     /// Opens the store `config.store.url` names (empty: `ce.db` in `data_dir`), applying
     /// pending schema migrations and registering the configured consumers.
+    ///
+    /// With the `extractive` generator, small leaves are derived in their write transaction
+    /// (`derive.inline_max_chars`, docs/derive.md "Derived at write time").
     pub fn open(data_dir: &Path, config: &Config) -> Result<Source> {
         config.validate()?;
+        let inline = ce_derive::InlineExtractive::from_config(config)
+            .map(|d| Arc::new(d) as Arc<dyn ce_store::derive::LeafDeriver>);
         if config.store_is_postgres() {
             let url = &config.store.url;
             let store = PgStore::open(url, config.clone()).map_err(|e| at_url(url, e))?;
+            store.set_leaf_deriver_opt(inline);
             Ok(Source::Postgres(Arc::new(store)))
         } else {
-            Ok(Source::Sqlite(Arc::new(SqliteStore::open(
-                data_dir,
-                config.clone(),
-            )?)))
+            let store = SqliteStore::open(data_dir, config.clone())?;
+            store.set_leaf_deriver_opt(inline);
+            Ok(Source::Sqlite(Arc::new(store)))
         }
     }
 

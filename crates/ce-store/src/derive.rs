@@ -22,6 +22,8 @@ use ce_core::{
     Config, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EVENT_VERSION,
     EventPayload, IndexProjector, LayerOrigin, Level, Millis, UpsertContextPayload, UpsertReason,
 };
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -37,15 +39,21 @@ pub struct Rules {
     pub derived: Vec<ContextType>,
     /// The projector, for a node's effective L0.
     pub projector: ProjectorConfig,
+    /// Derives small leaves in their write transaction ([`LeafDeriver`]; `None`: the
+    /// consumer derives every node).
+    pub inline: Option<Arc<dyn LeafDeriver>>,
 }
 
 impl Rules {
-    /// The rules of `config`.
-    pub fn of(config: &Config) -> Self {
+    /// The rules of `config`, with `inline` deriving small leaves at write time.
+    pub fn of(config: &Config, inline: Option<&Arc<dyn LeafDeriver>>) -> Self {
         Rules {
             max_layer_bytes: config.store.max_layer_bytes,
             derived: config.derived_types(),
             projector: config.projector,
+            inline: inline
+                .filter(|_| !config.derived_types().is_empty())
+                .cloned(),
         }
     }
 
@@ -56,6 +64,7 @@ impl Rules {
             max_layer_bytes,
             derived: Vec::new(),
             projector: ProjectorConfig::default(),
+            inline: None,
         }
     }
 
@@ -164,6 +173,28 @@ pub enum LayerWrite {
     Failed(DeriveFailure),
 }
 
+/// The layers of a leaf derived in its write transaction, or [`LayerWrite::Keep`] where they
+/// are current already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafLayers {
+    /// L0.
+    pub abstract_layer: LayerWrite,
+    /// L1.
+    pub overview_layer: LayerWrite,
+}
+
+/// Derives a small leaf's L0 / L1 in the transaction that writes it (docs/derive.md,
+/// "Derived at write time"): the same generator, input hash and provenance as the
+/// consumer's write-back, without the second node version and the second round of index
+/// writes a write-back makes. Only a generator that is cheap, local and deterministic
+/// belongs here (the `extractive` one); the store calls it inside its write lock.
+pub trait LeafDeriver: Send + Sync + std::fmt::Debug {
+    /// The layers of leaf `node` (its type is derived, and it has a layer no client wrote),
+    /// or `None` to leave the node to the consumer (its content is too long, or the
+    /// generator failed on it).
+    fn derive_leaf(&self, node: &ContextNode, now: Millis) -> Option<LeafLayers>;
+}
+
 /// Tokens and derivations of a UTC day (or to add to it).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
@@ -173,7 +204,7 @@ pub struct DeriveUsage {
     pub tokens_in: u64,
     /// Model tokens written.
     pub tokens_out: u64,
-    /// Write-backs applied.
+    /// Write-backs applied, and leaves derived at write time.
     pub derivations: u64,
     /// Write-backs discarded because newer inputs had been committed.
     pub discarded: u64,
@@ -289,23 +320,96 @@ pub(crate) fn dirty_parent(
     Ok(())
 }
 
-/// The dirty marks of a put that wrote `new` over `old`.
+/// The dirty marks of a put that wrote `new` over `old` (`derived_at_write`: see
+/// [`derive_at_write`]).
 pub(crate) fn dirty_after_put(
     tx: &mut dyn WriteTx,
     rules: &Rules,
     old: Option<&ContextNode>,
     new: &ContextNode,
+    derived_at_write: bool,
     now: Millis,
 ) -> Result<()> {
     if rules.derived.is_empty() {
         return Ok(());
     }
-    dirty_node(tx, rules, new, now)?;
+    if !derived_at_write {
+        dirty_node(tx, rules, new, now)?;
+    }
     let l0_changed = old.is_none_or(|o| rules.effective_l0(o) != rules.effective_l0(new));
     if l0_changed {
         dirty_parent(tx, rules, &new.uri, now)?;
     }
     Ok(())
+}
+
+/// Writes derived layers into `node`, leaving a layer a client wrote as it is.
+fn apply_layers(node: &mut ContextNode, l0: &LayerWrite, l1: &LayerWrite, rules: &Rules) {
+    for (level, write) in [(Level::L0, l0), (Level::L1, l1)] {
+        let Some(origin) = node.provenance.get_mut(level) else {
+            continue;
+        };
+        if origin.is_user() {
+            continue;
+        }
+        let (text, new_origin) = match write {
+            LayerWrite::Keep => continue,
+            LayerWrite::Derived { text, derivation } => {
+                (text.clone(), LayerOrigin::Derived(derivation.clone()))
+            }
+            LayerWrite::Failed(f) => (String::new(), LayerOrigin::Failed(f.clone())),
+        };
+        *origin = new_origin;
+        match level {
+            Level::L0 => node.layers.abstract_text = text,
+            _ => node.layers.overview = text,
+        }
+    }
+    settle_origins(node, rules);
+}
+
+/// Derives `node`, about to be written over `old`, in the write transaction when it is a
+/// leaf the [`LeafDeriver`] takes ([`Rules::inline`]): its type is derived, a layer is not
+/// the client's, it has content and no children (counted in the day's derive usage unless
+/// its layers were current already). Returns whether it did — the node's inputs
+/// are then derived as written, so [`dirty_after_put`] is told not to mark it dirty, and a
+/// key left open by an earlier version is closed (a write-back of that version in flight
+/// is discarded by its node-version fence).
+pub(crate) fn derive_at_write(
+    tx: &mut dyn WriteTx,
+    rules: &Rules,
+    old: Option<&ContextNode>,
+    node: &mut ContextNode,
+    now: Millis,
+) -> Result<bool> {
+    let Some(deriver) = &rules.inline else {
+        return Ok(false);
+    };
+    if !rules.derives(node.context_type)
+        || node.provenance.all_user()
+        || node.layers.content.is_empty()
+    {
+        return Ok(false);
+    }
+    if old.is_some() && tx.children_counts(std::slice::from_ref(&node.uri))?[0] > 0 {
+        return Ok(false);
+    }
+    let Some(layers) = deriver.derive_leaf(node, now) else {
+        return Ok(false);
+    };
+    let kept = [&layers.abstract_layer, &layers.overview_layer]
+        .iter()
+        .all(|l| **l == LayerWrite::Keep);
+    if !kept {
+        apply_layers(node, &layers.abstract_layer, &layers.overview_layer, rules);
+        tx.derived_at_write();
+    }
+    if old.is_some()
+        && let Some(key) = tx.dirty(&node.uri)?.filter(DirtyKey::is_open)
+    {
+        tx.mark_derived(&node.uri, key.coalesce_version)?;
+    }
+    Ok(true)
 }
 
 /// `write_derived` inside an open transaction: one write-back.
@@ -355,30 +459,7 @@ fn fenced_write(
     }
     tx.mark_derived(&w.uri, w.coalesce_version)?;
     let mut node = old.clone();
-    for (level, write) in [
-        (Level::L0, &w.abstract_layer),
-        (Level::L1, &w.overview_layer),
-    ] {
-        let Some(origin) = node.provenance.get_mut(level) else {
-            continue;
-        };
-        if origin.is_user() {
-            continue;
-        }
-        let (text, new_origin) = match write {
-            LayerWrite::Keep => continue,
-            LayerWrite::Derived { text, derivation } => {
-                (text.clone(), LayerOrigin::Derived(derivation.clone()))
-            }
-            LayerWrite::Failed(f) => (String::new(), LayerOrigin::Failed(f.clone())),
-        };
-        *origin = new_origin;
-        match level {
-            Level::L0 => node.layers.abstract_text = text,
-            _ => node.layers.overview = text,
-        }
-    }
-    settle_origins(&mut node, rules);
+    apply_layers(&mut node, &w.abstract_layer, &w.overview_layer, rules);
     if node.layers == old.layers && node.provenance == old.provenance {
         return Ok(DerivedOutcome::Unchanged);
     }

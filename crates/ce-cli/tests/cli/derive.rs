@@ -59,9 +59,18 @@ fn an_imported_tree_gets_derived_layers_and_folders_roll_up() {
         "--into",
         "ctx://acme/resources/kb",
     ]);
-    let pending = stat(&ce, "ctx://acme/resources/kb/cooking/tea.md");
-    assert_eq!(origin(&pending, "abstract"), "pending", "{pending}");
+    // The leaves are short: derived in their writes (docs/derive.md, "Derived at write
+    // time"), once. The folders wait for the consumer, which rolls them up.
+    let tea = stat(&ce, "ctx://acme/resources/kb/cooking/tea.md");
+    assert_eq!(origin(&tea, "abstract"), "derived", "{tea}");
+    assert_eq!(tea["version"], 1, "{tea}");
+    let cooking = stat(&ce, "ctx://acme/resources/kb/cooking");
+    assert_eq!(origin(&cooking, "abstract"), "pending", "{cooking}");
     ce.ok(&["worker", "--once"]);
+    assert_eq!(
+        stat(&ce, "ctx://acme/resources/kb/cooking/tea.md")["version"],
+        1
+    );
 
     for leaf in [
         "cooking/tea.md",
@@ -160,15 +169,16 @@ fn an_imported_tree_gets_derived_layers_and_folders_roll_up() {
     assert_ne!(ce.ok(&["cat", uri, "--level", "0"]).trim(), "Mine.");
 }
 
+/// Leaves left to the derive consumer, as one longer than `derive.inline_max_chars` is.
+const INLINE_OFF: &str = "[derive]\ninline_max_chars = 0\n";
+
 #[test]
 fn a_pending_layer_is_not_indexed_until_it_is_derived() {
     // The keyword consumer alone first: the derive consumer has not run, so only L2 is
     // indexed (a fallback L0 / L1 would be replaced minutes later).
-    let ce = Ce::hash(DERIVE_ON);
-    ce.put(
-        "ctx://acme/resources/doc",
-        "Tea is brewed with hot water. Green tea needs cooler water than black tea.",
-    );
+    let ce = Ce::hash(&format!("{DERIVE_ON}{INLINE_OFF}"));
+    let doc = "Tea is brewed with hot water. Green tea needs cooler water than black tea.";
+    ce.put("ctx://acme/resources/doc", doc);
     ce.ok(&["worker", "--once", "--consumer", "keyword"]);
     let found = |ce: &Ce, level: &str| -> usize {
         let v = ce.json(&[
@@ -188,6 +198,16 @@ fn a_pending_layer_is_not_indexed_until_it_is_derived() {
         (0, 0, 1)
     );
     ce.ok(&["worker", "--once"]);
+    assert_eq!(
+        (found(&ce, "0"), found(&ce, "1"), found(&ce, "2")),
+        (1, 1, 1)
+    );
+
+    // Derived in its write (the default for a leaf this short), the document is indexed
+    // with its three layers by the keyword consumer's first pass.
+    let ce = Ce::hash(DERIVE_ON);
+    ce.put("ctx://acme/resources/doc", doc);
+    ce.ok(&["worker", "--once", "--consumer", "keyword"]);
     assert_eq!(
         (found(&ce, "0"), found(&ce, "1"), found(&ce, "2")),
         (1, 1, 1)
@@ -253,7 +273,7 @@ fn a_new_document_costs_one_embedding_per_distinct_text() {
 
 #[test]
 fn a_dry_run_counts_the_derivations_and_tokens_before_spending_any() {
-    let ce = Ce::hash("");
+    let ce = Ce::hash(INLINE_OFF);
     for (uri, text) in [
         (
             "ctx://acme/resources/kb/a",

@@ -84,6 +84,8 @@ fn replace_mode_names_the_layers_it_removed_and_the_readme_example_keeps_them() 
 #[test]
 fn ls_of_a_leaf_and_cat_of_an_empty_layer_say_what_is_there() {
     let ce = Ce::new();
+    // Leaves left to the derive consumer, as a leaf longer than `derive.inline_max_chars` is.
+    ce.write_config("[derive]\ninline_max_chars = 0\n");
     assert!(ce.ok(&["ls"]).starts_with("no accounts yet"));
     let leaf = "ctx://acc/docs/note";
     ce.put(leaf, "a body of text");
@@ -150,8 +152,10 @@ fn status_without_workers_says_none() {
 #[test]
 fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     let ce = Ce::hash("");
-    // 3 events (acc, acc/docs, acc/docs/a), then 1 each, and one derived write-back for each
-    // of the 5 nodes: 10 events, 40 deliveries (vector, keyword, relation, derive).
+    // 3 events (acc, acc/docs, acc/docs/a), then 1 each — the leaves are derived in their
+    // writes (docs/derive.md, "Derived at write time") — and the folders' derived
+    // write-backs (acc/docs, acc): 7 events, 28 deliveries (vector, keyword, relation,
+    // derive).
     ce.put("ctx://acc/docs/a", "alpha");
     ce.put("ctx://acc/docs/b", "beta");
     ce.put("ctx://acc/docs/c", "gamma");
@@ -162,7 +166,7 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     let p = &report["progress"];
     assert_eq!(
         (p["events"].as_u64(), p["succeeded"].as_u64()),
-        (Some(10), Some(40)),
+        (Some(7), Some(28)),
         "{report}"
     );
     let lines: Vec<Value> = stderr
@@ -175,16 +179,16 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     assert_eq!(last["progress"], "worker", "{last}");
     assert_eq!(
         (last["events"].as_u64(), last["succeeded"].as_u64()),
-        (Some(10), Some(40))
+        (Some(7), Some(28))
     );
 
     ce.put("ctx://acc/docs/d", "delta");
     ce.put("ctx://acc/docs/e", "epsilon");
-    // 2 events, and the write-backs of d, e, docs and acc: 6 events, 24 deliveries.
+    // 2 events, and the write-backs of docs and acc: 4 events, 16 deliveries.
     let (out, err) = ok_both(&ce, &["worker", "--once"]);
-    assert_eq!(kv_line(&out, "events"), "events      6", "{out}");
+    assert_eq!(kv_line(&out, "events"), "events      4", "{out}");
     assert!(
-        kv_line(&out, "deliveries").starts_with("deliveries  24 done, 0 retried, 0 dead"),
+        kv_line(&out, "deliveries").starts_with("deliveries  16 done, 0 retried, 0 dead"),
         "{out}"
     );
     let took = kv_line(&out, "took");
@@ -194,7 +198,7 @@ fn worker_once_counts_events_and_deliveries_and_shows_progress_in_both_modes() {
     );
     let last = err.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("worker: 6 events, 24 deliveries done, 0 retried, 0 dead"),
+        last.starts_with("worker: 4 events, 16 deliveries done, 0 retried, 0 dead"),
         "{err}"
     );
 }

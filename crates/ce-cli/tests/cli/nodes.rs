@@ -174,9 +174,14 @@ fn merge_keeps_append_extends_replace_resets() {
 
     let replaced = ce.json(&["put", uri, "--content", "new"]);
     assert_eq!(replaced["version"], 5);
-    // No fallback between levels: an empty layer reads as empty.
-    assert_eq!(ce.json(&["cat", uri, "--level", "0"])["text"], "");
-    assert_eq!(ce.ok(&["cat", uri, "--level", "1"]), "");
+    // The client's layers are gone; a short leaf's are derived in the same write from its
+    // new content (docs/derive.md, "Derived at write time").
+    let stat = ce.json(&["stat", uri]);
+    for layer in ["abstract", "overview"] {
+        assert_eq!(stat["provenance"][layer]["origin"], "derived", "{stat}");
+    }
+    assert_eq!(ce.json(&["cat", uri, "--level", "0"])["text"], "new");
+    assert_eq!(ce.json(&["cat", uri, "--level", "1"])["text"], "new");
     assert_eq!(ce.json(&["cat", uri])["text"], "new");
     assert_eq!(ce.json(&["stat", uri])["meta"], json!({}));
 }

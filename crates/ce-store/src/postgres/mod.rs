@@ -134,6 +134,9 @@ pub struct PgStore {
     config: Config,
     /// The schema version before and after the migrations this open applied.
     migrated: (i64, i64),
+    /// Derives small leaves in their write transaction, once set
+    /// ([`crate::derive::LeafDeriver`]).
+    leaf_deriver: std::sync::OnceLock<std::sync::Arc<dyn crate::derive::LeafDeriver>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -172,6 +175,7 @@ impl PgStore {
             clock,
             config,
             migrated,
+            leaf_deriver: std::sync::OnceLock::new(),
         };
         crate::outbox::journal::register_consumers(&store)?;
         Ok(store)

@@ -59,6 +59,9 @@ pub struct SqliteStore {
     config: Config,
     /// The schema version before and after the migrations this open applied.
     migrated: (i64, i64),
+    /// Derives small leaves in their write transaction, once set
+    /// ([`crate::derive::LeafDeriver`]).
+    leaf_deriver: std::sync::OnceLock<std::sync::Arc<dyn crate::derive::LeafDeriver>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -115,6 +118,7 @@ impl SqliteStore {
         let store = SqliteStore {
             path,
             migrated,
+            leaf_deriver: std::sync::OnceLock::new(),
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             clock,
