@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use ce_core::{ContextNode, Millis};
-use ce_store::derive::{LayerWrite, LeafDeriver, LeafLayers};
+use ce_store::derive::{LayerWrite, LeafDeriver, LeafLayers, PreparedLeaf};
 
 use crate::consumer::{is_current, layers_of};
 use crate::{Budget, DeriveInput, Extractive, Generator};
@@ -40,9 +40,9 @@ impl InlineExtractive {
     }
 }
 
-impl LeafDeriver for InlineExtractive {
-    fn derive_leaf(&self, node: &ContextNode, now: Millis) -> Option<LeafLayers> {
-        let content = &node.layers.content;
+impl InlineExtractive {
+    /// The input and its hash when `content` is within the limit.
+    fn input(&self, content: &str) -> Option<(DeriveInput, String)> {
         // A character is at most 4 bytes: most long texts are refused without counting.
         if content.len() > self.max_chars.saturating_mul(4)
             || content.chars().count() > self.max_chars
@@ -50,21 +50,53 @@ impl LeafDeriver for InlineExtractive {
             return None;
         }
         let input = DeriveInput::Leaf {
-            content: content.clone(),
+            content: content.to_owned(),
         };
         let hash = input.hash(self.generator.identity(), self.budget);
+        Some((input, hash))
+    }
+
+    /// Derives `input`, whose hash is `hash`.
+    fn derive(&self, input: &DeriveInput, hash: &str, now: Millis) -> Option<LeafLayers> {
+        // The extractive generator has no timeout of its own to honour.
+        let derived = self
+            .generator
+            .derive(std::slice::from_ref(input), self.budget, Duration::MAX)
+            .pop()?
+            .ok()?;
+        Some(layers_of(&self.generator, hash, derived, now))
+    }
+}
+
+impl LeafDeriver for InlineExtractive {
+    fn derive_leaf(&self, node: &ContextNode, now: Millis) -> Option<LeafLayers> {
+        let (input, hash) = self.input(&node.layers.content)?;
         if is_current(node, &hash) {
             return Some(LeafLayers {
                 abstract_layer: LayerWrite::Keep,
                 overview_layer: LayerWrite::Keep,
             });
         }
-        // The extractive generator has no timeout of its own to honour.
-        let derived = self
-            .generator
-            .derive(std::slice::from_ref(&input), self.budget, Duration::MAX)
-            .pop()?
-            .ok()?;
-        Some(layers_of(&self.generator, &hash, derived, now))
+        self.derive(&input, &hash, now)
+    }
+
+    fn derive_leaves(&self, contents: &[&str], now: Millis) -> Vec<Option<PreparedLeaf>> {
+        let one = |content: &&str| {
+            let (input, input_hash) = self.input(content)?;
+            let layers = self.derive(&input, &input_hash, now)?;
+            Some(PreparedLeaf { input_hash, layers })
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = contents.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = contents
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
     }
 }

@@ -23,7 +23,7 @@ use ce_derive::{
 use ce_index::worker::{IndexWorker, WorkerConfig};
 use ce_store::derive::LeafDeriver;
 use ce_store::postgres::PgStore;
-use ce_store::{PutMode, PutRequest, SourceStore, SqliteStore};
+use ce_store::{PutMode, PutRequest, SourceStore, SqliteStore, WriteOp};
 use ce_testkit::backends::{Backend, Place};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
@@ -149,10 +149,19 @@ fn config() -> Config {
 /// Opens the store; `inline`: leaves of at most that many characters are derived in their
 /// write transaction by the extractive generator (docs/derive.md, "Derived at write time").
 fn open(place: &Place, clock: &ManualClock, inline: Option<usize>) -> Arc<dyn SourceStore> {
-    let config = config();
-    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
     let deriver = inline
         .map(|max| Arc::new(InlineExtractive::new(Budget::default(), max)) as Arc<dyn LeafDeriver>);
+    open_with(place, clock, deriver)
+}
+
+/// Opens the store with `deriver` deriving leaves at write time.
+fn open_with(
+    place: &Place,
+    clock: &ManualClock,
+    deriver: Option<Arc<dyn LeafDeriver>>,
+) -> Arc<dyn SourceStore> {
+    let config = config();
+    let clock: Arc<dyn Clock> = Arc::new(clock.clone());
     match place {
         Place::Dir(d) => {
             let store = SqliteStore::open_with_clock(d.path(), config, clock).expect("sqlite");
@@ -488,6 +497,144 @@ fn extractive_worker(store: &Arc<dyn SourceStore>, clock: &ManualClock) -> Index
     IndexWorker::for_ops(cfg, store.clone(), Arc::new(handler))
 }
 
+/// `n`'s L0 / L1 are what the extractive generator derives from its content, with its
+/// identity and input hash.
+fn expect_derived_by_extractive(n: &ContextNode) {
+    let extractive = Extractive::default();
+    let input = DeriveInput::Leaf {
+        content: n.layers.content.clone(),
+    };
+    let want = extractive.derive(
+        std::slice::from_ref(&input),
+        Budget::default(),
+        Duration::from_secs(5),
+    );
+    let want = want[0].clone().expect("extractive never fails");
+    assert_eq!(Some(&n.layers.abstract_text), want.abstract_text.as_ref());
+    assert_eq!(Some(&n.layers.overview), want.overview.as_ref());
+    for level in [Level::L0, Level::L1] {
+        match n.provenance.get(level).expect("L0/L1") {
+            LayerOrigin::Derived(d) => {
+                assert_eq!(d.generator, extractive.identity().key());
+                assert_eq!(
+                    d.input_hash,
+                    input.hash(extractive.identity(), Budget::default())
+                );
+            }
+            other => panic!("{} L{level}: {other:?}", n.uri),
+        }
+    }
+}
+
+/// [`InlineExtractive`], counting the leaves it is asked for one by one and in batches.
+#[derive(Debug)]
+struct Counting {
+    inner: InlineExtractive,
+    one_by_one: AtomicU64,
+    batched: AtomicU64,
+}
+
+impl LeafDeriver for Counting {
+    fn derive_leaf(&self, node: &ContextNode, now: i64) -> Option<ce_store::derive::LeafLayers> {
+        self.one_by_one.fetch_add(1, Ordering::Relaxed);
+        self.inner.derive_leaf(node, now)
+    }
+
+    fn derive_leaves(
+        &self,
+        contents: &[&str],
+        now: i64,
+    ) -> Vec<Option<ce_store::derive::PreparedLeaf>> {
+        self.batched
+            .fetch_add(contents.len() as u64, Ordering::Relaxed);
+        self.inner.derive_leaves(contents, now)
+    }
+}
+
+/// A batch of new leaves (an import) is derived before its transaction, on every core:
+/// each short leaf gets what its write would derive, a long one is left to the consumer, a
+/// client's abstract stays, and the same batch again changes nothing.
+fn a_batch_of_new_leaves_is_derived_before_its_transaction(backend: Backend) {
+    let place = backend.place();
+    let clock = ManualClock::new(T0);
+    let counting = Arc::new(Counting {
+        inner: InlineExtractive::new(Budget::default(), 120),
+        one_by_one: AtomicU64::new(0),
+        batched: AtomicU64::new(0),
+    });
+    let store = open_with(&place, &clock, Some(counting.clone()));
+    let leaf = |i: usize| CtxUri::parse(&format!("ctx://acc/resources/kb/n{i:03}")).expect("uri");
+    let batch = || -> Vec<WriteOp> {
+        (0..100)
+            .map(|i| {
+                let text = TEXTS[i % TEXTS.len()];
+                let content = match i % 10 {
+                    // Longer than the limit.
+                    9 => format!("{text} {}", TEXTS[(i + 1) % TEXTS.len()]),
+                    _ => format!("{text} Note {i}."),
+                };
+                let abstract_text = (i % 10 == 7).then(|| format!("Mine {i}."));
+                WriteOp::Put {
+                    uri: leaf(i),
+                    req: PutRequest {
+                        content: Some(content),
+                        abstract_text,
+                        ..PutRequest::default()
+                    },
+                }
+            })
+            .collect()
+    };
+    let out = store.apply_fenced(&[], batch()).expect("import");
+    assert!(out.iter().all(|o| o.changed && o.version == 1));
+    let calls = || {
+        (
+            counting.batched.load(Ordering::Relaxed),
+            counting.one_by_one.load(Ordering::Relaxed),
+        )
+    };
+    assert_eq!(
+        calls(),
+        (100, 10),
+        "every new leaf prepared; in the transaction, only the long ones were tried again"
+    );
+    for i in 0..100 {
+        let n = store.read_node(&leaf(i)).expect("read").expect("live");
+        match i % 10 {
+            9 => assert!(n.provenance.abstract_origin.is_pending(), "{}", n.uri),
+            7 => {
+                assert_eq!(n.layers.abstract_text, format!("Mine {i}."));
+                assert!(n.provenance.abstract_origin.is_user());
+                assert!(matches!(
+                    n.provenance.overview_origin,
+                    LayerOrigin::Derived(_)
+                ));
+            }
+            _ => expect_derived_by_extractive(&n),
+        }
+    }
+    let again = store.apply_fenced(&[], batch()).expect("again");
+    assert!(
+        again.iter().all(|o| !o.changed),
+        "an unchanged batch changes nothing"
+    );
+    assert_eq!(calls(), (100, 10), "and derives nothing: no leaf is new");
+
+    // A batch of mostly existing nodes is not prepared: its new leaf is derived in the
+    // transaction.
+    let mut mixed = batch();
+    mixed.push(WriteOp::Put {
+        uri: leaf(100),
+        req: PutRequest {
+            content: Some(TEXTS[0].to_owned()),
+            ..PutRequest::default()
+        },
+    });
+    store.apply_fenced(&[], mixed).expect("mixed");
+    assert_eq!(calls(), (100, 11));
+    expect_derived_by_extractive(&store.read_node(&leaf(100)).expect("read").expect("live"));
+}
+
 /// A leaf within the limit is written with the layers the consumer would derive for it —
 /// one node version, no key left for it — while a longer one is left pending to the
 /// consumer as before; a metadata edit re-derives nothing and dirties nothing, a content
@@ -506,32 +653,7 @@ fn a_small_leaf_is_derived_in_its_write(backend: Backend) {
     put(&small, content(TEXTS[0]));
     put(&long, content(&TEXTS[1..].concat()));
 
-    let extractive = Extractive::default();
-    let expect_derived = |n: &ContextNode| {
-        let input = DeriveInput::Leaf {
-            content: n.layers.content.clone(),
-        };
-        let want = extractive.derive(
-            std::slice::from_ref(&input),
-            Budget::default(),
-            Duration::from_secs(5),
-        );
-        let want = want[0].clone().expect("extractive never fails");
-        assert_eq!(Some(&n.layers.abstract_text), want.abstract_text.as_ref());
-        assert_eq!(Some(&n.layers.overview), want.overview.as_ref());
-        for level in [Level::L0, Level::L1] {
-            match n.provenance.get(level).expect("L0/L1") {
-                LayerOrigin::Derived(d) => {
-                    assert_eq!(d.generator, extractive.identity().key());
-                    assert_eq!(
-                        d.input_hash,
-                        input.hash(extractive.identity(), Budget::default())
-                    );
-                }
-                other => panic!("{} L{level}: {other:?}", n.uri),
-            }
-        }
-    };
+    let expect_derived = expect_derived_by_extractive;
     let read = |u: &CtxUri| store.read_node(u).expect("read").expect("live");
     let n = read(&small);
     assert_eq!(n.version, 1, "written once");
@@ -593,6 +715,7 @@ fn a_small_leaf_is_derived_in_its_write(backend: Backend) {
 }
 
 ce_testkit::backend_tests!(
+    a_batch_of_new_leaves_is_derived_before_its_transaction,
     derived_layers_follow_the_current_inputs,
     derived_layers_follow_the_current_inputs_with_leaves_derived_at_write,
     a_small_leaf_is_derived_in_its_write,

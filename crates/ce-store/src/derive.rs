@@ -22,6 +22,7 @@ use ce_core::{
     Config, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EVENT_VERSION,
     EventPayload, IndexProjector, LayerOrigin, Level, Millis, UpsertContextPayload, UpsertReason,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -42,7 +43,17 @@ pub struct Rules {
     /// Derives small leaves in their write transaction ([`LeafDeriver`]; `None`: the
     /// consumer derives every node).
     pub inline: Option<Arc<dyn LeafDeriver>>,
+    /// The new leaves of a batch, derived before its transaction ([`Rules::prepare`]), by
+    /// content.
+    pub prepared: Arc<HashMap<String, PreparedLeaf>>,
 }
+
+/// Puts in one batch from which [`Rules::prepare`] derives the new leaves on every core
+/// before the transaction (fewer are derived in it, one by one).
+const PREPARE_MIN_PUTS: usize = 64;
+
+/// URIs of a batch [`Rules::prepare`] reads to tell a batch of new nodes.
+const PREPARE_SAMPLE: usize = 64;
 
 impl Rules {
     /// The rules of `config`, with `inline` deriving small leaves at write time.
@@ -54,7 +65,67 @@ impl Rules {
             inline: inline
                 .filter(|_| !config.derived_types().is_empty())
                 .cloned(),
+            prepared: Arc::default(),
         }
+    }
+
+    /// Derives the leaves a batch of `ops` creates, before its write transaction and on
+    /// every core ([`LeafDeriver::derive_leaves`]): a cold import of 10,000 short documents
+    /// would otherwise derive them one by one inside the write lock. Only a batch of new
+    /// nodes is prepared — `fs` holds none of [`PREPARE_SAMPLE`] of its URIs, spread over
+    /// the batch (read here, before the transaction; reading every URI cost a re-import of
+    /// an unchanged tree 10 % more, and deriving them all would cost it the whole
+    /// derivation). The transaction still decides ([`derive_at_write`]); a prepared leaf it
+    /// does not use costs only its derivation, a leaf not prepared is derived in it.
+    pub fn prepare(
+        &mut self,
+        fs: &dyn crate::model::ContextFs,
+        ops: &[crate::model::WriteOp],
+        now: Millis,
+    ) -> Result<()> {
+        let Some(deriver) = &self.inline else {
+            return Ok(());
+        };
+        let puts: Vec<(&CtxUri, &str)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                crate::model::WriteOp::Put { uri, req }
+                    if req.mode != crate::model::PutMode::Append =>
+                {
+                    let t = req
+                        .context_type
+                        .unwrap_or_else(|| ce_core::PathDefaults::of(uri).context_type);
+                    let content = req.content.as_deref().filter(|c| !c.is_empty())?;
+                    self.derives(t).then_some((uri, content))
+                }
+                _ => None,
+            })
+            .collect();
+        if puts.len() < PREPARE_MIN_PUTS {
+            return Ok(());
+        }
+        let step = puts.len().div_ceil(PREPARE_SAMPLE);
+        let sample: Vec<CtxUri> = puts
+            .iter()
+            .step_by(step)
+            .map(|(u, _)| (*u).clone())
+            .collect();
+        let versions = fs.versions(&sample)?;
+        if versions
+            .iter()
+            .any(|v| matches!(v, crate::model::UriVersion::Live(_)))
+        {
+            return Ok(());
+        }
+        let new: Vec<&str> = puts.iter().map(|(_, content)| *content).collect();
+        let derived = deriver.derive_leaves(&new, now);
+        self.prepared = Arc::new(
+            new.into_iter()
+                .zip(derived)
+                .filter_map(|(c, p)| Some((c.to_owned(), p?)))
+                .collect(),
+        );
+        Ok(())
     }
 
     /// Rules with a layer size limit and derivation off (tests).
@@ -65,6 +136,7 @@ impl Rules {
             derived: Vec::new(),
             projector: ProjectorConfig::default(),
             inline: None,
+            prepared: Arc::default(),
         }
     }
 
@@ -193,6 +265,18 @@ pub trait LeafDeriver: Send + Sync + std::fmt::Debug {
     /// or `None` to leave the node to the consumer (its content is too long, or the
     /// generator failed on it).
     fn derive_leaf(&self, node: &ContextNode, now: Millis) -> Option<LeafLayers>;
+    /// The derivation of each of `contents` as a new leaf's ([`Self::derive_leaf`] of a
+    /// node without layers), computed before a batch's transaction, on every core.
+    fn derive_leaves(&self, contents: &[&str], now: Millis) -> Vec<Option<PreparedLeaf>>;
+}
+
+/// A leaf's derivation computed before its write transaction ([`Rules::prepare`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedLeaf {
+    /// The input hash of the content it was derived from.
+    pub input_hash: String,
+    /// The derived layers.
+    pub layers: LeafLayers,
 }
 
 /// Tokens and derivations of a UTC day (or to add to it).
@@ -394,7 +478,22 @@ pub(crate) fn derive_at_write(
     if old.is_some() && tx.children_counts(std::slice::from_ref(&node.uri))?[0] > 0 {
         return Ok(false);
     }
-    let Some(layers) = deriver.derive_leaf(node, now) else {
+    let prepared = rules.prepared.get(&node.layers.content).map(|p| {
+        let current = [Level::L0, Level::L1].iter().all(|&l| {
+            node.provenance
+                .get(l)
+                .is_some_and(|o| o.is_user() || o.input_hash() == Some(p.input_hash.as_str()))
+        });
+        if current {
+            LeafLayers {
+                abstract_layer: LayerWrite::Keep,
+                overview_layer: LayerWrite::Keep,
+            }
+        } else {
+            p.layers.clone()
+        }
+    });
+    let Some(layers) = prepared.or_else(|| deriver.derive_leaf(node, now)) else {
         return Ok(false);
     };
     let kept = [&layers.abstract_layer, &layers.overview_layer]

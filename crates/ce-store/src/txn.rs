@@ -856,7 +856,8 @@ macro_rules! impl_source_traits {
                 fences: &[$crate::model::WriteFence],
                 ops: Vec<$crate::model::WriteOp>,
             ) -> $crate::Result<Vec<$crate::model::WriteOutcome>> {
-                let rules = $crate::derive::Rules::of(&self.config, self.leaf_deriver.get());
+                let mut rules = $crate::derive::Rules::of(&self.config, self.leaf_deriver.get());
+                rules.prepare(self, &ops, self.clock.now_ms())?;
                 self.write_source(|tx, now| {
                     let out = $crate::txn::apply_fenced(tx, &rules, fences, ops, now)?;
                     $crate::txn::count_derived_at_write(tx, now)?;
