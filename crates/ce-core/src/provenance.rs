@@ -133,6 +133,14 @@ impl Provenance {
         self.abstract_origin.is_pending() || self.overview_origin.is_pending()
     }
 
+    /// Whether every layer no client wrote was derived (or refused) from the input whose
+    /// hash is `input_hash` already.
+    pub fn derived_from(&self, input_hash: &str) -> bool {
+        [&self.abstract_origin, &self.overview_origin]
+            .iter()
+            .all(|o| o.is_user() || o.input_hash() == Some(input_hash))
+    }
+
     /// Whether both derivable layers are the client's (nothing to derive).
     pub fn all_user(&self) -> bool {
         self.abstract_origin.is_user() && self.overview_origin.is_user()
@@ -182,5 +190,38 @@ mod tests {
         assert_eq!(legacy.overview_origin, LayerOrigin::None);
         assert!(p.any_pending() && !legacy.any_pending());
         assert_eq!(p.get(Level::L2), None);
+    }
+
+    #[test]
+    fn derived_from_needs_every_layer_no_client_wrote_derived_from_that_input() {
+        let derived = |hash: &str| {
+            LayerOrigin::Derived(Derivation {
+                generator: "extractive:2".into(),
+                input_hash: hash.into(),
+                tokens_in: 0,
+                tokens_out: 0,
+                at_ms: 5,
+            })
+        };
+        let both = Provenance {
+            abstract_origin: derived("h"),
+            overview_origin: derived("h"),
+        };
+        assert!(both.derived_from("h") && !both.derived_from("g"));
+        let mixed = Provenance {
+            abstract_origin: LayerOrigin::User,
+            overview_origin: derived("h"),
+        };
+        assert!(mixed.derived_from("h") && !mixed.derived_from("g"));
+        let stale = Provenance {
+            abstract_origin: derived("h"),
+            overview_origin: derived("g"),
+        };
+        assert!(!stale.derived_from("h") && !stale.derived_from("g"));
+        let pending = Provenance {
+            abstract_origin: derived("h"),
+            overview_origin: LayerOrigin::Pending,
+        };
+        assert!(!pending.derived_from("h"));
     }
 }

@@ -205,7 +205,7 @@ impl DeriveHandler {
                 continue;
             };
             let hash = input.hash(generator.identity(), self.settings.budget);
-            if is_current(&s.node, &hash) {
+            if s.node.provenance.derived_from(&hash) {
                 writes.push(keep(&s));
             } else {
                 due.push((s, input, hash));
@@ -337,7 +337,9 @@ impl DeriveHandler {
                 let action = match self.estimated_input(&s) {
                     None => "skip",
                     Some(input)
-                        if is_current(&s.node, &input.hash(generator.identity(), budget)) =>
+                        if s.node
+                            .provenance
+                            .derived_from(&input.hash(generator.identity(), budget)) =>
                     {
                         "unchanged"
                     }
@@ -448,15 +450,6 @@ pub(crate) fn layers_of(
         abstract_layer: layer(d.abstract_text),
         overview_layer: layer(d.overview),
     }
-}
-
-/// Whether every layer no client wrote was derived (or refused) from input `hash` already.
-pub(crate) fn is_current(node: &ContextNode, hash: &str) -> bool {
-    [Level::L0, Level::L1].iter().all(|&l| {
-        node.provenance
-            .get(l)
-            .is_some_and(|o| o.is_user() || o.input_hash() == Some(hash))
-    })
 }
 
 fn work_error(e: &DeriveError) -> WorkError {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ce_core::{ContextNode, Millis};
 use ce_store::derive::{LayerWrite, LeafDeriver, LeafLayers, PreparedLeaf};
 
-use crate::consumer::{is_current, layers_of};
+use crate::consumer::layers_of;
 use crate::{Budget, DeriveInput, Extractive, Generator};
 
 /// The extractive generator, for leaves of at most `max_chars` characters.
@@ -71,7 +71,7 @@ impl InlineExtractive {
 impl LeafDeriver for InlineExtractive {
     fn derive_leaf(&self, node: &ContextNode, now: Millis) -> Option<LeafLayers> {
         let (input, hash) = self.input(&node.layers.content)?;
-        if is_current(node, &hash) {
+        if node.provenance.derived_from(&hash) {
             return Some(LeafLayers {
                 abstract_layer: LayerWrite::Keep,
                 overview_layer: LayerWrite::Keep,

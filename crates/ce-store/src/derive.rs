@@ -479,12 +479,7 @@ pub(crate) fn derive_at_write(
         return Ok(false);
     }
     let prepared = rules.prepared.get(&node.layers.content).map(|p| {
-        let current = [Level::L0, Level::L1].iter().all(|&l| {
-            node.provenance
-                .get(l)
-                .is_some_and(|o| o.is_user() || o.input_hash() == Some(p.input_hash.as_str()))
-        });
-        if current {
+        if node.provenance.derived_from(&p.input_hash) {
             LeafLayers {
                 abstract_layer: LayerWrite::Keep,
                 overview_layer: LayerWrite::Keep,
