@@ -38,9 +38,7 @@ impl InlineExtractive {
         (d.generator == "extractive" && d.inline_max_chars > 0)
             .then(|| InlineExtractive::new(config.projector.into(), d.inline_max_chars))
     }
-}
 
-impl InlineExtractive {
     /// The input and its hash when `content` is within the limit.
     fn input(&self, content: &str) -> Option<(DeriveInput, String)> {
         // A character is at most 4 bytes: most long texts are refused without counting.

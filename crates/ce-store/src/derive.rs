@@ -17,14 +17,14 @@
 //! wrote. Otherwise it is discarded: the commit that moved either version also appended an
 //! event that derives the key again.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use ce_core::projector::ProjectorConfig;
 use ce_core::{
     Config, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EVENT_VERSION,
     EventPayload, IndexProjector, LayerOrigin, Level, Millis, UpsertContextPayload, UpsertReason,
 };
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -58,13 +58,12 @@ const PREPARE_SAMPLE: usize = 64;
 impl Rules {
     /// The rules of `config`, with `inline` deriving small leaves at write time.
     pub fn of(config: &Config, inline: Option<&Arc<dyn LeafDeriver>>) -> Self {
+        let derived = config.derived_types();
         Rules {
             max_layer_bytes: config.store.max_layer_bytes,
-            derived: config.derived_types(),
+            inline: inline.filter(|_| !derived.is_empty()).cloned(),
+            derived,
             projector: config.projector,
-            inline: inline
-                .filter(|_| !config.derived_types().is_empty())
-                .cloned(),
             prepared: Arc::default(),
         }
     }
