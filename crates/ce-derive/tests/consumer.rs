@@ -176,6 +176,17 @@ fn open_with(
     }
 }
 
+/// The handler's settings: default limits and types, `batch_size` nodes per call.
+fn settings(batch_size: usize) -> DeriveSettings {
+    DeriveSettings {
+        budget: Budget::default(),
+        batch_size,
+        timeout: Duration::from_secs(5),
+        max_tokens_per_day: 0,
+        types: Config::default().derive.derived_types(),
+    }
+}
+
 struct Rig {
     store: Arc<dyn SourceStore>,
     faulty: Arc<Faulty>,
@@ -203,13 +214,7 @@ impl Rig {
             nested: std::sync::OnceLock::new(),
         });
         faulty.store.set(store.clone()).ok();
-        let settings = DeriveSettings {
-            budget: Budget::default(),
-            batch_size: 4,
-            timeout: Duration::from_secs(5),
-            max_tokens_per_day: 0,
-            types: Config::default().derive.derived_types(),
-        };
+        let settings = settings(4);
         let mut workers: Vec<IndexWorker> = (0..3)
             .map(|i| {
                 let handler = DeriveHandler::new(
@@ -479,17 +484,10 @@ fn derived_layers_follow(backend: Backend, inline: Option<usize>) {
 
 /// A derive worker with the extractive generator.
 fn extractive_worker(store: &Arc<dyn SourceStore>, clock: &ManualClock) -> IndexWorker {
-    let settings = DeriveSettings {
-        budget: Budget::default(),
-        batch_size: 16,
-        timeout: Duration::from_secs(5),
-        max_tokens_per_day: 0,
-        types: Config::default().derive.derived_types(),
-    };
     let handler = DeriveHandler::new(
         store.clone(),
         Arc::new(Extractive::default()),
-        settings,
+        settings(16),
         IndexProjector::default(),
         Arc::new(clock.clone()),
     );

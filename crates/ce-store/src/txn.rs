@@ -69,13 +69,18 @@ pub(crate) fn fence_lineage(fence: &WriteFence) -> Vec<String> {
 /// ([`derive::derive_at_write`]), added to the day's derive usage once, at the end
 /// ([`count_derived_at_write`]), for the same reason.
 #[derive(Debug, Default)]
-pub(crate) struct DirtyMemo(HashSet<CtxUri>, u64);
+pub(crate) struct DirtyMemo {
+    /// The keys bumped (and not marked derived or deleted since).
+    bumped: HashSet<CtxUri>,
+    /// Nodes derived at write time, not yet added to the day's usage.
+    derived_at_write: u64,
+}
 
 impl DirtyMemo {
     /// Whether this transaction bumped `uri`'s key (and has not marked it derived or deleted
     /// it since).
     pub(crate) fn bumped(&self, uri: &CtxUri) -> bool {
-        self.0.contains(uri)
+        self.bumped.contains(uri)
     }
 }
 
@@ -202,23 +207,23 @@ pub(crate) trait WriteTx: ReadTx + JobTx + crate::kb::rows::KbTx {
     /// 1), unless this transaction already did and has not marked it derived or deleted it
     /// since ([`DirtyMemo`]).
     fn bump_dirty(&mut self, uri: &CtxUri, now: Millis) -> Result<()> {
-        if self.dirty_memo().0.insert(uri.clone()) {
+        if self.dirty_memo().bumped.insert(uri.clone()) {
             self.bump_dirty_row(uri, now)?;
         }
         Ok(())
     }
     /// Counts a node derived at write time (see [`DirtyMemo`]).
     fn derived_at_write(&mut self) {
-        self.dirty_memo().1 += 1;
+        self.dirty_memo().derived_at_write += 1;
     }
     /// Records that a write-back read `uri` at coalesce version `version`.
     fn mark_derived(&mut self, uri: &CtxUri, version: u64) -> Result<()> {
-        self.dirty_memo().0.remove(uri);
+        self.dirty_memo().bumped.remove(uri);
         self.mark_derived_row(uri, version)
     }
     /// Deletes the dirty keys within the subtree `uri`.
     fn delete_dirty_within(&mut self, uri: &CtxUri) -> Result<()> {
-        self.dirty_memo().0.retain(|u| !u.is_within(uri));
+        self.dirty_memo().bumped.retain(|u| !u.is_within(uri));
         self.delete_dirty_rows_within(uri)
     }
     /// Adds `usage` to the day's totals.
@@ -346,7 +351,7 @@ pub(crate) fn put(
 /// Adds the nodes this transaction derived at write time to the day's derive usage, in one
 /// row update.
 pub(crate) fn count_derived_at_write(tx: &mut dyn WriteTx, now: Millis) -> Result<()> {
-    let derivations = std::mem::take(&mut tx.dirty_memo().1);
+    let derivations = std::mem::take(&mut tx.dirty_memo().derived_at_write);
     if derivations > 0 {
         let usage = DeriveUsage {
             derivations,
