@@ -118,7 +118,7 @@ fn worker(
 fn drain(w: &IndexWorker) -> anyhow::Result<u64> {
     let mut batches = 0;
     loop {
-        let r = w.run_once(w.config().claim_limit)?;
+        let r = w.run_next()?;
         if r.claimed == 0 {
             return Ok(batches);
         }

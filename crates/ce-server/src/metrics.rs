@@ -94,6 +94,10 @@ fn describe() {
         "index_workers_running",
         "Worker threads running in this process"
     );
+    describe_gauge!(
+        "index_worker_claim_size",
+        "Deliveries a consumer's worker claims next (claim_limit, more while a deep queue's rounds are fast), per consumer"
+    );
     describe_gauge!("ce_ready", "1 when the engine can index and search");
     describe_histogram!(
         "index_worker_run_once_latency_ms",

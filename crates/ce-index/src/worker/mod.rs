@@ -22,6 +22,7 @@
 mod ack;
 pub mod apply;
 mod bisect;
+pub mod claim_size;
 pub mod compact;
 pub mod dry_run;
 mod error;
@@ -42,6 +43,7 @@ use serde::Serialize;
 use tracing::{info_span, warn};
 
 pub use apply::ChangeCounts;
+pub use claim_size::ClaimSize;
 pub use error::WorkError;
 pub use relation::RelationCounts;
 pub use target::{IndexKind, IndexTarget, KeywordTarget, VectorTarget};
@@ -56,9 +58,10 @@ pub struct WorkerConfig {
     pub worker_id: String,
     /// The consumer it serves.
     pub consumer: String,
-    /// Events per claim.
+    /// Events per claim: the first claim, and the least ([`ClaimSize`]).
     pub claim_limit: usize,
-    /// Upper bound on events in flight (claims are capped by it).
+    /// Upper bound on events in flight: claims are capped by it, and a worker facing a deep
+    /// queue of cheap rounds grows its claims up to it ([`ClaimSize`]).
     pub max_inflight_events: usize,
     /// Lease renewal period while a batch runs.
     pub heartbeat: Duration,
@@ -228,6 +231,8 @@ pub struct IndexWorker {
     /// This worker's own pause after a rate limit (the provider's shared pause, when it has
     /// one, is [`Embedder::paused_for`]).
     paused: RateLimitPause,
+    /// Its next claim ([`IndexWorker::run_next`]).
+    claim_size: ClaimSize,
 }
 
 impl IndexWorker {
@@ -272,6 +277,7 @@ impl IndexWorker {
             }
             (_, false) => {}
         }
+        let claim_size = ClaimSize::of(&cfg);
         Ok(IndexWorker {
             cfg,
             source,
@@ -282,6 +288,7 @@ impl IndexWorker {
             projector,
             callbacks: Vec::new(),
             paused: RateLimitPause::default(),
+            claim_size,
         })
     }
 
@@ -294,6 +301,7 @@ impl IndexWorker {
         source: Arc<dyn SourceStore>,
         index: Arc<dyn RelationIndex>,
     ) -> crate::Result<Self> {
+        let claim_size = ClaimSize::of(&cfg);
         Ok(IndexWorker {
             cfg,
             source,
@@ -301,6 +309,7 @@ impl IndexWorker {
             projector: IndexProjector::default(),
             callbacks: Vec::new(),
             paused: RateLimitPause::default(),
+            claim_size,
         })
     }
 
@@ -311,6 +320,7 @@ impl IndexWorker {
         source: Arc<dyn SourceStore>,
         handler: Arc<dyn OpHandler>,
     ) -> Self {
+        let claim_size = ClaimSize::of(&cfg);
         IndexWorker {
             cfg,
             source,
@@ -318,12 +328,20 @@ impl IndexWorker {
             projector: IndexProjector::default(),
             callbacks: Vec::new(),
             paused: RateLimitPause::default(),
+            claim_size,
         }
     }
 
     /// Adds an observation hook.
     pub fn with_callback(mut self, cb: Arc<dyn WorkerCallbacks>) -> Self {
         self.callbacks.push(cb);
+        self
+    }
+
+    /// Replaces how the worker sizes its claims (tests: round times that do not depend on the
+    /// machine).
+    pub fn with_claim_size(mut self, claim_size: ClaimSize) -> Self {
+        self.claim_size = claim_size;
         self
     }
 
@@ -343,6 +361,25 @@ impl IndexWorker {
             _ => None,
         };
         self.paused.remaining().max(provider)
+    }
+
+    /// One round of a running worker: [`Self::run_once`] with the claim its earlier rounds
+    /// call for ([`ClaimSize`]: `claim_limit`, more while the queue is deep and rounds are
+    /// fast, up to `max_inflight_events`).
+    pub fn run_next(&self) -> Result<IndexBatchResult, WorkError> {
+        let limit = self.claim_size.next();
+        let started = Instant::now();
+        let result = self.run_once(limit)?;
+        if result.claimed > 0 {
+            self.claim_size
+                .observe(limit, result.claimed, started.elapsed());
+            let next = self.claim_size.next();
+            if next != limit {
+                metrics::gauge!("index_worker_claim_size", "consumer" => self.cfg.consumer.clone())
+                    .set(next as f64);
+            }
+        }
+        Ok(result)
     }
 
     /// Claims, applies and acknowledges up to `limit` events (spec §5.1).

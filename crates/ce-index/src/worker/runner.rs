@@ -91,7 +91,7 @@ pub fn run_loop(w: &IndexWorker, stop: &AtomicBool, wake: &Wakeup, poll_interval
     info!(worker_id = %id, consumer = %w.config().consumer, "worker started");
     while !stop.load(Ordering::SeqCst) {
         let seen = wake.current();
-        match w.run_once(w.config().claim_limit) {
+        match w.run_next() {
             Ok(r) if r.claimed > 0 => continue,
             Ok(_) => {}
             Err(e) => error!(worker_id = %id, error = %e, "claim failed"),

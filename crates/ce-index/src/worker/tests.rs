@@ -907,6 +907,60 @@ fn a_keyword_worker_writes_a_claimed_batch_at_once() {
     assert_eq!(held, expected(&env));
 }
 
+/// A running worker's claims grow while the queue is deep and its rounds are fast, up to
+/// `max_inflight_events`, and every event is applied once (`ClaimSize`, with round times no
+/// machine misses: the sizing itself is tested in `claim_size`).
+#[test]
+fn a_running_worker_claims_more_from_a_deep_queue_up_to_its_inflight_bound() {
+    use crate::keyword::KeywordIndex as _;
+    use crate::keyword::memory::MemoryKeywordIndex;
+
+    let env = Env::new("keyword");
+    let mut cfg = WorkerConfig::from_config(&Config::default(), "w", "keyword");
+    cfg.claim_limit = 10;
+    cfg.max_inflight_events = 60;
+    let index = Arc::new(MemoryKeywordIndex::new());
+    let w = IndexWorker::for_target(
+        cfg,
+        env.store.clone(),
+        Arc::new(KeywordTarget(index.clone())),
+        None,
+        IndexProjector::default(),
+    )
+    .expect("worker")
+    .with_claim_size(
+        ClaimSize::new(10, 60).with_round_times(Duration::from_secs(3600), Duration::MAX),
+    );
+    for i in 0..300 {
+        put(
+            &env,
+            &format!("ctx://acc/d/n{i}"),
+            &format!("abstract {i}"),
+            &format!("content {i}"),
+        );
+    }
+    let mut rounds = Vec::new();
+    loop {
+        let r = w.run_next().expect("round");
+        if r.claimed == 0 {
+            break;
+        }
+        assert_eq!(r.failed + r.retried, 0, "{r:?}");
+        rounds.push(r.claimed);
+    }
+    // 300 nodes and their two parents.
+    assert_eq!(rounds.iter().sum::<usize>(), 302, "{rounds:?}");
+    assert_eq!(
+        &rounds[..4],
+        &[10, 20, 40, 60],
+        "doubling from claim_limit: {rounds:?}"
+    );
+    assert!(rounds.iter().all(|&n| n <= 60), "{rounds:?}");
+    assert_eq!(w.run_once(100).expect("run").claimed, 0);
+    let held = by_id(index.list_under(&CtxUri::root()).expect("list"));
+    assert_eq!(held, expected(&env));
+}
+
 #[test]
 fn a_refused_batched_write_fails_only_the_refused_nodes() {
     let env = env();

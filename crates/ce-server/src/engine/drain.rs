@@ -115,7 +115,7 @@ impl Engine {
             if pass.quiet.is_set() {
                 return Ok(());
             }
-            match w.run_once(w.config().claim_limit) {
+            match w.run_next() {
                 Ok(r) if r.claimed > 0 => {
                     errors = 0;
                     pass.totals.add(&r);
