@@ -695,10 +695,12 @@ impl Mem {
         let mismatch =
             |what: &str| IndexError::Corrupt(format!("snapshot {}: {what}", path.display()));
         let dimension = image.dimension();
+        let keys = image.keys();
         let mut graph = image.into_graph(o)?;
-        let keys = ann::load_keys(&ann::keys_path(dir, db_id, g))?;
         if keys.len() != graph.len() || keys.iter().any(|k| !graph.contains(*k)) {
-            return Err(mismatch("the key set does not match the graph"));
+            return Err(mismatch(
+                "usearch loaded another key set than the file's slots",
+            ));
         }
         let mut removed = 0;
         for k in keys.iter().filter(|k| table.id(**k).is_none()) {
@@ -1721,18 +1723,11 @@ impl EmbeddedVectorIndex {
                 return Ok(());
             };
             let g = mem.generation;
-            let mut keys: Vec<u64> = mem
-                .table
-                .keys()
-                .filter(|k| !mem.fresh.contains(*k))
-                .collect();
-            keys.sort_unstable();
             graph.save(&ann::snapshot_path(&self.dir, &self.db_id, g))?;
-            ann::save_keys(&ann::keys_path(&self.dir, &self.db_id, g), &keys)?;
             ann::sync_dir(&self.dir)?;
             g
         };
-        // Only now, with both files durable, does the database point at them.
+        // Only now, with the file durable, does the database point at it.
         schema::set_meta(&conn, "snapshot_generation", &generation.to_string())?;
         ann::remove_other_snapshots(&self.dir, Some((&self.db_id, generation)))?;
         {

@@ -211,8 +211,8 @@ fn reopen_restores_everything_with_and_without_a_snapshot() {
 
     assert_eq!(
         snapshot_files(dir.path()).len(),
-        2,
-        "one current snapshot: graph and keys"
+        1,
+        "one current snapshot: the graph file"
     );
     let idx = open(dir.path());
     assert!(idx.stats().opened_from_snapshot, "loaded from the snapshot");
@@ -269,7 +269,7 @@ fn an_older_snapshot_catches_up_after_a_crash() {
     let idx = open(dir.path());
     let vs = fill(&idx);
     idx.flush().expect("flush");
-    assert_eq!(snapshot_files(dir.path()).len(), 2, "graph and key set");
+    assert_eq!(snapshot_files(dir.path()).len(), 1, "the graph file");
     assert!(idx.stats().snapshot_current);
     // Writes after the snapshot, then a crash (no snapshot at close): a vector added, a
     // subtree of vectors removed, a vector replaced, a move (no graph change).
@@ -289,7 +289,7 @@ fn an_older_snapshot_catches_up_after_a_crash() {
     idx.flush().expect("flush");
     assert_eq!(
         snapshot_files(dir.path()).len(),
-        2,
+        1,
         "the older snapshot is replaced"
     );
     idx.close_without_snapshot();
@@ -395,7 +395,7 @@ fn snapshots_of_another_lineage_are_ignored() {
         .into_iter()
         .filter(|f| !snapshot_files(&live).contains(f))
         .collect();
-    assert_eq!(own.len(), 2);
+    assert_eq!(own.len(), 1);
     for f in own {
         fs_err::remove_file(backup.join(f)).expect("remove own snapshot");
     }
@@ -560,7 +560,7 @@ fn writes_alone_leave_the_graph_unloaded_and_the_next_load_catches_up() {
     assert!(idx.resident());
     drop(idx);
     let files = snapshot_files(dir.path());
-    assert_eq!(files.len(), 2, "graph and key set");
+    assert_eq!(files.len(), 1, "the graph file");
 
     // A command that only writes: an add, a subtree removed, a replaced vector, a move.
     let idx = open(dir.path());

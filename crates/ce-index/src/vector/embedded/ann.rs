@@ -15,11 +15,12 @@
 //! ever (keys are never reused; a record whose vector changes gets a new key). So a snapshot
 //! of any earlier state of the same database is correct for every key it shares with the
 //! database, and is brought up to date by removing the keys the database no longer has and
-//! adding the ones it gained. A snapshot is a pair of files named by the database id and
-//! generation — `ann-{db_id}-{generation}.usearch` (the graph) and `.keys` (its key set) —
-//! and is used only if `meta.snapshot_generation` names it, which is written after both
-//! files are durable: a file of another lineage (e.g. next to a database restored from a
-//! backup) is never trusted. Files are written to a temporary name, fsynced and renamed.
+//! adding the ones it gained. A snapshot is one file named by the database id and generation,
+//! `ann-{db_id}-{generation}.usearch`, whose slots name the graph's keys, and is used only if
+//! `meta.snapshot_generation` names it, which is written after the file is durable: a file
+//! of another lineage (e.g. next to a database restored from a backup) is never trusted. The
+//! file is written to a temporary name, fsynced and renamed. (Until 2026-12-07 a second file,
+//! `.keys`, listed the same key set; one left by an earlier version is removed.)
 //!
 //! The graph file holds **no live vector** (they are in `vectors.db`): it is usearch's
 //! serialization with its vector matrix cut out but for removed slots ([`Ann::save`],
@@ -464,6 +465,11 @@ impl Snapshot {
         self.cols / 2
     }
 
+    /// The keys of the graph's live slots.
+    pub(super) fn keys(&self) -> Vec<u64> {
+        self.slots.keys().copied().collect()
+    }
+
     /// The graph, with the vectors put in.
     pub(super) fn into_graph(self, o: &EmbeddedOptions) -> Result<Ann> {
         let meta = Index::metadata_from_buffer(&self.image).map_err(|e| err("read snapshot", e))?;
@@ -553,38 +559,6 @@ pub(super) fn snapshot_path(dir: &Path, db_id: &str, generation: u64) -> PathBuf
     dir.join(format!("ann-{db_id}-{generation}.usearch"))
 }
 
-/// The key-set file of the snapshot of `generation`.
-pub(super) fn keys_path(dir: &Path, db_id: &str, generation: u64) -> PathBuf {
-    dir.join(format!("ann-{db_id}-{generation}.keys"))
-}
-
-/// Writes `keys` (little-endian `u64`s) to `path` atomically.
-pub(super) fn save_keys(path: &Path, keys: &[u64]) -> Result<()> {
-    let tmp = path.with_extension("keys.tmp");
-    let mut bytes = Vec::with_capacity(keys.len() * 8);
-    for k in keys {
-        bytes.extend_from_slice(&k.to_le_bytes());
-    }
-    fs_err::write(&tmp, &bytes).map_err(|e| err("save keys", e))?;
-    fs_err::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| err("save keys", e))?;
-    fs_err::rename(&tmp, path).map_err(|e| err("save keys", e))?;
-    Ok(())
-}
-
-/// Reads a key set written by [`save_keys`].
-pub(super) fn load_keys(path: &Path) -> Result<Vec<u64>> {
-    let bytes = fs_err::read(path).map_err(|e| err("load keys", e))?;
-    if !bytes.len().is_multiple_of(8) {
-        return Err(err("load keys", format!("{} is truncated", path.display())));
-    }
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-        .collect())
-}
-
 /// Fsyncs the directory (makes renames durable).
 pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     fs_err::File::open(dir)
@@ -603,9 +577,10 @@ pub(super) fn remove_other_snapshots(dir: &Path, keep: Option<(&str, u64)>) -> R
             && [".usearch", ".keys", ".tmp"]
                 .iter()
                 .any(|x| name.ends_with(x));
+        // A `.keys` file is an earlier version's, whatever its generation.
         let kept = keep
             .as_deref()
-            .is_some_and(|k| name.starts_with(k) && !name.ends_with(".tmp"));
+            .is_some_and(|k| name.starts_with(k) && name.ends_with(".usearch"));
         if ours && !kept {
             fs_err::remove_file(&path).map_err(|e| err("remove old snapshot", e))?;
         }
@@ -622,13 +597,37 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use super::{Ann, Layout, SCORE_ERROR, Snapshot, as_stored};
+    use super::{Ann, Layout, SCORE_ERROR, Snapshot, as_stored, remove_other_snapshots};
     use crate::vector::embedded::EmbeddedOptions;
     use crate::vector::rules::cosine;
 
     /// A snapshot of an earlier version (usearch's own file, vectors included, here of `f32`
     /// vectors) or a damaged one is refused — the caller then rebuilds the graph from the stored
     /// vectors — and so is a serialization of other kinds.
+    #[test]
+    fn only_the_kept_generations_graph_file_survives_a_cleanup() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let names = [
+            "ann-db-7.usearch",
+            "ann-db-7.keys", // an earlier version's key set, even of the kept generation
+            "ann-db-6.usearch",
+            "ann-db-6.keys",
+            "ann-db-8.usearch.tmp", // an interrupted save
+            "ann-other-7.usearch",
+            "vectors.db",
+        ];
+        for n in names {
+            std::fs::write(dir.path().join(n), b"x").expect("write");
+        }
+        remove_other_snapshots(dir.path(), Some(("db", 7))).expect("cleanup");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["ann-db-7.usearch", "vectors.db"]);
+    }
+
     #[test]
     fn a_foreign_or_damaged_snapshot_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
