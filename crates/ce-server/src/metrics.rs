@@ -198,7 +198,7 @@ fn describe() {
 
 /// Sets the gauges that mirror stored state.
 fn refresh(engine: &Engine) {
-    let status = match engine.status() {
+    let status = match engine.status_for_gauges() {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "metrics: status unavailable");

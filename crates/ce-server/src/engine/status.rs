@@ -62,9 +62,22 @@ impl Engine {
         now: Millis,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<ConsumerStatus>> {
-        Ok(self
-            .store
-            .stats()?
+        self.statuses_of(self.store.stats()?, now, keep)
+    }
+
+    /// [`Self::consumer_statuses`] with `done` at 0: its cost follows the backlog, not the
+    /// journal's history (`OutboxStore::open_stats`) — for what runs periodically.
+    fn open_consumer_statuses(&self, now: Millis) -> Result<Vec<ConsumerStatus>> {
+        self.statuses_of(self.store.open_stats()?, now, |_| true)
+    }
+
+    fn statuses_of(
+        &self,
+        stats: Vec<ce_store::ConsumerStats>,
+        now: Millis,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<ConsumerStatus>> {
+        Ok(stats
             .into_iter()
             .filter(|s| keep(&s.consumer))
             .map(|s| {
@@ -77,7 +90,7 @@ impl Engine {
     /// Records every consumer's lag now in the recent samples ([`crate::lag_history`]).
     pub fn sample_lag(&self) -> Result<()> {
         let now = self.store.clock().now_ms();
-        let consumers = self.consumer_statuses(now, |_| true)?;
+        let consumers = self.open_consumer_statuses(now)?;
         self.lag_history.record(now, &consumers);
         Ok(())
     }
@@ -89,7 +102,19 @@ impl Engine {
 
     /// Outbox progress and lag per consumer, index sizes, model and readiness.
     pub fn status(&self) -> Result<Status> {
+        self.status_of(StatusScope::Full)
+    }
+
+    /// [`Self::status`] for the metrics' gauges, refreshed at every scrape: without what
+    /// counts the journal's history (each consumer's done deliveries are 0, the journal's
+    /// extent is left empty), so a scrape costs what the backlog does.
+    pub fn status_for_gauges(&self) -> Result<Status> {
+        self.status_of(StatusScope::Gauges)
+    }
+
+    fn status_of(&self, scope: StatusScope) -> Result<Status> {
         let now = self.store.clock().now_ms();
+        let full = scope == StatusScope::Full;
         let readiness = self.readiness();
         let mut status = Status {
             ready: readiness.ready,
@@ -103,7 +128,11 @@ impl Engine {
             index_records: 0,
             keyword_records: None,
             relation_records: None,
-            consumers: self.consumer_statuses(now, |_| true)?,
+            consumers: if full {
+                self.consumer_statuses(now, |_| true)?
+            } else {
+                self.open_consumer_statuses(now)?
+            },
             workers: self.running_workers(),
             worker_consumers: self.worker_consumers(),
             embed_cache: self.embed_cache_status(),
@@ -121,7 +150,11 @@ impl Engine {
             jobs: self.jobs_status()?,
             kb: Default::default(),
             journal: crate::status::JournalStatus {
-                extent: self.store.journal()?,
+                extent: if full {
+                    self.store.journal()?
+                } else {
+                    ce_store::model::JournalExtent::default()
+                },
                 retention_seconds: self.config.index.outbox.journal_retention_seconds,
                 rebuilds_needed: self.store.rebuilds_needed()?,
             },
@@ -173,4 +206,13 @@ impl Engine {
             counters: self.options.run_workers.then(|| embedder.stats().into()),
         })
     }
+}
+
+/// How much [`Engine::status_of`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusScope {
+    /// Everything (`ce status`, `GET /v1/status`).
+    Full,
+    /// What the metrics' gauges show (see [`Engine::status_for_gauges`]).
+    Gauges,
 }

@@ -171,6 +171,9 @@ pub(crate) trait OutboxReadTx {
     fn list_rows(&mut self, q: &ListQuery<'_>) -> Result<Vec<DeliveryRow>>;
     /// `(stored status, count)` of each status `consumer` has deliveries in.
     fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>>;
+    /// [`OutboxReadTx::status_counts`] of the statuses other than done, read from the
+    /// partial indexes of the runnable and the dead deliveries.
+    fn open_status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>>;
     /// Whether `consumer` has a delivery pending or claimed (one probe of the runnable
     /// partial index; retry-wait deliveries are not counted).
     fn has_unfinished(&mut self, consumer: &str) -> Result<bool>;
@@ -379,7 +382,11 @@ macro_rules! impl_outbox_store {
             }
 
             fn stats(&self) -> $crate::Result<Vec<$crate::model::ConsumerStats>> {
-                $crate::outbox::report::stats(self)
+                $crate::outbox::report::stats(self, true)
+            }
+
+            fn open_stats(&self) -> $crate::Result<Vec<$crate::model::ConsumerStats>> {
+                $crate::outbox::report::stats(self, false)
             }
 
             fn has_unfinished(&self, consumers: &[String]) -> $crate::Result<bool> {

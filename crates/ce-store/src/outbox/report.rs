@@ -42,8 +42,9 @@ pub(crate) fn show(s: &impl OutboxBackend, event_id: &str) -> Result<(OutboxEven
     })
 }
 
-/// [`crate::model::OutboxStore::stats`]: one snapshot for every configured consumer.
-pub(crate) fn stats(s: &impl OutboxBackend) -> Result<Vec<ConsumerStats>> {
+/// [`crate::model::OutboxStore::stats`] (`done`: the done deliveries counted too) and
+/// [`crate::model::OutboxStore::open_stats`]: one snapshot for every configured consumer.
+pub(crate) fn stats(s: &impl OutboxBackend, done: bool) -> Result<Vec<ConsumerStats>> {
     let configured = &s.outbox_config().index.outbox.consumers;
     s.read_outbox(|tx| {
         let mut out = Vec::with_capacity(configured.len());
@@ -52,7 +53,12 @@ pub(crate) fn stats(s: &impl OutboxBackend) -> Result<Vec<ConsumerStats>> {
                 consumer: c.clone(),
                 ..ConsumerStats::default()
             };
-            for (status, n) in tx.status_counts(c)? {
+            let counts = if done {
+                tx.status_counts(c)?
+            } else {
+                tx.open_status_counts(c)?
+            };
+            for (status, n) in counts {
                 count_status(&mut stats, status, n);
             }
             if let Some((seq, created_at)) = tx.low_watermark(c)? {

@@ -99,6 +99,14 @@ const JOURNAL_EXTENT_SQL: &str = "SELECT count(*), min(seq), max(seq),
         (SELECT count(*) FROM deliveries), (SELECT pruned_through FROM journal WHERE id = 1)
      FROM events";
 
+/// The counts per status of consumer `$1`'s deliveries that are not done; each predicate is
+/// that of a partial index (`deliveries_runnable`, `deliveries_dead`), so no done delivery is
+/// visited.
+const OPEN_STATUS_COUNTS_SQL: &str = "SELECT status, count(*) FROM deliveries
+     WHERE consumer = $1 AND status IN (0, 1, 2) GROUP BY status
+     UNION ALL
+     SELECT 5::BIGINT, count(*) FROM deliveries WHERE consumer = $1 AND status = 5";
+
 /// The oldest non-terminal delivery of consumer `$1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
@@ -337,6 +345,14 @@ impl OutboxReadTx for PgTx<'_, '_> {
                     delivery: delivery_from_row(r, 6)?,
                 })
             })
+            .collect()
+    }
+
+    fn open_status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
+        self.tx
+            .query(OPEN_STATUS_COUNTS_SQL, &[&consumer])?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
     }
 
@@ -684,7 +700,7 @@ mod tests {
 
     use super::{
         CLAIM_SQL, DONE_LIVE_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL,
-        LOW_WATERMARK_SQL, PRUNE_EVENTS_SQL, PgStore, WriteKind,
+        LOW_WATERMARK_SQL, OPEN_STATUS_COUNTS_SQL, PRUNE_EVENTS_SQL, PgStore, WriteKind,
     };
     use crate::model::OutboxStore as _;
     use crate::postgres::explain;
@@ -764,6 +780,8 @@ mod tests {
                 (LAG_SQL, "('vector', NULL, 1001)", "deliveries_runnable"),
                 (LAST_ERROR_RUNNABLE_SQL, "('vector')", "deliveries_runnable"),
                 (LAST_ERROR_DEAD_SQL, "('vector')", "deliveries_dead"),
+                (OPEN_STATUS_COUNTS_SQL, "('vector')", "deliveries_runnable"),
+                (OPEN_STATUS_COUNTS_SQL, "('vector')", "deliveries_dead"),
             ] {
                 let plan = explain(&store, mode, sql, args);
                 assert!(plan.contains(index), "{mode}: {sql}\n{plan}");

@@ -61,6 +61,15 @@ const JOURNAL_EXTENT_SQL: &str = "SELECT count(*), min(seq), max(seq),
 const HAS_UNFINISHED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM deliveries
      WHERE consumer = ?1 AND status IN (0, 1, 2) AND status <> 2)";
 
+/// The counts per status of consumer `?1`'s deliveries that are not done, from the partial
+/// indexes (never a done delivery visited).
+const OPEN_STATUS_COUNTS_SQL: &str = "SELECT status, count(*) FROM deliveries
+         INDEXED BY deliveries_runnable
+     WHERE consumer = ?1 AND status IN (0, 1, 2) GROUP BY status
+     UNION ALL
+     SELECT 5, count(*) FROM deliveries INDEXED BY deliveries_dead
+     WHERE consumer = ?1 AND status = 5";
+
 /// The oldest non-terminal delivery of consumer `?1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
@@ -280,6 +289,12 @@ impl OutboxReadTx for SqlTx<'_> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
         )?;
+        let rows = stmt.query_map([consumer], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn open_status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
+        let mut stmt = self.conn.prepare_cached(OPEN_STATUS_COUNTS_SQL)?;
         let rows = stmt.query_map([consumer], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -607,7 +622,7 @@ mod tests {
 
     use super::{
         CLAIM_SQL, LAG_SQL, LAST_ERROR_DEAD_SQL, LAST_ERROR_RUNNABLE_SQL, LOW_WATERMARK_SQL,
-        PRUNE_EVENTS_SQL,
+        OPEN_STATUS_COUNTS_SQL, PRUNE_EVENTS_SQL,
     };
     use crate::sqlite::SqliteStore;
 
@@ -636,10 +651,15 @@ mod tests {
             (LAG_SQL, "deliveries_runnable"),
             (LAST_ERROR_RUNNABLE_SQL, "deliveries_runnable"),
             (LAST_ERROR_DEAD_SQL, "deliveries_dead"),
+            (OPEN_STATUS_COUNTS_SQL, "deliveries_runnable"),
+            (OPEN_STATUS_COUNTS_SQL, "deliveries_dead"),
         ] {
             let plan = plan(&store, sql);
             assert!(plan.contains(index), "{sql}\n{plan}");
         }
+        // The open counts never walk the primary key (every done delivery).
+        let plan = plan(&store, OPEN_STATUS_COUNTS_SQL);
+        assert!(!plan.contains("PRIMARY KEY"), "{plan}");
     }
 
     /// The journal's prune looks each event's deliveries up by primary key, one probe per
