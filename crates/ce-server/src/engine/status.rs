@@ -62,13 +62,13 @@ impl Engine {
         now: Millis,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<ConsumerStatus>> {
-        self.statuses_of(self.store.stats()?, now, keep)
+        Ok(self.statuses_of(self.store.stats()?, now, keep))
     }
 
     /// [`Self::consumer_statuses`] with `done` at 0: its cost follows the backlog, not the
     /// journal's history (`OutboxStore::open_stats`) — for what runs periodically.
     fn open_consumer_statuses(&self, now: Millis) -> Result<Vec<ConsumerStatus>> {
-        self.statuses_of(self.store.open_stats()?, now, |_| true)
+        Ok(self.statuses_of(self.store.open_stats()?, now, |_| true))
     }
 
     fn statuses_of(
@@ -76,15 +76,15 @@ impl Engine {
         stats: Vec<ce_store::ConsumerStats>,
         now: Millis,
         keep: impl Fn(&str) -> bool,
-    ) -> Result<Vec<ConsumerStatus>> {
-        Ok(stats
+    ) -> Vec<ConsumerStatus> {
+        stats
             .into_iter()
             .filter(|s| keep(&s.consumer))
             .map(|s| {
                 let applier = self.applier(&s.consumer);
                 ConsumerStatus::new(s, now, &applier)
             })
-            .collect())
+            .collect()
     }
 
     /// Records every consumer's lag now in the recent samples ([`crate::lag_history`]).
