@@ -92,14 +92,65 @@ impl DeriveInput {
     /// The hash of everything a derivation of this input by `generator` within `budget`
     /// depends on: equal hashes give equal results, so a derivation whose stored input hash
     /// is current need not run again.
+    ///
+    /// The hash is of a canonical JSON text: every object's keys in byte order, as a
+    /// `serde_json::Value` of `{generator, budget, input}` prints it — written directly, not
+    /// through a `Value` (10,000 children made that a tree of 10,000 maps per roll-up).
     pub fn hash(&self, generator: &GeneratorIdentity, budget: Budget) -> String {
-        let canonical = serde_json::json!({
-            "generator": generator.key(),
-            "budget": budget,
-            "input": self,
-        });
-        sha256_tagged(&canonical.to_string())
+        let input = match self {
+            DeriveInput::Leaf { content } => CanonicalInput::Leaf {
+                content,
+                kind: "leaf",
+            },
+            DeriveInput::Container { content, children } => CanonicalInput::Container {
+                children: children
+                    .iter()
+                    .map(|c| CanonicalChild {
+                        abstract_text: &c.abstract_text,
+                        name: &c.name,
+                    })
+                    .collect(),
+                content,
+                kind: "container",
+            },
+        };
+        let canonical = Canonical {
+            budget,
+            generator: generator.key(),
+            input,
+        };
+        let text = serde_json::to_string(&canonical)
+            .unwrap_or_else(|e| unreachable!("strings and integers always serialise: {e}"));
+        sha256_tagged(&text)
     }
+}
+
+/// [`DeriveInput::hash`]'s text: fields declared in byte order of their names.
+#[derive(Serialize)]
+struct Canonical<'a> {
+    budget: Budget,
+    generator: String,
+    input: CanonicalInput<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum CanonicalInput<'a> {
+    Leaf {
+        content: &'a str,
+        kind: &'static str,
+    },
+    Container {
+        children: Vec<CanonicalChild<'a>>,
+        content: &'a str,
+        kind: &'static str,
+    },
+}
+
+#[derive(Serialize)]
+struct CanonicalChild<'a> {
+    abstract_text: &'a str,
+    name: &'a str,
 }
 
 /// What a derivation produced.
@@ -274,6 +325,44 @@ mod tests {
         ];
         for (e, code, retryable) in cases {
             assert_eq!((e.code(), e.is_retryable()), (code, retryable), "{e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The hash is the one of the `serde_json::Value` text it was first defined by (stored
+        /// input hashes stay valid): leaves and containers, text that JSON must escape.
+        #[test]
+        fn input_hashes_are_those_of_the_value_text(
+            content in "[a-z \"\\\n\u{1}é中]{0,12}",
+            children in proptest::option::of(proptest::collection::vec(
+                ("[a-z0-9._-]{1,6}", "[a-z \"\\\t\u{7f}é]{0,10}"),
+                0..6,
+            )),
+            model in proptest::option::of("[a-z]{1,4}"),
+            l0 in 0_usize..1000,
+            l1 in 0_usize..5000,
+        ) {
+            let input = match children {
+                None => DeriveInput::Leaf { content },
+                Some(children) => DeriveInput::Container {
+                    content,
+                    children: children
+                        .into_iter()
+                        .map(|(name, abstract_text)| Child { name, abstract_text })
+                        .collect(),
+                },
+            };
+            let generator = GeneratorIdentity { generator: "llm".into(), version: 3, model };
+            let budget = Budget { l0_chars: l0, l1_chars: l1 };
+            let value = serde_json::json!({
+                "generator": generator.key(),
+                "budget": budget,
+                "input": input,
+            });
+            proptest::prop_assert_eq!(
+                input.hash(&generator, budget),
+                sha256_tagged(&value.to_string())
+            );
         }
     }
 }

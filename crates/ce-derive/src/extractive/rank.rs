@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use ce_core::text::tokenize;
+use ce_core::text::for_each_term;
 
 /// Scores of some texts and their TF-IDF vectors, from which [`Ranking::diverse_order`]
 /// takes the similarities it needs.
@@ -23,7 +23,7 @@ pub struct Ranking {
 /// Scores `texts` deterministically: the same texts in the same order always get the same
 /// scores.
 ///
-/// Terms are those of [`tokenize`] except numbers. The score is the mean similarity to the
+/// Terms are those of [`ce_core::text::tokenize`] except numbers. The score is the mean similarity to the
 /// other texts, plus a small lead bonus that decays
 /// with the position (`LEAD / (1 + i)`; writers put their point early), times a length factor
 /// that keeps fragments of one or two terms from winning.
@@ -33,30 +33,40 @@ pub struct Ranking {
 /// sum of all vectors, less its own). A folder of 10,000 children once took 150 s and 800 MB
 /// here, pair by pair.
 pub fn centrality(texts: &[&str]) -> Ranking {
-    // Term ids in order of first appearance (deterministic).
+    // Term ids in order of first appearance (deterministic); a term is copied once, when it
+    // is first seen (a folder's 10,000 abstracts repeat a few thousand terms).
     let mut ids: HashMap<String, usize> = HashMap::new();
     let term_ids: Vec<Vec<usize>> = texts
         .iter()
         .map(|t| {
-            // Numbers tell texts apart but say little about what they are about: not terms here.
-            tokenize(t)
-                .into_iter()
-                .filter(|term| !term.chars().all(|c| c.is_ascii_digit()))
-                .map(|term| {
-                    let next = ids.len();
-                    *ids.entry(term).or_insert(next)
-                })
-                .collect()
+            let mut out = Vec::new();
+            for_each_term(t, |term| {
+                // Numbers tell texts apart but say little about what they are about: not
+                // terms here.
+                if term.bytes().all(|b| b.is_ascii_digit()) {
+                    return;
+                }
+                let id = match ids.get(term) {
+                    Some(&id) => id,
+                    None => {
+                        let next = ids.len();
+                        ids.insert(term.to_owned(), next);
+                        next
+                    }
+                };
+                out.push(id);
+            });
+            out
         })
         .collect();
     let n = texts.len();
     let terms = ids.len();
     // Per text, (term id, count) by term id; and each term's document frequency.
     let mut df = vec![0_usize; terms];
+    let lengths: Vec<usize> = term_ids.iter().map(Vec::len).collect();
     let counts: Vec<Vec<(usize, usize)>> = term_ids
-        .iter()
-        .map(|t| {
-            let mut sorted = t.clone();
+        .into_iter()
+        .map(|mut sorted| {
             sorted.sort_unstable();
             let mut counts: Vec<(usize, usize)> = Vec::new();
             for id in sorted {
@@ -99,7 +109,7 @@ pub fn centrality(texts: &[&str]) -> Ranking {
             } else {
                 1.0
             };
-            weigh(mean, i, term_ids[i].len())
+            weigh(mean, i, lengths[i])
         })
         .collect();
     Ranking {
@@ -213,6 +223,7 @@ fn dot_dense(sparse: &[(usize, f64)], dense: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ce_core::text::tokenize;
 
     #[test]
     fn the_sentence_sharing_the_most_weighty_terms_wins() {
