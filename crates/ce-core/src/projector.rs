@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use crate::clock::rfc3339;
 use crate::error::CoreError;
 use crate::hash::{sha256_tagged, stable_hash};
-use crate::node::{ContextNode, Level, RelationEdge};
-use crate::provenance::LayerOrigin;
+use crate::node::{ContextNode, Layers, Level, RelationEdge};
+use crate::provenance::{LayerOrigin, Provenance};
 use crate::uri::CtxUri;
 
 /// A record of the vector or keyword index (spec §2.1).
@@ -176,11 +176,17 @@ impl IndexProjector {
     /// layer's derivation is pending (docs/derive.md: its fallback would be embedded only
     /// to be replaced minutes later; the write-back of the derived layer indexes it).
     pub fn level_source(&self, node: &ContextNode, level: Level) -> Option<LevelSource> {
-        if node
-            .provenance
-            .get(level)
-            .is_some_and(LayerOrigin::is_pending)
-        {
+        self.layers_source(&node.layers, &node.provenance, level)
+    }
+
+    /// [`Self::level_source`] of a node given by its layers and their provenance alone.
+    fn layers_source(
+        &self,
+        layers: &Layers,
+        provenance: &Provenance,
+        level: Level,
+    ) -> Option<LevelSource> {
+        if provenance.get(level).is_some_and(LayerOrigin::is_pending) {
             return None;
         }
         let (n, m) = (self.config.l0_fallback_chars, self.config.l1_fallback_chars);
@@ -195,7 +201,7 @@ impl IndexProjector {
         };
         candidates
             .iter()
-            .find(|(l, _)| !node.layers.get(*l).is_empty())
+            .find(|(l, _)| !layers.get(*l).is_empty())
             .map(|&(level, max_chars)| LevelSource { level, max_chars })
     }
 
@@ -205,9 +211,30 @@ impl IndexProjector {
         self.sourced_text(node, level).map(|t| t.text)
     }
 
+    /// [`Self::level_text`] of a node given by its layers and their provenance alone (a
+    /// folder's roll-up reads no more of its children).
+    pub fn layers_text(
+        &self,
+        layers: &Layers,
+        provenance: &Provenance,
+        level: Level,
+    ) -> Option<String> {
+        self.layers_sourced_text(layers, provenance, level)
+            .map(|t| t.text)
+    }
+
     fn sourced_text(&self, node: &ContextNode, level: Level) -> Option<LevelText<'static>> {
-        let source = self.level_source(node, level)?;
-        let text = node.layers.get(source.level);
+        self.layers_sourced_text(&node.layers, &node.provenance, level)
+    }
+
+    fn layers_sourced_text(
+        &self,
+        layers: &Layers,
+        provenance: &Provenance,
+        level: Level,
+    ) -> Option<LevelText<'static>> {
+        let source = self.layers_source(layers, provenance, level)?;
+        let text = layers.get(source.level);
         Some(LevelText {
             text: source
                 .max_chars

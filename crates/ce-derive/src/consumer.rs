@@ -21,14 +21,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ce_core::{
-    Classify, Clock, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EventPayload,
-    IndexProjector, Level,
+    Classify, Clock, ContextType, CtxUri, Derivation, DeriveFailure, EventPayload, IndexProjector,
+    Level,
 };
 use ce_index::worker::compact::{self, Op, Plan};
 use ce_index::worker::dry_run::{DryRunReport, SpendEstimate};
 use ce_index::worker::{OpHandler, OpOutcomes, WorkError};
 use ce_store::derive::{
-    DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite, LeafLayers, WaitingFolders,
+    DeriveChild, DeriveSnapshot, DerivedOutcome, DerivedWrite, LayerWrite, LeafLayers,
+    WaitingFolders,
 };
 use ce_store::{ClaimedEvent, SourceStore};
 use serde::{Deserialize, Serialize};
@@ -171,10 +172,13 @@ impl DeriveHandler {
         })
     }
 
-    fn child(&self, c: &ContextNode) -> Child {
+    fn child(&self, c: &DeriveChild) -> Child {
         Child {
             name: c.uri.name().to_owned(),
-            abstract_text: self.projector.level_text(c, Level::L0).unwrap_or_default(),
+            abstract_text: self
+                .projector
+                .layers_text(&c.layers, &c.provenance, Level::L0)
+                .unwrap_or_default(),
         }
     }
 

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use ce_core::projector::ProjectorConfig;
 use ce_core::{
     Config, ContextNode, ContextType, CtxUri, Derivation, DeriveFailure, EVENT_VERSION,
-    EventPayload, IndexProjector, LayerOrigin, Level, Millis, UpsertContextPayload, UpsertReason,
+    EventPayload, IndexProjector, LayerOrigin, Layers, Level, Millis, Provenance,
+    UpsertContextPayload, UpsertReason,
 };
 use serde::{Deserialize, Serialize};
 
@@ -203,16 +204,29 @@ pub struct DeriveSnapshot {
     pub key: DirtyKey,
     /// The node.
     pub node: ContextNode,
-    /// Its children, by URI, each with its L2 content cut to `projector.l0_fallback_chars`
-    /// characters: a folder's derivation reads only its children's L0 (fallbacks applied),
-    /// and a folder waiting for pending children is read again as each of them comes by —
-    /// with whole contents, 100 children of 5 KB made that 500 KB a read.
+    /// Its children, by URI: what a folder's derivation reads of them.
     /// Empty when the snapshot was taken with [`WaitingFolders::Skip`] and it is `waiting`.
-    pub children: Vec<ContextNode>,
+    pub children: Vec<DeriveChild>,
     /// A child's L0 is pending, so a derivation of the node must wait for it (known before
     /// reading the children with [`WaitingFolders::Skip`]; `false` otherwise: the caller
     /// reads the pending state off `children`).
     pub waiting: bool,
+}
+
+/// What a folder's derivation reads of one child: its L0 with the projector's fallbacks
+/// (`IndexProjector::layers_text`), and so its layers with the L1 and the L2 cut to
+/// `projector.l0_fallback_chars` characters (at least 1: an empty layer stays the only empty
+/// one) — a folder waiting for pending children is read again as each of them comes by, and
+/// with whole contents 100 children of 5 KB made that 500 KB a read; nothing else of the
+/// node (decoding whole nodes was a fifth of rolling up a folder of 10,000).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeriveChild {
+    /// The child.
+    pub uri: CtxUri,
+    /// Its L0, and its L1 and L2 cut.
+    pub layers: Layers,
+    /// Where its L0 and L1 came from.
+    pub provenance: Provenance,
 }
 
 /// How [`DeriveStore::derive_snapshots`] reads a folder whose derivation waits for a child
@@ -594,7 +608,7 @@ pub(crate) fn derive_snapshots(
         let children = if skip {
             Vec::new()
         } else {
-            tx.children_cut(uri, l0_fallback_chars)?
+            tx.derive_children(uri, l0_fallback_chars)?
         };
         out.push(DeriveSnapshot {
             key,

@@ -19,15 +19,6 @@ pub(crate) const NODE_COLUMNS: &str = "uri, parent_uri, context_type, category, 
      abstract, overview, content, meta, version, content_hash, relation_version, created_at, \
      updated_at, trace_id, provenance";
 
-/// [`NODE_COLUMNS`] with the L2 content cut to its first `param` characters (SQLite and
-/// PostgreSQL `substr` count characters, as [`ce_core::projector::truncate_chars`] does).
-pub(crate) fn node_columns_cut(param: &str) -> String {
-    NODE_COLUMNS.replace(
-        " content,",
-        &format!(" substr(content, 1, {param}) AS content,"),
-    )
-}
-
 /// Parses a stored node URI; one that does not parse is corruption.
 pub(crate) fn stored_uri(s: &str) -> Result<CtxUri> {
     CtxUri::parse_stored(s).map_err(|e| StoreError::Corrupt(format!("node uri {s:?}: {e}")))
@@ -67,6 +58,20 @@ pub(crate) fn decode_provenance(
         Some(text) => serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("node {uri:?}: bad provenance: {e}"))),
     }
+}
+
+/// A child as a folder's derivation reads it, from its stored URI, its (cut) layers and its
+/// stored provenance.
+pub(crate) fn derive_child(
+    uri: String,
+    layers: Layers,
+    provenance: Option<String>,
+) -> Result<crate::derive::DeriveChild> {
+    Ok(crate::derive::DeriveChild {
+        provenance: decode_provenance(&uri, provenance, &layers)?,
+        uri: stored_uri(&uri)?,
+        layers,
+    })
 }
 
 /// A node's provenance as stored.

@@ -135,12 +135,17 @@ pub(crate) trait ReadTx {
     }
     /// The nodes whose parent is `uri`, by URI.
     fn children(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
-    /// [`ReadTx::children`] with each child's L2 content cut to its first `content_chars`
-    /// characters (at least 1, so an empty content stays the only empty one): for reads that
-    /// need a child's L0 with its fallbacks and nothing more.
-    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>>;
+    /// What a folder's derivation reads of each child of `uri`, by URI: the
+    /// [`crate::derive::DeriveChild`] of each, its L1 and L2 cut to their first
+    /// `fallback_chars` characters.
+    fn derive_children(
+        &mut self,
+        uri: &CtxUri,
+        fallback_chars: usize,
+    ) -> Result<Vec<crate::derive::DeriveChild>>;
     /// Whether a child of `uri` has its L0 pending (`provenance.abstract` of origin
-    /// `pending`), reading no child past the first such one.
+    /// `pending`): one probe of the partial index of such children, whatever the number of
+    /// children.
     fn child_pending(&mut self, uri: &CtxUri) -> Result<bool>;
     /// `uri` and its descendants, by URI.
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;

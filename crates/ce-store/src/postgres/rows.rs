@@ -7,14 +7,14 @@
 
 use std::collections::HashMap;
 
-use ce_core::{ContextNode, CtxUri, EventPayload, Millis, RelationEdge};
+use ce_core::{ContextNode, CtxUri, EventPayload, Layers, Millis, RelationEdge};
 
 use super::outbox::append_events_tx;
 use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql};
-use crate::derive::{DeriveUsage, DirtyKey};
+use crate::derive::{DeriveChild, DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, UriVersion, WriteFence};
-use crate::shared::{NODE_COLUMNS, dirty_key, node_columns_cut, stored_uri, subtree_bounds};
+use crate::shared::{NODE_COLUMNS, derive_child, dirty_key, stored_uri, subtree_bounds};
 use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
 /// One open read or write transaction on PostgreSQL.
@@ -249,31 +249,26 @@ impl ReadTx for PgTx<'_, '_> {
             .collect()
     }
 
-    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>> {
-        let chars = content_chars.clamp(1, i32::MAX as usize) as i32;
+    fn derive_children(&mut self, uri: &CtxUri, fallback_chars: usize) -> Result<Vec<DeriveChild>> {
+        let chars = fallback_chars.clamp(1, i32::MAX as usize) as i32;
         self.tx
-            .query(
-                &format!(
-                    "SELECT {} FROM nodes WHERE parent_uri = $1 ORDER BY uri",
-                    node_columns_cut("$2::integer")
-                ),
-                &[&uri.as_str(), &chars],
-            )?
+            .query(DERIVE_CHILDREN_SQL, &[&uri.as_str(), &chars])?
             .iter()
-            .map(node_from_row)
+            .map(|r| {
+                let layers = Layers {
+                    abstract_text: r.try_get(1)?,
+                    overview: r.try_get(2)?,
+                    content: r.try_get(3)?,
+                };
+                derive_child(r.try_get(0)?, layers, r.try_get(4)?)
+            })
             .collect()
     }
 
     fn child_pending(&mut self, uri: &CtxUri) -> Result<bool> {
         Ok(self
             .tx
-            .query_opt(
-                // Last child first, as on SQLite (see there).
-                "SELECT 1 FROM nodes WHERE parent_uri = $1
-                     AND provenance::jsonb -> 'abstract' ->> 'origin' = 'pending'
-                 ORDER BY uri DESC LIMIT 1",
-                &[&uri.as_str()],
-            )?
+            .query_opt(CHILD_PENDING_SQL, &[&uri.as_str()])?
             .is_some())
     }
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>> {
@@ -615,6 +610,18 @@ impl WriteTx for PgTx<'_, '_> {
     }
 }
 
+/// The children of `$1` as a folder's derivation reads them, their L1 and L2 cut to `$2`
+/// characters (SQLite's statement).
+const DERIVE_CHILDREN_SQL: &str = "SELECT uri, abstract, substr(overview, 1, $2::integer),
+         substr(content, 1, $2::integer), provenance
+     FROM nodes WHERE parent_uri = $1 ORDER BY uri";
+
+/// Whether a folder (`$1`) has a child whose abstract is pending: a probe of the partial
+/// index of such children (schema migration 9), never a scan of the folder's children.
+const CHILD_PENDING_SQL: &str = "SELECT 1 FROM nodes
+     WHERE parent_uri = $1 AND (provenance::jsonb -> 'abstract' ->> 'origin') = 'pending'
+     LIMIT 1";
+
 /// The URIs of `uris` as text, for a `text[]` parameter.
 fn uri_strs(uris: &[CtxUri]) -> Vec<&str> {
     uris.iter().map(CtxUri::as_str).collect()
@@ -626,7 +633,9 @@ mod tests {
     use ce_testkit::pg::TestDb;
 
     use super::super::{PgStore, explain};
-    use super::{CHILDREN_COUNTS_SQL, URI_VERSIONS_SQL, nodes_sql, read_ahead_sql};
+    use super::{
+        CHILD_PENDING_SQL, CHILDREN_COUNTS_SQL, URI_VERSIONS_SQL, nodes_sql, read_ahead_sql,
+    };
 
     /// The batched reads probe the primary key (or the parent index) once per URI, in a
     /// store never analyzed and near empty — the statistics of a fresh store at the start of
@@ -655,6 +664,33 @@ mod tests {
                     assert!(!plan.contains(bad), "{mode}: {sql}\n{plan}");
                 }
             }
+        }
+    }
+
+    /// Whether a folder must wait for a pending child is a probe of the partial index of
+    /// pending children, in a folder of 2,000 children none of them pending (the scan it
+    /// replaced read them all), for custom and generic plans alike.
+    #[test]
+    fn a_pending_child_is_looked_up_in_its_partial_index() {
+        let db = TestDb::create("rows_pending_explain");
+        let store = PgStore::open(db.url(), Config::default()).expect("open");
+        store
+            .write(super::super::WriteKind::Bookkeeping, |tx, _| {
+                tx.batch(
+                    "INSERT INTO nodes (uri, parent_uri, context_type, category, owner_space,
+                         abstract, overview, content, meta, version, content_hash,
+                         relation_version, created_at, updated_at, trace_id, provenance)
+                     SELECT 'ctx://f/c' || i, 'ctx://f', 'resource', '', 'shared', 'a', '', 'c',
+                         '{}', 1, '', 0, 0, 0, '', '{\"abstract\":{\"origin\":\"user\"}}'
+                     FROM generate_series(1, 2000) AS i;
+                     ANALYZE nodes",
+                )
+            })
+            .expect("children");
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            let plan = explain(&store, mode, CHILD_PENDING_SQL, "('ctx://f')");
+            assert!(plan.contains("nodes_pending_abstract"), "{mode}\n{plan}");
+            assert!(!plan.contains("Seq Scan"), "{mode}\n{plan}");
         }
     }
 }

@@ -206,6 +206,11 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO journal (id, pruned_through) VALUES (1, 0);
     "#,
+    // 9: the children whose abstract is pending, by folder (SQLite migration 10).
+    r#"
+    CREATE INDEX nodes_pending_abstract ON nodes (parent_uri, uri)
+        WHERE (provenance::jsonb -> 'abstract' ->> 'origin') = 'pending';
+    "#,
 ];
 
 /// The schema version this build writes.

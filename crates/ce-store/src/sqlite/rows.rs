@@ -1,18 +1,30 @@
 //! The row operations of ContextFS and RelationStore on SQLite ([`ReadTx`], [`WriteTx`]);
 //! what the writes mean is written once in `crate::txn`.
 
-use ce_core::{ContextNode, CtxUri, EventPayload, Millis, RelationEdge};
+use ce_core::{ContextNode, CtxUri, EventPayload, Layers, Millis, RelationEdge};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::outbox::append_events_tx;
 use super::{
     NODE_COLUMNS, get_node, get_tombstone, insert_node, node_from_row, subtree_bounds, subtree_sql,
 };
-use crate::derive::{DeriveUsage, DirtyKey};
+use crate::derive::{DeriveChild, DeriveUsage, DirtyKey};
 use crate::error::Result;
 use crate::model::{LinkRequest, WriteFence};
-use crate::shared::{dirty_key, node_columns_cut, stored_uri};
+use crate::shared::{derive_child, dirty_key, stored_uri};
 use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
+
+/// Whether a folder (`?1`) has a child whose abstract is pending: a probe of the partial
+/// index of such children (schema migration 10), never a scan of the folder's children.
+pub(super) const CHILD_PENDING_SQL: &str = "SELECT 1 FROM nodes INDEXED BY nodes_pending_abstract
+     WHERE parent_uri = ?1 AND json_extract(provenance, '$.abstract.origin') = 'pending'
+     LIMIT 1";
+
+/// The children of `?1` as a folder's derivation reads them, their L1 and L2 cut to `?2`
+/// characters ([`ReadTx::derive_children`]).
+const DERIVE_CHILDREN_SQL: &str = "SELECT uri, abstract, substr(overview, 1, ?2),
+         substr(content, 1, ?2), provenance
+     FROM nodes WHERE parent_uri = ?1 ORDER BY uri";
 
 /// One open read or write transaction on SQLite (`Transaction` derefs to `Connection`).
 pub(super) struct SqlTx<'a> {
@@ -90,26 +102,29 @@ impl ReadTx for SqlTx<'_> {
         rows.map(|r| r?).collect()
     }
 
-    fn children_cut(&mut self, uri: &CtxUri, content_chars: usize) -> Result<Vec<ContextNode>> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {} FROM nodes WHERE parent_uri = ?1 ORDER BY uri",
-            node_columns_cut("?2")
-        ))?;
-        let chars = content_chars.clamp(1, i64::MAX as usize) as i64;
-        let rows = stmt.query_map(params![uri.as_str(), chars], node_from_row)?;
-        rows.map(|r| r?).collect()
+    fn derive_children(&mut self, uri: &CtxUri, fallback_chars: usize) -> Result<Vec<DeriveChild>> {
+        let mut stmt = self.conn.prepare_cached(DERIVE_CHILDREN_SQL)?;
+        let chars = fallback_chars.clamp(1, i64::MAX as usize) as i64;
+        let rows = stmt.query_map(params![uri.as_str(), chars], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                Layers {
+                    abstract_text: r.get(1)?,
+                    overview: r.get(2)?,
+                    content: r.get(3)?,
+                },
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })?;
+        rows.map(|r| {
+            let (uri, layers, provenance) = r?;
+            derive_child(uri, layers, provenance)
+        })
+        .collect()
     }
 
     fn child_pending(&mut self, uri: &CtxUri) -> Result<bool> {
-        // Last child first: children are imported, and so derived, mostly in URI order, and
-        // the pending ones are then at the end (from the start, a batch of the import of
-        // 10,000 children scanned the thousands derived before the first pending one). Not
-        // in an `EXISTS`, whose `ORDER BY` SQLite may drop.
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT 1 FROM nodes WHERE parent_uri = ?1
-                 AND json_extract(provenance, '$.abstract.origin') = 'pending'
-             ORDER BY uri DESC LIMIT 1",
-        )?;
+        let mut stmt = self.conn.prepare_cached(CHILD_PENDING_SQL)?;
         Ok(stmt
             .query_row([uri.as_str()], |_| Ok(()))
             .optional()?

@@ -227,6 +227,13 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO journal (id, pruned_through) VALUES (1, 0);
     "#,
+    // 10: the children whose abstract is pending, by folder: whether a folder's roll-up must
+    // wait (`ReadTx::child_pending`) was a scan of all its children when none was pending —
+    // the common case of an edit in a folder of 10,000.
+    r#"
+    CREATE INDEX nodes_pending_abstract ON nodes (parent_uri, uri)
+        WHERE json_extract(provenance, '$.abstract.origin') = 'pending';
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a

@@ -322,20 +322,31 @@ fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: 
         content("ünïcödé text that goes on"),
     );
     put(&s, "ctx://a/resources/f/short", content("abc"));
+    // A client's L1 (the L0's first fallback) is cut the same way.
+    let overview = PutRequest {
+        overview: Some("överview that goes on".into()),
+        content: Some("text".into()),
+        ..PutRequest::default()
+    };
+    put(&s, "ctx://a/resources/f/the-overview", overview);
     let folder = uri("ctx://a/resources/f");
     let snaps = s
         .derive_snapshots(std::slice::from_ref(&folder), WaitingFolders::Read)
         .expect("snapshots");
     assert_eq!(snaps.len(), 1);
-    let contents: Vec<&str> = snaps[0]
+    let layers: Vec<(&str, &str)> = snaps[0]
         .children
         .iter()
-        .map(|c| c.layers.content.as_str())
+        .map(|c| (c.layers.overview.as_str(), c.layers.content.as_str()))
         .collect();
-    assert_eq!(contents, ["ünïcö", "abc"]);
+    assert_eq!(layers, [("", "ünïcö"), ("", "abc"), ("överv", "text")]);
     // What the folder's derivation reads of a child is its L0 with fallbacks: unchanged.
     let projector = ce_core::IndexProjector::new(config.projector);
-    for (cut, full) in snaps[0].children.iter().zip(["long", "short"]) {
+    for (cut, full) in snaps[0]
+        .children
+        .iter()
+        .zip(["long", "short", "the-overview"])
+    {
         let whole = s
             .read_node(&uri(&format!("ctx://a/resources/f/{full}")))
             .expect("read")
@@ -344,9 +355,11 @@ fn a_snapshot_reads_children_with_their_content_cut_to_the_l0_fallback(backend: 
             whole.layers.content.len() > cut.layers.content.len(),
             full == "long"
         );
-        assert_eq!(cut.content_hash, whole.content_hash);
+        assert_eq!(cut.layers.abstract_text, whole.layers.abstract_text);
+        assert_eq!(cut.uri, whole.uri);
+        assert_eq!(cut.provenance, whole.provenance);
         assert_eq!(
-            projector.level_text(cut, Level::L0),
+            projector.layers_text(&cut.layers, &cut.provenance, Level::L0),
             projector.level_text(&whole, Level::L0)
         );
     }
