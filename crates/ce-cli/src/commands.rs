@@ -736,7 +736,7 @@ fn warn_before_embedding(engine: &Engine) -> Result<()> {
     };
     let open: u64 = engine
         .store()
-        .open_stats()?
+        .stats()?
         .iter()
         .filter(|s| s.consumer == "vector")
         .map(|s| s.pending + s.claimed + s.retry_wait)

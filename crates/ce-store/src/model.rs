@@ -568,14 +568,12 @@ pub trait OutboxStore: Send + Sync {
     fn list(&self, filter: &OutboxFilter) -> Result<Vec<DeliveryRow>>;
     /// An event with all its deliveries, by event id or sequence number.
     fn show(&self, event_id: &str) -> Result<(OutboxEvent, Vec<Delivery>)>;
-    /// Counts per consumer.
+    /// Counts per consumer. What runs periodically (lag samples, metrics' gauges, the
+    /// console) may call it: every count but `done` comes from the partial indexes of the
+    /// deliveries not applied yet and of the dead ones, and `done` is a maintained count
+    /// (docs/store.md "Done counts"), so its cost follows the backlog, not the journal's
+    /// history (counting done rows took ~1 s at 4 × 1,000,000 of them).
     fn stats(&self) -> Result<Vec<ConsumerStats>>;
-    /// [`OutboxStore::stats`] without counting the done deliveries (`done` is 0): every
-    /// other field read from the partial indexes of the deliveries not applied yet and of
-    /// the dead ones, so its cost follows the backlog, not the journal's history (counting
-    /// the done deliveries visits each one: ~1 s for 4 × 1,000,000 of them). For what runs
-    /// periodically — the lag samples, the metrics' gauges, a worker's opening notice.
-    fn open_stats(&self) -> Result<Vec<ConsumerStats>>;
     /// Whether any of `consumers` has a delivery pending or claimed — `pending + claimed > 0`
     /// of [`OutboxStore::stats`] (retry-wait deliveries are not counted), answered by one
     /// indexed probe per consumer instead of counting every delivery: the check a drain

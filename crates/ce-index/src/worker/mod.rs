@@ -442,7 +442,7 @@ impl IndexWorker {
         if !target.bulk_pending() {
             return;
         }
-        let open = match self.source.open_stats() {
+        let open = match self.source.stats() {
             Ok(stats) => stats
                 .iter()
                 .any(|s| s.consumer == self.cfg.consumer && s.pending + s.claimed > 0),

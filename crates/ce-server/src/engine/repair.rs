@@ -209,7 +209,7 @@ impl Repairer {
         let trace_id = format!("repair-{}", uuid::Uuid::now_v7());
         let open: BTreeMap<String, u64> = self
             .store
-            .open_stats()?
+            .stats()?
             .into_iter()
             .map(|s| (s.consumer, s.pending + s.claimed + s.retry_wait))
             .collect();
@@ -318,7 +318,7 @@ impl Repairer {
 
     /// One scheduled reconcile of the consumers among `consumers` that are at rest.
     fn scheduled_reconcile(&self, consumers: &[String]) -> Result<()> {
-        let stats = self.store.open_stats()?;
+        let stats = self.store.stats()?;
         let at_rest: Vec<&str> = consumers
             .iter()
             .filter(|c| {

@@ -65,12 +65,6 @@ impl Engine {
         Ok(self.statuses_of(self.store.stats()?, now, keep))
     }
 
-    /// [`Self::consumer_statuses`] with `done` at 0: its cost follows the backlog, not the
-    /// journal's history (`OutboxStore::open_stats`) — for what runs periodically.
-    fn open_consumer_statuses(&self, now: Millis) -> Result<Vec<ConsumerStatus>> {
-        Ok(self.statuses_of(self.store.open_stats()?, now, |_| true))
-    }
-
     fn statuses_of(
         &self,
         stats: Vec<ce_store::ConsumerStats>,
@@ -90,7 +84,7 @@ impl Engine {
     /// Records every consumer's lag now in the recent samples ([`crate::lag_history`]).
     pub fn sample_lag(&self) -> Result<()> {
         let now = self.store.clock().now_ms();
-        let consumers = self.open_consumer_statuses(now)?;
+        let consumers = self.consumer_statuses(now, |_| true)?;
         self.lag_history.record(now, &consumers);
         Ok(())
     }
@@ -105,9 +99,9 @@ impl Engine {
         self.status_of(StatusScope::Full)
     }
 
-    /// [`Self::status`] for the metrics' gauges, refreshed at every scrape: without what
-    /// counts the journal's history (each consumer's done deliveries are 0, the journal's
-    /// extent is left empty), so a scrape costs what the backlog does.
+    /// [`Self::status`] for the metrics' gauges, refreshed at every scrape: without the
+    /// journal's extent (left empty), which counts every event and delivery the journal
+    /// holds.
     pub fn status_for_gauges(&self) -> Result<Status> {
         self.status_of(StatusScope::Gauges)
     }
@@ -128,11 +122,7 @@ impl Engine {
             index_records: 0,
             keyword_records: None,
             relation_records: None,
-            consumers: if full {
-                self.consumer_statuses(now, |_| true)?
-            } else {
-                self.open_consumer_statuses(now)?
-            },
+            consumers: self.consumer_statuses(now, |_| true)?,
             workers: self.running_workers(),
             worker_consumers: self.worker_consumers(),
             embed_cache: self.embed_cache_status(),

@@ -264,7 +264,7 @@ fn freshness(e: &Engine, outcome: &WriteOutcome) -> Result<Freshness> {
     // Per consumer: the events not applied yet, and the lowest sequence not done or dead.
     let stats: HashMap<String, (u64, Option<i64>)> = e
         .store()
-        .open_stats()?
+        .stats()?
         .into_iter()
         .map(|s| {
             let lag = s.pending + s.claimed + s.retry_wait;

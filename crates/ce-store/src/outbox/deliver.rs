@@ -7,6 +7,8 @@
 //! token is seen) or waits for this transaction (PostgreSQL; SQLite's single writer holds
 //! the lock already).
 
+use std::collections::BTreeMap;
+
 use ce_core::{Clock, DeliveryStatus, Millis, OutboxEvent, OutboxEventCreate, failpoint};
 
 use super::rows::{CLAIMED, DONE, FenceRow, checked_payloads, lease_ms};
@@ -148,11 +150,12 @@ pub(crate) fn renew(s: &impl OutboxBackend, claim: &Claim) -> Result<Millis> {
     })
 }
 
-/// Marks the delivery of `claim` done inside `tx`; a done one stays as it is.
-fn done(tx: &mut dyn OutboxTx, clock: &dyn Clock, claim: &Claim) -> Result<()> {
+/// Marks the delivery of `claim` done inside `tx`; whether it became done now (a done one
+/// stays as it is). The caller counts it ([`OutboxTx::add_done`]).
+fn fence_done(tx: &mut dyn OutboxTx, clock: &dyn Clock, claim: &Claim) -> Result<bool> {
     let (fenced, now) = lock_and_fence(tx, clock, claim, true)?;
     let Some(retry_count) = fenced else {
-        return Ok(());
+        return Ok(false);
     };
     let applied = DeliveryUpdate {
         status: DONE,
@@ -161,13 +164,17 @@ fn done(tx: &mut dyn OutboxTx, clock: &dyn Clock, claim: &Claim) -> Result<()> {
         claimed_until: None,
         error: None,
     };
-    tx.update_delivery(&claim.consumer, claim.seq, &applied, now)
+    tx.update_delivery(&claim.consumer, claim.seq, &applied, now)?;
+    Ok(true)
 }
 
 /// [`crate::model::OutboxStore::mark_done`]: repeating it on a done delivery succeeds.
 pub(crate) fn mark_done(s: &impl OutboxBackend, claim: &Claim) -> Result<()> {
     s.write_outbox(Commit::Bookkeeping, |tx, _| {
-        done(tx, s.outbox_clock(), claim)
+        if fence_done(tx, s.outbox_clock(), claim)? {
+            tx.add_done(&claim.consumer, 1)?;
+        }
+        Ok(())
     })
 }
 
@@ -187,6 +194,9 @@ pub(crate) fn mark_done_batch(s: &impl OutboxBackend, claims: &[Claim]) -> Resul
     s.write_outbox(Commit::Bookkeeping, |tx, _| {
         let now = s.outbox_clock().now_ms();
         let mut marked = vec![false; claims.len()];
+        // Per consumer, the deliveries this transaction made done: counted last, in
+        // consumer order (the counts' rows are each transaction's last locks).
+        let mut counted: BTreeMap<&str, i64> = BTreeMap::new();
         for group in order.chunk_by(|&a, &b| claims[a].consumer == claims[b].consumer) {
             // A delivery claimed more than once in the batch is answered claim by claim, in
             // the given order (the first live one marks it, a stale one before it is lost).
@@ -198,7 +208,9 @@ pub(crate) fn mark_done_batch(s: &impl OutboxBackend, claims: &[Claim]) -> Resul
                 .iter()
                 .map(|&i| (claims[i].seq, claims[i].token.as_str()))
                 .collect();
-            let mut done_now = tx.done_live(&claims[group[0]].consumer, &live, now)?;
+            let consumer = claims[group[0]].consumer.as_str();
+            let mut done_now = tx.done_live(consumer, &live, now)?;
+            *counted.entry(consumer).or_default() += done_now.len() as i64;
             done_now.sort_unstable();
             for &i in &once {
                 marked[i] = done_now
@@ -212,13 +224,23 @@ pub(crate) fn mark_done_batch(s: &impl OutboxBackend, claims: &[Claim]) -> Resul
                 out.push((i, Ok(())));
                 continue;
             }
-            match done(tx, s.outbox_clock(), &claims[i]) {
-                Ok(()) => out.push((i, Ok(()))),
+            match fence_done(tx, s.outbox_clock(), &claims[i]) {
+                Ok(now_done) => {
+                    if now_done {
+                        *counted.entry(claims[i].consumer.as_str()).or_default() += 1;
+                    }
+                    out.push((i, Ok(())));
+                }
                 // A lost claim does not stop the others.
                 Err(e @ (StoreError::ClaimConflict { .. } | StoreError::EventNotFound { .. })) => {
                     out.push((i, Err(e)));
                 }
                 Err(e) => return Err(e),
+            }
+        }
+        for (consumer, n) in counted {
+            if n > 0 {
+                tx.add_done(consumer, n)?;
             }
         }
         out.sort_by_key(|(i, _)| *i);

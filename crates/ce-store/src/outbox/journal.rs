@@ -82,13 +82,15 @@ fn prune_step(tx: &mut dyn OutboxTx, cutoff: Millis, limit: i64) -> Result<Journ
     // (which reads it first too) never reads an event this step deletes.
     tx.pruned_through()?;
     let removed = tx.prune_deliveries(cutoff, limit)?;
-    let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+    // Per consumer: the newest sequence pruned, and how many done deliveries went.
+    let mut pruned: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
     for (consumer, seq) in &removed {
-        let n = newest.entry(consumer).or_insert(*seq);
-        *n = (*n).max(*seq);
+        let (newest, n) = pruned.entry(consumer).or_insert((*seq, 0));
+        *newest = (*newest).max(*seq);
+        *n += 1;
     }
-    for (consumer, seq) in newest {
-        tx.raise_through(consumer, seq)?;
+    for (consumer, (newest, _)) in &pruned {
+        tx.raise_through(consumer, *newest)?;
     }
     let events = tx.prune_events(cutoff, limit)?;
     if let Some(seq) = events
@@ -98,6 +100,9 @@ fn prune_step(tx: &mut dyn OutboxTx, cutoff: Millis, limit: i64) -> Result<Journ
         .max()
     {
         tx.raise_pruned_through(seq)?;
+    }
+    for (consumer, (_, n)) in pruned {
+        tx.add_done(consumer, -n)?;
     }
     Ok(JournalPruned {
         deliveries: removed.len() as u64,

@@ -169,11 +169,12 @@ pub(crate) trait OutboxReadTx {
     fn deliveries(&mut self, seq: i64) -> Result<Vec<Delivery>>;
     /// The rows `q` selects with their events, by (sequence, consumer).
     fn list_rows(&mut self, q: &ListQuery<'_>) -> Result<Vec<DeliveryRow>>;
-    /// `(stored status, count)` of each status `consumer` has deliveries in.
-    fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>>;
-    /// [`OutboxReadTx::status_counts`] of the statuses other than done, read from the
-    /// partial indexes of the runnable and the dead deliveries.
+    /// `(stored status, count)` of each status other than done that `consumer` has
+    /// deliveries in, read from the partial indexes of the runnable and the dead deliveries.
     fn open_status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>>;
+    /// How many deliveries of `consumer` are done: the maintained count
+    /// ([`OutboxTx::add_done`]), never a count of the rows.
+    fn done_count(&mut self, consumer: &str) -> Result<i64>;
     /// Whether `consumer` has a delivery pending or claimed (one probe of the runnable
     /// partial index; retry-wait deliveries are not counted).
     fn has_unfinished(&mut self, consumer: &str) -> Result<bool>;
@@ -229,6 +230,10 @@ pub(crate) trait OutboxTx: OutboxReadTx {
     fn prune_deliveries(&mut self, cutoff: Millis, limit: i64) -> Result<Vec<(String, i64)>>;
     /// Raises `consumer`'s `through_seq` to `seq` if it is lower.
     fn raise_through(&mut self, consumer: &str, seq: i64) -> Result<()>;
+    /// Adds `delta` to `consumer`'s count of done deliveries: every write that makes a
+    /// delivery done or deletes a done one calls it in its transaction, as its last
+    /// statement (docs/store.md "Done counts").
+    fn add_done(&mut self, consumer: &str, delta: i64) -> Result<()>;
     /// Deletes at most `limit` events appended before `cutoff` that no delivery of a known
     /// consumer refers to, never the newest event (its sequence is the journal's position:
     /// holds and knowledge-base items record it); the sequence of each and whether it was
@@ -382,11 +387,7 @@ macro_rules! impl_outbox_store {
             }
 
             fn stats(&self) -> $crate::Result<Vec<$crate::model::ConsumerStats>> {
-                $crate::outbox::report::stats(self, true)
-            }
-
-            fn open_stats(&self) -> $crate::Result<Vec<$crate::model::ConsumerStats>> {
-                $crate::outbox::report::stats(self, false)
+                $crate::outbox::report::stats(self)
             }
 
             fn has_unfinished(&self, consumers: &[String]) -> $crate::Result<bool> {

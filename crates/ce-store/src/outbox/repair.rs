@@ -36,8 +36,16 @@ pub(crate) fn change_dead(
     change: DeadChange,
 ) -> Result<DeadCounts> {
     let p = DeadParams::new(filter, &s.outbox_config().index.outbox)?;
-    let changed = s.write_outbox(Commit::Repair, |tx, now| tx.change_dead(&p, change, now))?;
-    Ok(per_consumer(changed))
+    let changed = s.write_outbox(Commit::Repair, |tx, now| {
+        let changed = per_consumer(tx.change_dead(&p, change, now)?);
+        if change == DeadChange::ForceDone {
+            for (consumer, n) in &changed {
+                tx.add_done(consumer, *n as i64)?;
+            }
+        }
+        Ok(changed)
+    })?;
+    Ok(changed)
 }
 
 /// Counts the consumers of the rows a repair selected.

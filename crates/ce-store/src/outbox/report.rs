@@ -2,7 +2,7 @@
 
 use ce_core::{CtxUri, Delivery, DeliveryStatus, EventType, OutboxEvent};
 
-use super::rows::{count_status, latest_error};
+use super::rows::{DONE, count_status, latest_error};
 use super::{ListQuery, OutboxBackend};
 use crate::error::{Result, StoreError};
 use crate::model::{ConsumerLag, ConsumerStats, DeliveryRow, LAG_SCAN_LIMIT, OutboxFilter};
@@ -42,9 +42,8 @@ pub(crate) fn show(s: &impl OutboxBackend, event_id: &str) -> Result<(OutboxEven
     })
 }
 
-/// [`crate::model::OutboxStore::stats`] (`done`: the done deliveries counted too) and
-/// [`crate::model::OutboxStore::open_stats`]: one snapshot for every configured consumer.
-pub(crate) fn stats(s: &impl OutboxBackend, done: bool) -> Result<Vec<ConsumerStats>> {
+/// [`crate::model::OutboxStore::stats`]: one snapshot for every configured consumer.
+pub(crate) fn stats(s: &impl OutboxBackend) -> Result<Vec<ConsumerStats>> {
     let configured = &s.outbox_config().index.outbox.consumers;
     s.read_outbox(|tx| {
         let mut out = Vec::with_capacity(configured.len());
@@ -53,14 +52,10 @@ pub(crate) fn stats(s: &impl OutboxBackend, done: bool) -> Result<Vec<ConsumerSt
                 consumer: c.clone(),
                 ..ConsumerStats::default()
             };
-            let counts = if done {
-                tx.status_counts(c)?
-            } else {
-                tx.open_status_counts(c)?
-            };
-            for (status, n) in counts {
+            for (status, n) in tx.open_status_counts(c)? {
                 count_status(&mut stats, status, n);
             }
+            count_status(&mut stats, DONE, tx.done_count(c)?);
             if let Some((seq, created_at)) = tx.low_watermark(c)? {
                 stats.low_watermark_seq = Some(seq);
                 stats.oldest_pending_created_at_ms = Some(created_at);

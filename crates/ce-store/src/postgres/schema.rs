@@ -211,6 +211,17 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX nodes_pending_abstract ON nodes (parent_uri, uri)
         WHERE (provenance::jsonb -> 'abstract' ->> 'origin') = 'pending';
     "#,
+    // 10: each consumer's count of done deliveries, in shards (SQLite migration 11).
+    r#"
+    CREATE TABLE done_counts (
+        consumer TEXT COLLATE "C" NOT NULL,
+        shard    INTEGER NOT NULL,
+        n        BIGINT NOT NULL,
+        PRIMARY KEY (consumer, shard)
+    );
+    INSERT INTO done_counts (consumer, shard, n)
+        SELECT consumer, 0, count(*) FROM deliveries WHERE status = 3 GROUP BY consumer;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -70,6 +70,9 @@ const OPEN_STATUS_COUNTS_SQL: &str = "SELECT status, count(*) FROM deliveries
      SELECT 5, count(*) FROM deliveries INDEXED BY deliveries_dead
      WHERE consumer = ?1 AND status = 5";
 
+/// The done deliveries of consumer `?1`: the sum of its maintained count's shards.
+const DONE_COUNT_SQL: &str = "SELECT coalesce(sum(n), 0) FROM done_counts WHERE consumer = ?1";
+
 /// The oldest non-terminal delivery of consumer `?1` (the low watermark).
 const LOW_WATERMARK_SQL: &str = "SELECT d.seq, e.created_at FROM deliveries d
      JOIN events e ON e.seq = d.seq
@@ -285,18 +288,17 @@ impl OutboxReadTx for SqlTx<'_> {
         Ok(out)
     }
 
-    fn status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT status, count(*) FROM deliveries WHERE consumer = ?1 GROUP BY status",
-        )?;
-        let rows = stmt.query_map([consumer], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
     fn open_status_counts(&mut self, consumer: &str) -> Result<Vec<(i64, i64)>> {
         let mut stmt = self.conn.prepare_cached(OPEN_STATUS_COUNTS_SQL)?;
         let rows = stmt.query_map([consumer], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    fn done_count(&mut self, consumer: &str) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached(DONE_COUNT_SQL)?
+            .query_row([consumer], |r| r.get(0))?)
     }
 
     fn has_unfinished(&mut self, consumer: &str) -> Result<bool> {
@@ -465,6 +467,17 @@ impl OutboxTx for SqlTx<'_> {
                 "UPDATE consumers SET through_seq = max(through_seq, ?2) WHERE name = ?1",
             )?
             .execute(params![consumer, seq])?;
+        Ok(())
+    }
+
+    fn add_done(&mut self, consumer: &str, delta: i64) -> Result<()> {
+        // One shard: SQLite has one writer at a time.
+        self.conn
+            .prepare_cached(
+                "INSERT INTO done_counts (consumer, shard, n) VALUES (?1, 0, ?2)
+                 ON CONFLICT (consumer, shard) DO UPDATE SET n = n + excluded.n",
+            )?
+            .execute(params![consumer, delta])?;
         Ok(())
     }
 

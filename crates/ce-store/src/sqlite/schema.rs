@@ -234,6 +234,19 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX nodes_pending_abstract ON nodes (parent_uri, uri)
         WHERE json_extract(provenance, '$.abstract.origin') = 'pending';
     "#,
+    // 11: each consumer's count of done deliveries, maintained by the writes that make a
+    // delivery done or delete a done one (docs/store.md "Done counts"): counting the rows
+    // read the journal's whole history at every status. Seeded from the rows once.
+    r#"
+    CREATE TABLE done_counts (
+        consumer TEXT NOT NULL,
+        shard    INTEGER NOT NULL,
+        n        INTEGER NOT NULL,
+        PRIMARY KEY (consumer, shard)
+    );
+    INSERT INTO done_counts (consumer, shard, n)
+        SELECT consumer, 0, count(*) FROM deliveries WHERE status = 3 GROUP BY consumer;
+    "#,
 ];
 
 /// Applies missing migrations; returns the schema version before and after. Refuses a
