@@ -151,10 +151,18 @@ impl Rules {
     }
 }
 
+/// Sets the origins a node's L0 / L1 must have under `rules` ([`settle_layer_origins`]) and
+/// the content hash of the layers that result.
+pub(crate) fn settle_origins(node: &mut ContextNode, rules: &Rules) {
+    settle_layer_origins(node, rules);
+    node.content_hash = node.layers.content_hash();
+}
+
 /// Sets the origins a node's L0 / L1 must have under `rules`: a layer without client text
 /// on a derived node is pending until derived; on a node that is not derived it has no
-/// origin, and text a generator wrote is dropped (a client's text always stays).
-pub(crate) fn settle_origins(node: &mut ContextNode, rules: &Rules) {
+/// origin, and text a generator wrote is dropped (a client's text always stays). The content
+/// hash is left to the caller.
+pub(crate) fn settle_layer_origins(node: &mut ContextNode, rules: &Rules) {
     let derives = rules.derives(node.context_type);
     for level in [Level::L0, Level::L1] {
         let Some(origin) = node.provenance.get_mut(level) else {
@@ -174,7 +182,6 @@ pub(crate) fn settle_origins(node: &mut ContextNode, rules: &Rules) {
             }
         }
     }
-    node.content_hash = node.layers.content_hash();
 }
 
 /// One dirty key.

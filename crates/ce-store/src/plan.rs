@@ -8,7 +8,7 @@ use ce_core::{
     Provenance, UpsertReason,
 };
 
-use crate::derive::{Rules, settle_origins};
+use crate::derive::{Rules, settle_layer_origins};
 use crate::error::{Result, StoreError};
 use crate::model::{PutMode, PutRequest};
 
@@ -225,7 +225,7 @@ pub fn plan_put(
         }
     }
     hand_back_to_derivation(&mut node, &req.derive, rules)?;
-    settle_origins(&mut node, rules);
+    settle_layer_origins(&mut node, rules);
 
     let reason = match (existing, req.mode) {
         (None, _) => UpsertReason::Create,
@@ -244,6 +244,9 @@ pub fn plan_put(
             return Ok(None);
         }
     }
+    // Hashed only once the node changes (a re-import of 10,000 unchanged nodes hashed
+    // every layer of every one of them: 5 % of it).
+    node.content_hash = node.layers.content_hash();
     node.version = next_version(existing.map(|n| n.version), tombstone);
     node.updated_at_ms = now;
     if existing.is_none() {
