@@ -363,6 +363,13 @@ impl IndexWorker {
         self.paused.remaining().max(provider)
     }
 
+    /// Whether the worker's consumer writes to the source of truth (an [`OpHandler`]: the
+    /// `derive` consumer's write-backs), so that its batches can append events for the
+    /// others; index consumers never do.
+    pub fn writes_back(&self) -> bool {
+        matches!(self.sink, Sink::Ops(_))
+    }
+
     /// One round of a running worker: [`Self::run_once`] with the claim its earlier rounds
     /// call for ([`ClaimSize`]: `claim_limit`, more while the queue is deep and rounds are
     /// fast, up to `max_inflight_events`).
