@@ -609,9 +609,8 @@ mod tests {
     use crate::vector::embedded::EmbeddedOptions;
     use crate::vector::rules::cosine;
 
-    /// A snapshot of an earlier version (usearch's own file, vectors included, here of `f32`
-    /// vectors) or a damaged one is refused — the caller then rebuilds the graph from the stored
-    /// vectors — and so is a serialization of other kinds.
+    /// A cleanup keeps the kept generation's graph file only: other generations', an earlier
+    /// version's key sets and an interrupted save's go.
     #[test]
     fn only_the_kept_generations_graph_file_survives_a_cleanup() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -636,6 +635,9 @@ mod tests {
         assert_eq!(left, ["ann-db-7.usearch", "vectors.db"]);
     }
 
+    /// A snapshot of an earlier version (usearch's own file, vectors included, here of `f32`
+    /// vectors) or a damaged one is refused — the caller then rebuilds the graph from the stored
+    /// vectors — and so is a serialization of other kinds.
     #[test]
     fn a_foreign_or_damaged_snapshot_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
