@@ -449,12 +449,13 @@ impl IndexWorker {
         if !target.bulk_pending() {
             return;
         }
-        let open = match self.source.stats() {
-            Ok(stats) => stats
-                .iter()
-                .any(|s| s.consumer == self.cfg.consumer && s.pending + s.claimed > 0),
+        let open = match self
+            .source
+            .has_unfinished(std::slice::from_ref(&self.cfg.consumer))
+        {
+            Ok(open) => open,
             Err(e) => {
-                warn!(worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer, error = %e, "bulk load not finished: no outbox stats");
+                warn!(worker_id = %self.cfg.worker_id, consumer = %self.cfg.consumer, error = %e, "bulk load not finished: the outbox was not read");
                 return;
             }
         };
