@@ -12,7 +12,9 @@
 //!    (`ce_index::vector::embedded::bench::bench_search`);
 //! 4. `commit_to_searchable`: p50/p99 from a put's commit to its index write being
 //!    acknowledged, at a steady `--rate` writes/s with two workers woken after each commit;
-//! 5. `peak_rss_mib` of the whole run.
+//! 5. `peak_rss_mib` of the whole run, and `peak_rss_mib_by_phase`: each section's (and each
+//!    vector-search phase's) own peak — the kernel's high-water mark, read and reset at its
+//!    end — and its resident memory at the end.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,6 +82,8 @@ pub fn run_pipeline(args: &BenchPipelineArgs) -> anyhow::Result<Value> {
     let mut report = serde_json::Map::new();
     report.insert("benchmark".into(), json!("pipeline"));
     report.insert("machine".into(), machine());
+    let mut peaks = PeakRss::default();
+    peaks.mark("start");
 
     eprintln!("bench: hash-embedder pipeline, {} nodes", args.events);
     let hash: Arc<dyn Embedder> = Arc::new(HashEmbedder::new(384));
@@ -89,6 +93,7 @@ pub fn run_pipeline(args: &BenchPipelineArgs) -> anyhow::Result<Value> {
             node_text(i, 400)
         })?,
     );
+    peaks.mark("hash_pipeline");
 
     if args.skip_model {
         report.insert("model_pipeline".into(), json!("skipped (--skip-model)"));
@@ -97,6 +102,7 @@ pub fn run_pipeline(args: &BenchPipelineArgs) -> anyhow::Result<Value> {
             "model_pipeline".into(),
             model_section(&dir.path().join("model"), args.model_events)?,
         );
+        peaks.mark("model_pipeline");
     }
 
     eprintln!("bench: vector search at {} records", args.search_n);
@@ -112,6 +118,7 @@ pub fn run_pipeline(args: &BenchPipelineArgs) -> anyhow::Result<Value> {
             rate: args.search_write_rate,
             batch: 100,
         },
+        |phase| peaks.mark(&format!("vector_search.{phase}")),
     )?;
     report.insert("vector_search".into(), search);
 
@@ -123,8 +130,13 @@ pub fn run_pipeline(args: &BenchPipelineArgs) -> anyhow::Result<Value> {
         "commit_to_searchable".into(),
         latency_section(&dir.path().join("latency"), args.rate, args.latency_seconds)?,
     );
+    peaks.mark("commit_to_searchable");
 
-    report.insert("peak_rss_mib".into(), json!(peak_rss_mib()));
+    report.insert("peak_rss_mib".into(), json!(peaks.max));
+    report.insert(
+        "peak_rss_mib_by_phase".into(),
+        Value::Object(std::mem::take(&mut peaks.phases)),
+    );
     report.insert(
         "total_seconds".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
@@ -388,9 +400,33 @@ fn targets(report: &serde_json::Map<String, Value>) -> Value {
     })
 }
 
-fn peak_rss_mib() -> Option<f64> {
+/// The process's peak resident memory, phase by phase: [`PeakRss::mark`] reads the kernel's
+/// high-water mark (`VmHWM`) and the resident memory at the phase's end (`VmRSS`), then resets
+/// the mark to the current RSS (`5` to `/proc/self/clear_refs`, Linux ≥ 4.0), so each phase
+/// reports its own peak and `max` the whole run's. Without `/proc` nothing is reported; when
+/// the reset is refused each phase reports the peak so far (`max` stays right).
+#[derive(Default)]
+struct PeakRss {
+    phases: serde_json::Map<String, Value>,
+    max: Option<f64>,
+}
+
+impl PeakRss {
+    fn mark(&mut self, phase: &str) {
+        let (Some(peak), Some(end)) = (status_mib("VmHWM:"), status_mib("VmRSS:")) else {
+            return;
+        };
+        self.phases
+            .insert(phase.to_owned(), json!({ "peak": peak, "end": end }));
+        self.max = Some(self.max.map_or(peak, |m: f64| m.max(peak)));
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+}
+
+/// A memory line of `/proc/self/status` (`field` with its colon), in MiB.
+fn status_mib(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(round(kib / 1024.0, 1))
 }

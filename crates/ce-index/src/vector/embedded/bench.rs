@@ -367,13 +367,15 @@ fn plan_name(p: SearchPlan) -> &'static str {
 /// and a full exact scan — then unfiltered searches while `load` writes go on and the
 /// background inserter moves them into the graph ([`measure_during_writes`]), then the open
 /// time after a crash that followed `n / 20` more writes (snapshot catch-up) and without any
-/// snapshot (full rebuild).
+/// snapshot (full rebuild). `phase` is called with each phase's name as it ends (the caller
+/// may, e.g., read and reset the process's peak memory there).
 pub fn bench_search(
     dir: &Path,
     n: usize,
     dim: usize,
     queries: usize,
     load: WriteLoad,
+    mut phase: impl FnMut(&'static str),
 ) -> Result<Value> {
     if n == 0 || dim == 0 {
         return Err(IndexError::InvalidQuery(
@@ -387,24 +389,29 @@ pub fn bench_search(
     let vectors = clustered_vectors(n + queries + load.vectors, dim, centres, noise, 42);
     let (data, rest) = vectors.split_at(n);
     let (qs, written) = rest.split_at(queries);
+    phase("generate");
 
     let index = EmbeddedVectorIndex::open(dir)?;
     let t = Instant::now();
     write_records(&index, data, 0, 1000, |_, _| {})?;
     // Durable and searchable (fresh segment) …
     let commit = t.elapsed();
+    phase("commit");
     // … and every vector in the graph.
     index.settle()?;
     let build = t.elapsed();
+    phase("build");
     let t = Instant::now();
     index.flush()?;
     let save = t.elapsed();
     drop(index);
+    phase("snapshot_save");
 
     let t = Instant::now();
     let index = EmbeddedVectorIndex::open(dir)?;
     index.load()?;
     let load_time = t.elapsed();
+    phase("open_with_snapshot");
 
     let cat = SearchFilter {
         category: Some("cat3".into()),
@@ -420,8 +427,10 @@ pub fn bench_search(
     let filtered_10_graph = measure(&index, qs, &cat, SearchStrategy::Ann)?;
     let exact_all = measure(&index, qs, &SearchFilter::default(), SearchStrategy::Exact)?;
     let precision = kept_precision(&index, data, qs)?;
+    phase("searches");
 
     let during = measure_during_writes(&index, data, written, qs, load)?;
+    phase("during_insertion");
 
     // A crash after more writes: the next open loads the snapshot and catches up.
     index.flush()?;
@@ -434,6 +443,7 @@ pub fn bench_search(
     let catch_up = t.elapsed();
     let caught_up = index.stats().snapshot_catch_up;
     index.close_without_snapshot();
+    phase("open_catch_up");
 
     // Without a snapshot the next open rebuilds the graph from the stored vectors.
     super::ann::remove_other_snapshots(dir, None)?;
@@ -441,8 +451,10 @@ pub fn bench_search(
     let index = EmbeddedVectorIndex::open(dir)?;
     let rebuild = t.elapsed();
     index.check_consistency()?;
+    phase("open_rebuild");
     let db_bytes = fs_err::metadata(dir.join(super::DB_FILE)).map_or(0, |m| m.len());
     drop(index);
+    phase("close_with_snapshot");
     let snapshot_bytes: u64 = fs_err::read_dir(dir)
         .map(|it| {
             it.filter_map(|e| e.ok())
@@ -498,7 +510,12 @@ mod tests {
             rate: 2_000,
             batch: 20,
         };
-        let report = bench_search(dir.path(), 1_000, 16, 20, load).expect("bench");
+        let mut phases = Vec::new();
+        let report =
+            bench_search(dir.path(), 1_000, 16, 20, load, |p| phases.push(p)).expect("bench");
+        assert_eq!(phases.first(), Some(&"generate"), "{phases:?}");
+        assert_eq!(phases.last(), Some(&"close_with_snapshot"), "{phases:?}");
+        assert_eq!(phases.len(), 10, "{phases:?}");
         let during = &report["unfiltered_during_insertion"];
         assert_eq!(during["vectors_written"], json!(400));
         let count = |k: &str| during[k].as_u64().expect(k);
