@@ -637,28 +637,37 @@ impl Mem {
             }
         }
         if let (true, Some(d), Some(g)) = (use_snapshot, mem.dimension, snapshot) {
-            // The snapshot holds the graph without the vectors: they are read with the rows.
-            let mut image = ann::Snapshot::read(&ann::snapshot_path(dir, db_id, g), d).ok();
-            schema::scan_rows(conn, image.is_some(), |r, v| {
-                if let (Some(image), Some(v)) = (image.as_mut(), v) {
-                    image.put(r.key, &v);
+            // The snapshot holds the graph without the vectors: they stream into it from the
+            // rows, read in key order with the filter table.
+            if let Ok(image) = ann::Snapshot::read(&ann::snapshot_path(dir, db_id, g), d) {
+                let keys = image.keys();
+                let fetch = |key: u64| -> Result<Option<Vec<f32>>> {
+                    Ok(schema::vectors_by_keys(conn, &[key])?.pop().map(|(_, v)| v))
+                };
+                let scan = |put: &mut dyn FnMut(u64, &[f32]) -> Result<()>| {
+                    schema::scan_rows(conn, true, |r, v| {
+                        if let Some(v) = v {
+                            put(r.key, &v)?;
+                        }
+                        mem.table.insert(r.key, &table_row(r));
+                        Ok(())
+                    })
+                };
+                let graph = image.into_graph(o, scan, &fetch);
+                let mut fresh = Fresh::default();
+                if let Ok((graph, removed, caught_up)) = graph.and_then(|graph| {
+                    Self::from_snapshot(conn, dir, db_id, g, keys, graph, o, &mem.table, &mut fresh)
+                }) {
+                    mem.ann = Some(graph);
+                    mem.fresh = fresh;
+                    mem.saved = Some(g);
+                    mem.graph_dirty = removed > 0;
+                    mem.loaded = Some(removed + caught_up);
+                    ann::remove_other_snapshots(dir, Some((db_id, g)))?;
+                    return Ok(mem);
                 }
-                mem.table.insert(r.key, &table_row(r));
-                Ok(())
-            })?;
-            let mut fresh = Fresh::default();
-            if let Some(Ok((graph, removed, caught_up))) = image.map(|image| {
-                Self::from_snapshot(conn, dir, db_id, g, image, o, &mem.table, &mut fresh)
-            }) {
-                mem.ann = Some(graph);
-                mem.fresh = fresh;
-                mem.saved = Some(g);
-                mem.graph_dirty = removed > 0;
-                mem.loaded = Some(removed + caught_up);
-                ann::remove_other_snapshots(dir, Some((db_id, g)))?;
-                return Ok(mem);
+                mem.table = KeyTable::default();
             }
-            mem.table = KeyTable::default();
         }
         Self::rebuild(conn, o, &mut mem)?;
         mem.graph_dirty = true;
@@ -672,8 +681,8 @@ impl Mem {
         Ok(mem)
     }
 
-    /// Makes the graph of the snapshot of generation `g` (`image`, its vectors put in) and
-    /// brings it up to date with the database (whose
+    /// Checks the graph of the snapshot of generation `g` (`graph`, loaded, whose live keys
+    /// the file named `keys`) and brings it up to date with the database (whose
     /// filter table is `table`): keys it has that the database lost are removed, keys the
     /// database gained (the tail) are read from the stored vectors into `fresh` — or straight
     /// into the graph when they would not fit [`EmbeddedOptions::fresh_max_bytes`]. Returns
@@ -686,7 +695,8 @@ impl Mem {
         dir: &Path,
         db_id: &str,
         g: u64,
-        image: ann::Snapshot,
+        keys: Vec<u64>,
+        mut graph: Ann,
         o: &EmbeddedOptions,
         table: &KeyTable,
         fresh: &mut Fresh,
@@ -694,9 +704,7 @@ impl Mem {
         let path = ann::snapshot_path(dir, db_id, g);
         let mismatch =
             |what: &str| IndexError::Corrupt(format!("snapshot {}: {what}", path.display()));
-        let dimension = image.dimension();
-        let keys = image.keys();
-        let mut graph = image.into_graph(o)?;
+        let dimension = graph.dimension();
         if keys.len() != graph.len() || keys.iter().any(|k| !graph.contains(*k)) {
             return Err(mismatch(
                 "usearch loaded another key set than the file's slots",

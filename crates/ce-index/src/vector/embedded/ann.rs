@@ -28,6 +28,8 @@
 //! vectors before usearch loads the whole (a copy in RAM, never `view`'s mmap: usearch has an
 //! open memory-corruption report for `view` combined with filtered search).
 
+use std::collections::HashMap;
+use std::io::{BufWriter, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +44,10 @@ const SEARCH_CONTEXTS: usize = 32;
 
 /// Vectors from which [`Ann::add`] inserts on all cores (below, on the calling thread).
 const PARALLEL_ADD_FROM: usize = 1024;
+
+/// Vectors a thread of a parallel [`SharedGraph::add`] takes at a time (and checks its stop
+/// flag between).
+const ADD_GRAIN: usize = 64;
 
 /// How the graph stores a vector (after normalising it).
 const STORED: ScalarKind = ScalarKind::F16;
@@ -235,32 +241,32 @@ impl Ann {
 
     /// Writes the graph to `path` atomically (temporary file, fsync, rename), **without the
     /// vectors `vectors.db` holds**: only the links, the keys and the vectors of removed slots
-    /// (which the database no longer has). See [`Snapshot`] for the format.
+    /// (which the database no longer has). See [`Snapshot`] for the format. usearch's
+    /// serialization streams through a pipe ([`Serialized::read`]): the vector matrix is never
+    /// held whole. Which slots are removed shows only in the graph, after the vectors, so a
+    /// graph with removed slots is read twice, the second time keeping their vectors.
     pub(super) fn save(&self, path: &Path) -> Result<()> {
-        let mut image = vec![0u8; self.index.serialized_length()];
-        self.index
-            .save_to_buffer(&mut image)
-            .map_err(|e| err("serialize", e))?;
-        let layout = Layout::of(&image)?;
-        let removed: Vec<usize> = (0..layout.rows)
-            .filter(|s| layout.keys[*s] == FREE_KEY)
-            .collect();
-        let mut out = Vec::with_capacity(
-            SNAPSHOT_HEAD + removed.len() * layout.cols + image.len() - layout.tail,
-        );
-        out.extend_from_slice(SNAPSHOT_MAGIC);
-        for n in [layout.rows, layout.cols, removed.len()] {
-            out.extend_from_slice(&(n as u64).to_le_bytes());
+        let mut image = Serialized::read(&self.index, &|_| false)?;
+        let removed = image.removed_slots();
+        if !removed.is_empty() {
+            let keep: std::collections::HashSet<usize> = removed.iter().copied().collect();
+            image = Serialized::read(&self.index, &|slot| keep.contains(&slot))?;
+            if image.removed_slots() != removed {
+                return Err(err("save", "the graph changed while it was written"));
+            }
         }
-        for slot in removed {
-            out.extend_from_slice(layout.vector(&image, slot));
-        }
-        out.extend_from_slice(&image[layout.tail..]);
-        drop(image);
         let tmp = path.with_extension("usearch.tmp");
-        fs_err::write(&tmp, &out).map_err(|e| err("save", e))?;
-        let f = fs_err::File::open(&tmp).map_err(|e| err("save", e))?;
-        f.sync_all().map_err(|e| err("save", e))?;
+        let write = || -> std::io::Result<()> {
+            let mut out = BufWriter::new(fs_err::File::create(&tmp)?);
+            out.write_all(SNAPSHOT_MAGIC)?;
+            for n in [image.rows, image.cols, removed.len()] {
+                out.write_all(&(n as u64).to_le_bytes())?;
+            }
+            out.write_all(&image.kept)?;
+            out.write_all(&image.tail)?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        };
+        write().map_err(|e| err("save", e))?;
         ce_core::failpoint::hit("vector.mid_snapshot");
         fs_err::rename(&tmp, path).map_err(|e| err("save", e))?;
         Ok(())
@@ -278,44 +284,113 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"ce-ann\0\x01";
 /// number of removed slots (little-endian `u64`s).
 const SNAPSHOT_HEAD: usize = 8 + 3 * 8;
 
-/// Where the parts of usearch's serialization of a dense index (2.x) are: `rows` and `cols`
-/// (`u32`s: slots, bytes per vector), the vectors in slot order, then from `tail` on a 64-byte
-/// head (magic `usearch`, version, kinds, counts) and the graph — a header of five `u64`s
-/// (size, connectivity, base connectivity, max level, entry slot), one `i16` level per slot,
-/// then each slot's node: its key (`u64`), level, and per level a neighbour count and its
-/// neighbours' slots (`u32`s; the base level has room for the base connectivity).
-struct Layout {
+/// The path by which usearch, which opens files by name, opens our end of a pipe: the
+/// snapshot's bytes stream between the two without a copy of the whole (Unix: `/dev/fd`).
+fn pipe_path(end: &impl std::os::fd::AsRawFd) -> String {
+    format!("/dev/fd/{}", end.as_raw_fd())
+}
+
+/// Runs `usearch` (a save or a load of the path it is given) on a scoped thread beside
+/// `ours`, which holds the other end of the pipe: `usearch` gets the pipe end `theirs` and
+/// closes it when done, so `ours` sees the end of the stream (or a broken pipe when usearch
+/// stopped early); `ours` drops its end before the join, so usearch is never left waiting.
+/// usearch's error comes first (ours is then most likely its echo).
+fn through_pipe<T, P, O, U>(
+    what: &str,
+    theirs: P,
+    ours: O,
+    usearch: impl FnOnce(&str) -> std::result::Result<(), U> + Send,
+    mine: impl FnOnce(O) -> Result<T>,
+) -> Result<T>
+where
+    P: std::os::fd::AsRawFd + Send,
+    U: std::fmt::Display + Send,
+{
+    std::thread::scope(|s| {
+        let peer = s.spawn(move || {
+            let done = usearch(&pipe_path(&theirs));
+            drop(theirs);
+            done
+        });
+        let result = mine(ours);
+        let done = peer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match (done, result) {
+            (Err(e), Err(ours)) => Err(err(what, format!("{e} ({ours})"))),
+            (Err(e), Ok(_)) => Err(err(what, e)),
+            (Ok(()), result) => result,
+        }
+    })
+}
+
+/// usearch's serialization of a dense index (2.x) as read from its stream, without the vector
+/// matrix but for the slots asked for. The stream: `rows` and `cols` (`u32`s: slots, bytes
+/// per vector), the vectors in slot order, then the `tail` — a 64-byte head (magic `usearch`,
+/// version, kinds, counts) and the graph: a header of five `u64`s (size, connectivity, base
+/// connectivity, max level, entry slot), one `i16` level per slot, then each slot's node: its
+/// key (`u64`), level, and per level a neighbour count and its neighbours' slots (`u32`s; the
+/// base level has room for the base connectivity).
+struct Serialized {
     rows: usize,
     cols: usize,
-    tail: usize,
+    /// The vectors of the kept slots, in slot order.
+    kept: Vec<u8>,
+    tail: Vec<u8>,
     /// Per slot, its key ([`FREE_KEY`] when removed).
     keys: Vec<u64>,
 }
 
-impl Layout {
-    /// Parses a serialization, checking that every part is where its sizes say and that the
-    /// graph is of the kinds [`Ann`] builds; any doubt is an error.
-    fn of(image: &[u8]) -> Result<Layout> {
-        let bad = |what: &str| err("snapshot layout", what);
-        let rows = u32_at(image, 0).ok_or_else(|| bad("truncated before the vectors"))? as usize;
-        let cols = u32_at(image, 4).ok_or_else(|| bad("truncated before the vectors"))? as usize;
-        let tail = rows
-            .checked_mul(cols)
-            .and_then(|m| m.checked_add(8))
-            .filter(|t| *t <= image.len())
-            .ok_or_else(|| bad("truncated vectors"))?;
-        let keys = graph_keys(&image[tail..], rows).map_err(|what| bad(&what))?;
-        Ok(Layout {
-            rows,
-            cols,
-            tail,
-            keys,
-        })
+impl Serialized {
+    /// Serializes `index` through a pipe, keeping the vectors of the slots `keep` accepts;
+    /// checks that every part is where its sizes say and that the graph is of the kinds [`Ann`]
+    /// builds (any doubt is an error).
+    fn read(index: &Index, keep: &(dyn Fn(usize) -> bool + Sync)) -> Result<Serialized> {
+        let bad = |what: &str| err("serialize", what);
+        let (reader, writer) = std::io::pipe().map_err(|e| err("serialize", e))?;
+        through_pipe(
+            "serialize",
+            writer,
+            reader,
+            |path| index.save(path),
+            |reader| {
+                let mut input = std::io::BufReader::with_capacity(1 << 16, reader);
+                let mut head = [0u8; 8];
+                input
+                    .read_exact(&mut head)
+                    .map_err(|_| bad("truncated before the vectors"))?;
+                let rows = u32_at(&head, 0).unwrap_or(0) as usize;
+                let cols = u32_at(&head, 4).unwrap_or(0) as usize;
+                let (mut kept, mut vector) = (Vec::new(), vec![0u8; cols]);
+                for slot in 0..rows {
+                    input
+                        .read_exact(&mut vector)
+                        .map_err(|_| bad("truncated vectors"))?;
+                    if keep(slot) {
+                        kept.extend_from_slice(&vector);
+                    }
+                }
+                // Sized up front: growing by doubling would hold up to twice the graph.
+                let serialized = index.serialized_length();
+                let matrix = rows.saturating_mul(cols).saturating_add(8);
+                let mut tail = Vec::with_capacity(serialized.saturating_sub(matrix));
+                input
+                    .read_to_end(&mut tail)
+                    .map_err(|e| err("serialize", e))?;
+                let keys = graph_keys(&tail, rows).map_err(|what| bad(&what))?;
+                Ok(Serialized {
+                    rows,
+                    cols,
+                    kept,
+                    tail,
+                    keys,
+                })
+            },
+        )
     }
 
-    fn vector<'a>(&self, image: &'a [u8], slot: usize) -> &'a [u8] {
-        let at = 8 + slot * self.cols;
-        &image[at..at + self.cols]
+    fn removed_slots(&self) -> Vec<usize> {
+        (0..self.rows)
+            .filter(|s| self.keys[*s] == FREE_KEY)
+            .collect()
     }
 }
 
@@ -371,18 +446,20 @@ fn graph_keys(tail: &[u8], rows: usize) -> std::result::Result<Vec<u64>, String>
     Ok(keys)
 }
 
-/// A snapshot read back, waiting for its vectors: usearch's serialization with the vectors of
-/// live keys still to be filled in from `vectors.db` ([`Snapshot::put`]); removed slots' vectors
-/// came with the file. A key it does not get keeps a zero vector: it must be one the database
-/// no longer has, which the caller removes right after [`Snapshot::into_graph`] (a zero vector
-/// is at cosine distance 1 from everything, so it only thins the paths through its node).
+/// A snapshot read back, waiting for its vectors: usearch's serialization without the vectors
+/// of live keys, which [`Snapshot::into_graph`] streams into usearch from `vectors.db`; removed
+/// slots' vectors came with the file. A key it does not get keeps a zero vector: it must be one
+/// the database no longer has, which the caller removes right after (a zero vector is at cosine
+/// distance 1 from everything, so it only thins the paths through its node).
 pub(super) struct Snapshot {
-    image: Vec<u8>,
+    /// The file: head, removed slots' vectors, then usearch's head and graph from `tail_at`.
+    bytes: Vec<u8>,
+    tail_at: usize,
     cols: usize,
+    /// Per slot, its key ([`FREE_KEY`] when removed).
+    slot_keys: Vec<u64>,
     /// Slot of each live key.
-    slots: std::collections::HashMap<u64, usize>,
-    unit: Vec<f32>,
-    halves: Vec<numkong::f16>,
+    slots: HashMap<u64, usize>,
 }
 
 impl Snapshot {
@@ -409,58 +486,26 @@ impl Snapshot {
             .and_then(|n| n.checked_add(SNAPSHOT_HEAD))
             .filter(|t| *t <= bytes.len())
             .ok_or_else(|| bad("truncated".into()))?;
-        let tail = &bytes[tail_at..];
-        let keys = graph_keys(tail, rows).map_err(bad)?;
-        let mut image = vec![0u8; 8 + rows * cols + tail.len()];
-        image[..4].copy_from_slice(&(rows as u32).to_le_bytes());
-        image[4..8].copy_from_slice(&(cols as u32).to_le_bytes());
-        image[8 + rows * cols..].copy_from_slice(tail);
-        let mut slots = std::collections::HashMap::with_capacity(rows);
-        let mut kept = bytes[SNAPSHOT_HEAD..tail_at].chunks_exact(cols);
-        for (slot, key) in keys.into_iter().enumerate() {
-            if key == FREE_KEY {
-                let v = kept
-                    .next()
-                    .ok_or_else(|| bad("fewer removed vectors than removed slots".into()))?;
-                image[8 + slot * cols..8 + (slot + 1) * cols].copy_from_slice(v);
-            } else {
-                slots.insert(key, slot);
-            }
-        }
-        if kept.next().is_some() {
-            return Err(bad("more removed vectors than removed slots".into()));
+        let slot_keys = graph_keys(&bytes[tail_at..], rows).map_err(bad)?;
+        let slots: HashMap<u64, usize> = slot_keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k != FREE_KEY)
+            .map(|(slot, k)| (*k, slot))
+            .collect();
+        if rows - slots.len() != removed {
+            return Err(bad(format!(
+                "{removed} removed vectors for {} removed slots",
+                rows - slots.len()
+            )));
         }
         Ok(Snapshot {
-            image,
+            bytes,
+            tail_at,
             cols,
+            slot_keys,
             slots,
-            unit: Vec::new(),
-            halves: Vec::new(),
         })
-    }
-
-    /// Gives the snapshot the stored vector of `key` (ignored when the snapshot lacks it): it
-    /// is put in as the graph stored it, normalised and rounded to `f16` (see [`as_stored`]).
-    pub(super) fn put(&mut self, key: u64, v: &[f32]) {
-        let Some(&slot) = self.slots.get(&key) else {
-            return;
-        };
-        // Normalised, then rounded by numkong's vectorised cast (the scalar conversion of
-        // every component was most of a load's time).
-        normalised(v, &mut self.unit);
-        self.halves.resize(self.unit.len(), numkong::f16::ZERO);
-        if numkong::cast(&self.unit, &mut self.halves).is_none() {
-            for (h, x) in self.halves.iter_mut().zip(&self.unit) {
-                *h = numkong::f16::from_f32(*x);
-            }
-        }
-        let at = 8 + slot * self.cols;
-        for (out, h) in self.image[at..at + self.cols]
-            .chunks_exact_mut(2)
-            .zip(&self.halves)
-        {
-            out.copy_from_slice(&h.0.to_le_bytes());
-        }
     }
 
     /// Dimension of the vectors.
@@ -473,21 +518,201 @@ impl Snapshot {
         self.slots.keys().copied().collect()
     }
 
-    /// The graph, with the vectors put in.
-    pub(super) fn into_graph(self, o: &EmbeddedOptions) -> Result<Ann> {
-        let meta = Index::metadata_from_buffer(&self.image).map_err(|e| err("read snapshot", e))?;
+    /// The graph, usearch reading the snapshot through a pipe while `scan` gives it the
+    /// stored vectors: `scan` calls its argument with each stored `(key, vector)` **in
+    /// ascending key order** (keys the snapshot lacks are ignored). Each vector goes in as the
+    /// graph stored it (see [`as_stored`]), in slot order; one whose slot comes later waits.
+    /// Slots follow key order but for the interleaving of parallel insertion and slots
+    /// reused for newer keys, so few wait; when more than [`WAITING_MAX`] do, the slot that
+    /// holds them up is given its vector by `fetch` (the stored vector of one key, `None` if
+    /// the database lost it) instead of waiting for the scan to reach it.
+    pub(super) fn into_graph(
+        self,
+        o: &EmbeddedOptions,
+        scan: impl FnOnce(&mut dyn FnMut(u64, &[f32]) -> Result<()>) -> Result<()>,
+        fetch: &dyn Fn(u64) -> Result<Option<Vec<f32>>>,
+    ) -> Result<Ann> {
+        self.into_graph_holding(o, WAITING_MAX, scan, fetch)
+    }
+
+    /// [`Snapshot::into_graph`], holding back at most `waiting_max` vectors.
+    fn into_graph_holding(
+        self,
+        o: &EmbeddedOptions,
+        waiting_max: usize,
+        scan: impl FnOnce(&mut dyn FnMut(u64, &[f32]) -> Result<()>) -> Result<()>,
+        fetch: &dyn Fn(u64) -> Result<Option<Vec<f32>>>,
+    ) -> Result<Ann> {
         let ann = Ann::new(self.dimension(), o)?;
-        ann.index
-            .load_from_buffer(&self.image)
-            .map_err(|e| err("load snapshot", e))?;
+        let removed = self.slot_keys.len() - self.slots.len();
+        let (reader, writer) = std::io::pipe().map_err(|e| err("load snapshot", e))?;
+        through_pipe(
+            "load snapshot",
+            reader,
+            writer,
+            |path| ann.index.load(path),
+            |writer| {
+                let mut feed = SlotFeed::new(&self, writer, waiting_max, fetch)?;
+                scan(&mut |key, v| feed.put(key, v))?;
+                feed.finish()
+            },
+        )?;
         ann.index.change_expansion_add(o.expansion_add);
         ann.index.change_expansion_search(o.expansion_search);
         ann.reserve(ann.index.capacity().max(1024))?;
         Ok(Ann {
-            tombstones: meta.count_deleted as usize,
+            tombstones: removed,
             ..ann
         })
     }
+}
+
+/// Vectors a snapshot load holds back for their slots' turn before it looks the next one up
+/// instead (see [`Snapshot::into_graph`]): 3 MiB at 384 dimensions.
+const WAITING_MAX: usize = 4096;
+
+/// Writes usearch's serialization of a [`Snapshot`] in stream order, the live vectors put in
+/// as they come (see [`Snapshot::into_graph`]).
+struct SlotFeed<'s> {
+    snapshot: &'s Snapshot,
+    out: BufWriter<std::io::PipeWriter>,
+    /// The next slot to write.
+    next: usize,
+    /// Vectors of slots after `next`, as stored.
+    waiting: HashMap<usize, Vec<u8>>,
+    waiting_max: usize,
+    fetch: &'s dyn Fn(u64) -> Result<Option<Vec<f32>>>,
+    /// The removed slots' vectors, in slot order.
+    removed: std::slice::ChunksExact<'s, u8>,
+    /// The last key given.
+    last: Option<u64>,
+    unit: Vec<f32>,
+    halves: Vec<numkong::f16>,
+    bytes: Vec<u8>,
+}
+
+impl<'s> SlotFeed<'s> {
+    fn new(
+        snapshot: &'s Snapshot,
+        writer: std::io::PipeWriter,
+        waiting_max: usize,
+        fetch: &'s dyn Fn(u64) -> Result<Option<Vec<f32>>>,
+    ) -> Result<SlotFeed<'s>> {
+        let mut out = BufWriter::with_capacity(1 << 16, writer);
+        let rows = snapshot.slot_keys.len();
+        let mut head = [0u8; 8];
+        head[..4].copy_from_slice(&(rows as u32).to_le_bytes());
+        head[4..].copy_from_slice(&(snapshot.cols as u32).to_le_bytes());
+        send(&mut out, &head)?;
+        let mut feed = SlotFeed {
+            snapshot,
+            out,
+            next: 0,
+            waiting: HashMap::new(),
+            waiting_max,
+            fetch,
+            removed: snapshot.bytes[SNAPSHOT_HEAD..snapshot.tail_at].chunks_exact(snapshot.cols),
+            last: None,
+            unit: Vec::new(),
+            halves: Vec::new(),
+            bytes: Vec::new(),
+        };
+        feed.advance(false)?;
+        Ok(feed)
+    }
+
+    /// Gives the stored vector of `key` (keys must come in ascending order).
+    fn put(&mut self, key: u64, v: &[f32]) -> Result<()> {
+        if let Some(last) = self.last.filter(|last| *last >= key) {
+            return Err(err(
+                "load snapshot",
+                format!("key {key} came after key {last}"),
+            ));
+        }
+        self.last = Some(key);
+        // A slot before `next` was looked up already.
+        if let Some(&slot) = self.snapshot.slots.get(&key).filter(|s| **s >= self.next) {
+            self.encode(key, v)?;
+            if slot == self.next {
+                send(&mut self.out, &self.bytes)?;
+                self.next += 1;
+            } else {
+                self.waiting.insert(slot, self.bytes.clone());
+            }
+        }
+        self.advance(false)?;
+        while self.waiting.len() > self.waiting_max {
+            // The slot holding the others up: its vector looked up, not waited for.
+            let key = self.snapshot.slot_keys[self.next];
+            match (self.fetch)(key)? {
+                Some(v) => {
+                    self.encode(key, &v)?;
+                    send(&mut self.out, &self.bytes)?;
+                }
+                None => send(&mut self.out, &vec![0u8; self.snapshot.cols])?,
+            }
+            self.next += 1;
+            self.advance(false)?;
+        }
+        Ok(())
+    }
+
+    /// `v` as the graph stores it, into `bytes`: normalised, then rounded by numkong's
+    /// vectorised cast (the scalar conversion of every component was most of a load's time).
+    fn encode(&mut self, key: u64, v: &[f32]) -> Result<()> {
+        normalised(v, &mut self.unit);
+        self.halves.resize(self.unit.len(), numkong::f16::ZERO);
+        if numkong::cast(&self.unit, &mut self.halves).is_none() {
+            for (h, x) in self.halves.iter_mut().zip(&self.unit) {
+                *h = numkong::f16::from_f32(*x);
+            }
+        }
+        self.bytes.clear();
+        self.bytes
+            .extend(self.halves.iter().flat_map(|h| h.0.to_le_bytes()));
+        if self.bytes.len() != self.snapshot.cols {
+            return Err(err(
+                "load snapshot",
+                format!("key {key} has dimension {}", v.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes the slots from `next` on that can be: removed ones, given ones, and those whose
+    /// key the scan has passed (or, at the `end`, every one left) without giving it — a zero
+    /// vector, for a key the database lost.
+    fn advance(&mut self, end: bool) -> Result<()> {
+        while let Some(&key) = self.snapshot.slot_keys.get(self.next) {
+            if key == FREE_KEY {
+                let v = self
+                    .removed
+                    .next()
+                    .ok_or_else(|| err("load snapshot", "fewer removed vectors than slots"))?;
+                send(&mut self.out, v)?;
+            } else if let Some(v) = self.waiting.remove(&self.next) {
+                send(&mut self.out, &v)?;
+            } else if end || self.last.is_some_and(|last| last > key) {
+                send(&mut self.out, &vec![0u8; self.snapshot.cols])?;
+            } else {
+                break;
+            }
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes the slots left and usearch's head and graph; the stream ends when `self` drops.
+    fn finish(mut self) -> Result<()> {
+        self.advance(true)?;
+        send(&mut self.out, &self.snapshot.bytes[self.snapshot.tail_at..])?;
+        self.out.flush().map_err(|e| err("load snapshot", e))
+    }
+}
+
+/// Writes `bytes` to usearch's stream.
+fn send(out: &mut impl Write, bytes: &[u8]) -> Result<()> {
+    out.write_all(bytes).map_err(|e| err("load snapshot", e))
 }
 
 /// Working space of [`Ann::get`] (one per thread that reads vectors).
@@ -540,12 +765,12 @@ impl SharedGraph {
             ));
         }
         let index = &self.index;
-        let add_all = |chunk: &[(u64, V)]| -> Result<()> {
+        let add_grain = |grain: &[(u64, V)]| -> Result<()> {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             let mut unit = Vec::with_capacity(self.dimension);
-            for (i, (k, v)) in chunk.iter().enumerate() {
-                if i % 64 == 0 && stop.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
+            for (k, v) in grain {
                 normalised(v.as_ref(), &mut unit);
                 index.add(*k, &unit).map_err(|e| err("add", e))?;
             }
@@ -555,10 +780,11 @@ impl SharedGraph {
         // and one thread builds the same graph every time (concurrent insertion makes its
         // links depend on the threads' interleaving: the likely cause of the one failure seen
         // of `search_returns_exactly_top_k_under_a_selective_filter`'s exact-best check, in a
-        // loaded test run, after a 300-vector step on two threads).
-        ce_core::parallel::map_chunks(items, PARALLEL_ADD_FROM, add_all)
-            .into_iter()
-            .collect()
+        // loaded test run, after a 300-vector step on two threads). The threads take grains
+        // of `ADD_GRAIN` in turn, so usearch numbers the vectors (its slots) close to the
+        // batch's order — key order — which keeps what a snapshot load holds back small
+        // ([`Snapshot::into_graph`]); halves per thread interleaved two distant key ranges.
+        ce_core::parallel::try_for_each_grain(items, PARALLEL_ADD_FROM, ADD_GRAIN, add_grain)
     }
 }
 
@@ -598,6 +824,9 @@ pub(super) fn remove_other_snapshots(dir: &Path, keep: Option<(&str, u64)>) -> R
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+    use std::collections::HashMap;
+
     use proptest::prelude::*;
 
     use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
@@ -605,7 +834,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    use super::{Ann, Layout, SCORE_ERROR, Snapshot, as_stored, remove_other_snapshots};
+    use super::{Ann, SCORE_ERROR, Serialized, Snapshot, as_stored, remove_other_snapshots};
     use crate::vector::embedded::EmbeddedOptions;
     use crate::vector::rules::cosine;
 
@@ -658,9 +887,9 @@ mod tests {
             .err()
             .expect("an old snapshot is refused");
         assert!(e.to_string().contains("not a snapshot"), "{e}");
-        let mut image = vec![0u8; old.serialized_length()];
-        old.save_to_buffer(&mut image).expect("serialize");
-        let e = Layout::of(&image).err().expect("f32 kinds are refused");
+        let e = Serialized::read(&old, &|_| false)
+            .err()
+            .expect("f32 kinds are refused");
         assert!(e.to_string().contains("kinds"), "{e}");
 
         let mut ours = Ann::new(4, &o).expect("graph");
@@ -689,32 +918,18 @@ mod tests {
     }
 
     /// A snapshot holds the graph without the live vectors (the file is a fraction of the
-    /// graph's serialization) and, given them back, is the same graph: every key's copy bit for
-    /// bit, the removed slots with theirs, the same search results.
+    /// graph's serialization) and, given them back in key order, is the same graph: every key's
+    /// copy bit for bit, the removed slots with theirs, the same search results. The keys were
+    /// added in shuffled order, so the graph's slots are not in key order and vectors wait for
+    /// their slot's turn.
     #[test]
     fn a_snapshot_without_its_vectors_is_the_same_graph_once_given_them() {
         let seed = ce_testkit::seed("ann::a_snapshot_without_its_vectors_is_the_same_graph");
         let mut rng = StdRng::seed_from_u64(seed);
         let dim = 32;
         let o = EmbeddedOptions::default();
-        let vectors: Vec<(u64, Vec<f32>)> = (0..600u64)
-            .map(|k| {
-                let scale = 10f32.powi(rng.random_range(-3..3));
-                (
-                    k * 7 + 3,
-                    (0..dim)
-                        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
-                        .collect(),
-                )
-            })
-            .collect();
-        let mut graph = Ann::new(dim, &o).expect("graph");
-        let items: Vec<(u64, &[f32])> = vectors.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-        graph.add(&items).expect("add");
-        let removed: Vec<u64> = vectors.iter().step_by(5).map(|(k, _)| *k).collect();
-        for k in &removed {
-            graph.remove(*k).expect("remove");
-        }
+        let vectors = scaled_vectors(&mut rng, 600, dim);
+        let (graph, removed) = shuffled_graph(&mut rng, &vectors, &o);
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("g.usearch");
         graph.save(&path).expect("save");
@@ -726,33 +941,166 @@ mod tests {
             "CE_SEED={seed}: the snapshot is usearch's serialization without the live vectors"
         );
 
-        let mut image = Snapshot::read(&path, dim).expect("read");
-        for (k, v) in &vectors {
-            image.put(*k, v);
+        let stored: HashMap<u64, &Vec<f32>> = vectors.iter().map(|(k, v)| (*k, v)).collect();
+        let fetched = Cell::new(0usize);
+        let fetch = |k: u64| {
+            fetched.set(fetched.get() + 1);
+            Ok(stored.get(&k).map(|v| v.to_vec()))
+        };
+        // Holding back as many as it needs, then at most 8 (the shuffled slots make it look up
+        // most of them).
+        for waiting_max in [usize::MAX, 8] {
+            let loaded = Snapshot::read(&path, dim)
+                .expect("read")
+                .into_graph_holding(
+                    &o,
+                    waiting_max,
+                    |put| vectors.iter().try_for_each(|(k, v)| put(*k, v)),
+                    &fetch,
+                )
+                .expect("load");
+            assert_eq!(
+                (loaded.len(), loaded.tombstones()),
+                (graph.len(), graph.tombstones())
+            );
+            let (mut a, mut b) = (super::GraphVector::default(), super::GraphVector::default());
+            for (k, _) in &vectors {
+                let (before, after) = (graph.get(*k, &mut a), loaded.get(*k, &mut b));
+                assert_eq!(
+                    before, after,
+                    "CE_SEED={seed}: key {k}, waiting_max {waiting_max}"
+                );
+                assert_eq!(
+                    before.is_some(),
+                    !removed.contains(k),
+                    "CE_SEED={seed}: key {k}"
+                );
+            }
+            for _ in 0..20 {
+                let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                assert_eq!(
+                    graph.search(&q, 10).expect("search"),
+                    loaded.search(&q, 10).expect("search"),
+                    "CE_SEED={seed}"
+                );
+            }
+            let looked_up = fetched.replace(0);
+            if waiting_max == usize::MAX {
+                assert_eq!(looked_up, 0, "CE_SEED={seed}");
+            } else {
+                assert!(looked_up > 100, "CE_SEED={seed}: {looked_up} looked up");
+            }
         }
-        let loaded = image.into_graph(&o).expect("load");
-        assert_eq!(
-            (loaded.len(), loaded.tombstones()),
-            (graph.len(), graph.tombstones())
-        );
+    }
+
+    /// A live key the scan passes without giving or the lookup does not find (the database
+    /// lost it since the save) is loaded with a zero vector, for the caller to remove; keys
+    /// out of order are refused, and
+    /// a failed load — usearch still reading, or the scan failing — returns, never hangs.
+    #[test]
+    fn a_snapshot_load_zeroes_lost_keys_and_refuses_keys_out_of_order() {
+        let seed = ce_testkit::seed("ann::a_snapshot_load_zeroes_lost_keys");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let dim = 16;
+        let o = EmbeddedOptions::default();
+        let vectors = scaled_vectors(&mut rng, 300, dim);
+        let (graph, removed) = shuffled_graph(&mut rng, &vectors, &o);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("g.usearch");
+        graph.save(&path).expect("save");
+
+        let live: Vec<&(u64, Vec<f32>)> = vectors
+            .iter()
+            .filter(|(k, _)| !removed.contains(k))
+            .collect();
+        let lost: Vec<u64> = live.iter().skip(1).step_by(7).map(|(k, _)| *k).collect();
+        let kept = |k: &u64| !lost.contains(k);
+        let fetch = |k: u64| {
+            Ok(live
+                .iter()
+                .find(|(key, _)| *key == k && kept(key))
+                .map(|(_, v)| v.clone()))
+        };
+        let loaded = Snapshot::read(&path, dim)
+            .expect("read")
+            .into_graph_holding(
+                &o,
+                8,
+                |put| {
+                    live.iter()
+                        .filter(|(k, _)| kept(k))
+                        .try_for_each(|(k, v)| put(*k, v))
+                },
+                &fetch,
+            )
+            .expect("load");
+        assert_eq!(loaded.len(), graph.len(), "CE_SEED={seed}");
         let (mut a, mut b) = (super::GraphVector::default(), super::GraphVector::default());
-        for (k, _) in &vectors {
-            let (before, after) = (graph.get(*k, &mut a), loaded.get(*k, &mut b));
-            assert_eq!(before, after, "CE_SEED={seed}: key {k}");
-            assert_eq!(
-                before.is_some(),
-                !removed.contains(k),
-                "CE_SEED={seed}: key {k}"
-            );
+        for (k, _) in &live {
+            let got = loaded.get(*k, &mut b).expect("every live key is loaded");
+            if lost.contains(k) {
+                assert!(got.iter().all(|x| *x == 0.0), "CE_SEED={seed}: key {k}");
+            } else {
+                assert_eq!(Some(got), graph.get(*k, &mut a), "CE_SEED={seed}: key {k}");
+            }
         }
-        for _ in 0..20 {
-            let q: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            assert_eq!(
-                graph.search(&q, 10).expect("search"),
-                loaded.search(&q, 10).expect("search"),
-                "CE_SEED={seed}"
-            );
+
+        let backwards = Snapshot::read(&path, dim).expect("read").into_graph(
+            &o,
+            |put| live.iter().rev().try_for_each(|(k, v)| put(*k, v)),
+            &fetch,
+        );
+        let e = backwards.expect_err("keys out of order are refused");
+        assert!(e.to_string().contains("came after"), "{e}");
+        let failed = Snapshot::read(&path, dim).expect("read").into_graph(
+            &o,
+            |put| {
+                put(live[0].0, &live[0].1)?;
+                Err(crate::error::IndexError::Unavailable("scan failed".into()))
+            },
+            &fetch,
+        );
+        assert!(failed.is_err(), "CE_SEED={seed}");
+    }
+
+    /// `n` vectors of `dim` under ascending keys, each of a random scale.
+    fn scaled_vectors(rng: &mut StdRng, n: u64, dim: usize) -> Vec<(u64, Vec<f32>)> {
+        (0..n)
+            .map(|k| {
+                let scale = 10f32.powi(rng.random_range(-3..3));
+                (
+                    k * 7 + 3,
+                    (0..dim)
+                        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// A graph of `vectors` added in shuffled order (one thread: slots follow that order), a
+    /// fifth of them removed; and the removed keys.
+    fn shuffled_graph(
+        rng: &mut StdRng,
+        vectors: &[(u64, Vec<f32>)],
+        o: &EmbeddedOptions,
+    ) -> (Ann, Vec<u64>) {
+        let mut order: Vec<usize> = (0..vectors.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
         }
+        let dim = vectors.first().map_or(0, |(_, v)| v.len());
+        let mut graph = Ann::new(dim, o).expect("graph");
+        let items: Vec<(u64, &[f32])> = order
+            .iter()
+            .map(|i| (vectors[*i].0, vectors[*i].1.as_slice()))
+            .collect();
+        graph.add(&items).expect("add");
+        let removed: Vec<u64> = vectors.iter().step_by(5).map(|(k, _)| *k).collect();
+        for k in &removed {
+            graph.remove(*k).expect("remove");
+        }
+        (graph, removed)
     }
 
     /// The bound searches rely on to rescore a shortlist (see `SCORE_ERROR`): for vectors of

@@ -77,7 +77,23 @@ impl Fresh {
         }
         self.keys.pop();
         self.data.truncate(last * self.dimension);
+        self.shrink();
         true
+    }
+
+    /// Gives memory back once the segment holds under a quarter of what it has room for
+    /// (keeping room for twice what it holds): after the graph took a burst in, the buffer
+    /// would otherwise keep its high-water mark for good. Amortised O(1) per removal.
+    fn shrink(&mut self) {
+        /// Below this many vectors' room nothing is given back.
+        const FLOOR: usize = 1024;
+        let len = self.keys.len();
+        if self.keys.capacity() > FLOOR && self.keys.capacity() > 4 * len {
+            let room = (2 * len).max(FLOOR);
+            self.keys.shrink_to(room);
+            self.data.shrink_to(room * self.dimension);
+            self.pos.shrink_to(room);
+        }
     }
 
     /// The vector of `key`.
@@ -106,6 +122,12 @@ impl Fresh {
             .filter(|(k, _)| admit(**k))
             .map(|(k, v)| (*k, cosine(query, v)))
             .collect()
+    }
+
+    /// Room for vectors without growing (see [`Fresh::shrink`]).
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.keys.capacity()
     }
 
     /// Removes everything.
@@ -144,5 +166,25 @@ mod tests {
         assert!(!admitted.contains(&3), "the filter runs before scoring");
         f.clear();
         assert!(f.is_empty() && f.bytes() == 0);
+    }
+
+    /// A burst taken in by the graph gives its memory back: once removals leave the segment
+    /// under a quarter full it shrinks, and what is left reads back unchanged.
+    #[test]
+    fn a_drained_segment_gives_its_memory_back() {
+        let mut f = Fresh::default();
+        for k in 0..20_000u64 {
+            f.push(k, &[k as f32, 1.0, 2.0]);
+        }
+        let full = f.capacity();
+        assert!(full >= 20_000);
+        for k in 0..19_900u64 {
+            assert!(f.remove(k), "key {k}");
+        }
+        assert!(f.capacity() < full / 4, "{} of {full} kept", f.capacity());
+        assert!(f.capacity() >= f.len());
+        for k in 19_900..20_000u64 {
+            assert_eq!(f.get(k), Some(&[k as f32, 1.0, 2.0][..]), "key {k}");
+        }
     }
 }
