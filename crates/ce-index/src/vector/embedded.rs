@@ -1153,22 +1153,22 @@ impl Shared {
             let batch = mem.fresh.batch(max);
             let target = match &mem.ann {
                 Some(a) => {
-                    a.reserve_for(batch.len())?;
+                    a.reserve_for(batch.keys().len())?;
                     Target::Graph(a.shared())
                 }
-                None => Target::New(batch.first().map_or(0, |(_, v)| v.len())),
+                None => Target::New(batch.dimension()),
             };
             mem.inserting = true;
             (mem.epoch, batch, target)
         };
         let started = std::time::Instant::now();
         let (added, built) = match target {
-            Target::Graph(g) => (g.add(&batch, &self.abort), None),
+            Target::Graph(g) => (g.add(&batch.items(), &self.abort), None),
             Target::New(d) => match Ann::new(d, &self.options) {
                 Ok(a) => {
                     let added = a
-                        .reserve_for(batch.len())
-                        .and_then(|()| a.shared().add(&batch, &self.abort));
+                        .reserve_for(batch.keys().len())
+                        .and_then(|()| a.shared().add(&batch.items(), &self.abort));
                     (added, Some(a))
                 }
                 Err(e) => (Err(e), None),
@@ -1179,7 +1179,7 @@ impl Shared {
         IN_STEP.with(|s| s.set(false));
         let mut mem = self.mem_mut();
         if mem.epoch != epoch {
-            return Ok(batch.len());
+            return Ok(batch.keys().len());
         }
         mem.inserting = false;
         let deferred = std::mem::take(&mut mem.deferred);
@@ -1193,7 +1193,7 @@ impl Shared {
             None => Ok(0),
             Some(a) => (|| -> Result<usize> {
                 let mut moved = 0;
-                for (k, _) in &batch {
+                for k in batch.keys() {
                     if a.contains(*k) {
                         moved += 1;
                         if !m.fresh.remove(*k) {

@@ -24,9 +24,10 @@
 //!
 //! The graph file holds **no live vector** (they are in `vectors.db`): it is usearch's
 //! serialization with its vector matrix cut out but for removed slots ([`Ann::save`],
-//! [`Layout`]); loading reads it into a [`Snapshot`], which the caller gives the stored
-//! vectors before usearch loads the whole (a copy in RAM, never `view`'s mmap: usearch has an
-//! open memory-corruption report for `view` combined with filtered search).
+//! [`Serialized`]); loading reads it into a [`Snapshot`], which streams it into usearch with
+//! the stored vectors put back (into usearch's own memory, never `view`'s mmap: usearch has an
+//! open memory-corruption report for `view` combined with filtered search). Both directions
+//! stream through a pipe: neither holds the serialization whole.
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read as _, Write};
@@ -403,7 +404,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// The key of each of the `rows` slots of a serialized head and graph (`tail` of
-/// [`Layout`]), checking the kinds and that the nodes' sizes add up to the end exactly.
+/// [`Serialized`]), checking the kinds and that the nodes' sizes add up to the end exactly.
 fn graph_keys(tail: &[u8], rows: usize) -> std::result::Result<Vec<u64>, String> {
     const HEAD: usize = 64;
     let truncated = || "truncated graph".to_string();

@@ -11,6 +11,36 @@ use std::collections::HashMap;
 
 use super::super::rules::cosine;
 
+/// A copy of some of the fresh segment's entries ([`Fresh::batch`]).
+#[derive(Debug)]
+pub(super) struct Batch {
+    keys: Vec<u64>,
+    data: Vec<f32>,
+    dimension: usize,
+}
+
+impl Batch {
+    /// The keys, in the batch's order.
+    pub(super) fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    /// Vector dimension (0 when empty).
+    pub(super) fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    /// `(key, vector)` pairs, in the batch's order.
+    pub(super) fn items(&self) -> Vec<(u64, &[f32])> {
+        let d = self.dimension.max(1);
+        self.keys
+            .iter()
+            .copied()
+            .zip(self.data.chunks_exact(d))
+            .collect()
+    }
+}
+
 /// Vectors not yet in the graph (see the module documentation).
 #[derive(Debug, Default)]
 pub(super) struct Fresh {
@@ -102,15 +132,15 @@ impl Fresh {
         Some(&self.data[i * self.dimension..(i + 1) * self.dimension])
     }
 
-    /// Copies of up to `max` entries (the oldest first while nothing was removed).
-    pub(super) fn batch(&self, max: usize) -> Vec<(u64, Vec<f32>)> {
-        let d = self.dimension;
-        self.keys
-            .iter()
-            .take(max)
-            .enumerate()
-            .map(|(i, k)| (*k, self.data[i * d..(i + 1) * d].to_vec()))
-            .collect()
+    /// A copy of up to `max` entries (the oldest first while nothing was removed), in one
+    /// buffer: a step's copy is one allocation, not one per vector.
+    pub(super) fn batch(&self, max: usize) -> Batch {
+        let n = self.keys.len().min(max);
+        Batch {
+            keys: self.keys[..n].to_vec(),
+            data: self.data[..n * self.dimension].to_vec(),
+            dimension: self.dimension,
+        }
     }
 
     /// Scores every entry `admit` accepts (the filter is checked before the dot product).
@@ -154,9 +184,14 @@ mod tests {
         for k in [1u64, 3, 4] {
             assert_eq!(f.get(k), Some(&[k as f32, -(k as f32)][..]), "key {k}");
         }
-        let mut keys: Vec<u64> = f.batch(10).into_iter().map(|(k, _)| k).collect();
+        let batch = f.batch(10);
+        for (k, v) in batch.items() {
+            assert_eq!(f.get(k), Some(v), "key {k}");
+        }
+        let mut keys = batch.keys().to_vec();
         keys.sort_unstable();
         assert_eq!(keys, vec![1, 3, 4]);
+        assert_eq!(f.batch(2).keys().len(), 2);
         let admitted: Vec<u64> = f
             .scan(&[1.0, 0.0], |k| k != 3)
             .iter()
