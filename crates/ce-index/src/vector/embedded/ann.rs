@@ -294,8 +294,9 @@ fn pipe_path(end: &impl std::os::fd::AsRawFd) -> String {
 /// Runs `usearch` (a save or a load of the path it is given) on a scoped thread beside
 /// `ours`, which holds the other end of the pipe: `usearch` gets the pipe end `theirs` and
 /// closes it when done, so `ours` sees the end of the stream (or a broken pipe when usearch
-/// stopped early); `ours` drops its end before the join, so usearch is never left waiting.
-/// usearch's error comes first (ours is then most likely its echo).
+/// stopped early); `ours` drops its end before the join, so usearch is never left waiting (a
+/// save then fails with `EPIPE`: Rust programs ignore `SIGPIPE`). usearch's error comes
+/// first (ours is then most likely its echo).
 fn through_pipe<T, P, O, U>(
     what: &str,
     theirs: P,
@@ -996,8 +997,8 @@ mod tests {
 
     /// A live key the scan passes without giving or the lookup does not find (the database
     /// lost it since the save) is loaded with a zero vector, for the caller to remove; keys
-    /// out of order are refused, and
-    /// a failed load — usearch still reading, or the scan failing — returns, never hangs.
+    /// out of order are refused, and a failed load — usearch still reading, or the scan
+    /// failing — returns, never hangs.
     #[test]
     fn a_snapshot_load_zeroes_lost_keys_and_refuses_keys_out_of_order() {
         let seed = ce_testkit::seed("ann::a_snapshot_load_zeroes_lost_keys");
