@@ -286,9 +286,15 @@ const SNAPSHOT_MAGIC: &[u8; 8] = b"ce-ann\0\x01";
 const SNAPSHOT_HEAD: usize = 8 + 3 * 8;
 
 /// The path by which usearch, which opens files by name, opens our end of a pipe: the
-/// snapshot's bytes stream between the two without a copy of the whole (Unix: `/dev/fd`).
+/// snapshot's bytes stream between the two without a copy of the whole (Unix: `/dev/fd`, or
+/// Linux's `/proc/self/fd` where a container left `/dev/fd` out).
 fn pipe_path(end: &impl std::os::fd::AsRawFd) -> String {
-    format!("/dev/fd/{}", end.as_raw_fd())
+    let fd = end.as_raw_fd();
+    if cfg!(target_os = "linux") && !Path::new("/dev/fd").exists() {
+        format!("/proc/self/fd/{fd}")
+    } else {
+        format!("/dev/fd/{fd}")
+    }
 }
 
 /// Runs `usearch` (a save or a load of the path it is given) on a scoped thread beside
