@@ -30,7 +30,7 @@
 //! stream through a pipe: neither holds the serialization whole.
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Read as _, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -243,31 +243,21 @@ impl Ann {
     /// Writes the graph to `path` atomically (temporary file, fsync, rename), **without the
     /// vectors `vectors.db` holds**: only the links, the keys and the vectors of removed slots
     /// (which the database no longer has). See [`Snapshot`] for the format. usearch's
-    /// serialization streams through a pipe ([`Serialized::read`]): the vector matrix is never
-    /// held whole. Which slots are removed shows only in the graph, after the vectors, so a
-    /// graph with removed slots is read twice, the second time keeping their vectors.
+    /// serialization streams through a pipe into the file ([`Serialized::write`]): neither the
+    /// vector matrix nor the graph is held whole. Which slots are removed shows only in the
+    /// graph, after the vectors, so a graph with removed slots is written twice, the second time
+    /// with their vectors.
     pub(super) fn save(&self, path: &Path) -> Result<()> {
-        let mut image = Serialized::read(&self.index, &|_| false)?;
-        let removed = image.removed_slots();
+        let tmp = path.with_extension("usearch.tmp");
+        let mut written = Serialized::write(&self.index, &|_| false, &tmp)?;
+        let removed = written.removed_slots();
         if !removed.is_empty() {
             let keep: std::collections::HashSet<usize> = removed.iter().copied().collect();
-            image = Serialized::read(&self.index, &|slot| keep.contains(&slot))?;
-            if image.removed_slots() != removed {
+            written = Serialized::write(&self.index, &|slot| keep.contains(&slot), &tmp)?;
+            if written.removed_slots() != removed {
                 return Err(err("save", "the graph changed while it was written"));
             }
         }
-        let tmp = path.with_extension("usearch.tmp");
-        let write = || -> std::io::Result<()> {
-            let mut out = BufWriter::new(fs_err::File::create(&tmp)?);
-            out.write_all(SNAPSHOT_MAGIC)?;
-            for n in [image.rows, image.cols, removed.len()] {
-                out.write_all(&(n as u64).to_le_bytes())?;
-            }
-            out.write_all(&image.kept)?;
-            out.write_all(&image.tail)?;
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()
-        };
-        write().map_err(|e| err("save", e))?;
         ce_core::failpoint::hit("vector.mid_snapshot");
         fs_err::rename(&tmp, path).map_err(|e| err("save", e))?;
         Ok(())
@@ -330,28 +320,23 @@ where
     })
 }
 
-/// usearch's serialization of a dense index (2.x) as read from its stream, without the vector
-/// matrix but for the slots asked for. The stream: `rows` and `cols` (`u32`s: slots, bytes
-/// per vector), the vectors in slot order, then the `tail` — a 64-byte head (magic `usearch`,
-/// version, kinds, counts) and the graph: a header of five `u64`s (size, connectivity, base
-/// connectivity, max level, entry slot), one `i16` level per slot, then each slot's node: its
-/// key (`u64`), level, and per level a neighbour count and its neighbours' slots (`u32`s; the
-/// base level has room for the base connectivity).
+/// What [`Serialized::write`] found in usearch's serialization of a dense index (2.x). The
+/// stream: `rows` and `cols` (`u32`s: slots, bytes per vector), the vectors in slot order, then
+/// a 64-byte head (magic `usearch`, version, kinds, counts) and the graph — a header of five
+/// `u64`s (size, connectivity, base connectivity, max level, entry slot), one `i16` level per
+/// slot, then each slot's node: its key (`u64`), level, and per level a neighbour count and its
+/// neighbours' slots (`u32`s; the base level has room for the base connectivity).
 struct Serialized {
-    rows: usize,
-    cols: usize,
-    /// The vectors of the kept slots, in slot order.
-    kept: Vec<u8>,
-    tail: Vec<u8>,
     /// Per slot, its key ([`FREE_KEY`] when removed).
     keys: Vec<u64>,
 }
 
 impl Serialized {
-    /// Serializes `index` through a pipe, keeping the vectors of the slots `keep` accepts;
-    /// checks that every part is where its sizes say and that the graph is of the kinds [`Ann`]
-    /// builds (any doubt is an error).
-    fn read(index: &Index, keep: &(dyn Fn(usize) -> bool + Sync)) -> Result<Serialized> {
+    /// Serializes `index` through a pipe into a snapshot file at `path` (fsynced): the head,
+    /// the vectors of the slots `keep` accepts, then usearch's head and graph as they come;
+    /// checks that every part is where its sizes say and that the graph is of the kinds
+    /// [`Ann`] builds (any doubt is an error).
+    fn write(index: &Index, keep: &dyn Fn(usize) -> bool, path: &Path) -> Result<Serialized> {
         let bad = |what: &str| err("serialize", what);
         let (reader, writer) = std::io::pipe().map_err(|e| err("serialize", e))?;
         through_pipe(
@@ -376,27 +361,26 @@ impl Serialized {
                         kept.extend_from_slice(&vector);
                     }
                 }
-                // Sized up front: growing by doubling would hold up to twice the graph.
-                let serialized = index.serialized_length();
-                let matrix = rows.saturating_mul(cols).saturating_add(8);
-                let mut tail = Vec::with_capacity(serialized.saturating_sub(matrix));
-                input
-                    .read_to_end(&mut tail)
-                    .map_err(|e| err("serialize", e))?;
-                let keys = graph_keys(&tail, rows).map_err(|what| bad(&what))?;
-                Ok(Serialized {
-                    rows,
-                    cols,
-                    kept,
-                    tail,
-                    keys,
-                })
+                let file = fs_err::File::create(path).map_err(|e| err("save", e))?;
+                let mut out = BufWriter::with_capacity(1 << 16, file);
+                let io = |e: std::io::Error| err("save", e);
+                out.write_all(SNAPSHOT_MAGIC).map_err(io)?;
+                for n in [rows, cols, kept.len() / cols.max(1)] {
+                    out.write_all(&(n as u64).to_le_bytes()).map_err(io)?;
+                }
+                out.write_all(&kept).map_err(io)?;
+                let keys = graph_keys(&mut input, &mut out, rows).map_err(|what| bad(&what))?;
+                out.into_inner()
+                    .map_err(|e| io(e.into_error()))?
+                    .sync_all()
+                    .map_err(io)?;
+                Ok(Serialized { keys })
             },
         )
     }
 
     fn removed_slots(&self) -> Vec<usize> {
-        (0..self.rows)
+        (0..self.keys.len())
             .filter(|s| self.keys[*s] == FREE_KEY)
             .collect()
     }
@@ -410,48 +394,65 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// The key of each of the `rows` slots of a serialized head and graph (`tail` of
-/// [`Serialized`]), checking the kinds and that the nodes' sizes add up to the end exactly.
-fn graph_keys(tail: &[u8], rows: usize) -> std::result::Result<Vec<u64>, String> {
+/// Reads a serialized head and graph from `input`, copying every byte read to `out`, and
+/// returns the key of each of the `rows` slots; checks the kinds and that the nodes' sizes add
+/// up to the end of the input exactly. Nothing is allocated for a count the input does not
+/// back (a damaged file may claim any): the levels are read a piece at a time.
+fn graph_keys(
+    input: &mut impl Read,
+    out: &mut impl Write,
+    rows: usize,
+) -> std::result::Result<Vec<u64>, String> {
     const HEAD: usize = 64;
-    let truncated = || "truncated graph".to_string();
-    if tail.get(..7) != Some(b"usearch".as_slice()) {
+    let mut copy = |buf: &mut [u8]| -> std::result::Result<(), String> {
+        input
+            .read_exact(buf)
+            .map_err(|_| "truncated graph".to_string())?;
+        out.write_all(buf).map_err(|e| format!("write: {e}"))
+    };
+    let mut head = [0u8; HEAD + 5 * 8];
+    copy(&mut head)?;
+    if head[..7] != *b"usearch" {
         return Err("no usearch head".into());
     }
     // Kinds after the magic (7 bytes) and the version (three `u16`s): metric, scalar, key, slot.
-    let kinds = tail.get(13..17).ok_or_else(truncated)?;
+    let kinds = &head[13..17];
     if kinds != [b'c', 12, 14, 15] {
         return Err(format!(
             "kinds {kinds:?}, this version stores cosine / f16 / u64 keys / u32 slots"
         ));
     }
-    let header = |i: usize| u64_at(tail, HEAD + 8 * i).ok_or_else(truncated);
-    let (size, connectivity, base) = (header(0)?, header(1)?, header(2)?);
+    let header = |i: usize| u64_at(&head, HEAD + 8 * i).unwrap_or(0);
+    let (size, connectivity, base) = (header(0), header(1), header(2));
     if size != rows as u64 {
         return Err(format!("{size} nodes for {rows} vectors"));
     }
-    let levels_at = HEAD + 5 * 8;
-    // Checked before anything is allocated for `rows` (a damaged file may claim any count).
-    let mut at = rows
-        .checked_mul(2)
-        .and_then(|n| n.checked_add(levels_at))
-        .filter(|end| *end <= tail.len())
-        .ok_or_else(truncated)?;
+    if connectivity > 1 << 12 || base > 1 << 13 {
+        return Err(format!("connectivity {connectivity} / {base}"));
+    }
     let (per_level, base_bytes) = (4 + 4 * connectivity as usize, 4 + 4 * base as usize);
-    let mut keys = Vec::with_capacity(rows);
-    for slot in 0..rows {
-        let level = tail
-            .get(levels_at + 2 * slot..levels_at + 2 * slot + 2)
-            .map(|b| i16::from_le_bytes([b[0], b[1]]))
-            .ok_or_else(truncated)?;
+    let mut levels = Vec::new();
+    let mut piece = [0u8; 1 << 14];
+    let mut left = rows.checked_mul(2).ok_or("truncated graph")?;
+    while left > 0 {
+        let n = left.min(piece.len());
+        copy(&mut piece[..n])?;
+        levels.extend_from_slice(&piece[..n]);
+        left -= n;
+    }
+    let (mut keys, mut node) = (Vec::with_capacity(rows), Vec::new());
+    for (slot, level) in levels.chunks_exact(2).enumerate() {
+        let level = i16::from_le_bytes([level[0], level[1]]);
         let level = usize::try_from(level).map_err(|_| format!("slot {slot} has level {level}"))?;
-        keys.push(u64_at(tail, at).ok_or_else(truncated)?);
-        at += 8 + 2 + base_bytes + level * per_level;
+        node.resize(8 + 2 + base_bytes + level * per_level, 0);
+        copy(&mut node)?;
+        keys.push(u64_at(&node, 0).unwrap_or(FREE_KEY));
     }
-    if at != tail.len() {
-        return Err(format!("the nodes end at {at} of {} bytes", tail.len()));
+    match input.read(&mut piece[..1]) {
+        Ok(0) => Ok(keys),
+        Ok(_) => Err("bytes after the last node".into()),
+        Err(e) => Err(format!("read: {e}")),
     }
-    Ok(keys)
 }
 
 /// A snapshot read back, waiting for its vectors: usearch's serialization without the vectors
@@ -494,7 +495,8 @@ impl Snapshot {
             .and_then(|n| n.checked_add(SNAPSHOT_HEAD))
             .filter(|t| *t <= bytes.len())
             .ok_or_else(|| bad("truncated".into()))?;
-        let slot_keys = graph_keys(&bytes[tail_at..], rows).map_err(bad)?;
+        let slot_keys =
+            graph_keys(&mut &bytes[tail_at..], &mut std::io::sink(), rows).map_err(bad)?;
         let slots: HashMap<u64, usize> = slot_keys
             .iter()
             .enumerate()
@@ -895,7 +897,7 @@ mod tests {
             .err()
             .expect("an old snapshot is refused");
         assert!(e.to_string().contains("not a snapshot"), "{e}");
-        let e = Serialized::read(&old, &|_| false)
+        let e = Serialized::write(&old, &|_| false, &dir.path().join("f32.usearch"))
             .err()
             .expect("f32 kinds are refused");
         assert!(e.to_string().contains("kinds"), "{e}");
