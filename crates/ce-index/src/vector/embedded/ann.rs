@@ -939,10 +939,7 @@ mod tests {
         let dim = 32;
         let o = EmbeddedOptions::default();
         let vectors = scaled_vectors(&mut rng, 600, dim);
-        let (graph, removed) = shuffled_graph(&mut rng, &vectors, &o);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("g.usearch");
-        graph.save(&path).expect("save");
+        let (graph, removed, _dir, path) = saved_shuffled_graph(&mut rng, &vectors, &o);
         let file = std::fs::metadata(&path).expect("stat").len() as usize;
         let live_bytes = (vectors.len() - removed.len()) * dim * 2;
         assert_eq!(
@@ -1014,10 +1011,7 @@ mod tests {
         let dim = 16;
         let o = EmbeddedOptions::default();
         let vectors = scaled_vectors(&mut rng, 300, dim);
-        let (graph, removed) = shuffled_graph(&mut rng, &vectors, &o);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("g.usearch");
-        graph.save(&path).expect("save");
+        let (graph, removed, _dir, path) = saved_shuffled_graph(&mut rng, &vectors, &o);
 
         let live: Vec<&(u64, Vec<f32>)> = vectors
             .iter()
@@ -1089,12 +1083,13 @@ mod tests {
     }
 
     /// A graph of `vectors` added in shuffled order (one thread: slots follow that order), a
-    /// fifth of them removed; and the removed keys.
-    fn shuffled_graph(
+    /// fifth of them removed, and saved; the removed keys, and the snapshot's directory and
+    /// path.
+    fn saved_shuffled_graph(
         rng: &mut StdRng,
         vectors: &[(u64, Vec<f32>)],
         o: &EmbeddedOptions,
-    ) -> (Ann, Vec<u64>) {
+    ) -> (Ann, Vec<u64>, tempfile::TempDir, std::path::PathBuf) {
         let mut order: Vec<usize> = (0..vectors.len()).collect();
         for i in (1..order.len()).rev() {
             order.swap(i, rng.random_range(0..=i));
@@ -1110,7 +1105,10 @@ mod tests {
         for k in &removed {
             graph.remove(*k).expect("remove");
         }
-        (graph, removed)
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("g.usearch");
+        graph.save(&path).expect("save");
+        (graph, removed, dir, path)
     }
 
     /// The bound searches rely on to rescore a shortlist (see `SCORE_ERROR`): for vectors of
