@@ -10,7 +10,12 @@
 //! import → export is byte-identical.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, CString, OsStr};
+use std::os::fd::BorrowedFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::FileType;
 
 use ce_core::{ContextNode, ContextType, CtxUri, Level, Meta, OwnerSpace};
 use serde::{Deserialize, Serialize};
@@ -109,9 +114,92 @@ fn bad(path: &Path, reason: impl Into<String>) -> StoreError {
     }
 }
 
-fn read_text(path: &Path) -> Result<String> {
-    let bytes = fs_err::read(path)?;
-    String::from_utf8(bytes).map_err(|_| bad(path, "is not valid UTF-8"))
+/// An I/O error of the import at `path`, worded as `fs_err` words its own.
+fn io_at<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(rustix::io::Errno) -> StoreError + 'a {
+    move |e| {
+        let e = std::io::Error::from(e);
+        StoreError::Io(std::io::Error::new(
+            e.kind(),
+            format!("failed to {what} `{}`: {e}", path.display()),
+        ))
+    }
+}
+
+/// The read buffer's first size and its least free space before a read: the files of a
+/// node directory are small.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Reads the file `name` of the open directory `dir` whole (`path` names it in errors) in
+/// four system calls — open, read, the read that meets its end, close — where `fs::read`
+/// makes seven (it also asks twice for the size and once for the position to size its
+/// buffer): the files of a node layout are small, and opening and reading them is most of a
+/// no-op re-import. `buf` is the caller's, reused from file to file; the text returned is
+/// allocated at its size.
+fn read_text_at(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    path: &Path,
+    buf: &mut Vec<u8>,
+) -> Result<String> {
+    use rustix::fs::{Mode, OFlags};
+    let file = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(io_at(path, "open"))?;
+    buf.clear();
+    loop {
+        if buf.capacity() - buf.len() < READ_CHUNK / 2 {
+            buf.reserve(buf.capacity().max(READ_CHUNK));
+        }
+        let read = rustix::io::retry_on_intr(|| {
+            rustix::io::read(&file, rustix::buffer::spare_capacity(buf))
+        })
+        .map_err(io_at(path, "read"))?;
+        if read == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(buf)
+        .map(str::to_owned)
+        .map_err(|_| bad(path, "is not valid UTF-8"))
+}
+
+/// The entries of the directory at `path` (without `.` and `..`), in name order. An entry whose type the directory does not record
+/// (some file systems) is asked for it, without following a symbolic link. The directory
+/// stays open in the returned stream, for [`read_text_at`].
+fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>)> {
+    use rustix::fs::{AtFlags, Dir, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(rustix::fs::CWD, path, flags, Mode::empty())
+        .map_err(io_at(path, "open directory"))?;
+    let mut dir = Dir::new(fd).map_err(io_at(path, "read directory"))?;
+    let mut entries = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry.map_err(io_at(path, "read directory"))?;
+        let name = entry.file_name();
+        if matches!(name.to_bytes(), b"." | b"..") {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            FileType::Unknown => FileType::from_raw_mode(
+                rustix::fs::statat(
+                    dir.fd().map_err(io_at(path, "read directory"))?,
+                    name,
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .map_err(io_at(
+                    &path.join(OsStr::from_bytes(name.to_bytes())),
+                    "stat",
+                ))?
+                .st_mode,
+            ),
+            known => known,
+        };
+        entries.push((name.to_owned(), kind));
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok((dir, entries))
 }
 
 /// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction:
@@ -230,19 +318,15 @@ struct DirScan {
 
 /// Reads one directory of an import (its entries in name order, not its sub-directories).
 fn scan_dir(root_dir: &Path, dir: &Path) -> Result<DirScan> {
-    let mut entries: Vec<_> = fs_err::read_dir(dir)?.collect::<std::io::Result<_>>()?;
-    entries.sort_by_key(|e| e.file_name());
+    let (listing, entries) = read_dir_at(dir)?;
+    let fd = listing.fd().map_err(io_at(dir, "read directory"))?;
     let mut scan = DirScan::default();
-    for entry in entries {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let ft = entry.file_type().map_err(|e| {
-            StoreError::Io(std::io::Error::new(
-                e.kind(),
-                format!("{}: {e}", path.display()),
-            ))
-        })?;
-        if ft.is_dir() {
+    let mut buf = Vec::new();
+    for (c_name, kind) in entries {
+        let os_name = OsStr::from_bytes(c_name.to_bytes());
+        let path = dir.join(os_name);
+        let name = os_name.to_string_lossy().into_owned();
+        if kind == FileType::Directory {
             scan.subdirs.push((name, path));
             continue;
         }
@@ -252,32 +336,33 @@ fn scan_dir(root_dir: &Path, dir: &Path) -> Result<DirScan> {
                 .display()
                 .to_string()
         };
-        if !ft.is_file() {
+        if kind != FileType::RegularFile {
             scan.skipped.push(rel());
             continue;
         }
+        let mut read = || read_text_at(fd, &c_name, &path, &mut buf);
         match name.as_str() {
             n if Level::ALL.iter().any(|l| l.file_name() == n) => {
                 let level = Level::ALL
                     .iter()
                     .position(|l| l.file_name() == n)
                     .unwrap_or(2);
-                scan.layers[level] = Some(read_text(&path)?);
+                scan.layers[level] = Some(read()?);
             }
             META_FILE => {
                 scan.meta = Some(
-                    serde_json::from_str(&read_text(&path)?)
+                    serde_json::from_str(&read()?)
                         .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
                 );
             }
             RELATIONS_FILE => {
                 scan.edges = Some(
-                    serde_json::from_str(&read_text(&path)?)
+                    serde_json::from_str(&read()?)
                         .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
                 );
             }
             n if n.starts_with('.') => scan.skipped.push(rel()),
-            _ => match read_text(&path) {
+            _ => match read() {
                 Ok(text) => scan.files.push((name, path, text)),
                 Err(StoreError::BadLayout { .. }) => scan.skipped.push(rel()),
                 Err(e) => return Err(e),
@@ -689,13 +774,52 @@ mod tests {
         fs_err::write(d.join("notes.md"), "# Notes\nhello").expect("write");
         fs_err::write(d.join(".hidden"), "x").expect("write");
         fs_err::write(d.join("blob.bin"), [0xff, 0xfe, 0x00]).expect("write");
+        // Larger than the read buffer's first size: read in several pieces.
+        let big: String = (0..5 * READ_CHUNK / 7)
+            .map(|i| format!("{i:06}\n"))
+            .collect();
+        fs_err::write(d.join("big.md"), &big).expect("write");
+        // A symbolic link is not followed: not a node.
+        std::os::unix::fs::symlink("notes.md", d.join("link.md")).expect("symlink");
         let rep = import_dir(&s, &d, &uri("ctx://acc/notes")).expect("import");
-        assert_eq!(rep.skipped, [".hidden", "blob.bin"]);
-        let n = s
-            .read_node(&uri("ctx://acc/notes/notes.md"))
-            .expect("read")
-            .expect("node");
-        assert_eq!(n.layers.content, "# Notes\nhello");
+        assert_eq!(rep.skipped, [".hidden", "blob.bin", "link.md"]);
+        let content = |u: &str| {
+            s.read_node(&uri(u))
+                .expect("read")
+                .expect("node")
+                .layers
+                .content
+        };
+        assert_eq!(content("ctx://acc/notes/notes.md"), "# Notes\nhello");
+        assert_eq!(content("ctx://acc/notes/big.md"), big);
+    }
+
+    /// A file gone between the listing and its read, and a directory that is not there, are
+    /// I/O errors naming them; nothing is written.
+    #[test]
+    fn a_missing_entry_is_an_io_error_naming_it() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let s = store(&tmp.path().join("s"));
+        let d = tmp.path().join("d");
+        fs_err::create_dir_all(d.join("a")).expect("mkdir");
+        fs_err::write(d.join("a").join("content.md"), "a").expect("write");
+        // A dangling name: listed, but gone when opened (a file removed mid-scan).
+        let missing = d.join("gone");
+        let err = read_text_at(
+            read_dir_at(&d).expect("list").0.fd().expect("fd"),
+            c"gone",
+            &missing,
+            &mut Vec::new(),
+        )
+        .expect_err("no such file");
+        assert!(matches!(&err, StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound));
+        assert!(
+            err.to_string().contains(&missing.display().to_string()),
+            "{err}"
+        );
+        let err = import_dir(&s, &d.join("nope"), &uri("ctx://acc/x")).expect_err("no dir");
+        assert!(err.to_string().contains("nope"), "{err}");
+        assert!(s.read_subtree(&uri("ctx://acc")).expect("read").is_empty());
     }
 
     /// A level of more than [`PARALLEL_SCAN_FROM`] directories is read on several threads:
