@@ -130,6 +130,16 @@ pub enum UriError {
 pub fn canonicalize_uri(input: &str) -> Result<String, UriError> {
     let trimmed = input.trim();
     check_characters(trimmed)?;
+    if trimmed.is_ascii() {
+        // No hidden or full-width character is ASCII, and ASCII text is its own NFC.
+        return canonical_form(trimmed, trimmed);
+    }
+    canonicalize_unicode(trimmed)
+}
+
+/// [`canonicalize_uri`] of a trimmed input that passed [`check_characters`]: hidden and
+/// full-width characters refused, the text normalized to NFC.
+fn canonicalize_unicode(trimmed: &str) -> Result<String, UriError> {
     for (position, c) in trimmed.char_indices() {
         if let Some(what) = hidden_character(c) {
             return Err(UriError::InvisibleCharacter {
@@ -658,6 +668,13 @@ mod tests {
                 prop_assert!(c.starts_with(SCHEME));
                 prop_assert!(c == SCHEME || !c.ends_with('/'));
             }
+        }
+
+        #[test]
+        fn ascii_takes_the_short_way_to_the_same_result(input in "[ -~]{0,40}|ctx://[ -~]{0,40}") {
+            let trimmed = input.trim();
+            let full = check_characters(trimmed).and_then(|()| canonicalize_unicode(trimmed));
+            prop_assert_eq!(canonicalize_uri(&input), full);
         }
 
         #[test]
