@@ -22,7 +22,9 @@
 //!    consumer applied once the retention has passed (docs/store.md "Journal retention"):
 //!    seconds, rows removed, the journal before and after.
 //!
-//! Per phase: wall seconds of the import and of the drain, the texts embedded (new entries of
+//! Per phase: wall seconds of the import and of the drain, and the CPU seconds of each (every
+//! thread, user and system: on a shared machine, whose other work stretches wall time, the
+//! steadier figure to compare two builds by), the texts embedded (new entries of
 //! the embedding cache, which never embeds a text twice), the embedder's HTTP requests and
 //! texts when it is the loopback server, and the size on disk of every file of the data
 //! directory. `--embedder hash` uses the hashing embedder in-process; `--embedder loopback`
@@ -48,7 +50,7 @@ use ce_http::loopback::{LoopbackServer, Recorded, Reply};
 use clap::Parser as _;
 use serde_json::{Value, json};
 
-use crate::bench::{machine, round};
+use crate::bench::{machine, process_cpu_seconds, round};
 use crate::cli::Cli;
 
 /// Options of `ce bench ingest`.
@@ -320,16 +322,21 @@ impl Ce {
         let docs = self.docs.display().to_string();
         let mut import = vec!["import", &docs, "--into", "ctx://bench/docs"];
         import.extend_from_slice(flags);
-        let t = Instant::now();
+        let cpu = process_cpu_seconds;
+        let (t, c) = (Instant::now(), cpu());
         let imported = self.run(&import)?;
-        let import_s = t.elapsed().as_secs_f64();
+        let (import_s, c_import) = (t.elapsed().as_secs_f64(), cpu());
         let t = Instant::now();
         let drained = self.run(&["worker", "--once"])?;
-        let drain_s = t.elapsed().as_secs_f64();
+        let (drain_s, c_drain) = (t.elapsed().as_secs_f64(), cpu());
+        // In 10 ms ticks: enough for phases of a tenth of a second and more.
+        let spent = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| round(b - a, 2));
         let mut v = json!({
             "wall_s": round(import_s + drain_s, 3),
             "import_s": round(import_s, 3),
             "drain_s": round(drain_s, 3),
+            "import_cpu_s": spent(c, c_import),
+            "drain_cpu_s": spent(c_import, c_drain),
             "nodes_written": imported["nodes_written"],
             "nodes_removed": imported["nodes_removed"],
             "events": imported["events"],

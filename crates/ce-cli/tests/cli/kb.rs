@@ -519,6 +519,16 @@ fn bench_ingest_import_measures_every_phase_with_its_invariants() {
             "{phase}: {b:#}"
         );
     }
+    // CPU seconds beside the wall seconds (Linux): never negative, and the run used some.
+    let cpu: Vec<f64> = ["cold", "noop", "text_1pct", "meta_1pct", "delete_1pct"]
+        .iter()
+        .flat_map(|p| ["import_cpu_s", "drain_cpu_s"].map(|k| b["phases"][p][k].as_f64()))
+        .map(|s| s.expect("CPU seconds"))
+        .collect();
+    assert!(
+        cpu.iter().all(|s| *s >= 0.0) && cpu.iter().sum::<f64>() > 0.0,
+        "{b:#}"
+    );
     assert!(figure(&b, "cold", "nodes_written") >= 200, "{b:#}");
     assert!(figure(&b, "cold", "texts_embedded") >= 200, "{b:#}");
     assert_eq!(figure(&b, "noop", "events"), 0, "{b:#}");
