@@ -165,9 +165,10 @@ fn read_text_at(
         .map_err(|_| bad(path, "is not valid UTF-8"))
 }
 
-/// The entries of the directory at `path` (without `.` and `..`), in name order. An entry whose type the directory does not record
-/// (some file systems) is asked for it, without following a symbolic link. The directory
-/// stays open in the returned stream, for [`read_text_at`].
+/// The entries of the directory at `path` (without `.` and `..`), in name order. An entry
+/// whose type the directory does not record (some file systems) is asked for it, without
+/// following a symbolic link. The directory stays open in the returned stream, for
+/// [`read_text_at`].
 fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>)> {
     use rustix::fs::{AtFlags, Dir, Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
