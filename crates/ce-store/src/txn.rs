@@ -298,6 +298,13 @@ fn create_ancestors(
     now: Millis,
     trace_id: &str,
 ) -> Result<Vec<EventPayload>> {
+    // By TR1 a live parent has every ancestor live: one lookup settles the common case (a
+    // new node in an existing folder), whatever the depth.
+    match uri.parent() {
+        Some(parent) if parent.is_root() => return Ok(Vec::new()),
+        Some(parent) if tx.live_version(&parent)?.is_some() => return Ok(Vec::new()),
+        _ => {}
+    }
     let mut events = Vec::new();
     let ancestors = uri.ancestors();
     let versions = tx.uri_versions(&ancestors)?;
