@@ -145,8 +145,10 @@ fn read_text_at(
     buf: &mut Vec<u8>,
 ) -> Result<String> {
     use rustix::fs::{Mode, OFlags};
-    let file = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(io_at(path, "open"))?;
+    let file = rustix::io::retry_on_intr(|| {
+        rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+    })
+    .map_err(io_at(path, "open"))?;
     buf.clear();
     loop {
         if buf.capacity() - buf.len() < READ_CHUNK / 2 {
@@ -172,8 +174,10 @@ fn read_text_at(
 fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>)> {
     use rustix::fs::{AtFlags, Dir, Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(rustix::fs::CWD, path, flags, Mode::empty())
-        .map_err(io_at(path, "open directory"))?;
+    let fd = rustix::io::retry_on_intr(|| {
+        rustix::fs::openat(rustix::fs::CWD, path, flags, Mode::empty())
+    })
+    .map_err(io_at(path, "open directory"))?;
     let mut dir = Dir::new(fd).map_err(io_at(path, "read directory"))?;
     let mut entries = Vec::new();
     while let Some(entry) = dir.read() {
