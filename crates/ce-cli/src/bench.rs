@@ -466,6 +466,13 @@ pub(crate) fn process_cpu_seconds() -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
+/// CPU seconds used since `before` (a [`process_cpu_seconds`] reading), to 10 ms.
+pub(crate) fn cpu_seconds_since(before: Option<f64>) -> Option<f64> {
+    process_cpu_seconds()
+        .zip(before)
+        .map(|(after, before)| round(after - before, 2))
+}
+
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
 }

@@ -50,7 +50,7 @@ use ce_http::loopback::{LoopbackServer, Recorded, Reply};
 use clap::Parser as _;
 use serde_json::{Value, json};
 
-use crate::bench::{machine, process_cpu_seconds, round};
+use crate::bench::{cpu_seconds_since, machine, process_cpu_seconds, round};
 use crate::cli::Cli;
 
 /// Options of `ce bench ingest`.
@@ -322,21 +322,18 @@ impl Ce {
         let docs = self.docs.display().to_string();
         let mut import = vec!["import", &docs, "--into", "ctx://bench/docs"];
         import.extend_from_slice(flags);
-        let cpu = process_cpu_seconds;
-        let (t, c) = (Instant::now(), cpu());
+        let (t, cpu) = (Instant::now(), process_cpu_seconds());
         let imported = self.run(&import)?;
-        let (import_s, c_import) = (t.elapsed().as_secs_f64(), cpu());
-        let t = Instant::now();
+        let (import_s, import_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds_since(cpu));
+        let (t, cpu) = (Instant::now(), process_cpu_seconds());
         let drained = self.run(&["worker", "--once"])?;
-        let (drain_s, c_drain) = (t.elapsed().as_secs_f64(), cpu());
-        // In 10 ms ticks: enough for phases of a tenth of a second and more.
-        let spent = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| round(b - a, 2));
+        let (drain_s, drain_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds_since(cpu));
         let mut v = json!({
             "wall_s": round(import_s + drain_s, 3),
             "import_s": round(import_s, 3),
             "drain_s": round(drain_s, 3),
-            "import_cpu_s": spent(c, c_import),
-            "drain_cpu_s": spent(c_import, c_drain),
+            "import_cpu_s": import_cpu,
+            "drain_cpu_s": drain_cpu,
             "nodes_written": imported["nodes_written"],
             "nodes_removed": imported["nodes_removed"],
             "events": imported["events"],

@@ -34,7 +34,7 @@ use ce_embed::tokens::TokenCounter;
 use ce_ingest::{Chunking, Hint, TokenCount};
 use serde_json::{Value, json};
 
-use crate::bench::{load_average, machine, process_cpu_seconds, round};
+use crate::bench::{cpu_seconds_since, load_average, machine, process_cpu_seconds, round};
 use crate::bench_corpus::{self as corpus, Entry, Kind};
 use crate::bench_ingest::{BenchIngestArgs, Ce, Seen, Setup};
 
@@ -333,9 +333,7 @@ fn kb_phase(
     let cpu = process_cpu_seconds();
     let added = ce.run(&["kb", "add", BASE, &dir])?;
     let wall = t.elapsed().as_secs_f64();
-    let cpu = process_cpu_seconds()
-        .zip(cpu)
-        .map(|(after, before)| round(after - before, 2));
+    let cpu = cpu_seconds_since(cpu);
     let files_read = index_jobs(ce)? - read_before;
     if let Some(w) = added["waiting"].as_str() {
         bail!("ce kb add stopped before the end: {w}");
