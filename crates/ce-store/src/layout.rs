@@ -193,10 +193,7 @@ fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>
                     name,
                     AtFlags::SYMLINK_NOFOLLOW,
                 )
-                .map_err(io_at(
-                    &path.join(OsStr::from_bytes(name.to_bytes())),
-                    "stat",
-                ))?
+                .map_err(|e| io_at(&path.join(OsStr::from_bytes(name.to_bytes())), "stat")(e))?
                 .st_mode,
             ),
             known => known,
