@@ -40,9 +40,9 @@ pub use kb::{
 pub use model::LAG_SCAN_LIMIT;
 pub use model::{
     Claim, ClaimedEvent, ConsumerError, ConsumerLag, ConsumerStats, ContextFs, DeliveryRow,
-    Failure, Hold, HoldStore, IndexOwner, LinkRequest, MAX_LIST_LIMIT, NodeStat, OutboxFilter,
-    OutboxStore, OwnerStore, PutMode, PutRequest, RelationStore, Relations, UriVersion, WriteFence,
-    WriteOp, WriteOutcome, check_list_limit,
+    Failure, Hold, HoldStore, IndexOwner, LinkRequest, MAX_LIST_LIMIT, NodeStamp, NodeStat,
+    OutboxFilter, OutboxStore, OwnerStore, PutMode, PutRequest, RelationStore, Relations,
+    UriVersion, WriteFence, WriteOp, WriteOutcome, check_list_limit,
 };
 pub use sqlite::SqliteStore;
 

@@ -92,6 +92,17 @@ pub struct WriteOutcome {
     pub job_id: Option<String>,
 }
 
+/// What tells whether a stored node is still the one seen earlier: its version and the time
+/// that version was written (an import's stat cache keeps it per node it read; a version
+/// alone could repeat in a source restored from an older copy and written again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeStamp {
+    /// The node's version.
+    pub version: u64,
+    /// When that version was written.
+    pub updated_at: Millis,
+}
+
 /// What the source knows about a URI's version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum UriVersion {
@@ -485,6 +496,11 @@ pub trait ContextFs: Send + Sync {
     /// The URIs of `uri` and its descendants, in URI order, without reading the nodes (what
     /// a delete-safety count or an import's prune needs).
     fn subtree_uris(&self, uri: &CtxUri) -> Result<Vec<CtxUri>>;
+    /// [`ContextFs::subtree_uris`] with each node's [`NodeStamp`], in URI order.
+    fn subtree_stamps(&self, uri: &CtxUri) -> Result<Vec<(CtxUri, NodeStamp)>>;
+    /// The [`NodeStamp`] of the node at each URI, in order (`None` where there is none), in
+    /// one snapshot.
+    fn stamps(&self, uris: &[CtxUri]) -> Result<Vec<Option<NodeStamp>>>;
     /// [`ContextFs::subtree_uris`] of each URI, in order, in one snapshot (an index worker's
     /// batch of subtree operations reads them at once, not one transaction each).
     fn subtrees_uris(&self, uris: &[CtxUri]) -> Result<Vec<Vec<CtxUri>>>;

@@ -151,6 +151,10 @@ pub(crate) trait ReadTx {
     fn subtree_nodes(&mut self, uri: &CtxUri) -> Result<Vec<ContextNode>>;
     /// The URIs of [`ReadTx::subtree_nodes`], without reading the nodes.
     fn subtree_uris(&mut self, uri: &CtxUri) -> Result<Vec<CtxUri>>;
+    /// The URIs of [`ReadTx::subtree_nodes`] with their stamps, without reading the nodes.
+    fn subtree_stamps(&mut self, uri: &CtxUri) -> Result<Vec<(CtxUri, crate::model::NodeStamp)>>;
+    /// The stamp of the node at `uri`, `None` without one.
+    fn stamp(&mut self, uri: &CtxUri) -> Result<Option<crate::model::NodeStamp>>;
     /// Edges from (`EdgeEnd::From`) or into (`EdgeEnd::To`) `uri`, ordered by
     /// (from, to, type).
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>>;
@@ -987,6 +991,24 @@ macro_rules! impl_source_traits {
 
             fn subtree_uris(&self, uri: &ce_core::CtxUri) -> $crate::Result<Vec<ce_core::CtxUri>> {
                 self.read_source(|tx| $crate::txn::ReadTx::subtree_uris(tx, uri))
+            }
+
+            fn subtree_stamps(
+                &self,
+                uri: &ce_core::CtxUri,
+            ) -> $crate::Result<Vec<(ce_core::CtxUri, $crate::model::NodeStamp)>> {
+                self.read_source(|tx| $crate::txn::ReadTx::subtree_stamps(tx, uri))
+            }
+
+            fn stamps(
+                &self,
+                uris: &[ce_core::CtxUri],
+            ) -> $crate::Result<Vec<Option<$crate::model::NodeStamp>>> {
+                self.read_source(|tx| {
+                    uris.iter()
+                        .map(|u| $crate::txn::ReadTx::stamp(tx, u))
+                        .collect()
+                })
             }
 
             fn subtrees_uris(

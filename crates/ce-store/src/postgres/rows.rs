@@ -13,7 +13,7 @@ use super::outbox::append_events_tx;
 use super::{Tx, get_node, get_tombstone, insert_node, node_from_row, subtree_sql};
 use crate::derive::{DeriveChild, DeriveUsage, DirtyKey};
 use crate::error::Result;
-use crate::model::{LinkRequest, UriVersion, WriteFence};
+use crate::model::{LinkRequest, NodeStamp, UriVersion, WriteFence};
 use crate::shared::{NODE_COLUMNS, derive_child, dirty_key, stored_uri, subtree_bounds};
 use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
@@ -183,6 +183,21 @@ impl ReadTx for PgTx<'_, '_> {
             .map(|v| v as u64))
     }
 
+    fn stamp(&mut self, uri: &CtxUri) -> Result<Option<NodeStamp>> {
+        self.tx
+            .query_opt(
+                "SELECT version, updated_at FROM nodes WHERE uri = $1",
+                &[&uri.as_str()],
+            )?
+            .map(|r| {
+                Ok(NodeStamp {
+                    version: r.try_get::<_, i64>(0)? as u64,
+                    updated_at: r.try_get(1)?,
+                })
+            })
+            .transpose()
+    }
+
     fn count_children(&mut self, uri: &CtxUri) -> Result<u64> {
         let n: i64 = self
             .tx
@@ -298,6 +313,27 @@ impl ReadTx for PgTx<'_, '_> {
             )?
             .iter()
             .map(|r| stored_uri(&r.get::<_, String>(0)))
+            .collect()
+    }
+
+    fn subtree_stamps(&mut self, uri: &CtxUri) -> Result<Vec<(CtxUri, NodeStamp)>> {
+        let (lo, hi) = subtree_bounds(uri);
+        self.tx
+            .query(
+                &format!(
+                    "SELECT uri, version, updated_at FROM nodes WHERE {} ORDER BY uri",
+                    subtree_sql("uri", 1)
+                ),
+                &[&uri.as_str(), &lo, &hi],
+            )?
+            .iter()
+            .map(|r| {
+                let stamp = NodeStamp {
+                    version: r.try_get::<_, i64>(1)? as u64,
+                    updated_at: r.try_get(2)?,
+                };
+                Ok((stored_uri(&r.try_get::<_, String>(0)?)?, stamp))
+            })
             .collect()
     }
 

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::derive::{DeriveChild, DeriveUsage, DirtyKey};
 use crate::error::Result;
-use crate::model::{LinkRequest, WriteFence};
+use crate::model::{LinkRequest, NodeStamp, WriteFence};
 use crate::shared::{derive_child, dirty_key, stored_uri};
 use crate::txn::{DirtyMemo, EdgeEnd, ReadTx, WriteTx, edge_uri, fence_lineage};
 
@@ -86,6 +86,19 @@ impl ReadTx for SqlTx<'_> {
             .map(|v| v as u64))
     }
 
+    fn stamp(&mut self, uri: &CtxUri) -> Result<Option<NodeStamp>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT version, updated_at FROM nodes WHERE uri = ?1")?
+            .query_row([uri.as_str()], |r| {
+                Ok(NodeStamp {
+                    version: r.get::<_, i64>(0)? as u64,
+                    updated_at: r.get(1)?,
+                })
+            })
+            .optional()?)
+    }
+
     fn count_children(&mut self, uri: &CtxUri) -> Result<u64> {
         let n: i64 = self
             .conn
@@ -149,6 +162,30 @@ impl ReadTx for SqlTx<'_> {
         ))?;
         let rows = stmt.query_map(params![uri.as_str(), lo, hi], |r| r.get::<_, String>(0))?;
         rows.map(|r| stored_uri(&r?)).collect()
+    }
+
+    fn subtree_stamps(&mut self, uri: &CtxUri) -> Result<Vec<(CtxUri, NodeStamp)>> {
+        let (lo, hi) = subtree_bounds(uri);
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT uri, version, updated_at FROM nodes WHERE {} ORDER BY uri",
+            subtree_sql("uri", 1)
+        ))?;
+        let rows = stmt.query_map(params![uri.as_str(), lo, hi], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        rows.map(|r| {
+            let (u, version, updated_at) = r?;
+            let stamp = NodeStamp {
+                version: version as u64,
+                updated_at,
+            };
+            Ok((stored_uri(&u)?, stamp))
+        })
+        .collect()
     }
 
     fn edges(&mut self, end: EdgeEnd, uri: &CtxUri) -> Result<Vec<RelationEdge>> {

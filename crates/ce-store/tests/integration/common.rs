@@ -16,8 +16,8 @@ use ce_core::{
 };
 use ce_store::postgres::PgStore;
 use ce_store::{
-    DeliveryRow, Failure, Job, JobFilter, MAX_LIST_LIMIT, OutboxFilter, SourceStore, SqliteStore,
-    StoreError,
+    DeliveryRow, Failure, Job, JobFilter, MAX_LIST_LIMIT, NodeStamp, OutboxFilter, SourceStore,
+    SqliteStore, StoreError,
 };
 
 /// A fixed start time for manual clocks (2026-03-14T10:00:00Z).
@@ -211,6 +211,27 @@ pub fn snapshot(s: &dyn SourceStore) -> Snapshot {
         uris,
         "subtree_uris agrees with read_subtree"
     );
+    let stamps: Vec<(CtxUri, NodeStamp)> = nodes
+        .iter()
+        .map(|n| {
+            let stamp = NodeStamp {
+                version: n.version,
+                updated_at: n.updated_at_ms,
+            };
+            (n.uri.clone(), stamp)
+        })
+        .collect();
+    assert_eq!(
+        s.subtree_stamps(&CtxUri::root())
+            .expect("subtree_stamps(root)"),
+        stamps,
+        "subtree_stamps agrees with read_subtree"
+    );
+    let mut asked = uris.clone();
+    asked.push(CtxUri::parse("ctx://never/there").expect("uri"));
+    let expected: Vec<Option<NodeStamp>> =
+        stamps.iter().map(|(_, s)| Some(*s)).chain([None]).collect();
+    assert_eq!(s.stamps(&asked).expect("stamps"), expected, "stamps agrees");
     let mut edges = Vec::new();
     for n in &nodes {
         edges.extend(s.get_edges(&n.uri).expect("get_edges"));
