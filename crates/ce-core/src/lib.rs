@@ -19,6 +19,7 @@ pub mod node;
 pub mod parallel;
 pub mod projector;
 pub mod provenance;
+pub mod racy;
 pub mod safety;
 pub mod text;
 pub mod uri;

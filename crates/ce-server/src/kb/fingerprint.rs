@@ -12,16 +12,13 @@
 //! clean" entries), so it is read again at the next re-sync.
 
 use std::fs::Metadata;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The rule and its window are shared with `ce import`'s stat cache.
+pub use ce_core::racy::RACY_WINDOW;
 use ce_core::sha256_hex;
 
 use super::KbSettings;
-
-/// How recently a file may have been modified and still get a fingerprint: older than any
-/// filesystem's timestamp granularity (FAT's is 2 s; ext4, XFS, btrfs, APFS and NTFS are
-/// finer).
-pub const RACY_WINDOW: Duration = Duration::from_secs(2);
 
 /// What a file's stat says about its content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +69,7 @@ impl FileStat {
     /// or status (a tool setting its modification time back changes the latter) — within
     /// [`RACY_WINDOW`] before the stat was taken (or after, by the filesystem's clock).
     pub fn is_racy(&self) -> bool {
-        let window = i128::try_from(RACY_WINDOW.as_nanos()).unwrap_or(i128::MAX);
-        ns_since_epoch(self.taken_at) - self.mtime_ns.max(self.ctime_ns) < window
+        ce_core::racy::is_racy(self.mtime_ns, self.ctime_ns, ns_since_epoch(self.taken_at))
     }
 }
 
@@ -123,6 +119,7 @@ impl Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A stat taken at 1,000 s of a file last changed at `mtime_s`.
     fn stat(mtime_s: i128) -> FileStat {
