@@ -336,6 +336,7 @@ impl Ce {
             "drain_cpu_s": drain_cpu,
             "nodes_written": imported["nodes_written"],
             "nodes_removed": imported["nodes_removed"],
+            "nodes_not_read": imported["nodes_not_read"],
             "events": imported["events"],
             "deliveries": drained["progress"]["succeeded"],
         });

@@ -537,6 +537,10 @@ pub struct ImportArgs {
     /// Lift the delete-safety limits of --prune (check that DIR is complete first).
     #[arg(long, requires = "prune")]
     pub allow_large_delete: bool,
+    /// Read and compare every file, also those whose size, times and inode are as the last
+    /// import of DIR into INTO recorded them (by default such files are not read again).
+    #[arg(long)]
+    pub read_all: bool,
 }
 
 /// `ce export`.

@@ -237,9 +237,14 @@ pub(crate) fn open_store(cli: &Cli) -> Result<Source> {
 /// lock files, or Redis across hosts).
 pub(crate) fn open_locked(cli: &Cli) -> Result<(Source, LockManager)> {
     let (data_dir, config) = resolve(cli)?;
+    open_locked_at(&data_dir, &config)
+}
+
+/// [`open_locked`] with the data directory and configuration resolved.
+fn open_locked_at(data_dir: &Path, config: &Config) -> Result<(Source, LockManager)> {
     // The store first: it creates the data directory, or says why it cannot.
-    let store = Source::open(&data_dir, &config)?;
-    let locks = LockManager::from_config(&config.lock, &data_dir).map_err(ServerError::from)?;
+    let store = Source::open(data_dir, config)?;
+    let locks = LockManager::from_config(&config.lock, data_dir).map_err(ServerError::from)?;
     Ok((store, locks))
 }
 
@@ -910,12 +915,25 @@ fn worker(cli: &Cli, a: &WorkerArgs) -> Result<Rendered> {
     })
 }
 
+/// Where in the data directory `ce import` keeps its stat caches (docs/store.md).
+const IMPORT_STAT_DIR: &str = "import-stat";
+
 fn import(cli: &Cli, a: &ImportArgs) -> Result<Rendered> {
     let into = parse_uri(&a.into)?;
-    let (store, locks) = open_locked(cli)?;
+    let (data_dir, config) = resolve(cli)?;
+    let (store, locks) = open_locked_at(&data_dir, &config)?;
+    let stat_cache = (!a.read_all).then(|| {
+        layout::stat_cache_file(
+            &data_dir.join(IMPORT_STAT_DIR),
+            &config.store.url,
+            &a.dir,
+            &into,
+        )
+    });
     let options = layout::ImportOptions {
         prune: a.prune,
         allow_large_delete: a.allow_large_delete,
+        stat_cache,
     };
     let (report, hold) = guarded(&store, &locks).import(&a.dir, &into, options)?;
     let mut json = serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?;

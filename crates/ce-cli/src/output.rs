@@ -1164,6 +1164,7 @@ pub fn import(r: &ImportReport) -> String {
     let mut out = kv(&[
         ("nodes_written", r.nodes_written.to_string()),
         ("nodes_unchanged", r.nodes_unchanged.to_string()),
+        ("nodes_not_read", r.nodes_not_read.to_string()),
         ("relations_written", r.relations_written.to_string()),
         ("events", r.events.to_string()),
         ("nodes_removed", r.nodes_removed.to_string()),

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use super::harness::{Ce, repo_root};
 
@@ -190,4 +191,53 @@ fn a_no_op_import_holds_nothing_and_a_busy_rm_names_the_import() {
     assert_eq!(ce.json(&["status"])["holds"], serde_json::json!([]));
     let removed = ce.json(&["rm", "-r", "ctx://acc/kb"]);
     assert_eq!(removed["nodes_affected"], 4, "{removed}");
+}
+
+/// A re-import reads only the directories whose entries changed (the stat cache in the data
+/// directory vouches for the others), finds an edit, and `--read-all` reads everything.
+#[test]
+fn a_reimport_reads_only_what_changed_and_read_all_reads_everything() {
+    let ce = Ce::hash("");
+    let src = tempfile::tempdir().expect("tempdir");
+    for i in 0..3 {
+        let d = src.path().join(format!("d{i}"));
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("content.md"), format!("document {i}")).expect("write");
+    }
+    // Past the racy window: a stat vouches only for a file that changed longer ago.
+    let settle = || std::thread::sleep(Duration::from_millis(2_100));
+    settle();
+    let dir = src.path().to_str().expect("utf-8 path");
+    let import = |extra: &[&str]| {
+        let mut args = vec!["import", dir, "--into", "ctx://acc/kb"];
+        args.extend_from_slice(extra);
+        ce.json(&args)
+    };
+    let first = import(&[]);
+    assert_eq!(
+        (
+            first["nodes_written"].as_u64(),
+            first["nodes_not_read"].as_u64()
+        ),
+        (Some(4), Some(0)),
+        "{first}"
+    );
+    let again = import(&[]);
+    assert_eq!(again["nodes_unchanged"], 4, "{again}");
+    assert_eq!(again["nodes_not_read"], 4, "{again}");
+    std::fs::write(src.path().join("d1").join("content.md"), "document one").expect("edit");
+    let edited = import(&[]);
+    assert_eq!(edited["nodes_written"], 1, "{edited}");
+    assert_eq!(edited["nodes_not_read"], 3, "d1 alone was read: {edited}");
+    let node = ce.json(&["cat", "ctx://acc/kb/d1"]);
+    assert!(node.to_string().contains("document one"), "{node}");
+    let all = import(&["--read-all"]);
+    assert_eq!(all["nodes_unchanged"], 4, "{all}");
+    assert_eq!(all["nodes_not_read"], 0, "{all}");
+    let human = ce.ok(&["import", dir, "--into", "ctx://acc/kb"]);
+    assert!(human.contains("nodes_not_read"), "{human}");
+    let caches = std::fs::read_dir(ce.data_dir().join("import-stat"))
+        .expect("the stat cache's directory")
+        .count();
+    assert_eq!(caches, 1);
 }

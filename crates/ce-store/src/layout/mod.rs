@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::SourceStore;
 use crate::error::{Result, StoreError};
-use crate::model::{LinkRequest, PutMode, PutRequest, WriteFence, WriteOp};
+use crate::model::{LinkRequest, NodeStamp, PutMode, PutRequest, WriteFence, WriteOp};
+pub use stat_cache::stat_cache_file;
+use stat_cache::{DirRecord, FileStamp, StatCache};
+
+mod stat_cache;
 use ce_core::safety::DeleteSafety;
 
 /// File holding a node's attributes and user metadata.
@@ -46,10 +50,13 @@ pub struct ImportReport {
     /// With [`ImportOptions::prune`]: nodes under the target that the directory no longer
     /// has, removed with their subtrees.
     pub nodes_removed: u64,
+    /// Of the unchanged nodes, those whose files were not even read: the stat cache
+    /// vouched for their directories ([`ImportOptions::stat_cache`]).
+    pub nodes_not_read: u64,
 }
 
 /// How an import treats what the target holds and the directory does not.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
     /// Remove nodes under the target that are absent from the directory (a re-sync). This is
     /// a derived deletion: over the delete-safety limits it is refused (`large_delete`)
@@ -57,6 +64,10 @@ pub struct ImportOptions {
     pub prune: bool,
     /// Lift the delete-safety limits of `prune` (after checking the directory is complete).
     pub allow_large_delete: bool,
+    /// The stat cache's file ([`stat_cache_file`]): a directory whose entries and nodes are
+    /// as the last import through this file left them is neither read nor compared.
+    /// `None`: every file is read.
+    pub stat_cache: Option<PathBuf>,
 }
 
 /// What an export wrote.
@@ -132,23 +143,31 @@ fn io_at<'a>(
 /// node directory are small.
 const READ_CHUNK: usize = 8 * 1024;
 
-/// Reads the file `name` of the open directory `dir` whole (`path` names it in errors) in
-/// four system calls — open, read, the read that meets its end, close — where `fs::read`
-/// makes seven (it also asks twice for the size and once for the position to size its
-/// buffer): the files of a node layout are small, and opening and reading them is most of a
-/// no-op re-import. `buf` is the caller's, reused from file to file; the text returned is
-/// allocated at its size.
-fn read_text_at(
+/// Reads the file `name` of the open directory `dir` whole into `buf` (`path` names it in
+/// errors) in four system calls — open, read, the read that meets its end, close — where
+/// `fs::read` makes seven (it also asks twice for the size and once for the position to
+/// size its buffer): the files of a node layout are small, and opening and reading them is
+/// most of a no-op re-import. `buf` is the caller's, reused from file to file. With
+/// `stamp`, the open file's stat is taken before it is read, for the stat cache (a change
+/// made after it then shows in the next import's stat).
+fn read_at(
     dir: BorrowedFd<'_>,
     name: &CStr,
     path: &Path,
     buf: &mut Vec<u8>,
-) -> Result<String> {
+    stamp: bool,
+) -> Result<Option<FileStamp>> {
     use rustix::fs::{Mode, OFlags};
     let file = rustix::io::retry_on_intr(|| {
         rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
     .map_err(io_at(path, "open"))?;
+    let stamp = match stamp {
+        true => Some(FileStamp::of(
+            &rustix::fs::fstat(&file).map_err(io_at(path, "stat"))?,
+        )),
+        false => None,
+    };
     buf.clear();
     loop {
         if buf.capacity() - buf.len() < READ_CHUNK / 2 {
@@ -162,22 +181,38 @@ fn read_text_at(
             break;
         }
     }
+    Ok(stamp)
+}
+
+/// The text of a file read into `buf` (allocated at its size), or the layout error naming
+/// `path` when it is not UTF-8.
+fn text_of(buf: &[u8], path: &Path) -> Result<String> {
     std::str::from_utf8(buf)
         .map(str::to_owned)
         .map_err(|_| bad(path, "is not valid UTF-8"))
 }
 
+/// A directory opened and listed: its stream (still open, for [`read_at`]), its stat when
+/// asked for, and its entries.
+type Listing = (rustix::fs::Dir, Option<FileStamp>, Vec<(CString, FileType)>);
+
 /// The entries of the directory at `path` (without `.` and `..`), in name order. An entry
 /// whose type the directory does not record (some file systems) is asked for it, without
 /// following a symbolic link. The directory stays open in the returned stream, for
-/// [`read_text_at`].
-fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>)> {
+/// [`read_at`]. With `stamp`, the directory's stat, taken before it is listed.
+fn read_dir_at(path: &Path, stamp: bool) -> Result<Listing> {
     use rustix::fs::{AtFlags, Dir, Mode, OFlags};
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let fd = rustix::io::retry_on_intr(|| {
         rustix::fs::openat(rustix::fs::CWD, path, flags, Mode::empty())
     })
     .map_err(io_at(path, "open directory"))?;
+    let stamp = match stamp {
+        true => Some(FileStamp::of(
+            &rustix::fs::fstat(&fd).map_err(io_at(path, "stat"))?,
+        )),
+        false => None,
+    };
     let mut dir = Dir::new(fd).map_err(io_at(path, "read directory"))?;
     let mut entries = Vec::new();
     while let Some(entry) = dir.read() {
@@ -201,7 +236,7 @@ fn read_dir_at(path: &Path) -> Result<(rustix::fs::Dir, Vec<(CString, FileType)>
         entries.push((name.to_owned(), kind));
     }
     entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    Ok((dir, entries))
+    Ok((dir, stamp, entries))
 }
 
 /// Imports the node tree in `dir` so that `dir` itself becomes `into`, in one transaction:
@@ -213,6 +248,10 @@ pub fn import_dir(store: &dyn SourceStore, dir: &Path, into: &CtxUri) -> Result<
 /// [`import_dir`] under a path lock: the batch carries the lease's `fences`, and `hold` (a
 /// [`WriteOp::Hold`]) goes last in the same transaction, so the lease is handed off exactly
 /// when the import commits. Returns the report and whether the hold was recorded.
+///
+/// With [`ImportOptions::stat_cache`], the directories that cache vouches for are neither
+/// read nor compared (their nodes count as unchanged and not read), and after the commit
+/// the cache is replaced by what this import read.
 pub fn import_dir_fenced(
     store: &dyn SourceStore,
     dir: &Path,
@@ -224,21 +263,43 @@ pub fn import_dir_fenced(
     if !fs_err::metadata(dir)?.is_dir() {
         return Err(bad(dir, "is not a directory"));
     }
-    let mut report = ImportReport::default();
-    let mut puts = Vec::new();
-    let mut relations = Vec::new();
-    let mut scans = scan_tree(dir);
-    walk(
-        &mut scans,
-        dir,
-        (into, into),
-        &mut puts,
-        &mut relations,
-        &mut report,
-    )?;
+    // Before anything is read: a record's entries count only if their times lie before it.
+    let started_ns = now_ns();
+    let cache = options.stat_cache.as_deref().map(StatCache::load);
+    // What the source holds under the target, when records are to be checked against it.
+    let stored: Vec<(CtxUri, NodeStamp)> = match &cache {
+        Some(c) if !c.dirs.is_empty() => store.subtree_stamps(into)?,
+        _ => Vec::new(),
+    };
+    let by_uri: HashMap<&str, NodeStamp> = stored.iter().map(|(u, s)| (u.as_str(), *s)).collect();
+    let recall = cache.as_ref().map(|c| (c, &by_uri));
+    let mut scans = scan_tree(dir, recall, options.stat_cache.is_some());
+    let mut batch = Batch {
+        record_at: options.stat_cache.as_ref().map(|_| started_ns),
+        ..Batch::default()
+    };
+    walk(&mut scans, (dir, dir), (into, into), &mut batch)?;
+    let Batch {
+        puts,
+        relations,
+        mut report,
+        vouched,
+        kept,
+        records,
+        ..
+    } = batch;
     let n_puts = puts.len();
+    let put_uris: Vec<CtxUri> = puts.iter().filter_map(WriteOp::put_uri).cloned().collect();
     let removals = if options.prune {
-        prune_ops(store, into, &puts, options.allow_large_delete, &mut report)?
+        let existing = match cache.is_some() && !stored.is_empty() {
+            true => stored.iter().map(|(u, _)| u.clone()).collect(),
+            false => store.subtree_uris(into)?,
+        };
+        let present = put_uris
+            .iter()
+            .map(CtxUri::as_str)
+            .chain(vouched.iter().map(String::as_str));
+        prune_ops(&existing, present, options.allow_large_delete, &mut report)?
     } else {
         Vec::new()
     };
@@ -260,23 +321,92 @@ pub fn import_dir_fenced(
             (false, false) => {}
         }
     }
+    report.nodes_not_read = vouched.len() as u64;
+    report.nodes_unchanged += report.nodes_not_read;
+    if let (Some(file), Some(mut cache)) = (&options.stat_cache, cache) {
+        let unchanged = records.is_empty() && kept.len() == cache.dirs.len();
+        if !unchanged {
+            let written: HashMap<&str, u64> = put_uris
+                .iter()
+                .map(CtxUri::as_str)
+                .zip(outcomes.iter().map(|o| o.version))
+                .collect();
+            let next = StatCache {
+                dirs: kept
+                    .into_iter()
+                    .filter_map(|rel| cache.dirs.remove_entry(&rel))
+                    .collect(),
+            };
+            if let Err(e) = record(store, &by_uri, next, records, &written, file) {
+                tracing::warn!(file = %file.display(), error = %e, "import stat cache not written: the next import reads every file");
+            }
+        }
+    }
     Ok((report, held))
 }
 
-/// The removals of a pruning import: every node under `into` that `puts` does not write,
-/// as one recursive rm per topmost such node, after the delete-safety check (the scope is
-/// what the target holds now).
-fn prune_ops(
+/// Wall-clock time in ns since the epoch.
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// Completes the records of the directories this import read with their nodes' stamps, adds
+/// them to `next` and saves it to `file`. A node the import compared and found unchanged
+/// keeps the stamp `before` read (the same version is the same row); the others are read
+/// after the commit. A node that another writer changed since this import wrote or compared
+/// it (its version is not the one `written` says) leaves its directory unrecorded: the next
+/// import reads it.
+fn record(
     store: &dyn SourceStore,
-    into: &CtxUri,
-    puts: &[WriteOp],
+    before: &HashMap<&str, NodeStamp>,
+    mut next: StatCache,
+    records: Vec<(PathBuf, DirRecord, Vec<CtxUri>)>,
+    written: &HashMap<&str, u64>,
+    file: &Path,
+) -> Result<()> {
+    let version = |u: &CtxUri| written.get(u.as_str()).copied();
+    let ask: Vec<CtxUri> = records
+        .iter()
+        .flat_map(|(_, _, uris)| uris)
+        .filter(|u| before.get(u.as_str()).map(|s| s.version) != version(u))
+        .cloned()
+        .collect();
+    let asked = store.stamps(&ask)?;
+    let after: HashMap<&str, NodeStamp> = ask
+        .iter()
+        .zip(asked)
+        .filter_map(|(u, s)| Some((u.as_str(), s?)))
+        .collect();
+    'dirs: for (rel, mut r, uris) in records {
+        for u in uris {
+            let stamp = after.get(u.as_str()).or_else(|| before.get(u.as_str()));
+            match (stamp, version(&u)) {
+                (Some(s), Some(v)) if s.version == v => r.nodes.push((u.as_str().to_owned(), *s)),
+                _ => continue 'dirs,
+            }
+        }
+        next.dirs.insert(rel, r);
+    }
+    next.save(file)?;
+    Ok(())
+}
+
+/// The removals of a pruning import: every node of `existing` (what the target holds, in
+/// URI order) that is not `present` in the directory, as one recursive rm per topmost such
+/// node, after the delete-safety check.
+fn prune_ops<'a>(
+    existing: &[CtxUri],
+    present: impl Iterator<Item = &'a str>,
     allow_large_delete: bool,
     report: &mut ImportReport,
 ) -> Result<Vec<WriteOp>> {
-    let written: std::collections::HashSet<&CtxUri> =
-        puts.iter().filter_map(WriteOp::put_uri).collect();
-    let existing = store.subtree_uris(into)?;
-    let vanished: Vec<&CtxUri> = existing.iter().filter(|u| !written.contains(u)).collect();
+    let present: std::collections::HashSet<&str> = present.collect();
+    let vanished: Vec<&CtxUri> = existing
+        .iter()
+        .filter(|u| !present.contains(u.as_str()))
+        .collect();
     if !allow_large_delete {
         DeleteSafety::check(vanished.len() as u64, existing.len() as u64)?;
     }
@@ -316,13 +446,21 @@ struct DirScan {
     subdirs: Vec<(String, PathBuf)>,
     /// Entries not imported, relative to the root.
     skipped: Vec<String>,
+    /// For the stat cache: the directory's stat, taken before it was listed, and the stats
+    /// of the regular files read (skipped ones too: a binary file may become text).
+    stamps: Option<(FileStamp, Vec<(CString, FileStamp)>)>,
+    /// The stat cache vouched for the directory: nothing was read, `subdirs` and `skipped`
+    /// are its record's, and these are the URIs of its nodes.
+    vouched: Option<Vec<String>>,
 }
 
-/// Reads one directory of an import (its entries in name order, not its sub-directories).
-fn scan_dir(root_dir: &Path, dir: &Path) -> Result<DirScan> {
-    let (listing, entries) = read_dir_at(dir)?;
+/// Reads one directory of an import (its entries in name order, not its sub-directories);
+/// with `stamp`, with the stats the stat cache records.
+fn scan_dir(root_dir: &Path, dir: &Path, stamp: bool) -> Result<DirScan> {
+    let (listing, dir_stamp, entries) = read_dir_at(dir, stamp)?;
     let fd = listing.fd().map_err(io_at(dir, "read directory"))?;
     let mut scan = DirScan::default();
+    let mut file_stamps = Vec::new();
     let mut buf = Vec::new();
     for (c_name, kind) in entries {
         let os_name = OsStr::from_bytes(c_name.to_bytes());
@@ -338,56 +476,83 @@ fn scan_dir(root_dir: &Path, dir: &Path) -> Result<DirScan> {
                 .display()
                 .to_string()
         };
-        if kind != FileType::RegularFile {
+        if kind != FileType::RegularFile || (name.starts_with('.') && !is_layout_file(&name)) {
             scan.skipped.push(rel());
             continue;
         }
-        let mut read = || read_text_at(fd, &c_name, &path, &mut buf);
+        if let Some(s) = read_at(fd, &c_name, &path, &mut buf, stamp)? {
+            file_stamps.push((c_name.clone(), s));
+        }
         match name.as_str() {
             n if Level::ALL.iter().any(|l| l.file_name() == n) => {
                 let level = Level::ALL
                     .iter()
                     .position(|l| l.file_name() == n)
                     .unwrap_or(2);
-                scan.layers[level] = Some(read()?);
+                scan.layers[level] = Some(text_of(&buf, &path)?);
             }
             META_FILE => {
                 scan.meta = Some(
-                    serde_json::from_str(&read()?)
+                    serde_json::from_slice(&buf)
                         .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
                 );
             }
             RELATIONS_FILE => {
                 scan.edges = Some(
-                    serde_json::from_str(&read()?)
+                    serde_json::from_slice(&buf)
                         .map_err(|e| bad(&path, format!("does not parse: {e}")))?,
                 );
             }
-            n if n.starts_with('.') => scan.skipped.push(rel()),
-            _ => match read() {
+            _ => match text_of(&buf, &path) {
                 Ok(text) => scan.files.push((name, path, text)),
                 Err(StoreError::BadLayout { .. }) => scan.skipped.push(rel()),
                 Err(e) => return Err(e),
             },
         }
     }
+    scan.stamps = dir_stamp.map(|d| (d, file_stamps));
     Ok(scan)
+}
+
+/// Whether `name` is one of the files of the node layout.
+fn is_layout_file(name: &str) -> bool {
+    Level::ALL.iter().any(|l| l.file_name() == name) || name == META_FILE || name == RELATIONS_FILE
 }
 
 /// Directories of one level scanned on several threads from this many on.
 const PARALLEL_SCAN_FROM: usize = 64;
 
+/// What a stat cache can vouch for: its records, and the stamps of the nodes the source
+/// holds under the target, by URI.
+type Recall<'a> = (&'a StatCache, &'a HashMap<&'a str, NodeStamp>);
+
 /// Reads every directory of the tree at `root_dir`, one level at a time, the directories
 /// of a level on all cores (reading 10,000 small node directories is most of a no-op
-/// re-import). A directory that fails to read keeps its error, reported when the walk
-/// reaches it, so the error is the one a sequential walk would meet first.
-fn scan_tree(root_dir: &Path) -> HashMap<PathBuf, Result<DirScan>> {
+/// re-import). A directory that `recall` vouches for is not read (only its entries'
+/// stats are). A directory that fails to read keeps its error, reported when the walk
+/// reaches it, so the error is the one a sequential walk would meet first. With `stamp`,
+/// the directories read are read with their stats.
+fn scan_tree(
+    root_dir: &Path,
+    recall: Option<Recall<'_>>,
+    stamp: bool,
+) -> HashMap<PathBuf, Result<DirScan>> {
     let mut scans = HashMap::new();
     let mut level = vec![root_dir.to_owned()];
+    let vouched = |dir: &Path| -> Option<DirScan> {
+        let (cache, stored) = recall?;
+        let record = cache.dirs.get(dir.strip_prefix(root_dir).ok()?)?;
+        record.still_holds(dir, stored).then(|| DirScan {
+            subdirs: record.subdir_paths(dir),
+            skipped: record.skipped.clone(),
+            vouched: Some(record.nodes.iter().map(|(u, _)| u.clone()).collect()),
+            ..DirScan::default()
+        })
+    };
     while !level.is_empty() {
         let read = ce_core::parallel::map_chunks(&level, PARALLEL_SCAN_FROM, |dirs| {
             dirs.iter()
-                .map(|d| scan_dir(root_dir, d))
+                .map(|d| vouched(d).map_or_else(|| scan_dir(root_dir, d, stamp), Ok))
                 .collect::<Vec<_>>()
         });
         let mut next = Vec::new();
@@ -402,21 +567,47 @@ fn scan_tree(root_dir: &Path) -> HashMap<PathBuf, Result<DirScan>> {
     scans
 }
 
-/// The ops of the directory `dir` (node `uri`) and, depth first, of its sub-directories
-/// from their `scans`: a directory's node, its relations, its plain files, then each
-/// sub-directory (parents before children).
+/// What the walk of an import's directories gathers.
+#[derive(Default)]
+struct Batch {
+    puts: Vec<WriteOp>,
+    relations: Vec<WriteOp>,
+    report: ImportReport,
+    /// With the stat cache: when this import started; records are made of what it reads.
+    record_at: Option<i64>,
+    /// The URIs of the nodes of the directories the stat cache vouched for.
+    vouched: Vec<String>,
+    /// Those directories, relative to the root (their records are kept).
+    kept: Vec<PathBuf>,
+    /// The records of the directories read, relative to the root, with the URIs of their
+    /// nodes (stamped after the commit).
+    records: Vec<(PathBuf, DirRecord, Vec<CtxUri>)>,
+}
+
+/// The ops of the directory `dir` (node `uri`) under the import's root directory and, depth
+/// first, of its sub-directories from their `scans`: a directory's node, its relations, its
+/// plain files, then each sub-directory (parents before children).
 fn walk(
     scans: &mut HashMap<PathBuf, Result<DirScan>>,
-    dir: &Path,
+    (root_dir, dir): (&Path, &Path),
     (root_uri, uri): (&CtxUri, &CtxUri),
-    puts: &mut Vec<WriteOp>,
-    relations: &mut Vec<WriteOp>,
-    report: &mut ImportReport,
+    batch: &mut Batch,
 ) -> Result<()> {
     let scan = scans
         .remove(dir)
         .unwrap_or_else(|| Err(bad(dir, "was not read before the walk (an internal error)")))?;
-    report.skipped.extend(scan.skipped);
+    let rel = dir.strip_prefix(root_dir).unwrap_or(dir).to_owned();
+    if let Some(uris) = scan.vouched {
+        batch.report.skipped.extend(scan.skipped);
+        batch.vouched.extend(uris);
+        batch.kept.push(rel);
+        for (name, path) in scan.subdirs {
+            let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
+            walk(scans, (root_dir, &path), (root_uri, &child), batch)?;
+        }
+        return Ok(());
+    }
+    let mut nodes = Vec::new();
     if uri.is_root() {
         if scan.layers.iter().any(Option::is_some) || scan.edges.is_some() {
             return Err(at(dir)(StoreError::RootNotWritable));
@@ -438,7 +629,8 @@ fn walk(
             content: Some(c.unwrap_or_default()),
             ..PutRequest::default()
         };
-        puts.push(WriteOp::Put {
+        nodes.push(uri.clone());
+        batch.puts.push(WriteOp::Put {
             uri: uri.clone(),
             req,
         });
@@ -456,7 +648,7 @@ fn walk(
                 trace_id: None,
             });
         }
-        relations.push(WriteOp::SetRelations {
+        batch.relations.push(WriteOp::SetRelations {
             from: uri.clone(),
             edges: links,
             trace_id: None,
@@ -468,11 +660,28 @@ fn walk(
             content: Some(text),
             ..PutRequest::default()
         };
-        puts.push(WriteOp::Put { uri: child, req });
+        nodes.push(child.clone());
+        batch.puts.push(WriteOp::Put { uri: child, req });
     }
+    if let (Some(recorded_at_ns), Some((dir_stamp, files))) = (batch.record_at, scan.stamps) {
+        let record = DirRecord {
+            recorded_at_ns,
+            dir: dir_stamp,
+            files,
+            subdirs: scan
+                .subdirs
+                .iter()
+                .filter_map(|(_, p)| CString::new(p.file_name()?.as_bytes()).ok())
+                .collect(),
+            skipped: scan.skipped.clone(),
+            nodes: Vec::new(),
+        };
+        batch.records.push((rel, record, nodes));
+    }
+    batch.report.skipped.extend(scan.skipped);
     for (name, path) in scan.subdirs {
         let child = uri.join(&name).map_err(|e| at(&path)(e.into()))?;
-        walk(scans, &path, (root_uri, &child), puts, relations, report)?;
+        walk(scans, (root_dir, &path), (root_uri, &child), batch)?;
     }
     Ok(())
 }
@@ -728,6 +937,7 @@ mod tests {
         let options = ImportOptions {
             prune: true,
             allow_large_delete: true,
+            ..ImportOptions::default()
         };
         let (rep, _) =
             import_dir_fenced(&s, &d, &uri("ctx://acc/t"), options, &[], None).expect("prune");
@@ -807,11 +1017,12 @@ mod tests {
         fs_err::write(d.join("a").join("content.md"), "a").expect("write");
         // A dangling name: listed, but gone when opened (a file removed mid-scan).
         let missing = d.join("gone");
-        let err = read_text_at(
-            read_dir_at(&d).expect("list").0.fd().expect("fd"),
+        let err = read_at(
+            read_dir_at(&d, true).expect("list").0.fd().expect("fd"),
             c"gone",
             &missing,
             &mut Vec::new(),
+            true,
         )
         .expect_err("no such file");
         assert!(matches!(&err, StoreError::Io(e) if e.kind() == std::io::ErrorKind::NotFound));
