@@ -538,7 +538,8 @@ pub struct ImportArgs {
     #[arg(long, requires = "prune")]
     pub allow_large_delete: bool,
     /// Read and compare every file, also those whose size, times and inode are as the last
-    /// import of DIR into INTO recorded them (by default such files are not read again).
+    /// import of DIR into INTO recorded them (by default such files are not read again);
+    /// what is read is recorded for the next import.
     #[arg(long)]
     pub read_all: bool,
 }

@@ -922,18 +922,17 @@ fn import(cli: &Cli, a: &ImportArgs) -> Result<Rendered> {
     let into = parse_uri(&a.into)?;
     let (data_dir, config) = resolve(cli)?;
     let (store, locks) = open_locked_at(&data_dir, &config)?;
-    let stat_cache = (!a.read_all).then(|| {
-        layout::stat_cache_file(
-            &data_dir.join(IMPORT_STAT_DIR),
-            &config.store.url,
-            &a.dir,
-            &into,
-        )
-    });
+    let stat_cache = layout::stat_cache_file(
+        &data_dir.join(IMPORT_STAT_DIR),
+        &config.store.url,
+        &a.dir,
+        &into,
+    );
     let options = layout::ImportOptions {
         prune: a.prune,
         allow_large_delete: a.allow_large_delete,
-        stat_cache,
+        stat_cache: Some(stat_cache),
+        read_all: a.read_all,
     };
     let (report, hold) = guarded(&store, &locks).import(&a.dir, &into, options)?;
     let mut json = serde_json::to_value(&report).map_err(|e| CliError::Other(e.into()))?;

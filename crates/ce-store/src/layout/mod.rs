@@ -65,9 +65,13 @@ pub struct ImportOptions {
     /// Lift the delete-safety limits of `prune` (after checking the directory is complete).
     pub allow_large_delete: bool,
     /// The stat cache's file ([`stat_cache_file`]): a directory whose entries and nodes are
-    /// as the last import through this file left them is neither read nor compared.
-    /// `None`: every file is read.
+    /// as the last import through this file left them is neither read nor compared, and the
+    /// file is replaced by what this import read. `None`: every file is read, nothing is
+    /// recorded.
     pub stat_cache: Option<PathBuf>,
+    /// With `stat_cache`: trust none of it — every file is read and compared — and record
+    /// what was read (`ce import --read-all`).
+    pub read_all: bool,
 }
 
 /// What an export wrote.
@@ -265,7 +269,13 @@ pub fn import_dir_fenced(
     }
     // Before anything is read: a record's entries count only if their times lie before it.
     let started_ns = now_ns();
-    let cache = options.stat_cache.as_deref().map(StatCache::load);
+    let cache = options
+        .stat_cache
+        .as_deref()
+        .map(|file| match options.read_all {
+            true => StatCache::default(),
+            false => StatCache::load(file),
+        });
     // What the source holds under the target, when records are to be checked against it.
     let stored: Vec<(CtxUri, NodeStamp)> = match &cache {
         Some(c) if !c.dirs.is_empty() => store.subtree_stamps(into)?,

@@ -155,7 +155,7 @@ impl StatCache {
         if let Some(dir) = file.parent() {
             fs_err::create_dir_all(dir)?;
         }
-        let aside = file.with_extension(format!("tmp-{}", std::process::id()));
+        let aside = file.with_extension(format!("tmp-{}", uuid::Uuid::now_v7().simple()));
         fs_err::write(&aside, self.encode())?;
         fs_err::rename(&aside, file)
     }
