@@ -1173,6 +1173,13 @@ pub fn import(r: &ImportReport) -> String {
     for s in &r.skipped {
         out.push_str(&format!("  skipped {s}\n"));
     }
+    out.push_str(&format!(
+        "took               {:.3} s (reading {:.3}, writing {:.3}, recording {:.3})\n",
+        (r.read_ms + r.write_ms + r.record_ms) / 1e3,
+        r.read_ms / 1e3,
+        r.write_ms / 1e3,
+        r.record_ms / 1e3
+    ));
     out
 }
 

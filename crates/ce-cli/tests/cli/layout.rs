@@ -240,8 +240,17 @@ fn a_reimport_reads_only_what_changed_and_read_all_reads_everything() {
     let after = import(&[]);
     let not_read = after["nodes_not_read"].as_u64();
     assert!(matches!(not_read, Some(3 | 4)), "{after}");
+    for key in ["read_ms", "write_ms", "record_ms"] {
+        assert!(
+            after[key].as_f64().is_some_and(|ms| ms >= 0.0),
+            "{key}: {after}"
+        );
+    }
     let human = ce.ok(&["import", dir, "--into", "ctx://acc/kb"]);
-    assert!(human.contains("nodes_not_read"), "{human}");
+    assert!(
+        human.contains("nodes_not_read") && human.contains("took "),
+        "{human}"
+    );
     let caches = std::fs::read_dir(ce.data_dir().join("import-stat"))
         .expect("the stat cache's directory")
         .count();
