@@ -359,7 +359,7 @@ pub fn import_dir_fenced(
                     .filter_map(|rel| cache.dirs.remove_entry(&rel))
                     .collect(),
             };
-            if let Err(e) = record(store, &by_uri, next, records, &written, file) {
+            if let Err(e) = record(store, into, &by_uri, next, records, &written, file) {
                 tracing::warn!(file = %file.display(), error = %e, "import stat cache not written: the next import reads every file");
             }
         }
@@ -380,6 +380,10 @@ fn now_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
+/// From how many nodes to stamp [`record`] reads the target's stamps in one range rather
+/// than node by node.
+const STAMPS_BY_RANGE_FROM: usize = 256;
+
 /// Completes the records of the directories this import read with their nodes' stamps, adds
 /// them to `next` and saves it to `file`. A node the import compared and found unchanged
 /// keeps the stamp `before` read (the same version is the same row); the others are read
@@ -388,6 +392,7 @@ fn now_ns() -> i64 {
 /// import reads it.
 fn record(
     store: &dyn SourceStore,
+    into: &CtxUri,
     before: &HashMap<&str, NodeStamp>,
     mut next: StatCache,
     records: Vec<(PathBuf, DirRecord, Vec<CtxUri>)>,
@@ -401,12 +406,18 @@ fn record(
         .filter(|u| before.get(u.as_str()).map(|s| s.version) != version(u))
         .cloned()
         .collect();
-    let asked = store.stamps(&ask)?;
-    let after: HashMap<&str, NodeStamp> = ask
-        .iter()
-        .zip(asked)
-        .filter_map(|(u, s)| Some((u.as_str(), s?)))
-        .collect();
+    // Many (a first import): the target's stamps in one range read, cheaper than as many
+    // lookups.
+    let read = match ask.len() > STAMPS_BY_RANGE_FROM {
+        true => store.subtree_stamps(into)?,
+        false => ask
+            .iter()
+            .cloned()
+            .zip(store.stamps(&ask)?)
+            .filter_map(|(u, s)| Some((u, s?)))
+            .collect(),
+    };
+    let after: HashMap<&str, NodeStamp> = read.iter().map(|(u, s)| (u.as_str(), *s)).collect();
     'dirs: for (rel, mut r, uris) in records {
         for u in uris {
             let stamp = after.get(u.as_str()).or_else(|| before.get(u.as_str()));

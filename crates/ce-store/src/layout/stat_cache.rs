@@ -424,6 +424,17 @@ mod tests {
     }
 
     #[test]
+    fn a_first_import_of_many_nodes_records_every_one() {
+        // More nodes than the record looks up one by one: their stamps come from one range.
+        let n = super::super::STAMPS_BY_RANGE_FROM + 50;
+        let f = Fixture::new(n);
+        settle();
+        assert_eq!(f.import(false).nodes_written, n as u64 + 2);
+        let again = f.import(false);
+        assert_eq!(again.nodes_not_read, n as u64 + 2, "{again:?}");
+    }
+
+    #[test]
     fn a_file_rewritten_with_its_size_and_modification_time_kept_is_read() {
         let f = Fixture::new(3);
         settle();
