@@ -5,6 +5,7 @@
 //! The demo needs the embedding model: when it is missing the demo stops before importing,
 //! with the fix (`scripts/fetch-model.sh`).
 
+use ce_core::clock::ms_of;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -85,10 +86,6 @@ struct DemoOutput {
     status: Status,
 }
 
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
 fn demo_tree(args: &DemoArgs) -> PathBuf {
     if let Some(t) = &args.tree {
         return t.clone();
@@ -130,12 +127,12 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
 
     let t = Instant::now();
     let import = layout::import_dir(store.as_ref(), &dir, &into)?;
-    let import_ms = ms(t.elapsed());
+    let import_ms = ms_of(t.elapsed());
     engine.wakeup().notify();
 
     let t = Instant::now();
     let tree = store.tree(&into, None)?;
-    let tree_ms = ms(t.elapsed());
+    let tree_ms = ms_of(t.elapsed());
 
     let mut cat = Vec::new();
     for (uri, level) in showcase(&into, &tree)? {
@@ -146,7 +143,7 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
             uri,
             level,
             text,
-            ms: ms(t.elapsed()),
+            ms: ms_of(t.elapsed()),
         });
     }
 
@@ -161,7 +158,7 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
         let result = engine.search(&req)?;
         searches.push(DemoSearch {
             query: q.to_owned(),
-            ms: ms(t.elapsed()),
+            ms: ms_of(t.elapsed()),
             result,
         });
     }
@@ -170,7 +167,7 @@ pub fn run(engine: &Engine, args: &DemoArgs, open: Duration, json: bool) -> Resu
     let out = DemoOutput {
         tree_dir: dir,
         into,
-        open_ms: ms(open),
+        open_ms: ms_of(open),
         model,
         import,
         import_ms,

@@ -15,6 +15,7 @@
 //! indexes the modes need one at a time (timed, with progress on stderr) and passes the
 //! engine's search as a closure, so the metrics are tested on hand-made rankings.
 
+use ce_core::clock::ms_of;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Write as _};
 use std::path::{Path, PathBuf};
@@ -715,8 +716,7 @@ fn latency_report(latencies: &mut [Duration]) -> LatencyReport {
     latencies.sort_unstable();
     let at = |p: f64| {
         let rank = (p * latencies.len() as f64).ceil() as usize;
-        let d = latencies[rank.clamp(1, latencies.len()) - 1];
-        (d.as_secs_f64() * 1e6).round() / 1e3
+        ms_of(latencies[rank.clamp(1, latencies.len()) - 1])
     };
     LatencyReport {
         p50_ms: at(0.50),
@@ -1889,17 +1889,13 @@ fn build_index(engine: &Engine, consumer: &str, progress: &Progress) -> Result<I
     Ok(IndexReport {
         index: consumer.to_owned(),
         deliveries: drained.progress.succeeded,
-        ms: ms(elapsed),
+        ms: ms_of(elapsed),
         per_second: (drained.progress.succeeded > 0)
             .then(|| drained.progress.succeeded as f64 / elapsed.as_secs_f64().max(1e-9)),
         texts_embedded: delta(|s| s.texts_embedded),
         cache_hits: delta(|s| s.hits),
         model,
     })
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// Loads the data set, indexes the corpus with `config` (its embedding model, its fusion
@@ -1959,7 +1955,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
     if run_file.is_some() {
         check_trec_ids(&data)?;
     }
-    let load_ms = ms(started.elapsed());
+    let load_ms = ms_of(started.elapsed());
     // Refused before anything is written: a directory holding the user's own data.
     check_eval_only(&Source::open(dir.path(), &config)?, dir.path())?;
     let progress = Progress::new();
@@ -1999,7 +1995,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
     let t = Instant::now();
     let mut engine = open(&consumers[..1])?;
     let changed = write_corpus(engine.store(), &data, &uris, layout, &progress)?;
-    let write_ms = ms(t.elapsed());
+    let write_ms = ms_of(t.elapsed());
     progress.say(format_args!(
         "{changed} documents written or changed, {} unchanged",
         data.corpus.len() as u64 - changed
@@ -2020,7 +2016,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
         };
         indexes.push(build_index(&engine, consumer, &progress)?);
     }
-    let index_ms = ms(t.elapsed());
+    let index_ms = ms_of(t.elapsed());
 
     let t = Instant::now();
     let filter = SearchFilter {
@@ -2075,7 +2071,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
         Ok(())
     };
     let quality = evaluate(&data, &names, args.k, &mut search, &mut on_query)?;
-    let search_ms = ms(t.elapsed());
+    let search_ms = ms_of(t.elapsed());
     engine.shutdown();
     let run_file = run_file.map(RunFile::finish).transpose()?;
     Ok(EvalOutput {
@@ -2091,7 +2087,7 @@ pub fn run(args: &EvalArgs, mut config: Config, data_dir: Option<&Path>) -> Resu
             write_ms,
             index_ms,
             search_ms,
-            total_ms: ms(started.elapsed()),
+            total_ms: ms_of(started.elapsed()),
         },
     })
 }

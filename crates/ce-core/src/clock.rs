@@ -47,6 +47,11 @@ impl Clock for ManualClock {
     }
 }
 
+/// A duration in milliseconds, to the microsecond: how reports give their timings.
+pub fn ms_of(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
 /// Formats epoch milliseconds as RFC 3339 UTC (`2026-03-14T10:00:00.000Z`).
 pub fn rfc3339(ms: Millis) -> String {
     let secs = ms.div_euclid(1000);

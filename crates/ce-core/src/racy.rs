@@ -6,7 +6,7 @@
 //! XFS or btrfs; 2 s on FAT). A file written again within the same tick after it was read
 //! keeps its times, so a stat taken then cannot tell the later write from the read one.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long before a stat the file must have last changed (content or status) for that
 /// stat to vouch for its content: above any file system's timestamp granularity (FAT's is
@@ -19,6 +19,14 @@ pub const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// sets the modification time back changes the change time, so that counts too.
 pub fn is_racy(mtime_ns: i128, ctime_ns: i128, taken_at_ns: i128) -> bool {
     taken_at_ns - mtime_ns.max(ctime_ns) < RACY_WINDOW.as_nanos() as i128
+}
+
+/// Nanoseconds since the Unix epoch (negative before it), the unit of [`is_racy`].
+pub fn ns_since_epoch(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
+        Err(e) => -i128::try_from(e.duration().as_nanos()).unwrap_or(i128::MAX),
+    }
 }
 
 #[cfg(test)]

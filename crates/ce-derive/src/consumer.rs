@@ -372,7 +372,7 @@ impl DeriveHandler {
             samples,
             errors: Vec::new(),
             valid: true,
-            took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+            took_ms: ce_core::clock::ms_of(started.elapsed()),
             spend: Some(spend),
         })
     }

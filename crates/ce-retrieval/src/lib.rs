@@ -31,6 +31,7 @@ mod lag;
 mod related;
 mod tree;
 
+use ce_core::clock::ms_of;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -345,10 +346,6 @@ pub struct SearchResponse {
     pub timings: SearchTimings,
 }
 
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
 /// How hybrid search fuses its rankings, and which mode a request without one gets.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fusion {
@@ -463,7 +460,7 @@ fn vector_leg(v: VectorSide<'_>, req: &SearchRequest) -> Result<VectorLeg> {
     }
     let t = Instant::now();
     let query_vector = embed_query(v.embedder, &req.query, req.embed_timeout)?;
-    let embed_ms = ms(t.elapsed());
+    let embed_ms = ms_of(t.elapsed());
     let t = Instant::now();
     let mut hits = v
         .index
@@ -475,7 +472,7 @@ fn vector_leg(v: VectorSide<'_>, req: &SearchRequest) -> Result<VectorLeg> {
         hits,
         model: identity.key(),
         embed_ms,
-        index_ms: ms(t.elapsed()),
+        index_ms: ms_of(t.elapsed()),
     })
 }
 
@@ -486,7 +483,7 @@ fn keyword_leg(
 ) -> Result<(Vec<ce_index::keyword::KeywordHit>, f64)> {
     let t = Instant::now();
     let hits = k.index.search(&req.query, &req.filter, req.candidates())?;
-    Ok((hits, ms(t.elapsed())))
+    Ok((hits, ms_of(t.elapsed())))
 }
 
 /// The vector side of retrieval: the query embedder and the vector index.
@@ -665,7 +662,7 @@ impl Retriever<'_> {
         for (hit, kind) in hits.iter_mut().zip(self.source.kinds(&uris)?) {
             hit.kind = kind;
         }
-        timings.hydrate_ms = ms(t.elapsed());
+        timings.hydrate_ms = ms_of(t.elapsed());
         let t = Instant::now();
         // The mode check above guarantees the sides this mode reads.
         let read: Vec<&str> = [
@@ -680,10 +677,10 @@ impl Retriever<'_> {
         .flatten()
         .collect();
         let lag = lag::lag_of(self.source, &read, lag::search_scope(&req.filter).as_ref())?;
-        timings.lag_ms = ms(t.elapsed());
+        timings.lag_ms = ms_of(t.elapsed());
 
         let total = started.elapsed();
-        timings.total_ms = ms(total);
+        timings.total_ms = ms_of(total);
         metrics::histogram!("retrieval_search_latency_ms", "mode" => mode.as_str())
             .record(total.as_secs_f64() * 1e3);
         if !dropped.is_empty() {

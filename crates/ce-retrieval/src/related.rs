@@ -165,7 +165,7 @@ pub fn related(
         edges,
         dropped_by_hydration: dropped,
         lag,
-        took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+        took_ms: ce_core::clock::ms_of(started.elapsed()),
     })
 }
 

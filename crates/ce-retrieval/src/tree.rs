@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::hydrate::Current;
 use crate::lag::{self, IndexLag};
-use crate::{Result, RetrievalError, SearchRequest, VectorSide, embed_query, ms};
+use crate::{Result, RetrievalError, SearchRequest, VectorSide, embed_query};
+use ce_core::clock::ms_of;
 
 /// Parameters of [`hierarchical_search`] (defaults in [`HierarchicalParams::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -290,7 +291,7 @@ pub fn hierarchical_search(
     let mut stats = HierarchicalStats::default();
     let t = Instant::now();
     let q = embed_query(embedder, &req.search.query, req.search.embed_timeout)?;
-    stats.embed_ms = ms(t.elapsed());
+    stats.embed_ms = ms_of(t.elapsed());
 
     let t = Instant::now();
     let user = &req.search.filter;
@@ -416,7 +417,7 @@ pub fn hierarchical_search(
         }
         last_top = top;
     }
-    stats.descend_ms = ms(t.elapsed());
+    stats.descend_ms = ms_of(t.elapsed());
 
     // Hydrate the best leaves and the containers on their paths, `2 × top_k` leaves per read
     // (a further read only when stale leaves were dropped).
@@ -474,8 +475,8 @@ pub fn hierarchical_search(
             });
         }
     }
-    stats.hydrate_ms = ms(t.elapsed());
-    stats.total_ms = ms(started.elapsed());
+    stats.hydrate_ms = ms_of(t.elapsed());
+    stats.total_ms = ms_of(started.elapsed());
     metrics::histogram!("retrieval_search_latency_ms", "mode" => "hierarchical")
         .record(stats.total_ms);
     if dropped > 0 {

@@ -133,7 +133,7 @@ pub fn dry_run(
         samples,
         valid: errors.is_empty(),
         errors,
-        took_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+        took_ms: ce_core::clock::ms_of(started.elapsed()),
         spend: None,
     })
 }

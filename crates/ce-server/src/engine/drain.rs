@@ -10,9 +10,10 @@ use ce_core::OutboxEvent;
 use ce_index::worker::{IndexWorker, WorkerCallbacks};
 use tracing::warn;
 
-use super::{Engine, holds, journal, lock, ms};
+use super::{Engine, holds, journal, lock};
 use crate::error::{Result, ServerError};
 use crate::status::{DrainProgress, DrainReport};
+use ce_core::clock::ms_of;
 
 /// How often [`Engine::drain`] rechecks the outbox while others hold claims.
 const DRAIN_RECHECK: Duration = Duration::from_millis(100);
@@ -268,7 +269,7 @@ impl DrainTotals {
             succeeded: self.succeeded.load(Ordering::SeqCst),
             failed: self.failed.load(Ordering::SeqCst),
             retried: self.retried.load(Ordering::SeqCst),
-            elapsed_ms: ms(started.elapsed()),
+            elapsed_ms: ms_of(started.elapsed()),
         }
     }
 }

@@ -31,7 +31,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use ce_core::{Config, ErrorCode};
 use ce_embed::CachedEmbedder;
@@ -149,10 +148,6 @@ impl std::fmt::Debug for Engine {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 impl Engine {

@@ -11,9 +11,10 @@ use ce_index::worker::dry_run::DryRunReport;
 use tracing::{info, warn};
 
 use super::consumers::{self, Consumer};
-use super::{DRY_RUN_DIR, Engine, REQUEUE_CHUNK, lock, ms, not_listed, owner};
+use super::{DRY_RUN_DIR, Engine, REQUEUE_CHUNK, lock, not_listed, owner};
 use crate::error::{Result, ServerError};
 use crate::status::ReindexReport;
+use ce_core::clock::ms_of;
 
 impl Engine {
     /// Makes this data directory the owner of `consumer` when its index is embedded, whoever
@@ -76,7 +77,7 @@ impl Engine {
             cleared_records: cleared,
             requeued,
             model,
-            took_ms: ms(started.elapsed()),
+            took_ms: ms_of(started.elapsed()),
         })
     }
 

@@ -31,9 +31,10 @@ use tracing::{info, warn};
 
 use super::consumers::{self, Consumer};
 use super::periodic::Periodic;
-use super::{Engine, REQUEUE_CHUNK, lock, ms};
+use super::{Engine, REQUEUE_CHUNK, lock};
 use crate::error::{Result, ServerError};
 use crate::source::Source;
+use ce_core::clock::ms_of;
 
 /// What [`Engine::repair_dead`] does to the selected dead deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -278,7 +279,7 @@ impl Repairer {
             allow_large_delete: body.allow_large_delete,
             consumers: consumers_out,
             emitted: emitted_all,
-            took_ms: ms(started.elapsed()),
+            took_ms: ms_of(started.elapsed()),
         };
         info!(trigger = trigger.as_str(), scope = %report.scope, dry_run = body.dry_run, emitted = emitted_all, refused = refused.len(), "reconcile");
         if blocked && !body.dry_run {

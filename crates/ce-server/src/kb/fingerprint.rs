@@ -12,10 +12,11 @@
 //! clean" entries), so it is read again at the next re-sync.
 
 use std::fs::Metadata;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 /// The rule and its window are shared with `ce import`'s stat cache.
 pub use ce_core::racy::RACY_WINDOW;
+use ce_core::racy::ns_since_epoch;
 use ce_core::sha256_hex;
 
 use super::KbSettings;
@@ -73,14 +74,6 @@ impl FileStat {
     }
 }
 
-/// Nanoseconds since the Unix epoch (negative before it).
-fn ns_since_epoch(t: SystemTime) -> i128 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),
-        Err(e) => -i128::try_from(e.duration().as_nanos()).unwrap_or(i128::MAX),
-    }
-}
-
 /// What reading a file of a base depends on besides the file (`Engine::kb_reading`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reading(String);
@@ -119,7 +112,7 @@ impl Reading {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     /// A stat taken at 1,000 s of a file last changed at `mtime_s`.
     fn stat(mtime_s: i128) -> FileStat {

@@ -370,14 +370,13 @@ pub fn import_dir_fenced(
 
 /// Milliseconds since `t`, to the microsecond.
 fn ms_since(t: std::time::Instant) -> f64 {
-    (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
+    ce_core::clock::ms_of(t.elapsed())
 }
 
 /// Wall-clock time in ns since the epoch.
 fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    let ns = ce_core::racy::ns_since_epoch(std::time::SystemTime::now());
+    i64::try_from(ns).unwrap_or(i64::MAX)
 }
 
 /// From how many nodes to stamp [`record`] reads the target's stamps in one range rather
