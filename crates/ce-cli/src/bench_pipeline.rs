@@ -390,7 +390,8 @@ fn targets(report: &serde_json::Map<String, Value>) -> Value {
     let during_p99 = during("p99_us").map(|us| us / 1e3);
     let during_recall = during("recall_at_10");
     json!({
-        "hash_events_per_s_min": 5000, "hash_met": hash.map(|v| v >= 5000.0),
+        // The spec's 5,000 events/s, raised by issue 20 ("hash-embedder worker ≥ 10,000").
+        "hash_events_per_s_min": 10000, "hash_met": hash.map(|v| v >= 10000.0),
         "model_ratio_min": 0.9, "model_ratio_met": ratio.map(|v| v >= 0.9),
         "commit_to_searchable_p99_ms_max": 250, "commit_to_searchable_met": p99.map(|v| v <= 250.0),
         "peak_rss_mib_max": 512, "rss_met": rss.map(|v| v <= 512.0),

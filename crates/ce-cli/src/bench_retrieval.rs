@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ce_core::config::{KEYWORD_CONSUMER, VECTOR_CONSUMER};
 use ce_core::{Config, CtxUri};
-use ce_retrieval::{HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest};
+use ce_retrieval::{
+    HierarchicalParams, HierarchicalRequest, SearchMode, SearchRequest, SearchTimings,
+};
 use ce_server::engine::{Engine, EngineOptions};
 use ce_store::{PutRequest, WriteOp};
 use serde_json::{Value, json};
@@ -176,6 +178,23 @@ fn open(
 
 fn quiet(_: &ce_server::status::DrainProgress) {}
 
+/// The mean of each stage of `searches` (what the retriever timed) and of the whole call, ms.
+fn stage_means(searches: &[(Duration, SearchTimings, &str)]) -> Value {
+    let n = searches.len().max(1) as f64;
+    let mean = |f: fn(&SearchTimings) -> f64| {
+        round(searches.iter().map(|(_, t, _)| f(t)).sum::<f64>() / n, 3)
+    };
+    json!({
+        "embed": mean(|t| t.embed_ms),
+        "vector_index": mean(|t| t.index_ms),
+        "keyword_index": mean(|t| t.keyword_ms),
+        "hydrate": mean(|t| t.hydrate_ms),
+        "lag": mean(|t| t.lag_ms),
+        "retriever_total": mean(|t| t.total_ms),
+        "call": round(searches.iter().map(|(d, ..)| d.as_secs_f64() * 1e3).sum::<f64>() / n, 3),
+    })
+}
+
 /// Runs every section and returns the JSON report.
 pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
     let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -263,6 +282,7 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
     for mode in SearchMode::ALL {
         eprintln!("bench: {} queries, {mode} mode", queries.len());
         let mut samples: Vec<Duration> = Vec::with_capacity(queries.len());
+        let mut stages: Vec<(Duration, SearchTimings, &str)> = Vec::with_capacity(queries.len());
         let (mut hits, mut dropped) = (0usize, 0usize);
         for q in &queries {
             let req = SearchRequest {
@@ -271,13 +291,20 @@ pub fn run_retrieval(args: &BenchRetrievalArgs) -> anyhow::Result<Value> {
             };
             let t = Instant::now();
             let r = engine.search(&req)?;
-            samples.push(t.elapsed());
+            let took = t.elapsed();
+            samples.push(took);
+            stages.push((took, r.timings, q));
             hits += r.hits.len();
             dropped += r.dropped_by_hydration;
         }
         let mut v = latency_summary(&mut samples);
         v["mean_hits"] = json!(round(hits as f64 / queries.len() as f64, 2));
         v["dropped_by_hydration"] = json!(dropped);
+        v["stages_mean_ms"] = stage_means(&stages);
+        stages.sort_by_key(|(took, ..)| std::cmp::Reverse(*took));
+        stages.truncate(queries.len().div_ceil(100));
+        v["stages_mean_ms_slowest_1pct"] = stage_means(&stages);
+        v["slowest_queries"] = stages.iter().map(|(_, _, q)| json!(q)).collect();
         search.insert(mode.as_str().into(), v);
     }
     report.insert("search".into(), Value::Object(search));
@@ -425,6 +452,17 @@ mod tests {
         for m in ["vector", "keyword", "hybrid"] {
             assert!(r["search"][m]["p99_ms"].as_f64().is_some(), "{m}: {r}");
             assert!(r["search"][m]["mean_hits"].as_f64() > Some(0.0), "{m}: {r}");
+            // The stages the mode runs were timed, the others not; 1 % of 5 is one query.
+            let stages = &r["search"][m]["stages_mean_ms"];
+            let timed = |k: &str| stages[k].as_f64().is_some_and(|ms| ms > 0.0);
+            assert_eq!(timed("vector_index"), m != "keyword", "{m}: {stages}");
+            assert_eq!(timed("keyword_index"), m != "vector", "{m}: {stages}");
+            assert!(timed("hydrate") && timed("call"), "{m}: {stages}");
+            assert_eq!(
+                r["search"][m]["slowest_queries"].as_array().map(Vec::len),
+                Some(1),
+                "{m}: {r}"
+            );
         }
         assert_eq!(
             std::fs::read_dir(dir.path()).expect("ls").count(),
