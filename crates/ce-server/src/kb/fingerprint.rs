@@ -16,53 +16,28 @@ use std::time::SystemTime;
 
 /// The rule and its window are shared with `ce import`'s stat cache.
 pub use ce_core::racy::RACY_WINDOW;
-use ce_core::racy::ns_since_epoch;
+use ce_core::racy::{FileStat, ns_since_epoch};
 use ce_core::sha256_hex;
 
 use super::KbSettings;
 
-/// What a file's stat says about its content.
+/// A file's stat ([`FileStat`], the one every reader that trusts stats shares) and when it
+/// was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileStat {
-    /// Its length in bytes.
-    pub size: u64,
-    /// Its modification time, in nanoseconds since the Unix epoch (negative before it).
-    pub mtime_ns: i128,
-    /// Its status change time (Unix; 0 elsewhere): changes with any write, and when a tool
-    /// sets the modification time back.
-    pub ctime_ns: i128,
-    /// Its inode (Unix; 0 elsewhere): a file replaced by another (a rename over it) has
-    /// another one.
-    pub ino: u64,
-    /// When the stat was taken (not part of the fingerprint: it decides whether the stat
-    /// can vouch for the content, [`FileStat::is_racy`]).
+pub struct TakenStat {
+    /// What the stat says (hashed into the fingerprint).
+    pub stat: FileStat,
+    /// When it was taken (not part of the fingerprint: it decides whether the stat can vouch
+    /// for the content, [`TakenStat::is_racy`]).
     pub taken_at: SystemTime,
 }
 
-impl FileStat {
+impl TakenStat {
     /// The stat of `meta` (of the file itself: a symlink's target), taken at `taken_at`.
-    pub fn of(meta: &Metadata, taken_at: SystemTime) -> FileStat {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::MetadataExt as _;
-            let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-            FileStat {
-                size: meta.len(),
-                mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-                ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-                ino: meta.ino(),
-                taken_at,
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            FileStat {
-                size: meta.len(),
-                mtime_ns: meta.modified().map_or(0, |t| ns_since_epoch(t)),
-                ctime_ns: 0,
-                ino: 0,
-                taken_at,
-            }
+    pub fn of(meta: &Metadata, taken_at: SystemTime) -> TakenStat {
+        TakenStat {
+            stat: FileStat::of(meta),
+            taken_at,
         }
     }
 
@@ -70,7 +45,7 @@ impl FileStat {
     /// or status (a tool setting its modification time back changes the latter) — within
     /// [`RACY_WINDOW`] before the stat was taken (or after, by the filesystem's clock).
     pub fn is_racy(&self) -> bool {
-        ce_core::racy::is_racy(self.mtime_ns, self.ctime_ns, ns_since_epoch(self.taken_at))
+        !self.stat.settled_before(ns_since_epoch(self.taken_at))
     }
 }
 
@@ -93,12 +68,13 @@ impl Reading {
         ))
     }
 
-    /// The fingerprint of a file of `stat` read this way; `None` when the stat cannot vouch
-    /// for the content ([`FileStat::is_racy`]).
-    pub fn fingerprint(&self, stat: &FileStat) -> Option<String> {
-        if stat.is_racy() {
+    /// The fingerprint of a file of `taken` stat read this way; `None` when the stat cannot
+    /// vouch for the content ([`TakenStat::is_racy`]).
+    pub fn fingerprint(&self, taken: &TakenStat) -> Option<String> {
+        if taken.is_racy() {
             return None;
         }
+        let stat = &taken.stat;
         Some(sha256_hex(
             format!(
                 "file size={} mtime={} ctime={} ino={} | {}",
@@ -115,14 +91,18 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     /// A stat taken at 1,000 s of a file last changed at `mtime_s`.
-    fn stat(mtime_s: i128) -> FileStat {
-        FileStat {
-            size: 100,
-            mtime_ns: mtime_s * 1_000_000_000,
-            ctime_ns: mtime_s * 1_000_000_000,
-            ino: 7,
+    fn stat(mtime_s: i64) -> TakenStat {
+        TakenStat {
+            stat: FileStat::unix(7, 100, (mtime_s, 0), (mtime_s, 0)),
             taken_at: UNIX_EPOCH + Duration::from_secs(1_000),
         }
+    }
+
+    /// `base` with its stat changed by `f`.
+    fn with(base: TakenStat, f: impl FnOnce(&mut FileStat)) -> TakenStat {
+        let mut t = base;
+        f(&mut t.stat);
+        t
     }
 
     #[test]
@@ -132,18 +112,12 @@ mod tests {
         let fp = reading.fingerprint(&base).expect("old enough");
         assert_eq!(reading.fingerprint(&base), Some(fp.clone()), "stable");
         let variants = [
-            FileStat { size: 101, ..base },
-            FileStat {
-                mtime_ns: base.mtime_ns + 1,
-                ..base
-            },
-            FileStat {
-                ctime_ns: base.ctime_ns + 1,
-                ..base
-            },
-            FileStat { ino: 8, ..base },
+            with(base, |s| s.size = 101),
+            with(base, |s| s.mtime_ns += 1),
+            with(base, |s| s.ctime_ns += 1),
+            with(base, |s| s.ino = 8),
         ];
-        let later = FileStat {
+        let later = TakenStat {
             taken_at: base.taken_at + Duration::from_secs(60),
             ..base
         };
@@ -171,10 +145,7 @@ mod tests {
         assert!(reading.fingerprint(&stat(1_005)).is_none(), "future");
         assert!(reading.fingerprint(&stat(997)).is_some(), "3 s old");
         // A modification time just set back (cp -p, tar): racy by its change time.
-        let set_back = FileStat {
-            ctime_ns: 999 * 1_000_000_000,
-            ..stat(500)
-        };
+        let set_back = with(stat(500), |s| s.ctime_ns = 999 * 1_000_000_000);
         assert!(reading.fingerprint(&set_back).is_none());
     }
 }

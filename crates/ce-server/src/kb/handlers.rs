@@ -20,7 +20,7 @@ use ce_store::{
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::fingerprint::{FileStat, Reading};
+use super::fingerprint::{Reading, TakenStat};
 use super::nodes::document_ops;
 use super::workflow::{new_item_id, schedule_item};
 use super::{KbJob, KbSettings, Stage, is_stale, source};
@@ -272,7 +272,7 @@ struct Entry {
     path: std::path::PathBuf,
     is_dir: bool,
     /// A file's stat, taken by the listing.
-    stat: Option<FileStat>,
+    stat: Option<TakenStat>,
 }
 
 /// Lists `dir`: its entries by name, hidden ones skipped, symlinks followed to files only.
@@ -318,7 +318,7 @@ fn list(dir: &std::path::Path) -> Result<Vec<Entry>> {
         }
         entries.push(Entry {
             name,
-            stat: (!is_dir).then(|| FileStat::of(&meta, taken_at)),
+            stat: (!is_dir).then(|| TakenStat::of(&meta, taken_at)),
             path,
             is_dir,
         });
@@ -341,7 +341,12 @@ fn list(dir: &std::path::Path) -> Result<Vec<Entry>> {
 /// Whether `item`, a file, can keep its nodes without being read: it completed, its file's
 /// fingerprint (`stat`, read the way `reading` says) is the one its nodes were made from,
 /// and its node is still there.
-fn unchanged(item: &KbItem, stat: Option<&FileStat>, reading: &Reading, node_exists: bool) -> bool {
+fn unchanged(
+    item: &KbItem,
+    stat: Option<&TakenStat>,
+    reading: &Reading,
+    node_exists: bool,
+) -> bool {
     item.status == ItemStatus::Completed
         && node_exists
         && item.fingerprint.is_some()
@@ -745,7 +750,7 @@ fn file_unchanged(engine: &Engine, base: &KnowledgeBase, item: &KbItem) -> Resul
     };
     Ok(unchanged(
         item,
-        Some(&FileStat::of(&meta, taken_at)),
+        Some(&TakenStat::of(&meta, taken_at)),
         &engine.kb_reading(base)?,
         node_exists,
     ))
@@ -759,11 +764,8 @@ mod tests {
 
     #[test]
     fn a_file_is_skipped_only_completed_with_its_node_and_the_same_fingerprint() {
-        let stat = FileStat {
-            size: 10,
-            mtime_ns: 1_000,
-            ctime_ns: 1_000,
-            ino: 3,
+        let stat = TakenStat {
+            stat: ce_core::racy::FileStat::unix(3, 10, (0, 1_000), (0, 1_000)),
             taken_at: UNIX_EPOCH + Duration::from_secs(600),
         };
         let reading = Reading::new(&KbSettings::default(), "estimate");
@@ -809,7 +811,8 @@ mod tests {
             ..item.clone()
         };
         assert!(!unchanged(&unknown, Some(&stat), &reading, true));
-        let grown = FileStat { size: 11, ..stat };
+        let mut grown = stat;
+        grown.stat.size = 11;
         assert!(!unchanged(&item, Some(&grown), &reading, true));
     }
 }

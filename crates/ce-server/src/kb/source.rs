@@ -11,7 +11,7 @@ use ce_core::{CoreError, ErrorCode};
 use ce_http::{Failure, GetError};
 use ce_store::{ItemKind, KbItem};
 
-use super::fingerprint::FileStat;
+use super::fingerprint::TakenStat;
 
 use crate::error::{Result, ServerError};
 
@@ -35,7 +35,7 @@ pub struct SourceBytes {
     pub origin: String,
     /// A file's stat, taken from the open file before its bytes were read (a write during
     /// the read shows in the next stat, never in this one and its fingerprint).
-    pub stat: Option<FileStat>,
+    pub stat: Option<TakenStat>,
 }
 
 fn failed(code: ErrorCode, retryable: bool, context: &str, message: String) -> ServerError {
@@ -98,7 +98,7 @@ pub fn read_file(path: &Path) -> Result<SourceBytes> {
         file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()),
         content_type: None,
         origin: path.display().to_string(),
-        stat: Some(FileStat::of(&meta, taken_at)),
+        stat: Some(TakenStat::of(&meta, taken_at)),
     })
 }
 

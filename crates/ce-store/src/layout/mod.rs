@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use crate::SourceStore;
 use crate::error::{Result, StoreError};
 use crate::model::{LinkRequest, NodeStamp, PutMode, PutRequest, WriteFence, WriteOp};
+use ce_core::racy::FileStat;
 pub use stat_cache::stat_cache_file;
-use stat_cache::{DirRecord, FileStamp, StatCache};
+use stat_cache::{DirRecord, StatCache};
 
 mod stat_cache;
 use ce_core::safety::DeleteSafety;
@@ -167,14 +168,14 @@ fn read_at(
     path: &Path,
     buf: &mut Vec<u8>,
     stamp: bool,
-) -> Result<Option<FileStamp>> {
+) -> Result<Option<FileStat>> {
     use rustix::fs::{Mode, OFlags};
     let file = rustix::io::retry_on_intr(|| {
         rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
     })
     .map_err(io_at(path, "open"))?;
     let stamp = match stamp {
-        true => Some(FileStamp::of(
+        true => Some(stat_cache::stat_of_record(
             &rustix::fs::fstat(&file).map_err(io_at(path, "stat"))?,
         )),
         false => None,
@@ -205,7 +206,7 @@ fn text_of(buf: &[u8], path: &Path) -> Result<String> {
 
 /// A directory opened and listed: its stream (still open, for [`read_at`]), its stat when
 /// asked for, and its entries.
-type Listing = (rustix::fs::Dir, Option<FileStamp>, Vec<(CString, FileType)>);
+type Listing = (rustix::fs::Dir, Option<FileStat>, Vec<(CString, FileType)>);
 
 /// The entries of the directory at `path` (without `.` and `..`), in name order. An entry
 /// whose type the directory does not record (some file systems) is asked for it, without
@@ -219,7 +220,7 @@ fn read_dir_at(path: &Path, stamp: bool) -> Result<Listing> {
     })
     .map_err(io_at(path, "open directory"))?;
     let stamp = match stamp {
-        true => Some(FileStamp::of(
+        true => Some(stat_cache::stat_of_record(
             &rustix::fs::fstat(&fd).map_err(io_at(path, "stat"))?,
         )),
         false => None,
@@ -486,7 +487,7 @@ struct DirScan {
     skipped: Vec<String>,
     /// For the stat cache: the directory's stat, taken before it was listed, and the stats
     /// of the regular files read (skipped ones too: a binary file may become text).
-    stamps: Option<(FileStamp, Vec<(CString, FileStamp)>)>,
+    stamps: Option<(FileStat, Vec<(CString, FileStat)>)>,
     /// The stat cache vouched for the directory: nothing was read, `subdirs` and `skipped`
     /// are its record's, and these are the URIs of its nodes.
     vouched: Option<Vec<String>>,

@@ -22,48 +22,30 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType};
 
+use ce_core::racy::FileStat;
+
 use crate::model::NodeStamp;
 
 /// The file's first bytes; a new layout gets a new magic (the old file is then no cache).
 const MAGIC: &[u8; 8] = b"CESTAT01";
 
-/// What identifies a file's state without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FileStamp {
-    ino: u64,
-    size: u64,
-    mtime_ns: i64,
-    ctime_ns: i64,
-}
-
-impl FileStamp {
-    pub(super) fn of(st: &rustix::fs::Stat) -> Self {
-        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
-        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
-        FileStamp {
-            ino: st.st_ino as u64,
-            size: st.st_size as u64,
-            mtime_ns: ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
-            ctime_ns: ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
-        }
-    }
-
-    /// Whether any change made after `recorded_at_ns` would show in these times: they lie
-    /// before it by more than any file system's granularity ([`ce_core::racy`]).
-    fn settled_before(&self, recorded_at_ns: i64) -> bool {
-        !ce_core::racy::is_racy(
-            i128::from(self.mtime_ns),
-            i128::from(self.ctime_ns),
-            i128::from(recorded_at_ns),
-        )
-    }
+/// The [`FileStat`] (what identifies a file's state without reading it, as every reader
+/// that trusts stats sees it) of a `stat` record.
+pub(super) fn stat_of_record(st: &rustix::fs::Stat) -> FileStat {
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+    FileStat::unix(
+        st.st_ino as u64,
+        st.st_size as u64,
+        (st.st_mtime as i64, st.st_mtime_nsec as i64),
+        (st.st_ctime as i64, st.st_ctime_nsec as i64),
+    )
 }
 
 /// The stat of the entry at `path`, not following a symbolic link; `None` if it cannot be
 /// read (it is then read the ordinary way, which reports why).
-fn stat_of(path: &Path) -> Option<(FileType, FileStamp)> {
+fn stat_of(path: &Path) -> Option<(FileType, FileStat)> {
     let st = rustix::fs::statat(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    Some((FileType::from_raw_mode(st.st_mode), FileStamp::of(&st)))
+    Some((FileType::from_raw_mode(st.st_mode), stat_of_record(&st)))
 }
 
 /// What one directory of an import held, and the nodes it gave.
@@ -72,9 +54,9 @@ pub(super) struct DirRecord {
     /// When the import that read it started (ns since the epoch, wall clock).
     pub recorded_at_ns: i64,
     /// The directory's own stat (a listed entry added, removed or renamed changes it).
-    pub dir: FileStamp,
+    pub dir: FileStat,
     /// The regular files read, by name, with their stats.
-    pub files: Vec<(CString, FileStamp)>,
+    pub files: Vec<(CString, FileStat)>,
     /// Its sub-directories, in name order.
     pub subdirs: Vec<CString>,
     /// Its entries not imported, relative to the import's root (as reported).
@@ -89,7 +71,7 @@ impl DirRecord {
     /// (`stored`: URI → stamp) still holds its nodes as they were. A directory with
     /// relations is always read again: its edges can change without its node's version.
     pub(super) fn still_holds(&self, path: &Path, stored: &HashMap<&str, NodeStamp>) -> bool {
-        let settled = |s: &FileStamp| s.settled_before(self.recorded_at_ns);
+        let settled = |s: &FileStat| s.settled_before(self.recorded_at_ns.into());
         if !settled(&self.dir)
             || self
                 .files
@@ -269,7 +251,7 @@ fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
     w.extend_from_slice(b);
 }
 
-fn put_stamp(w: &mut Vec<u8>, s: &FileStamp) {
+fn put_stamp(w: &mut Vec<u8>, s: &FileStat) {
     for v in [s.ino, s.size, s.mtime_ns as u64, s.ctime_ns as u64] {
         put_u64(w, v);
     }
@@ -302,8 +284,8 @@ impl<'a> Reader<'a> {
         CString::new(self.bytes()?).ok()
     }
 
-    fn stamp(&mut self) -> Option<FileStamp> {
-        Some(FileStamp {
+    fn stamp(&mut self) -> Option<FileStat> {
+        Some(FileStat {
             ino: self.u64()?,
             size: self.u64()?,
             mtime_ns: self.u64()? as i64,
@@ -533,7 +515,7 @@ mod tests {
 
     #[test]
     fn the_encoding_round_trips_and_rejects_any_cut() {
-        let stamp = |i: u64| FileStamp {
+        let stamp = |i: u64| FileStat {
             ino: i,
             size: 10 + i,
             mtime_ns: -5 + i as i64,
