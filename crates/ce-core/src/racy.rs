@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long before a stat the file must have last changed (content or status) for that
 /// stat to vouch for its content: above any file system's timestamp granularity (FAT's is
-/// 2 s; ext4, XFS, btrfs, APFS and NTFS are finer).
+/// 2 s; ext4, XFS, btrfs, APFS and NTFS are finer). A window of a kernel tick would do on a
+/// local file system; 2 s also absorbs a network file system's server clock running behind
+/// this host's (its times are the server's, the moment compared with them is ours).
 pub const RACY_WINDOW: Duration = Duration::from_secs(2);
 
 /// Whether a stat taken at `taken_at_ns` of a file last modified at `mtime_ns` and changed
