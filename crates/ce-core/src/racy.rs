@@ -20,7 +20,7 @@ pub const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// at `ctime_ns` (all ns since the Unix epoch) could miss a later write: the file changed
 /// within [`RACY_WINDOW`] before it (or after, by the file system's clock). A tool that
 /// sets the modification time back changes the change time, so that counts too.
-pub fn is_racy(mtime_ns: i128, ctime_ns: i128, taken_at_ns: i128) -> bool {
+fn is_racy(mtime_ns: i128, ctime_ns: i128, taken_at_ns: i128) -> bool {
     taken_at_ns - mtime_ns.max(ctime_ns) < RACY_WINDOW.as_nanos() as i128
 }
 
@@ -81,13 +81,13 @@ impl FileStat {
     }
 
     /// Whether any change made after `taken_at_ns` (ns since the epoch) would show in these
-    /// times: they lie before it by more than [`RACY_WINDOW`] ([`is_racy`]).
+    /// times: they lie before it by more than [`RACY_WINDOW`].
     pub fn settled_before(&self, taken_at_ns: i128) -> bool {
         !is_racy(self.mtime_ns.into(), self.ctime_ns.into(), taken_at_ns)
     }
 }
 
-/// Nanoseconds since the Unix epoch (negative before it), the unit of [`is_racy`].
+/// Nanoseconds since the Unix epoch (negative before it), the unit of [`FileStat::settled_before`].
 pub fn ns_since_epoch(t: SystemTime) -> i128 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i128::try_from(d.as_nanos()).unwrap_or(i128::MAX),

@@ -931,26 +931,21 @@ mod tests {
         );
 
         // Re-importing the same tree changes nothing and appends no event.
-        let before = s2
-            .list(&OutboxFilter {
+        let events = || {
+            s2.list(&OutboxFilter {
                 limit: Some(100_000),
                 ..OutboxFilter::default()
             })
             .expect("list")
-            .len();
+            .len()
+        };
+        let before = events();
         let rep = import_dir(&s2, &d1, &uri("ctx://acc/docs")).expect("re-import");
         assert_eq!(
             (rep.nodes_written, rep.nodes_unchanged, rep.events),
             (0, 4, 0)
         );
-        let after = s2
-            .list(&OutboxFilter {
-                limit: Some(100_000),
-                ..OutboxFilter::default()
-            })
-            .expect("list")
-            .len();
-        assert_eq!(before, after);
+        assert_eq!(before, events());
     }
 
     /// A prune removes each vanished subtree with one recursive rm of its topmost node, also
